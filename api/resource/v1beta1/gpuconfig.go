@@ -1,0 +1,84 @@
+package v1beta1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// Config is implemented by every configuration kind of this package, so
+// that config resolution can handle them alike.
+type Config interface {
+	runtime.Object
+	// Normalize fills in the values the config implies; it is idempotent.
+	Normalize()
+	// Validate returns every problem of the config, each naming its field
+	// path and the allowed values, or nil. It expects a normalized config
+	// but accepts any.
+	Validate(f Features) error
+}
+
+// GpuConfig configures a full GPU.
+type GpuConfig struct {
+	metav1.TypeMeta `json:",inline"`
+	// Sharing selects how containers share the GPU; nil means exclusive use.
+	Sharing *GpuSharing `json:"sharing,omitempty"`
+}
+
+// DefaultGpuConfig returns the config of a GPU that no config applies to:
+// exclusive use, no sharing.
+func DefaultGpuConfig() *GpuConfig {
+	return &GpuConfig{TypeMeta: typeMeta(GpuConfigKind)}
+}
+
+// Normalize fills in what the sharing strategy implies: interval Default for
+// TimeSlicing, an empty mpsConfig for MPS.
+func (c *GpuConfig) Normalize() {
+	s := c.Sharing
+	switch {
+	case s.IsTimeSlicing():
+		s.TimeSlicingConfig = normalizeTimeSlicing(s.TimeSlicingConfig)
+	case s.IsMps() && s.MpsConfig == nil:
+		s.MpsConfig = &MpsConfig{}
+	}
+}
+
+// Validate checks c against what the caller serves, f.
+func (c *GpuConfig) Validate(f Features) error {
+	if c.Sharing == nil {
+		return nil
+	}
+	path := field.NewPath("sharing")
+	errs, ok := validateStrategy(c.Sharing.Strategy, path.Child("strategy"), f)
+	if !ok {
+		return errs.ToAggregate()
+	}
+	switch c.Sharing.Strategy {
+	case TimeSlicingStrategy:
+		errs = append(errs, validateTimeSlicingConfig(c.Sharing.TimeSlicingConfig, path.Child("timeSlicingConfig"))...)
+		if c.Sharing.MpsConfig != nil {
+			errs = append(errs, field.Forbidden(path.Child("mpsConfig"), `may only be set with strategy "MPS"`))
+		}
+	case MpsStrategy:
+		errs = append(errs, validateMpsConfig(c.Sharing.MpsConfig, path.Child("mpsConfig"))...)
+		if c.Sharing.TimeSlicingConfig != nil {
+			errs = append(errs, field.Forbidden(path.Child("timeSlicingConfig"), `may only be set with strategy "TimeSlicing"`))
+		}
+	}
+	return errs.ToAggregate()
+}
+
+func normalizeTimeSlicing(c *TimeSlicingConfig) *TimeSlicingConfig {
+	if c == nil {
+		c = &TimeSlicingConfig{}
+	}
+	if c.Interval == nil {
+		interval := DefaultTimeSlice
+		c.Interval = &interval
+	}
+	return c
+}
+
+func typeMeta(kind string) metav1.TypeMeta {
+	return metav1.TypeMeta{APIVersion: SchemeGroupVersion.String(), Kind: kind}
+}

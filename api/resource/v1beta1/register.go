@@ -1,0 +1,64 @@
+package v1beta1
+
+import (
+	"slices"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+const (
+	// GroupName is the API group of the opaque configs, shared with the
+	// NVIDIA DRA driver.
+	GroupName = "resource.nvidia.com"
+	// Version is the API version of this package.
+	Version = "v1beta1"
+
+	// GpuConfigKind is the kind of [GpuConfig].
+	GpuConfigKind = "GpuConfig"
+	// MigDeviceConfigKind is the kind of [MigDeviceConfig].
+	MigDeviceConfigKind = "MigDeviceConfig"
+)
+
+// SchemeGroupVersion is the group and version of every kind in this package.
+var SchemeGroupVersion = schema.GroupVersion{Group: GroupName, Version: Version}
+
+var (
+	// SchemeBuilder registers the kinds of this package with a scheme.
+	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
+	// AddToScheme adds the kinds of this package to a scheme.
+	AddToScheme = SchemeBuilder.AddToScheme
+)
+
+func addKnownTypes(s *runtime.Scheme) error {
+	s.AddKnownTypes(SchemeGroupVersion,
+		&GpuConfig{},
+		&MigDeviceConfig{},
+	)
+	return nil
+}
+
+// scheme holds exactly the kinds of this package; Decode creates objects
+// from it, so registering a kind in addKnownTypes is all a new kind needs to
+// become decodable.
+var scheme = newScheme()
+
+func newScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	if err := AddToScheme(s); err != nil {
+		panic(err) // addKnownTypes cannot fail; a failure is a programming error.
+	}
+	return s
+}
+
+// Kinds returns the kinds Decode accepts, sorted.
+func Kinds() []string {
+	var kinds []string
+	for gvk := range scheme.AllKnownTypes() {
+		if gvk.GroupVersion() == SchemeGroupVersion {
+			kinds = append(kinds, gvk.Kind)
+		}
+	}
+	slices.Sort(kinds)
+	return kinds
+}

@@ -1,0 +1,112 @@
+package v1beta1
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// Features says which optional parts of this API the serving driver has
+// turned on. The field names are those of the NVIDIA DRA driver's feature
+// gates, and the zero value matches that driver's defaults (all off). It is
+// passed to validation explicitly so that the plugin and the webhook can
+// each validate against their own settings.
+type Features struct {
+	// TimeSlicingSettings allows sharing strategy TimeSlicing.
+	TimeSlicingSettings bool
+	// MPSSupport allows sharing strategy MPS.
+	MPSSupport bool
+}
+
+// featureGateOf names the feature gate each strategy needs.
+var featureGateOf = map[SharingStrategy]string{
+	TimeSlicingStrategy: "TimeSlicingSettings",
+	MpsStrategy:         "MPSSupport",
+}
+
+func (f Features) allows(s SharingStrategy) bool {
+	switch s {
+	case TimeSlicingStrategy:
+		return f.TimeSlicingSettings
+	case MpsStrategy:
+		return f.MPSSupport
+	}
+	return false
+}
+
+// minPinnedMemoryLimit is the smallest MPS pinned memory limit: the MPS
+// daemon takes limits in whole megabytes (MiB), so anything smaller would be
+// rounded to 0, which means no limit.
+var minPinnedMemoryLimit = resource.MustParse("1Mi")
+
+// validateStrategy reports whether s is a known strategy the caller serves.
+// It returns false when the rest of the sharing setting should not be
+// checked against the strategy.
+func validateStrategy(s SharingStrategy, path *field.Path, f Features) (field.ErrorList, bool) {
+	switch _, known := featureGateOf[s]; {
+	case s == "":
+		return field.ErrorList{field.Required(path, "supported values: "+quoted(SharingStrategies))}, false
+	case !known:
+		return field.ErrorList{field.NotSupported(path, s, SharingStrategies)}, false
+	case !f.allows(s):
+		return field.ErrorList{field.Forbidden(path, fmt.Sprintf("strategy %q requires the %s feature gate, which is disabled", s, featureGateOf[s]))}, true
+	}
+	return nil, true
+}
+
+func validateTimeSlicingConfig(c *TimeSlicingConfig, path *field.Path) field.ErrorList {
+	if c == nil || c.Interval == nil || c.Interval.Int() >= 0 {
+		return nil
+	}
+	return field.ErrorList{field.NotSupported(path.Child("interval"), *c.Interval, TimeSliceIntervals)}
+}
+
+func validateMpsConfig(c *MpsConfig, path *field.Path) field.ErrorList {
+	if c == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	if p := c.DefaultActiveThreadPercentage; p != nil && (*p < 0 || *p > 100) {
+		errs = append(errs, field.Invalid(path.Child("defaultActiveThreadPercentage"), *p, "must be between 0 and 100, inclusive"))
+	}
+	if q := c.DefaultPinnedDeviceMemoryLimit; q != nil {
+		errs = append(errs, validatePinnedMemoryLimit(*q, path.Child("defaultPinnedDeviceMemoryLimit"))...)
+	}
+	limitsPath := path.Child("defaultPerDevicePinnedMemoryLimit")
+	for _, key := range slices.Sorted(maps.Keys(c.DefaultPerDevicePinnedMemoryLimit)) {
+		if !isDeviceSelector(key) {
+			errs = append(errs, field.Invalid(limitsPath.Key(key), key, "must be a device index (0, 1, ...) or a device UUID (GPU-... or MIG-...)"))
+		}
+		errs = append(errs, validatePinnedMemoryLimit(c.DefaultPerDevicePinnedMemoryLimit[key], limitsPath.Key(key))...)
+	}
+	return errs
+}
+
+func validatePinnedMemoryLimit(q resource.Quantity, path *field.Path) field.ErrorList {
+	if q.Cmp(minPinnedMemoryLimit) < 0 {
+		return field.ErrorList{field.Invalid(path, q.String(), "must be at least 1Mi")}
+	}
+	return nil
+}
+
+// isDeviceSelector reports whether key names a device the way the MPS
+// daemon setup resolves it: a non-negative index or a GPU or MIG UUID.
+func isDeviceSelector(key string) bool {
+	if i, err := strconv.Atoi(key); err == nil {
+		return i >= 0
+	}
+	return (strings.HasPrefix(key, "GPU-") || strings.HasPrefix(key, "MIG-")) && len(key) > len("GPU-")
+}
+
+func quoted[T ~string](values []T) string {
+	q := make([]string, len(values))
+	for i, v := range values {
+		q[i] = strconv.Quote(string(v))
+	}
+	return strings.Join(q, ", ")
+}

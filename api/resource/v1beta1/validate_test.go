@@ -1,0 +1,327 @@
+package v1beta1
+
+import (
+	"reflect"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
+)
+
+var allFeatures = Features{TimeSlicingSettings: true, MPSSupport: true}
+
+func gpuSharing(s *GpuSharing) *GpuConfig {
+	return &GpuConfig{TypeMeta: typeMeta(GpuConfigKind), Sharing: s}
+}
+
+func migSharing(s *MigDeviceSharing) *MigDeviceConfig {
+	return &MigDeviceConfig{TypeMeta: typeMeta(MigDeviceConfigKind), Sharing: s}
+}
+
+func TestDefaults(t *testing.T) {
+	for _, c := range []Config{DefaultGpuConfig(), DefaultMigDeviceConfig()} {
+		if err := c.Validate(Features{}); err != nil {
+			t.Errorf("default %T is invalid without features: %v", c, err)
+		}
+		normalized := c.DeepCopyObject().(Config)
+		normalized.Normalize()
+		if !equality.Semantic.DeepEqual(normalized, c) {
+			t.Errorf("default %T changes on Normalize: %#v", c, normalized)
+		}
+	}
+	if s := DefaultGpuConfig().Sharing; s != nil {
+		t.Errorf("DefaultGpuConfig shares the GPU (%+v); NVIDIA's default is exclusive", s)
+	}
+	if s := DefaultMigDeviceConfig().Sharing; s != nil {
+		t.Errorf("DefaultMigDeviceConfig shares the device (%+v); NVIDIA's default is exclusive", s)
+	}
+	if got := DefaultGpuConfig().GetObjectKind().GroupVersionKind(); got != SchemeGroupVersion.WithKind(GpuConfigKind) {
+		t.Errorf("DefaultGpuConfig kind = %v", got)
+	}
+}
+
+func TestNormalize(t *testing.T) {
+	tests := map[string]struct {
+		in, want Config
+	}{
+		"gpu exclusive stays exclusive": {
+			in: gpuSharing(nil), want: gpuSharing(nil),
+		},
+		"gpu time-slicing gets interval Default": {
+			in: gpuSharing(&GpuSharing{Strategy: TimeSlicingStrategy}),
+			want: gpuSharing(&GpuSharing{Strategy: TimeSlicingStrategy,
+				TimeSlicingConfig: &TimeSlicingConfig{Interval: ptr.To(DefaultTimeSlice)}}),
+		},
+		"gpu time-slicing config without interval": {
+			in: gpuSharing(&GpuSharing{Strategy: TimeSlicingStrategy, TimeSlicingConfig: &TimeSlicingConfig{}}),
+			want: gpuSharing(&GpuSharing{Strategy: TimeSlicingStrategy,
+				TimeSlicingConfig: &TimeSlicingConfig{Interval: ptr.To(DefaultTimeSlice)}}),
+		},
+		"gpu time-slicing interval kept": {
+			in: gpuSharing(&GpuSharing{Strategy: TimeSlicingStrategy,
+				TimeSlicingConfig: &TimeSlicingConfig{Interval: ptr.To(ShortTimeSlice)}}),
+			want: gpuSharing(&GpuSharing{Strategy: TimeSlicingStrategy,
+				TimeSlicingConfig: &TimeSlicingConfig{Interval: ptr.To(ShortTimeSlice)}}),
+		},
+		"gpu MPS gets an empty mpsConfig": {
+			in:   gpuSharing(&GpuSharing{Strategy: MpsStrategy}),
+			want: gpuSharing(&GpuSharing{Strategy: MpsStrategy, MpsConfig: &MpsConfig{}}),
+		},
+		"gpu unknown strategy untouched": {
+			in:   gpuSharing(&GpuSharing{Strategy: "Fabric"}),
+			want: gpuSharing(&GpuSharing{Strategy: "Fabric"}),
+		},
+		"mig exclusive stays exclusive": {
+			in: migSharing(nil), want: migSharing(nil),
+		},
+		"mig MPS gets an empty mpsConfig": {
+			in:   migSharing(&MigDeviceSharing{Strategy: MpsStrategy}),
+			want: migSharing(&MigDeviceSharing{Strategy: MpsStrategy, MpsConfig: &MpsConfig{}}),
+		},
+		"mig time-slicing untouched": {
+			in:   migSharing(&MigDeviceSharing{Strategy: TimeSlicingStrategy}),
+			want: migSharing(&MigDeviceSharing{Strategy: TimeSlicingStrategy}),
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			tc.in.Normalize()
+			if !equality.Semantic.DeepEqual(tc.in, tc.want) {
+				t.Errorf("Normalize =\n%#v\nwant\n%#v", tc.in, tc.want)
+			}
+			tc.in.Normalize()
+			if !equality.Semantic.DeepEqual(tc.in, tc.want) {
+				t.Errorf("Normalize is not idempotent: %#v", tc.in)
+			}
+		})
+	}
+}
+
+func TestValidate(t *testing.T) {
+	mps := func(c MpsConfig) *GpuConfig { return gpuSharing(&GpuSharing{Strategy: MpsStrategy, MpsConfig: &c}) }
+	limits := func(kv ...string) MpsPerDevicePinnedMemoryLimit {
+		m := MpsPerDevicePinnedMemoryLimit{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = resource.MustParse(kv[i+1])
+		}
+		return m
+	}
+	tests := map[string]struct {
+		config   Config
+		features Features
+		want     string // "" for valid
+	}{
+		"gpu exclusive, no features": {config: gpuSharing(nil)},
+		"gpu time-slicing": {
+			config:   gpuSharing(&GpuSharing{Strategy: TimeSlicingStrategy, TimeSlicingConfig: &TimeSlicingConfig{Interval: ptr.To(MediumTimeSlice)}}),
+			features: Features{TimeSlicingSettings: true},
+		},
+		"gpu time-slicing without config": {
+			config:   gpuSharing(&GpuSharing{Strategy: TimeSlicingStrategy}),
+			features: Features{TimeSlicingSettings: true},
+		},
+		"gpu MPS, every field": {
+			config: mps(MpsConfig{
+				DefaultActiveThreadPercentage:     ptr.To(100),
+				DefaultPinnedDeviceMemoryLimit:    ptr.To(resource.MustParse("1Mi")),
+				DefaultPerDevicePinnedMemoryLimit: limits("0", "2Gi", "GPU-0a1b", "1Gi", "MIG-7c2d", "1Gi"),
+			}),
+			features: Features{MPSSupport: true},
+		},
+		"strategy missing": {
+			config:   gpuSharing(&GpuSharing{}),
+			features: allFeatures,
+			want:     `sharing.strategy: Required value: supported values: "MPS", "TimeSlicing"`,
+		},
+		"strategy unknown": {
+			config:   gpuSharing(&GpuSharing{Strategy: "Foo"}),
+			features: allFeatures,
+			want:     `sharing.strategy: Unsupported value: "Foo": supported values: "MPS", "TimeSlicing"`,
+		},
+		"strategy is case-sensitive": {
+			config:   gpuSharing(&GpuSharing{Strategy: "mps"}),
+			features: allFeatures,
+			want:     `sharing.strategy: Unsupported value: "mps": supported values: "MPS", "TimeSlicing"`,
+		},
+		"time-slicing feature off": {
+			config:   gpuSharing(&GpuSharing{Strategy: TimeSlicingStrategy}),
+			features: Features{MPSSupport: true},
+			want:     `sharing.strategy: Forbidden: strategy "TimeSlicing" requires the TimeSlicingSettings feature gate, which is disabled`,
+		},
+		"MPS feature off": {
+			config:   gpuSharing(&GpuSharing{Strategy: MpsStrategy}),
+			features: Features{TimeSlicingSettings: true},
+			want:     `sharing.strategy: Forbidden: strategy "MPS" requires the MPSSupport feature gate, which is disabled`,
+		},
+		"interval unknown": {
+			config:   gpuSharing(&GpuSharing{Strategy: TimeSlicingStrategy, TimeSlicingConfig: &TimeSlicingConfig{Interval: ptr.To(TimeSliceInterval("Forever"))}}),
+			features: allFeatures,
+			want:     `sharing.timeSlicingConfig.interval: Unsupported value: "Forever": supported values: "Default", "Short", "Medium", "Long"`,
+		},
+		"mpsConfig with time-slicing": {
+			config:   gpuSharing(&GpuSharing{Strategy: TimeSlicingStrategy, MpsConfig: &MpsConfig{}}),
+			features: allFeatures,
+			want:     `sharing.mpsConfig: Forbidden: may only be set with strategy "MPS"`,
+		},
+		"timeSlicingConfig with MPS": {
+			config:   gpuSharing(&GpuSharing{Strategy: MpsStrategy, TimeSlicingConfig: &TimeSlicingConfig{}}),
+			features: allFeatures,
+			want:     `sharing.timeSlicingConfig: Forbidden: may only be set with strategy "TimeSlicing"`,
+		},
+		"thread percentage negative": {
+			config:   mps(MpsConfig{DefaultActiveThreadPercentage: ptr.To(-1)}),
+			features: allFeatures,
+			want:     `sharing.mpsConfig.defaultActiveThreadPercentage: Invalid value: -1: must be between 0 and 100, inclusive`,
+		},
+		"thread percentage above 100": {
+			config:   mps(MpsConfig{DefaultActiveThreadPercentage: ptr.To(101)}),
+			features: allFeatures,
+			want:     `sharing.mpsConfig.defaultActiveThreadPercentage: Invalid value: 101: must be between 0 and 100, inclusive`,
+		},
+		"pinned memory below 1Mi": {
+			config:   mps(MpsConfig{DefaultPinnedDeviceMemoryLimit: ptr.To(resource.MustParse("1M"))}),
+			features: allFeatures,
+			want:     `sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "1M": must be at least 1Mi`,
+		},
+		"per-device key neither index nor UUID": {
+			config:   mps(MpsConfig{DefaultPerDevicePinnedMemoryLimit: limits("gpu0", "1Gi")}),
+			features: allFeatures,
+			want:     `sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[gpu0]: Invalid value: "gpu0": must be a device index (0, 1, ...) or a device UUID (GPU-... or MIG-...)`,
+		},
+		"per-device negative index and low limit": {
+			config:   mps(MpsConfig{DefaultPerDevicePinnedMemoryLimit: limits("-1", "1Gi", "1", "-5Gi")}),
+			features: allFeatures,
+			want: `[sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[-1]: Invalid value: "-1": must be a device index (0, 1, ...) or a device UUID (GPU-... or MIG-...), ` +
+				`sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[1]: Invalid value: "-5Gi": must be at least 1Mi]`,
+		},
+		"every problem at once, feature off": {
+			config: gpuSharing(&GpuSharing{Strategy: MpsStrategy, TimeSlicingConfig: &TimeSlicingConfig{},
+				MpsConfig: &MpsConfig{DefaultActiveThreadPercentage: ptr.To(200)}}),
+			want: `[sharing.strategy: Forbidden: strategy "MPS" requires the MPSSupport feature gate, which is disabled, ` +
+				`sharing.mpsConfig.defaultActiveThreadPercentage: Invalid value: 200: must be between 0 and 100, inclusive, ` +
+				`sharing.timeSlicingConfig: Forbidden: may only be set with strategy "TimeSlicing"]`,
+		},
+		"mig exclusive, no features": {config: migSharing(nil)},
+		"mig time-slicing": {
+			config:   migSharing(&MigDeviceSharing{Strategy: TimeSlicingStrategy}),
+			features: Features{TimeSlicingSettings: true},
+		},
+		"mig time-slicing ignores mpsConfig, as NVIDIA's driver does": {
+			config:   migSharing(&MigDeviceSharing{Strategy: TimeSlicingStrategy, MpsConfig: &MpsConfig{DefaultActiveThreadPercentage: ptr.To(500)}}),
+			features: Features{TimeSlicingSettings: true},
+		},
+		"mig strategy unknown": {
+			config:   migSharing(&MigDeviceSharing{Strategy: "Fabric"}),
+			features: allFeatures,
+			want:     `sharing.strategy: Unsupported value: "Fabric": supported values: "MPS", "TimeSlicing"`,
+		},
+		"mig MPS feature off": {
+			config: migSharing(&MigDeviceSharing{Strategy: MpsStrategy}),
+			want:   `sharing.strategy: Forbidden: strategy "MPS" requires the MPSSupport feature gate, which is disabled`,
+		},
+		"mig MPS bad config": {
+			config:   migSharing(&MigDeviceSharing{Strategy: MpsStrategy, MpsConfig: &MpsConfig{DefaultPinnedDeviceMemoryLimit: ptr.To(resource.MustParse("0"))}}),
+			features: allFeatures,
+			want:     `sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "0": must be at least 1Mi`,
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			err := tc.config.Validate(tc.features)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("Validate = %v, want valid", err)
+			case tc.want != "" && err == nil:
+				t.Errorf("Validate = nil, want %s", tc.want)
+			case tc.want != "" && err.Error() != tc.want:
+				t.Errorf("Validate\n got %s\nwant %s", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestTimeSliceIntervalInt(t *testing.T) {
+	for interval, want := range map[TimeSliceInterval]int{
+		DefaultTimeSlice: 0, ShortTimeSlice: 1, MediumTimeSlice: 2, LongTimeSlice: 3, "Forever": -1, "": -1,
+	} {
+		if got := interval.Int(); got != want {
+			t.Errorf("%q.Int() = %d, want %d", interval, got, want)
+		}
+	}
+}
+
+func TestDeepCopy(t *testing.T) {
+	gpu := gpuSharing(&GpuSharing{
+		Strategy:          MpsStrategy,
+		TimeSlicingConfig: &TimeSlicingConfig{Interval: ptr.To(LongTimeSlice)},
+		MpsConfig: &MpsConfig{
+			DefaultActiveThreadPercentage:     ptr.To(20),
+			DefaultPinnedDeviceMemoryLimit:    ptr.To(resource.MustParse("1Gi")),
+			DefaultPerDevicePinnedMemoryLimit: MpsPerDevicePinnedMemoryLimit{"0": resource.MustParse("2Gi")},
+		},
+	})
+	assertEveryFieldSet(t, reflect.ValueOf(gpu), "GpuConfig")
+	cp := gpu.DeepCopyObject().(*GpuConfig)
+	if !equality.Semantic.DeepEqual(cp, gpu) {
+		t.Fatalf("copy differs: %#v", cp)
+	}
+	*cp.Sharing.TimeSlicingConfig.Interval = ShortTimeSlice
+	*cp.Sharing.MpsConfig.DefaultActiveThreadPercentage = 30
+	cp.Sharing.MpsConfig.DefaultPinnedDeviceMemoryLimit.Add(resource.MustParse("1Gi"))
+	cp.Sharing.MpsConfig.DefaultPerDevicePinnedMemoryLimit["1"] = resource.MustParse("1Gi")
+	cp.Sharing.Strategy = TimeSlicingStrategy
+	cp.Kind = "changed"
+	if *gpu.Sharing.TimeSlicingConfig.Interval != LongTimeSlice ||
+		*gpu.Sharing.MpsConfig.DefaultActiveThreadPercentage != 20 ||
+		gpu.Sharing.MpsConfig.DefaultPinnedDeviceMemoryLimit.String() != "1Gi" ||
+		len(gpu.Sharing.MpsConfig.DefaultPerDevicePinnedMemoryLimit) != 1 ||
+		gpu.Sharing.Strategy != MpsStrategy || gpu.Kind != GpuConfigKind {
+		t.Errorf("changing the copy changed the original: %#v", gpu)
+	}
+
+	mig := migSharing(&MigDeviceSharing{Strategy: MpsStrategy, MpsConfig: &MpsConfig{
+		DefaultActiveThreadPercentage:     ptr.To(5),
+		DefaultPinnedDeviceMemoryLimit:    ptr.To(resource.MustParse("1Gi")),
+		DefaultPerDevicePinnedMemoryLimit: MpsPerDevicePinnedMemoryLimit{"MIG-1": resource.MustParse("2Gi")},
+	}})
+	assertEveryFieldSet(t, reflect.ValueOf(mig), "MigDeviceConfig")
+	mcp := mig.DeepCopyObject().(*MigDeviceConfig)
+	if !equality.Semantic.DeepEqual(mcp, mig) {
+		t.Fatalf("copy differs: %#v", mcp)
+	}
+	*mcp.Sharing.MpsConfig.DefaultActiveThreadPercentage = 6
+	if *mig.Sharing.MpsConfig.DefaultActiveThreadPercentage != 5 {
+		t.Errorf("changing the copy changed the original")
+	}
+
+	if (*GpuConfig)(nil).DeepCopyObject() != nil || (*MigDeviceConfig)(nil).DeepCopyObject() != nil {
+		t.Errorf("copy of a nil config is not nil")
+	}
+}
+
+// assertEveryFieldSet fails for a zero field anywhere in v, so that a field
+// added to a type cannot be left out of TestDeepCopy's fixtures (and, by
+// review, out of deepcopy.go).
+func assertEveryFieldSet(t *testing.T, v reflect.Value, path string) {
+	t.Helper()
+	switch v.Kind() {
+	case reflect.Pointer:
+		if v.IsNil() {
+			t.Errorf("fixture leaves %s unset", path)
+			return
+		}
+		assertEveryFieldSet(t, v.Elem(), path)
+	case reflect.Struct:
+		if v.Type() == reflect.TypeFor[resource.Quantity]() {
+			return
+		}
+		for i := range v.NumField() {
+			assertEveryFieldSet(t, v.Field(i), path+"."+v.Type().Field(i).Name)
+		}
+	default:
+		if v.IsZero() {
+			t.Errorf("fixture leaves %s unset", path)
+		}
+	}
+}

@@ -1,0 +1,111 @@
+// Package cdi builds and writes the per-claim CDI specs that tell the
+// container runtime which device nodes, environment and driver files a
+// container gets.
+//
+// One transient spec is written per claim, named after the claim UID, so a
+// runtime that caches specs can never confuse two claims. Device nodes carry
+// type, major and minor, so the specs resolve on machines where the nodes do
+// not exist (simulated nodes, tests) and runtimes need not stat the host.
+package cdi
+
+import (
+	"fmt"
+
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/hardware"
+)
+
+// Class is the CDI class of gpudra's per-claim devices.
+const Class = "claim"
+
+// Fixed minor numbers of the NVIDIA driver's control and UVM nodes.
+const (
+	nvidiactlMinor    = 255
+	uvmMinor          = 0
+	uvmToolsMinor     = 1
+	charDevice        = "c"
+	visibleDevicesEnv = "NVIDIA_VISIBLE_DEVICES"
+)
+
+// Vendor returns the CDI vendor for a DRA driver name: "k8s." + driver,
+// e.g. "k8s.gpu.nvidia.com".
+func Vendor(driverName string) string { return "k8s." + driverName }
+
+// Kind returns the CDI kind ("vendor/class") of the driver's claim devices.
+func Kind(driverName string) string { return Vendor(driverName) + "/" + Class }
+
+// DeviceName is the CDI device name of one allocated device of a claim. It
+// contains the claim UID, so it is never reused across claims.
+func DeviceName(claimUID, deviceName string) string { return claimUID + "-" + deviceName }
+
+// DeviceID is the fully qualified CDI device ID handed to the kubelet.
+func DeviceID(driverName, claimUID, deviceName string) string {
+	return Kind(driverName) + "=" + DeviceName(claimUID, deviceName)
+}
+
+// SpecInput is everything the spec of one claim is built from.
+type SpecInput struct {
+	DriverName string
+	ClaimUID   string
+	Majors     hardware.Majors
+	Devices    []*devicemodel.Device
+	// Common are container edits every device of the claim needs besides
+	// the device nodes: driver libraries, hooks (from nvcdi on real nodes).
+	// May be nil.
+	Common *cdispec.ContainerEdits
+}
+
+// BuildSpec builds the CDI spec of one claim. It is pure.
+func BuildSpec(in SpecInput) (*cdispec.Spec, error) {
+	if in.Majors.NVIDIA == 0 || in.Majors.UVM == 0 {
+		return nil, fmt.Errorf("device majors unknown (nvidia=%d, nvidia-uvm=%d): cannot describe device nodes", in.Majors.NVIDIA, in.Majors.UVM)
+	}
+	// The slices are copied so that appending never writes into the
+	// caller's shared edits; the elements themselves are never modified.
+	common := cdispec.ContainerEdits{}
+	if in.Common != nil {
+		common = *in.Common
+		common.Env = append([]string(nil), in.Common.Env...)
+		common.DeviceNodes = append([]*cdispec.DeviceNode(nil), in.Common.DeviceNodes...)
+	}
+	// Like the NVIDIA container toolkit's specs: the spec already carries
+	// everything, so a legacy runtime hook must inject nothing more.
+	common.Env = append(common.Env, visibleDevicesEnv+"=void")
+	common.DeviceNodes = append(common.DeviceNodes,
+		charNode("/dev/nvidiactl", in.Majors.NVIDIA, nvidiactlMinor),
+		charNode("/dev/nvidia-uvm", in.Majors.UVM, uvmMinor),
+		charNode("/dev/nvidia-uvm-tools", in.Majors.UVM, uvmToolsMinor),
+	)
+	spec := &cdispec.Spec{
+		Kind:           Kind(in.DriverName),
+		ContainerEdits: common,
+	}
+	for _, d := range in.Devices {
+		nodes := []*cdispec.DeviceNode{charNode(fmt.Sprintf("/dev/nvidia%d", d.GPU.Minor), in.Majors.NVIDIA, d.GPU.Minor)}
+		if d.MIG != nil {
+			if in.Majors.Caps == 0 {
+				return nil, fmt.Errorf("device %s: nvidia-caps major unknown: cannot describe MIG access nodes", d.Name())
+			}
+			nodes = append(nodes,
+				charNode(fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", d.MIG.GICapMinor), in.Majors.Caps, d.MIG.GICapMinor),
+				charNode(fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", d.MIG.CICapMinor), in.Majors.Caps, d.MIG.CICapMinor),
+			)
+		}
+		spec.Devices = append(spec.Devices, cdispec.Device{
+			Name:           DeviceName(in.ClaimUID, d.Name()),
+			ContainerEdits: cdispec.ContainerEdits{DeviceNodes: nodes},
+		})
+	}
+	v, err := cdispec.MinimumRequiredVersion(spec)
+	if err != nil {
+		return nil, fmt.Errorf("CDI spec version: %w", err)
+	}
+	spec.Version = v
+	return spec, nil
+}
+
+func charNode(path string, major, minor int) *cdispec.DeviceNode {
+	return &cdispec.DeviceNode{Path: path, Type: charDevice, Major: int64(major), Minor: int64(minor)}
+}

@@ -1,0 +1,220 @@
+package checkpoint
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"runtime/debug"
+
+	"github.com/gpudra/gpudra/pkg/claimstate"
+)
+
+// run is the committer.
+func (s *Store) run() {
+	defer close(s.stopped)
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-s.kick:
+		}
+		for s.ctx.Err() == nil && s.queued() > 0 {
+			s.commitNext()
+		}
+	}
+}
+
+func (s *Store) queued() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.queue)
+}
+
+// commitNext takes the flock, then every queued request, and serves them.
+// Requests join the batch until the flock is held, not just until the
+// previous write ends.
+func (s *Store) commitNext() {
+	unlock, err := s.lock.Lock(s.ctx)
+	if err != nil {
+		if s.ctx.Err() == nil {
+			s.failQueued(fmt.Errorf("lock %s: %w", s.lock.path, err))
+		}
+		return
+	}
+	s.mu.Lock()
+	batch := s.queue
+	s.queue = nil
+	for _, r := range batch {
+		r.taken = true
+	}
+	s.mu.Unlock()
+	if len(batch) > 0 {
+		s.commit(batch)
+	}
+	unlock()
+	for _, r := range batch {
+		close(r.done)
+	}
+}
+
+func (s *Store) commit(batch []*request) {
+	defer func() {
+		s.mu.Lock()
+		s.pub = s.cur
+		s.mu.Unlock()
+	}()
+	err := s.refresh()
+	if err == nil && s.cur.newer != "" {
+		err = &newerVersionError{path: s.path, version: s.cur.newer}
+	}
+	if err != nil {
+		for _, r := range batch {
+			r.err = err
+		}
+		return
+	}
+	next := s.cur.state
+	var applied []*request
+	for _, r := range batch {
+		if r.mutate == nil {
+			continue
+		}
+		if st, ok := r.apply(next); ok {
+			next = st
+			applied = append(applied, r)
+		}
+	}
+	if len(applied) > 0 {
+		if err := s.persist(next); err != nil {
+			for _, r := range applied {
+				r.err = err
+			}
+		}
+	}
+	for _, r := range batch {
+		if r.mutate == nil {
+			r.state = s.cur.state.Clone()
+		}
+	}
+}
+
+// apply runs r's mutation on a clone of base.
+func (r *request) apply(base *claimstate.State) (next *claimstate.State, ok bool) {
+	next = base.Clone()
+	defer func() {
+		if p := recover(); p != nil {
+			r.panicked = fmt.Errorf("checkpoint: Update mutation panicked: %v\n\ncommitter stack:\n%s", p, debug.Stack())
+			next, ok = nil, false
+		}
+	}()
+	if err := r.mutate(next); err != nil {
+		r.err = err
+		return nil, false
+	}
+	if err := validate(next); err != nil {
+		r.err = fmt.Errorf("mutation left an invalid state: %w", err)
+		return nil, false
+	}
+	return next, true
+}
+
+// persist writes next, unless the file already holds exactly it.
+func (s *Store) persist(next *claimstate.State) error {
+	data, err := encodeV2(s.bootID, next)
+	if err != nil {
+		return fmt.Errorf("encode checkpoint: %w", err)
+	}
+	if !bytes.Equal(data, s.data) {
+		if err := s.replace(data); err != nil {
+			return err
+		}
+	}
+	s.cur.state = next
+	return nil
+}
+
+// replace writes data as the new file and pins it. Once the rename is done
+// the write has happened; failing to pin it only costs a re-read later.
+func (s *Store) replace(data []byte) error {
+	if err := WriteFileAtomic(s.path, data); err != nil {
+		return err
+	}
+	s.writes.Add(1)
+	s.data = nil
+	s.setPin(nil, fileID{})
+	f, err := os.Open(s.path)
+	if err != nil {
+		s.logger.Error(err, "Cannot reopen the checkpoint just written; it will be re-read")
+		return nil
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		_ = f.Close()
+		s.logger.Error(err, "Cannot stat the checkpoint just written; it will be re-read")
+		return nil
+	}
+	s.setPin(f, statID(fi))
+	s.data = data
+	return nil
+}
+
+// refresh re-reads the file if it is not the one the Store last saw.
+func (s *Store) refresh() error {
+	id, err := statPath(s.path)
+	if err != nil {
+		return fmt.Errorf("stat %s: %w", s.path, err)
+	}
+	if id.known() && id == s.cur.id {
+		return nil
+	}
+	l, err := s.load()
+	if err != nil {
+		return err
+	}
+	s.adopt(l)
+	return nil
+}
+
+// adopt makes l the current snapshot and logs what load did.
+func (s *Store) adopt(l loaded) {
+	s.setPin(l.pin, l.id)
+	s.cur = l.snapshot
+	s.data = l.data
+	if l.migrated != "" {
+		s.logger.Info("Migrating checkpoint", "from", l.migrated, "to", currentVersion)
+	}
+	if l.bootReset {
+		s.logger.Info("Discarding checkpoint of a previous boot", "claims", l.discardedClaims, "bootID", s.bootID)
+	}
+	if l.tornPath != "" {
+		s.logger.Info("Checkpoint of a previous boot was unreadable, as a power loss can leave it; moved aside", "movedTo", l.tornPath, "reason", l.tornErr.Error())
+	}
+	if l.corrupt != nil {
+		s.logger.Error(l.corrupt.Err, "Unreadable checkpoint moved aside; starting with no prepared claims", "movedTo", l.corrupt.Path)
+	}
+	if l.newer != "" {
+		s.logger.Error(&newerVersionError{path: s.path, version: l.newer}, "Checkpoint from a newer plugin")
+	}
+}
+
+func (s *Store) setPin(f *os.File, id fileID) {
+	if s.pin != nil && s.pin != f {
+		_ = s.pin.Close()
+	}
+	s.pin = f
+	s.cur.id = id
+}
+
+func (s *Store) failQueued(err error) {
+	s.mu.Lock()
+	batch := s.queue
+	s.queue = nil
+	for _, r := range batch {
+		r.taken = true
+		r.err = err
+	}
+	s.mu.Unlock()
+	for _, r := range batch {
+		close(r.done)
+	}
+}

@@ -1,0 +1,284 @@
+package checkpoint
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpudra/gpudra/pkg/claimstate"
+)
+
+func TestMigrateV1(t *testing.T) {
+	v1 := readFile(t, filepath.Join("testdata", "v1.json"))
+	want := &claimstate.State{Claims: map[string]*claimstate.Claim{
+		"5f0c9a38-2d7e-4b1a-9c61-0e8a7f3b2c10": {
+			UID: "5f0c9a38-2d7e-4b1a-9c61-0e8a7f3b2c10", Namespace: "ml-team", Name: "trainer-gpus",
+			Phase:   claimstate.PrepareCompleted,
+			Devices: []claimstate.Device{{Name: "gpu-0"}, {Name: "gpu-1"}},
+		},
+		"a1e4c7d2-6b3f-4e89-8d20-7c5b9e1f4a63": {
+			UID: "a1e4c7d2-6b3f-4e89-8d20-7c5b9e1f4a63", Namespace: "default", Name: "notebook-mig",
+			Phase:   claimstate.PrepareStarted,
+			Devices: []claimstate.Device{{Name: "gpu-3-mig-1g10gb-19-0"}},
+		},
+		"c9d8e7f6-1a2b-4c3d-9e8f-0a1b2c3d4e5f": {
+			UID: "c9d8e7f6-1a2b-4c3d-9e8f-0a1b2c3d4e5f", Namespace: "ci", Name: "no-devices-left",
+			Phase:   claimstate.PrepareCompleted,
+			Devices: []claimstate.Device{},
+		},
+	}}
+
+	t.Run("current boot", func(t *testing.T) {
+		e := newTestEnv(t)
+		e.writeCheckpoint(t, v1, false)
+		s, report := e.open(t)
+		if report != (OpenReport{Migrated: "v1"}) {
+			t.Errorf("report = %+v, want Migrated v1 only", report)
+		}
+		if got := mustRead(t, s); !reflect.DeepEqual(got, want) {
+			t.Errorf("migrated state = %+v\nwant %+v", got, want)
+		}
+		d, err := decode([]byte(readFile(t, e.path())))
+		if err != nil || d.from != versionV2 || d.bootID != "boot-a" || !reflect.DeepEqual(d.state, want) {
+			t.Errorf("file after migration: from %q bootID %q err %v, state %+v", d.from, d.bootID, err, d.state)
+		}
+		_ = s.Close()
+		if _, report := e.open(t); report != (OpenReport{}) {
+			t.Errorf("second Open report = %+v, want zero", report)
+		}
+	})
+
+	t.Run("previous boot", func(t *testing.T) {
+		e := newTestEnv(t)
+		e.writeCheckpoint(t, v1, true)
+		s, report := e.open(t)
+		if report != (OpenReport{Migrated: "v1", BootIDChanged: true}) {
+			t.Errorf("report = %+v, want Migrated v1 and BootIDChanged", report)
+		}
+		if got := mustRead(t, s); len(got.Claims) != 0 {
+			t.Errorf("state of a previous boot kept: %v", got.Claims)
+		}
+	})
+}
+
+func TestUnreadableFileMovedAside(t *testing.T) {
+	valid := `{"version":"v2","bootID":"boot-a","claims":{"u":{"uid":"u","namespace":"n","name":"c","phase":"PrepareCompleted","startedAt":"2026-01-01T00:00:00Z","devices":[]}}}`
+	tests := []struct {
+		name, content, wantErr string
+	}{
+		{"empty", "", "unexpected end of JSON input"},
+		{"truncated", valid[:len(valid)/2], "unexpected end of JSON input"},
+		{"not JSON", "\x00\x00\x00\x00garbage", "invalid character"},
+		{"trailing garbage", valid + "}", "invalid character"},
+		{"JSON null", "null", `unknown schema version ""`},
+		{"array", "[]", "cannot unmarshal array"},
+		{"no version", `{"claims":{}}`, `unknown schema version ""`},
+		{"version not a string", `{"version":2,"claims":{}}`, "cannot unmarshal number"},
+		{"version without v", `{"version":"3"}`, `unknown schema version "3"`},
+		{"version v0", `{"version":"v0"}`, `unknown schema version "v0"`},
+		{"version not canonical", `{"version":"v03"}`, `unknown schema version "v03"`},
+		{"claims wrong type", `{"version":"v2","bootID":"boot-a","claims":[]}`, "cannot unmarshal array"},
+		{"startedAt wrong type", strings.Replace(valid, `"2026-01-01T00:00:00Z"`, `17`, 1), "cannot unmarshal"},
+		{"null claim", `{"version":"v2","bootID":"boot-a","claims":{"u":null}}`, "null entry"},
+		{"uid differs from key", strings.Replace(valid, `"uid":"u"`, `"uid":"w"`, 1), "differs from its key"},
+		{"unknown phase", strings.Replace(valid, "PrepareCompleted", "Prepared", 1), `unknown phase "Prepared"`},
+		{"v1 unknown status", `{"version":"v1","preparedClaims":{"u":{"status":"Done"}}}`, `unknown status "Done"`},
+		{"v1 wrong type", `{"version":"v1","preparedClaims":{"u":{"devices":"gpu-0"}}}`, "cannot unmarshal string"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newTestEnv(t)
+			e.writeCheckpoint(t, tt.content, false)
+			stamp := time.Date(2026, 11, 22, 8, 9, 10, 11, time.UTC)
+			s, report := e.open(t, WithClock(func() time.Time { return stamp }))
+			if report.Corrupt == nil {
+				t.Fatalf("report = %+v, want Corrupt", report)
+			}
+			if report.Migrated != "" || report.BootIDChanged || report.NewerVersion != "" {
+				t.Errorf("report = %+v, want only Corrupt", report)
+			}
+			if !strings.Contains(report.Corrupt.Err.Error(), tt.wantErr) {
+				t.Errorf("Corrupt.Err = %v, want one containing %q", report.Corrupt.Err, tt.wantErr)
+			}
+			wantPath := e.path() + ".corrupt-20261122T080910.000000011Z"
+			if report.Corrupt.Path != wantPath {
+				t.Errorf("moved to %s, want %s", report.Corrupt.Path, wantPath)
+			}
+			if got := readFile(t, report.Corrupt.Path); got != tt.content {
+				t.Errorf("moved-aside file holds %q, want the original %q", got, tt.content)
+			}
+			if got := mustRead(t, s); len(got.Claims) != 0 {
+				t.Errorf("state = %v, want empty", got.Claims)
+			}
+			if err := s.Update(t.Context(), addClaim(testClaim("fresh"))); err != nil {
+				t.Fatalf("Update after moving aside: %v", err)
+			}
+			_ = s.Close()
+			s2, report := e.open(t, WithClock(func() time.Time { return stamp }))
+			if report != (OpenReport{}) {
+				t.Errorf("reopen report = %+v, want zero", report)
+			}
+			if got := mustRead(t, s2); got.Claims["fresh"] == nil {
+				t.Errorf("update after moving aside lost: %v", got.Claims)
+			}
+		})
+	}
+}
+
+func TestMoveAsideNeverReplaces(t *testing.T) {
+	e := newTestEnv(t)
+	stamp := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	clock := WithClock(func() time.Time { return stamp })
+	var paths []string
+	for _, content := range []string{"first{", "second{"} {
+		e.writeCheckpoint(t, content, false)
+		s, report := e.open(t, clock)
+		if report.Corrupt == nil {
+			t.Fatalf("report = %+v, want Corrupt", report)
+		}
+		paths = append(paths, report.Corrupt.Path)
+		_ = s.Close()
+	}
+	base := e.path() + ".corrupt-20260102T030405.000000000Z"
+	if !reflect.DeepEqual(paths, []string{base, base + "-1"}) {
+		t.Errorf("moved to %v, want %s and its -1", paths, base)
+	}
+	if got := readFile(t, paths[0]); got != "first{" {
+		t.Errorf("first moved-aside file holds %q", got)
+	}
+}
+
+// TestTornFileOfPreviousBoot: without fsync a power loss can leave an empty
+// or torn file; it is a boot reset, not corruption, but still kept.
+func TestTornFileOfPreviousBoot(t *testing.T) {
+	for _, content := range []string{"", `{"version":"v2","bootID":"boot-old","cla`} {
+		e := newTestEnv(t)
+		e.writeCheckpoint(t, content, true)
+		s, report := e.open(t)
+		if report != (OpenReport{BootIDChanged: true}) {
+			t.Errorf("report = %+v, want BootIDChanged only", report)
+		}
+		if got := mustRead(t, s); len(got.Claims) != 0 {
+			t.Errorf("state = %v, want empty", got.Claims)
+		}
+		if kept := movedAside(t, e.dir); len(kept) != 1 || readFile(t, kept[0]) != content {
+			t.Errorf("moved-aside files %v, want one holding %q", kept, content)
+		}
+	}
+}
+
+func TestBootIDChangeResets(t *testing.T) {
+	e := newTestEnv(t)
+	s, _ := e.open(t)
+	if err := s.Update(t.Context(), addClaim(testClaim("before-reboot"))); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.Close()
+
+	e.setBootID(t, "boot-b")
+	s, report := e.open(t)
+	if report != (OpenReport{BootIDChanged: true}) {
+		t.Errorf("report = %+v, want BootIDChanged only", report)
+	}
+	if got := mustRead(t, s); len(got.Claims) != 0 {
+		t.Errorf("claims survived a reboot: %v", got.Claims)
+	}
+	d, err := decode([]byte(readFile(t, e.path())))
+	if err != nil || d.bootID != "boot-b" || len(d.state.Claims) != 0 {
+		t.Errorf("file after reset: bootID %q, %d claims, err %v; want boot-b, none", d.bootID, len(d.state.Claims), err)
+	}
+	if kept := movedAside(t, e.dir); len(kept) != 0 {
+		t.Errorf("a readable file of a previous boot was moved aside: %v", kept)
+	}
+}
+
+// TestBootIDBeatsMtime: a v2 file records its boot, so its age does not
+// matter (a clock stepped back after boot must not reset state).
+func TestBootIDBeatsMtime(t *testing.T) {
+	e := newTestEnv(t)
+	data, err := encodeV2("boot-a", &claimstate.State{Claims: map[string]*claimstate.Claim{"u": testClaim("u")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.writeCheckpoint(t, string(data), true)
+	s, report := e.open(t)
+	if report != (OpenReport{}) {
+		t.Errorf("report = %+v, want zero", report)
+	}
+	if got := mustRead(t, s); got.Claims["u"] == nil {
+		t.Errorf("claims of this boot dropped: %v", got.Claims)
+	}
+}
+
+func TestNewerVersionIsNotOverwritten(t *testing.T) {
+	tests := []struct{ name, content, version string }{
+		{"v3", `{"version":"v3","bootID":"boot-a","claims":{"u":{"uid":"u","phase":"PrepareQueued"}},"quota":7}`, "v3"},
+		{"v3 unlike v2", `{"version":"v3","claims":[{"uid":"u"}]}`, "v3"},
+		{"v10", `{"version":"v10"}`, "v10"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newTestEnv(t)
+			e.writeCheckpoint(t, tt.content, false)
+			s, report := e.open(t)
+			if report != (OpenReport{NewerVersion: tt.version}) {
+				t.Errorf("report = %+v, want NewerVersion %s only", report, tt.version)
+			}
+			err := s.Update(t.Context(), addClaim(testClaim("x")))
+			if !errors.Is(err, ErrNewerVersion) || !strings.Contains(err.Error(), tt.version) {
+				t.Errorf("Update = %v, want ErrNewerVersion naming %s", err, tt.version)
+			}
+			if _, err := s.Read(t.Context()); !errors.Is(err, ErrNewerVersion) {
+				t.Errorf("Read = %v, want ErrNewerVersion", err)
+			}
+			if got := readFile(t, e.path()); got != tt.content {
+				t.Errorf("newer file changed to %s", got)
+			}
+			if kept := movedAside(t, e.dir); len(kept) != 0 {
+				t.Errorf("newer file moved aside: %v", kept)
+			}
+
+			// Rolled forward (or moved aside by an operator): work resumes.
+			if err := os.Remove(e.path()); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Update(t.Context(), addClaim(testClaim("x"))); err != nil {
+				t.Fatalf("Update once the file is gone: %v", err)
+			}
+			if got := mustRead(t, s); got.Claims["x"] == nil {
+				t.Errorf("state = %v, want claim x", got.Claims)
+			}
+		})
+	}
+}
+
+// TestUnknownFieldsTolerated: a v2 file from a newer plugin that added
+// optional fields is read; the fields are dropped on rewrite.
+func TestUnknownFieldsTolerated(t *testing.T) {
+	e := newTestEnv(t)
+	e.writeCheckpoint(t, `{"version":"v2","bootID":"boot-a","nodeName":"n1","claims":{"u":{"uid":"u","namespace":"n",`+
+		`"name":"c","phase":"PrepareStarted","startedAt":"2026-01-01T00:00:00Z","retries":3,`+
+		`"devices":[{"requests":["r"],"pool":"p","name":"gpu-0","health":"ok"}]}}}`, false)
+	s, report := e.open(t)
+	if report != (OpenReport{}) {
+		t.Errorf("report = %+v, want zero", report)
+	}
+	want := &claimstate.Claim{
+		UID: "u", Namespace: "n", Name: "c", Phase: claimstate.PrepareStarted,
+		StartedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
+		Devices:   []claimstate.Device{{Requests: []string{"r"}, Pool: "p", Name: "gpu-0"}},
+	}
+	if got := mustRead(t, s); !reflect.DeepEqual(got.Claims["u"], want) {
+		t.Errorf("claim = %+v, want %+v", got.Claims["u"], want)
+	}
+	if err := s.Update(t.Context(), addClaim(testClaim("x"))); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, e.path()); strings.Contains(got, "nodeName") || strings.Contains(got, "retries") {
+		t.Errorf("unknown fields kept on rewrite: %s", got)
+	}
+}

@@ -1,0 +1,281 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/pkg/claimstate"
+)
+
+const (
+	// FileName is the checkpoint file in the data directory.
+	FileName = "checkpoint.json"
+	// LockFileName is the lock file in the data directory. It is never
+	// deleted: a process that locked a deleted file would exclude no one.
+	LockFileName = "checkpoint.lock"
+)
+
+// ErrClosed is returned by the methods of a closed Store.
+var ErrClosed = errors.New("checkpoint store is closed")
+
+// OpenReport tells what Open found on disk and did about it. The zero value
+// means the file was current (or absent) and was used as it was.
+type OpenReport struct {
+	// Migrated is the schema version the file was migrated from (e.g.
+	// "v1"), or "". The file has been rewritten in the current version.
+	Migrated string
+	// BootIDChanged reports that the file held state of a previous boot,
+	// which was discarded: the devices it describes were reset by the
+	// reboot. This includes a file left unreadable by a power loss (moved
+	// aside, see docs/checkpoint.md), which is expected and not Corrupt.
+	BootIDChanged bool
+	// Corrupt is set when an unreadable file of the current boot was moved
+	// aside; the Store then starts with no prepared claims.
+	Corrupt *CorruptFile
+	// NewerVersion is the schema version of a file written by a newer
+	// plugin, or "". The Store leaves such a file alone: Update and Read
+	// fail with an error matching ErrNewerVersion until it is replaced.
+	NewerVersion string
+}
+
+// CorruptFile is an unreadable checkpoint that was moved aside.
+type CorruptFile struct {
+	// Path is where the file is now.
+	Path string
+	// Err says why it could not be read.
+	Err error
+}
+
+// Store is the prepared-claim state of this node, kept in
+// dir/checkpoint.json and shared through that file with every other process
+// that opens a Store on dir. Its methods are safe for concurrent use.
+//
+// One goroutine, the committer, does all reads and writes of the file:
+// it takes the flock, re-reads the file only if someone else replaced it,
+// applies every queued mutation, writes once, and lets the flock go.
+type Store struct {
+	path     string
+	bootID   string
+	bootTime time.Time // zero when unknown
+	now      func() time.Time
+	logger   klog.Logger
+	lock     *fileLock
+
+	// ctx ends at Close; the committer waits for the flock under it.
+	ctx     context.Context
+	cancel  context.CancelFunc
+	kick    chan struct{}
+	stopped chan struct{}
+
+	mu     sync.Mutex
+	queue  []*request
+	closed bool
+	pub    snapshot // the committer's latest view, for Read's fast path
+
+	// Owned by the committer (and by Open before the committer starts).
+	cur  snapshot
+	data []byte   // see loaded.data
+	pin  *os.File // the file cur.id names, kept open so its inode is not reused
+
+	writes atomic.Int64 // files written; for tests and benchmarks
+}
+
+// snapshot is the state as of one version of the file. The state is never
+// modified once in a snapshot: mutations apply to clones.
+type snapshot struct {
+	state *claimstate.State // nil when newer != ""
+	id    fileID
+	newer string // version of a file too new to read
+}
+
+// request is one queued Update (mutate != nil) or Read.
+type request struct {
+	mutate func(*claimstate.State) error
+	taken  bool // guarded by Store.mu: the committer has it
+	done   chan struct{}
+
+	err      error
+	state    *claimstate.State // a Read's result
+	panicked error             // mutate's panic, raised again in the caller
+}
+
+// Open loads dir/checkpoint.json, creating dir if needed, and starts the
+// Store. State of a previous boot is discarded, an older schema migrated, an
+// unreadable file moved aside: the report tells which. Open fails only when
+// the directory, lock, boot ID or file cannot be accessed, or ctx ends while
+// it waits for the lock; never because of what the file contains.
+func Open(ctx context.Context, dir string, opts ...Option) (*Store, OpenReport, error) {
+	o := defaultOptions()
+	for _, opt := range opts {
+		opt(&o)
+	}
+	logger := klog.FromContext(ctx).WithValues("checkpoint", filepath.Join(dir, FileName))
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, OpenReport{}, fmt.Errorf("open checkpoint: create directory: %w", err)
+	}
+	bootID, err := readBootID(o.bootIDPath)
+	if err != nil {
+		return nil, OpenReport{}, fmt.Errorf("open checkpoint in %s: %w", dir, err)
+	}
+	bootTime, err := readBootTime(o.procStatPath)
+	if err != nil {
+		logger.Info("Boot time unknown: an unreadable checkpoint from before a power loss will be reported as corrupt", "err", err)
+	}
+	storeCtx, cancel := context.WithCancel(context.Background())
+	s := &Store{
+		path:     filepath.Join(dir, FileName),
+		bootID:   bootID,
+		bootTime: bootTime,
+		now:      o.now,
+		logger:   logger,
+		lock:     newFileLock(filepath.Join(dir, LockFileName)),
+		ctx:      storeCtx,
+		cancel:   cancel,
+		kick:     make(chan struct{}, 1),
+		stopped:  make(chan struct{}),
+	}
+	report, err := s.open(ctx)
+	if err != nil {
+		cancel()
+		s.setPin(nil, fileID{})
+		return nil, OpenReport{}, fmt.Errorf("open checkpoint in %s: %w", dir, err)
+	}
+	go s.run()
+	return s, report, nil
+}
+
+func (s *Store) open(ctx context.Context) (OpenReport, error) {
+	unlock, err := s.lock.Lock(ctx)
+	if err != nil {
+		return OpenReport{}, fmt.Errorf("lock %s: %w", s.lock.path, err)
+	}
+	defer unlock()
+	s.removeStaleTemps()
+	l, err := s.load()
+	if err != nil {
+		return OpenReport{}, err
+	}
+	s.adopt(l)
+	if l.rewrite {
+		data, err := encodeV2(s.bootID, s.cur.state)
+		if err == nil {
+			err = s.replace(data)
+		}
+		if err != nil {
+			return OpenReport{}, err
+		}
+	}
+	s.pub = s.cur
+	return OpenReport{Migrated: l.migrated, BootIDChanged: l.bootReset, Corrupt: l.corrupt, NewerVersion: l.newer}, nil
+}
+
+// Update applies mutate to a clone of the freshest state (re-read first if
+// another process replaced the file) and persists the result.
+//
+// Updates queued while a write is in flight are applied in order and
+// persisted together with one write; each caller learns its own result. If
+// mutate returns an error, or leaves a state the file cannot hold, its
+// changes are discarded and Update returns that error; otherwise Update
+// returns the write error, if any, in which case nothing changed. A panic
+// in mutate is raised again in the caller.
+//
+// mutate runs on the committer goroutine with the flock held and other
+// mutations waiting: it must be quick, do no I/O, and never call back into
+// the Store (that would deadlock).
+//
+// Update returns ctx.Err() only when mutate has not run and never will; once
+// the committer has taken the request, Update waits for the true outcome
+// even if ctx ends.
+func (s *Store) Update(ctx context.Context, mutate func(*claimstate.State) error) error {
+	if mutate == nil {
+		return errors.New("checkpoint: Update with a nil mutation")
+	}
+	return s.do(ctx, &request{mutate: mutate})
+}
+
+// Read returns a deep copy of the freshest state. When the file is the one
+// this Store last read or wrote, that costs a stat and a copy; when another
+// process replaced it, the file is re-read under the flock.
+func (s *Store) Read(ctx context.Context) (*claimstate.State, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	closed, pub := s.closed, s.pub
+	s.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	if pub.newer == "" && pub.id.known() {
+		if id, err := statPath(s.path); err == nil && id == pub.id {
+			return pub.state.Clone(), nil
+		}
+	}
+	r := &request{}
+	if err := s.do(ctx, r); err != nil {
+		return nil, err
+	}
+	return r.state, nil
+}
+
+// Close stops the Store. A write in flight completes; requests still queued
+// fail with ErrClosed. A flock(2) wait in progress goes on in the background
+// until the lock is free, then lets it go.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.cancel()
+	<-s.stopped
+	s.failQueued(ErrClosed)
+	s.setPin(nil, fileID{})
+	return nil
+}
+
+// do queues r and waits for its outcome.
+func (s *Store) do(ctx context.Context, r *request) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	r.done = make(chan struct{})
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	s.queue = append(s.queue, r)
+	s.mu.Unlock()
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+		s.mu.Lock()
+		if !r.taken {
+			s.queue = slices.DeleteFunc(s.queue, func(q *request) bool { return q == r })
+			s.mu.Unlock()
+			return ctx.Err()
+		}
+		s.mu.Unlock()
+		<-r.done
+	}
+	if r.panicked != nil {
+		panic(r.panicked)
+	}
+	return r.err
+}

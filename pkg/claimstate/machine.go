@@ -1,0 +1,206 @@
+package claimstate
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Intent is what one Prepare asks for: a claim and its allocated devices.
+type Intent struct {
+	UID       string
+	Namespace string
+	Name      string
+	Consumers []Consumer
+	Devices   []Device
+}
+
+// PrepareAction is what Prepare must do for a claim, given the state.
+type PrepareAction int
+
+const (
+	// ActionPrepare sets the claim up from scratch.
+	ActionPrepare PrepareAction = iota
+	// ActionRollbackThenPrepare first undoes the partial work of an earlier,
+	// interrupted preparation, then sets the claim up.
+	ActionRollbackThenPrepare
+	// ActionReturnRecorded returns the recorded result of a completed
+	// preparation: Prepare is idempotent.
+	ActionReturnRecorded
+)
+
+func (a PrepareAction) String() string {
+	switch a {
+	case ActionPrepare:
+		return "Prepare"
+	case ActionRollbackThenPrepare:
+		return "RollbackThenPrepare"
+	case ActionReturnRecorded:
+		return "ReturnRecorded"
+	}
+	return fmt.Sprintf("PrepareAction(%d)", int(a))
+}
+
+// ConflictError says a device is held by another prepared claim.
+type ConflictError struct {
+	Device string
+	Holder *Claim
+}
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("device %s is already prepared for claim %s/%s (uid %s); a device goes to one claim at a time unless allocated with admin access or as a share",
+		e.Device, e.Holder.Namespace, e.Holder.Name, e.Holder.UID)
+}
+
+// PlanPrepare decides what Prepare must do for the intent. It returns the
+// existing record (nil if none) so that the caller can roll back its
+// partial work or return its result.
+func (s *State) PlanPrepare(in Intent) (PrepareAction, *Claim, error) {
+	existing := s.Claims[in.UID]
+	if existing != nil && existing.Phase == PrepareCompleted {
+		if !sameDevices(existing.Devices, in.Devices) {
+			return 0, existing, fmt.Errorf("claim %s/%s (uid %s) is already prepared with devices %v, not %v: unprepare it first",
+				in.Namespace, in.Name, in.UID, deviceKeys(existing.Devices), deviceKeys(in.Devices))
+		}
+		return ActionReturnRecorded, existing, nil
+	}
+	if err := s.checkConflicts(in); err != nil {
+		return 0, existing, err
+	}
+	if existing != nil {
+		return ActionRollbackThenPrepare, existing, nil
+	}
+	return ActionPrepare, nil, nil
+}
+
+// RecordStarted records that preparation of the intent began. It checks
+// for conflicts again, because it may run on fresher state than the plan.
+func (s *State) RecordStarted(in Intent, now time.Time) error {
+	if err := s.checkConflicts(in); err != nil {
+		return err
+	}
+	s.Claims[in.UID] = in.claim(PrepareStarted, now)
+	return nil
+}
+
+// RecordCompleted records that every device of the intent is set up. The
+// intent's devices carry their CDI device IDs by now.
+func (s *State) RecordCompleted(in Intent, startedAt time.Time) error {
+	if existing := s.Claims[in.UID]; existing != nil && existing.Phase == PrepareCompleted {
+		if sameDevices(existing.Devices, in.Devices) {
+			return nil
+		}
+		return fmt.Errorf("claim %s/%s (uid %s) was completed concurrently with other devices", in.Namespace, in.Name, in.UID)
+	}
+	if err := s.checkConflicts(in); err != nil {
+		return err
+	}
+	s.Claims[in.UID] = in.claim(PrepareCompleted, startedAt)
+	return nil
+}
+
+// Remove forgets the claim; removing an unknown claim is a no-op.
+func (s *State) Remove(uid string) {
+	delete(s.Claims, uid)
+}
+
+// SweepPlan is what the background sweep should do.
+type SweepPlan struct {
+	// RollBack are started preparations older than the kubelet's call
+	// timeout: their caller has given up, so their partial work is undone.
+	RollBack []*Claim
+	// Release are completed claims whose claim object and consumer pods
+	// are all gone: the kubelet will never unprepare them.
+	Release []*Claim
+}
+
+// PlanSweep picks the stale entries. gone reports whether a completed
+// claim and all its consumers are gone from the API server; it is asked
+// only for completed entries.
+func (s *State) PlanSweep(now time.Time, startedTimeout time.Duration, gone func(*Claim) bool) SweepPlan {
+	var plan SweepPlan
+	for _, uid := range s.sortedUIDs() {
+		c := s.Claims[uid]
+		switch c.Phase {
+		case PrepareStarted:
+			if now.Sub(c.StartedAt) > startedTimeout {
+				plan.RollBack = append(plan.RollBack, c.Clone())
+			}
+		case PrepareCompleted:
+			if gone(c) {
+				plan.Release = append(plan.Release, c.Clone())
+			}
+		}
+	}
+	return plan
+}
+
+// sortedUIDs gives a stable iteration order, so errors and plans are deterministic.
+func (s *State) sortedUIDs() []string {
+	uids := make([]string, 0, len(s.Claims))
+	for uid := range s.Claims {
+		uids = append(uids, uid)
+	}
+	slices.Sort(uids)
+	return uids
+}
+
+// checkConflicts refuses an intent that wants a device exclusively while
+// another claim holds it, or wants a share of a device another claim holds
+// exclusively. Admin-access results never conflict.
+func (s *State) checkConflicts(in Intent) error {
+	for _, want := range in.Devices {
+		if want.AdminAccess {
+			continue
+		}
+		for _, uid := range s.sortedUIDs() {
+			if uid == in.UID {
+				continue
+			}
+			holder := s.Claims[uid]
+			for _, held := range holder.Devices {
+				if held.AdminAccess || held.Pool != want.Pool || held.Name != want.Name {
+					continue
+				}
+				if want.ShareID != "" && held.ShareID != "" {
+					continue
+				}
+				return &ConflictError{Device: want.Pool + "/" + want.Name, Holder: holder}
+			}
+		}
+	}
+	return nil
+}
+
+func (in Intent) claim(phase Phase, startedAt time.Time) *Claim {
+	c := &Claim{
+		UID:       in.UID,
+		Namespace: in.Namespace,
+		Name:      in.Name,
+		Phase:     phase,
+		StartedAt: startedAt,
+		Consumers: in.Consumers,
+		Devices:   in.Devices,
+	}
+	return c.Clone()
+}
+
+// sameDevices compares allocations by identity (pool, name, share, admin
+// access, requests), not by the CDI IDs that preparation adds.
+func sameDevices(a, b []Device) bool {
+	return slices.Equal(deviceKeys(a), deviceKeys(b))
+}
+
+func deviceKeys(ds []Device) []string {
+	keys := make([]string, len(ds))
+	for i, d := range ds {
+		keys[i] = fmt.Sprintf("%s/%s", d.Pool, d.Name)
+		if d.ShareID != "" {
+			keys[i] += "@" + d.ShareID
+		}
+		if d.AdminAccess {
+			keys[i] += "(admin)"
+		}
+	}
+	return keys
+}

@@ -1,0 +1,96 @@
+// Package claimstate holds the prepared-claim state machine of the kubelet
+// plugin: what each claim on this node holds and how far its preparation
+// got. It is pure: no files, no NVML, no API server. Package checkpoint
+// persists a [State]; package plugin carries the decided steps out.
+package claimstate
+
+import (
+	"time"
+)
+
+// Phase is how far the preparation of one claim got.
+type Phase string
+
+const (
+	// PrepareStarted means preparation began and may have left partial work
+	// behind; the next Prepare or Unprepare of the claim, or the background
+	// sweep, rolls that work back first.
+	PrepareStarted Phase = "PrepareStarted"
+	// PrepareCompleted means every device of the claim is set up and its CDI
+	// spec is written; Prepare returns the recorded result again.
+	PrepareCompleted Phase = "PrepareCompleted"
+)
+
+// State is the set of claims this node has (partly) prepared, keyed by
+// claim UID.
+type State struct {
+	Claims map[string]*Claim `json:"claims"`
+}
+
+// Claim is the record of one ResourceClaim on this node.
+type Claim struct {
+	UID       string `json:"uid"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	Phase     Phase  `json:"phase"`
+	// StartedAt is when the current preparation began.
+	StartedAt time.Time `json:"startedAt"`
+	// Consumers are the pods (in the claim's namespace) the claim was
+	// reserved for when it was prepared; the sweep drops a completed entry
+	// only once the claim and all of them are gone.
+	Consumers []Consumer `json:"consumers,omitempty"`
+	// Devices are the allocated devices of this driver, in allocation order.
+	Devices []Device `json:"devices"`
+}
+
+// Consumer is a pod a claim was reserved for.
+type Consumer struct {
+	Name string `json:"name"`
+	UID  string `json:"uid"`
+}
+
+// Device is one allocated device of a claim, as prepared.
+type Device struct {
+	// Requests are the request names (with subrequest, if any) the device
+	// was allocated for.
+	Requests []string `json:"requests"`
+	Pool     string   `json:"pool"`
+	Name     string   `json:"name"`
+	// ShareID is set for devices allocated as a share of a shareable device.
+	ShareID string `json:"shareID,omitempty"`
+	// AdminAccess is set for admin-access results, which never hold the
+	// device exclusively.
+	AdminAccess bool `json:"adminAccess,omitempty"`
+	// UUID of the GPU or MIG device; ParentUUID for MIG devices.
+	UUID       string `json:"uuid,omitempty"`
+	ParentUUID string `json:"parentUUID,omitempty"`
+	// CDIDeviceIDs handed to the kubelet for this device.
+	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
+}
+
+// New returns an empty State.
+func New() *State {
+	return &State{Claims: map[string]*Claim{}}
+}
+
+// Clone returns a deep copy of s.
+func (s *State) Clone() *State {
+	out := &State{Claims: make(map[string]*Claim, len(s.Claims))}
+	for uid, c := range s.Claims {
+		out.Claims[uid] = c.Clone()
+	}
+	return out
+}
+
+// Clone returns a deep copy of c.
+func (c *Claim) Clone() *Claim {
+	out := *c
+	out.Consumers = append([]Consumer(nil), c.Consumers...)
+	out.Devices = make([]Device, len(c.Devices))
+	for i, d := range c.Devices {
+		d.Requests = append([]string(nil), d.Requests...)
+		d.CDIDeviceIDs = append([]string(nil), d.CDIDeviceIDs...)
+		out.Devices[i] = d
+	}
+	return &out
+}

@@ -1,0 +1,270 @@
+// Package devicemodel turns a hardware snapshot into the devices gpudra
+// publishes. It is pure and deterministic: the same inventory always gives
+// the same devices in the same order, with the names, attributes and
+// capacities of NVIDIA's DRA driver so that CEL selectors written for it
+// keep working.
+package devicemodel
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/version"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpudra/gpudra/pkg/hardware"
+)
+
+// Kind is the kind of an allocatable device; it is also the value of the
+// published "type" attribute.
+type Kind string
+
+const (
+	// KindGPU is a full GPU.
+	KindGPU Kind = "gpu"
+	// KindMIG is a MIG device.
+	KindMIG Kind = "mig"
+)
+
+// Attribute and capacity names, as NVIDIA's DRA driver publishes them.
+const (
+	AttrType                  resourceapi.QualifiedName = "type"
+	AttrUUID                  resourceapi.QualifiedName = "uuid"
+	AttrParentUUID            resourceapi.QualifiedName = "parentUUID"
+	AttrProfile               resourceapi.QualifiedName = "profile"
+	AttrIndex                 resourceapi.QualifiedName = "index"
+	AttrMinor                 resourceapi.QualifiedName = "minor"
+	AttrProductName           resourceapi.QualifiedName = "productName"
+	AttrBrand                 resourceapi.QualifiedName = "brand"
+	AttrArchitecture          resourceapi.QualifiedName = "architecture"
+	AttrCUDAComputeCapability resourceapi.QualifiedName = "cudaComputeCapability"
+	AttrDriverVersion         resourceapi.QualifiedName = "driverVersion"
+	AttrCUDADriverVersion     resourceapi.QualifiedName = "cudaDriverVersion"
+
+	CapMemory          resourceapi.QualifiedName = "memory"
+	CapMultiprocessors resourceapi.QualifiedName = "multiprocessors"
+	CapCopyEngines     resourceapi.QualifiedName = "copyEngines"
+	CapDecoders        resourceapi.QualifiedName = "decoders"
+	CapEncoders        resourceapi.QualifiedName = "encoders"
+	CapJPEGEngines     resourceapi.QualifiedName = "jpegEngines"
+	CapOFAEngines      resourceapi.QualifiedName = "ofaEngines"
+)
+
+// Device is one allocatable device: the API object that is published and
+// the hardware it stands for, which Prepare needs.
+type Device struct {
+	Kind Kind
+	// API is the device as published in a ResourceSlice.
+	API resourceapi.Device
+	// GPU is the full GPU, or the parent GPU of a MIG device.
+	GPU hardware.GPU
+	// MIG is set for MIG devices.
+	MIG *hardware.MIGDevice
+}
+
+// Name returns the published device name.
+func (d *Device) Name() string { return d.API.Name }
+
+// UUID returns the UUID of the GPU or MIG device.
+func (d *Device) UUID() string {
+	if d.MIG != nil {
+		return d.MIG.UUID
+	}
+	return d.GPU.UUID
+}
+
+// Model is the set of devices of one node, in publishing order.
+type Model struct {
+	Devices []Device
+	byName  map[string]int
+}
+
+// Lookup returns the device with the given name.
+func (m *Model) Lookup(name string) (*Device, bool) {
+	i, ok := m.byName[name]
+	if !ok {
+		return nil, false
+	}
+	return &m.Devices[i], true
+}
+
+// APIDevices returns the published devices in order.
+func (m *Model) APIDevices() []resourceapi.Device {
+	out := make([]resourceapi.Device, len(m.Devices))
+	for i := range m.Devices {
+		out[i] = m.Devices[i].API
+	}
+	return out
+}
+
+// Build derives the devices of a node from its inventory. A GPU with MIG
+// mode on is published through its MIG devices only, as NVIDIA's driver
+// does: the full GPU cannot be handed out while it is partitioned.
+func Build(inv *hardware.Inventory) (*Model, error) {
+	common, err := commonAttributes(inv)
+	if err != nil {
+		return nil, err
+	}
+	m := &Model{byName: map[string]int{}}
+	add := func(d Device) error {
+		if _, dup := m.byName[d.API.Name]; dup {
+			return fmt.Errorf("device name %q is not unique", d.API.Name)
+		}
+		m.byName[d.API.Name] = len(m.Devices)
+		m.Devices = append(m.Devices, d)
+		return nil
+	}
+	for _, gpu := range inv.GPUs {
+		gpuAttrs, err := gpuAttributes(gpu, common)
+		if err != nil {
+			return nil, fmt.Errorf("GPU %d (%s): %w", gpu.Index, gpu.UUID, err)
+		}
+		if !gpu.MIGEnabled {
+			api := resourceapi.Device{
+				Name:       GPUName(gpu.Minor),
+				Attributes: withAttrs(gpuAttrs, map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{AttrType: str(string(KindGPU))}),
+				Capacity:   map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{CapMemory: bytesCapacity(gpu.MemoryBytes)},
+			}
+			if err := add(Device{Kind: KindGPU, API: api, GPU: gpu}); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		for i := range gpu.MIGDevices {
+			mig := gpu.MIGDevices[i]
+			api := resourceapi.Device{
+				Name: MIGName(gpu.Minor, mig.Profile, mig.GIProfileID, mig.PlacementStart),
+				Attributes: withAttrs(gpuAttrs, map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+					AttrType:       str(string(KindMIG)),
+					AttrUUID:       str(mig.UUID),
+					AttrParentUUID: str(gpu.UUID),
+					AttrProfile:    str(mig.Profile),
+				}),
+				Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+					CapMemory:          bytesCapacity(mig.MemoryBytes),
+					CapMultiprocessors: countCapacity(mig.Multiprocessors),
+					CapCopyEngines:     countCapacity(mig.CopyEngines),
+					CapDecoders:        countCapacity(mig.Decoders),
+					CapEncoders:        countCapacity(mig.Encoders),
+					CapJPEGEngines:     countCapacity(mig.JPEGEngines),
+					CapOFAEngines:      countCapacity(mig.OFAEngines),
+				},
+			}
+			if err := add(Device{Kind: KindMIG, API: api, GPU: gpu, MIG: &mig}); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+// GPUName is the device name of the full GPU with the given minor number.
+func GPUName(minor int) string { return fmt.Sprintf("gpu-%d", minor) }
+
+// MIGName is the device name of a MIG device, in NVIDIA's scheme
+// gpu-<minor>-mig-<profile>-<giProfileID>-<placementStart>.
+func MIGName(parentMinor int, profile string, giProfileID, placementStart int) string {
+	return fmt.Sprintf("gpu-%d-mig-%s-%d-%d", parentMinor, NormalizeProfile(profile), giProfileID, placementStart)
+}
+
+var notNameChar = regexp.MustCompile(`[^a-z0-9-]`)
+
+// NormalizeProfile turns a MIG profile name into a device-name fragment:
+// lower case, dots removed, any other character outside [a-z0-9-] turned
+// into '-' ("1g.10gb+me" -> "1g10gb-me").
+func NormalizeProfile(profile string) string {
+	p := strings.ReplaceAll(strings.ToLower(profile), ".", "")
+	return notNameChar.ReplaceAllString(p, "-")
+}
+
+func commonAttributes(inv *hardware.Inventory) (map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, error) {
+	attrs := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}
+	for name, v := range map[resourceapi.QualifiedName]string{
+		AttrDriverVersion:     inv.DriverVersion,
+		AttrCUDADriverVersion: inv.CUDADriverVersion,
+	} {
+		if v == "" {
+			continue
+		}
+		sv, err := SemVer(v)
+		if err != nil {
+			return nil, fmt.Errorf("attribute %s: %w", name, err)
+		}
+		attrs[name] = resourceapi.DeviceAttribute{VersionValue: &sv}
+	}
+	return attrs, nil
+}
+
+func gpuAttributes(gpu hardware.GPU, common map[resourceapi.QualifiedName]resourceapi.DeviceAttribute) (map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, error) {
+	attrs := withAttrs(common, map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+		AttrUUID:        str(gpu.UUID),
+		AttrIndex:       {IntValue: ptr.To(int64(gpu.Index))},
+		AttrMinor:       {IntValue: ptr.To(int64(gpu.Minor))},
+		AttrProductName: str(gpu.ProductName),
+	})
+	for name, v := range map[resourceapi.QualifiedName]string{AttrBrand: gpu.Brand, AttrArchitecture: gpu.Architecture} {
+		if v != "" {
+			attrs[name] = str(v)
+		}
+	}
+	if gpu.CUDAComputeCapability != "" {
+		cc, err := SemVer(gpu.CUDAComputeCapability)
+		if err != nil {
+			return nil, fmt.Errorf("attribute %s: %w", AttrCUDAComputeCapability, err)
+		}
+		attrs[AttrCUDAComputeCapability] = resourceapi.DeviceAttribute{VersionValue: &cc}
+	}
+	if gpu.PCIBusID != "" {
+		a, err := deviceattribute.GetPCIBusIDAttribute(gpu.PCIBusID)
+		if err != nil {
+			return nil, err
+		}
+		attrs[a.Name] = a.Value
+	}
+	if gpu.PCIeRoot != "" {
+		attrs[deviceattribute.StandardDeviceAttributePCIeRoot] = str(gpu.PCIeRoot)
+	}
+	if gpu.NUMANode != nil {
+		a, err := deviceattribute.GetNUMANodeAttribute(*gpu.NUMANode, deviceattribute.ScalarAttribute)
+		if err != nil {
+			return nil, err
+		}
+		attrs[a.Name] = a.Value
+	}
+	return attrs, nil
+}
+
+// SemVer turns an NVIDIA version string ("580.65.06", "9.0", "13.0") into
+// the strict semantic version the API requires ("580.65.6", "9.0.0").
+func SemVer(v string) (string, error) {
+	parsed, err := version.ParseGeneric(v)
+	if err != nil {
+		return "", fmt.Errorf("version %q: %w", v, err)
+	}
+	return fmt.Sprintf("%d.%d.%d", parsed.Major(), parsed.Minor(), parsed.Patch()), nil
+}
+
+func withAttrs(base, extra map[resourceapi.QualifiedName]resourceapi.DeviceAttribute) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+	out := make(map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, len(base)+len(extra))
+	for k, v := range base {
+		out[k] = v
+	}
+	for k, v := range extra {
+		out[k] = v
+	}
+	return out
+}
+
+func str(s string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: &s} }
+
+func bytesCapacity(b uint64) resourceapi.DeviceCapacity {
+	return resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(b), resource.BinarySI)}
+}
+
+func countCapacity(n int) resourceapi.DeviceCapacity {
+	return resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(n), resource.DecimalSI)}
+}

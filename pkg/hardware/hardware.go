@@ -1,0 +1,132 @@
+// Package hardware is the boundary between gpudra and the GPUs of one node.
+//
+// Everything above this package works on an [Inventory]: a plain snapshot of
+// what a node holds, with no handles into NVML. Two implementations produce
+// it: real NVML (package nvmlhw) and simulated fleets (package sim), which
+// feed the same NVML-shaped discovery code from a fleet description so that
+// discovery itself is exercised by the tests.
+package hardware
+
+import (
+	"context"
+	"errors"
+)
+
+// Hardware discovers the GPUs of one node.
+type Hardware interface {
+	// Discover returns a fresh snapshot of the node's GPUs. It returns an
+	// error wrapping [ErrUnavailable] when the management library cannot be
+	// used at all (library missing, driver not loaded); callers publish an
+	// empty pool and retry later in that case.
+	Discover(ctx context.Context) (*Inventory, error)
+}
+
+// ErrUnavailable marks errors that mean "no GPU management library right
+// now": libnvidia-ml.so missing, NVML_ERROR_DRIVER_NOT_LOADED and similar.
+// They are expected on nodes where the driver comes up late.
+var ErrUnavailable = errors.New("GPU management library unavailable")
+
+// Inventory is a point-in-time snapshot of one node's GPUs.
+type Inventory struct {
+	// DriverVersion is the kernel driver version as NVML reports it,
+	// for example "580.65.06".
+	DriverVersion string `json:"driverVersion"`
+	// CUDADriverVersion is the CUDA version the driver supports,
+	// "major.minor", for example "13.0".
+	CUDADriverVersion string `json:"cudaDriverVersion"`
+	// Majors are the character-device major numbers of the driver's nodes.
+	Majors Majors `json:"majors"`
+	// GPUs are ordered by NVML index.
+	GPUs []GPU `json:"gpus"`
+}
+
+// Majors are the character-device major numbers the CDI specs need so that
+// runtimes can create device nodes without stat-ing the host. On a real node
+// they come from /proc/devices; the NVIDIA major is fixed at 195.
+type Majors struct {
+	// NVIDIA is the major of /dev/nvidia<minor> and /dev/nvidiactl (195).
+	NVIDIA int `json:"nvidia"`
+	// UVM is the major of /dev/nvidia-uvm and /dev/nvidia-uvm-tools.
+	UVM int `json:"uvm"`
+	// Caps is the major of /dev/nvidia-caps/nvidia-cap<N> (MIG access).
+	Caps int `json:"caps"`
+}
+
+// GPU is one physical GPU.
+type GPU struct {
+	// Index is the NVML device index.
+	Index int `json:"index"`
+	// Minor is the minor number of /dev/nvidia<minor>.
+	Minor int `json:"minor"`
+	// UUID as NVML reports it ("GPU-...").
+	UUID string `json:"uuid"`
+	// ProductName as NVML reports it, e.g. "NVIDIA H100 80GB HBM3".
+	ProductName string `json:"productName"`
+	// Brand as the NVIDIA DRA driver publishes it, e.g. "Nvidia", "Tesla".
+	Brand string `json:"brand"`
+	// Architecture, e.g. "Ampere", "Hopper", "Blackwell".
+	Architecture string `json:"architecture"`
+	// CUDAComputeCapability is "major.minor", e.g. "9.0".
+	CUDAComputeCapability string `json:"cudaComputeCapability"`
+	// MemoryBytes is the total framebuffer memory as NVML reports it
+	// (an H100 80GB HBM3 reports 81559 MiB).
+	MemoryBytes uint64 `json:"memoryBytes"`
+	// PCIBusID in extended BDF form, lower case: "0000:1b:00.0".
+	PCIBusID string `json:"pciBusID"`
+	// PCIeRoot is the root complex, "pci<domain>:<bus>"; empty if unknown.
+	PCIeRoot string `json:"pcieRoot,omitempty"`
+	// NUMANode is the NUMA node; nil when the device has no NUMA affinity.
+	NUMANode *int `json:"numaNode,omitempty"`
+	// MIGCapable reports whether the GPU supports MIG at all.
+	MIGCapable bool `json:"migCapable"`
+	// MIGEnabled reports whether MIG mode is currently on.
+	MIGEnabled bool `json:"migEnabled"`
+	// MIGDevices are the MIG devices that exist now, ordered by
+	// (GIProfileID, PlacementStart).
+	MIGDevices []MIGDevice `json:"migDevices,omitempty"`
+}
+
+// MIGDevice is one existing MIG device (a GPU instance with one compute
+// instance spanning it), as an operator or gpudra created it.
+type MIGDevice struct {
+	// UUID of the MIG device ("MIG-...").
+	UUID string `json:"uuid"`
+	// Profile is the NVIDIA profile name, e.g. "1g.10gb" or "1g.10gb+me".
+	Profile string `json:"profile"`
+	// GIProfileID is the NVML GPU instance profile index, one of the
+	// NVML_GPU_INSTANCE_PROFILE_* constants (0 for 1 slice, 7 for 1 slice
+	// REV1 "+me", 9 for 1 slice REV2), as passed to
+	// nvmlDeviceGetGpuInstanceProfileInfo to create an instance.
+	GIProfileID int `json:"giProfileID"`
+	// ProfileID is the GPU instance profile's own ID
+	// (nvmlGpuInstanceProfileInfo_t.id), the "ID" column of
+	// `nvidia-smi mig -lgip`: 19 for 1g.10gb, 0 for 7g.80gb. NVIDIA's DRA
+	// driver names MIG devices with this one, not with GIProfileID.
+	ProfileID int `json:"profileID"`
+	// CIProfileID is the NVML compute instance profile index, one of the
+	// NVML_COMPUTE_INSTANCE_PROFILE_* constants.
+	CIProfileID int `json:"ciProfileID"`
+	// CIEngProfileID is the NVML compute instance engine profile index, one
+	// of the NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_* constants.
+	CIEngProfileID int `json:"ciEngProfileID"`
+	// GIID and CIID identify the instances on the parent GPU.
+	GIID int `json:"giID"`
+	CIID int `json:"ciID"`
+	// PlacementStart and PlacementSize are in memory-slice units.
+	PlacementStart int `json:"placementStart"`
+	PlacementSize  int `json:"placementSize"`
+	// MemoryBytes of the GPU instance.
+	MemoryBytes uint64 `json:"memoryBytes"`
+	// Engine counts of the instance.
+	Multiprocessors int `json:"multiprocessors"`
+	CopyEngines     int `json:"copyEngines"`
+	Decoders        int `json:"decoders"`
+	Encoders        int `json:"encoders"`
+	JPEGEngines     int `json:"jpegEngines"`
+	OFAEngines      int `json:"ofaEngines"`
+	// GICapMinor and CICapMinor are the minors of the
+	// /dev/nvidia-caps/nvidia-cap<N> access nodes of the GPU instance and
+	// the compute instance (from /proc/driver/nvidia-caps/mig-minors).
+	GICapMinor int `json:"giCapMinor"`
+	CICapMinor int `json:"ciCapMinor"`
+}

@@ -1,0 +1,199 @@
+// Package sim describes simulated GPU fleets and serves their nodes' GPUs
+// through an NVML-shaped fake, so that the real discovery code of package
+// nvmlhw runs unchanged against them.
+//
+// A fleet is a YAML file (or the name of a built-in fleet, see
+// [BuiltinNames]):
+//
+//	nodes:
+//	- name: dgx-h100-0
+//	  driverVersion: "580.65.06"    # optional, default 580.65.06
+//	  cudaDriverVersion: "13.0"     # optional, default 13.0
+//	  gpus:
+//	  - model: H100-SXM5-80GB       # see ModelNames
+//	    minor: 0                    # optional, default: the GPU's index
+//	    uuid: GPU-...               # optional, derived from node name and index
+//	    pciBusID: "0000:1b:00.0"    # optional, from the model's usual system
+//	    pcieRoot: "pci0000:15"      # optional, pairs of GPUs share a root
+//	    numaNode: 0                 # optional, first half 0, second half 1; -1: none
+//	    memoryMiB: 81559            # optional, the model's figure
+//	    migEnabled: true
+//	    migDevices:                 # MIG devices that exist
+//	    - profile: 1g.10gb
+//	      placementStart: 0         # optional, first free allowed start
+//	      uuid: MIG-...             # optional, derived
+//
+// Everything derived is deterministic, so two loads of a fleet describe the
+// same GPUs.
+package sim
+
+import (
+	"crypto/sha1"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"slices"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+// Defaults for the driver versions a node reports.
+const (
+	DefaultDriverVersion     = "580.65.06"
+	DefaultCUDADriverVersion = "13.0"
+)
+
+//go:embed fleets/*.yaml
+var builtinFleets embed.FS
+
+// Fleet is a set of simulated nodes.
+type Fleet struct {
+	// Nodes of the fleet, in file order.
+	Nodes []Node `json:"nodes"`
+}
+
+// Node is one simulated machine.
+type Node struct {
+	// Name is the Kubernetes node name.
+	Name string `json:"name"`
+	// DriverVersion is what nvmlSystemGetDriverVersion returns.
+	DriverVersion string `json:"driverVersion,omitempty"`
+	// CUDADriverVersion is the driver's CUDA version, "major.minor".
+	CUDADriverVersion string `json:"cudaDriverVersion,omitempty"`
+	// GPUs in NVML index order.
+	GPUs []GPU `json:"gpus,omitempty"`
+}
+
+// GPU is one simulated GPU. After [Load] or [Parse] every optional field
+// holds its effective value.
+type GPU struct {
+	// Model is a key of the model table, see [ModelNames].
+	Model string `json:"model"`
+	// Minor is the device minor (/dev/nvidia<minor>).
+	Minor *int `json:"minor,omitempty"`
+	// UUID is the GPU UUID, "GPU-<uuid>".
+	UUID string `json:"uuid,omitempty"`
+	// PCIBusID in extended BDF form, "0000:1b:00.0".
+	PCIBusID string `json:"pciBusID,omitempty"`
+	// PCIeRoot is the root complex, "pci0000:15".
+	PCIeRoot string `json:"pcieRoot,omitempty"`
+	// NUMANode is the NUMA node; -1 means no NUMA affinity.
+	NUMANode *int `json:"numaNode,omitempty"`
+	// MemoryMiB overrides the model's total memory. MIG profile figures
+	// stay the model's.
+	MemoryMiB uint64 `json:"memoryMiB,omitempty"`
+	// MIGEnabled reports whether MIG mode is on.
+	MIGEnabled bool `json:"migEnabled,omitempty"`
+	// MIGDevices are the MIG devices that exist on the GPU.
+	MIGDevices []MIGDevice `json:"migDevices,omitempty"`
+}
+
+// MIGDevice is one existing MIG device: a GPU instance with one compute
+// instance spanning it.
+type MIGDevice struct {
+	// Profile is the profile name, e.g. "1g.10gb".
+	Profile string `json:"profile"`
+	// PlacementStart is the first memory slice the instance occupies.
+	PlacementStart *int `json:"placementStart,omitempty"`
+	// UUID is the MIG device UUID, "MIG-<uuid>".
+	UUID string `json:"uuid,omitempty"`
+}
+
+// BuiltinNames returns the names of the built-in fleets, sorted.
+func BuiltinNames() []string {
+	entries, err := builtinFleets.ReadDir("fleets")
+	if err != nil {
+		panic(fmt.Sprintf("embedded fleets: %v", err)) // compiled in; cannot fail
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, strings.TrimSuffix(e.Name(), ".yaml"))
+	}
+	slices.Sort(names)
+	return names
+}
+
+// Load returns the built-in fleet called nameOrPath, or else the fleet in
+// the file at that path.
+func Load(nameOrPath string) (*Fleet, error) {
+	if slices.Contains(BuiltinNames(), nameOrPath) {
+		data, err := builtinFleets.ReadFile(path.Join("fleets", nameOrPath+".yaml"))
+		if err != nil {
+			return nil, fmt.Errorf("built-in fleet %s: %w", nameOrPath, err)
+		}
+		return Parse(data, "built-in fleet "+nameOrPath)
+	}
+	data, err := os.ReadFile(nameOrPath)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("fleet %q is neither a built-in fleet (%s) nor a file: %w",
+				nameOrPath, strings.Join(BuiltinNames(), ", "), err)
+		}
+		return nil, fmt.Errorf("read fleet file: %w", err)
+	}
+	return Parse(data, nameOrPath)
+}
+
+// Parse decodes a fleet description strictly (an unknown field is an
+// error), fills in every default and validates the result. source names
+// the description in errors.
+func Parse(data []byte, source string) (*Fleet, error) {
+	var f Fleet
+	if err := yaml.UnmarshalStrict(data, &f); err != nil {
+		return nil, fmt.Errorf("fleet %s: %w", source, err)
+	}
+	if err := f.resolve(); err != nil {
+		return nil, fmt.Errorf("fleet %s: %w", source, err)
+	}
+	return &f, nil
+}
+
+// Node returns the node with the given name.
+func (f *Fleet) Node(name string) (*Node, error) {
+	for i := range f.Nodes {
+		if f.Nodes[i].Name == name {
+			return &f.Nodes[i], nil
+		}
+	}
+	return nil, fmt.Errorf("fleet has no node %q (nodes: %s)", name, strings.Join(f.NodeNames(), ", "))
+}
+
+// NodeNames returns the names of the fleet's nodes in fleet order.
+func (f *Fleet) NodeNames() []string {
+	names := make([]string, len(f.Nodes))
+	for i, n := range f.Nodes {
+		names[i] = n.Name
+	}
+	return names
+}
+
+// uuidNamespace is the namespace of the name-based UUIDs of simulated
+// devices (a random value, fixed forever so that UUIDs stay stable).
+var uuidNamespace = [16]byte{0x6f, 0x1c, 0x2a, 0x93, 0x4e, 0x57, 0x4b, 0x0d, 0x9a, 0x11, 0x3c, 0x8e, 0x20, 0x71, 0xd4, 0x5b}
+
+// nameUUID returns the RFC 9562 version 5 (SHA-1, name-based) UUID of name
+// in uuidNamespace.
+func nameUUID(name string) string {
+	h := sha1.New()
+	h.Write(uuidNamespace[:])
+	h.Write([]byte(name))
+	u := h.Sum(nil)[:16]
+	u[6] = u[6]&0x0f | 0x50 // version 5
+	u[8] = u[8]&0x3f | 0x80 // RFC 9562 variant
+	return fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
+}
+
+// gpuUUID derives the UUID of the GPU at index i of a node.
+func gpuUUID(node string, i int) string {
+	return "GPU-" + nameUUID(fmt.Sprintf("gpu/%s/%d", node, i))
+}
+
+// migUUID derives the UUID of a MIG device from its parent and placement,
+// which identify it on a node.
+func migUUID(node string, gpu int, profile string, start int) string {
+	return "MIG-" + nameUUID(fmt.Sprintf("mig/%s/%d/%s/%d", node, gpu, profile, start))
+}

@@ -1,0 +1,102 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/gpudra/gpudra/pkg/hardware"
+	"github.com/gpudra/gpudra/pkg/hardware/nvmlhw"
+)
+
+// Majors of a simulated node's device nodes. NVIDIA's is fixed by the
+// driver; the others are the values real nodes commonly show.
+const (
+	UVMMajor  = 509
+	CapsMajor = 510
+)
+
+// Hardware returns the node's GPUs as [hardware.Hardware]: NVML discovery
+// (package nvmlhw) over a fake NVML built from the node, with the node's
+// PCIe topology, the majors nvidia 195, nvidia-uvm [UVMMajor] and
+// nvidia-caps [CapsMajor], and the driver's standard MIG capability minors
+// (see [nvmlhw.StandardMIGCapMinors]).
+//
+// The result is safe for concurrent use. A node that did not come from
+// [Load] or [Parse] is resolved first; if that fails, Discover reports why.
+func (n *Node) Hardware() hardware.Hardware {
+	c := n.clone()
+	p := &problems{where: fmt.Sprintf("simulated node %q: ", n.Name)}
+	c.resolve(p)
+	if err := errors.Join(p.errs...); err != nil {
+		return brokenHardware{err: err}
+	}
+	return nvmlhw.NewFromInterface(newFakeNVML(c), newTopology(c), systemInfo{})
+}
+
+// clone copies the node deeply enough that resolving the copy leaves n
+// alone.
+func (n *Node) clone() *Node {
+	c := *n
+	c.GPUs = slices.Clone(n.GPUs)
+	for i := range c.GPUs {
+		c.GPUs[i].MIGDevices = slices.Clone(c.GPUs[i].MIGDevices)
+	}
+	return &c
+}
+
+// brokenHardware is the hardware of a node that does not validate.
+type brokenHardware struct{ err error }
+
+// Discover implements [hardware.Hardware].
+func (b brokenHardware) Discover(context.Context) (*hardware.Inventory, error) { return nil, b.err }
+
+// topology implements [nvmlhw.Topology] from the fleet description.
+type topology map[string]topologyEntry
+
+type topologyEntry struct {
+	root string
+	numa *int
+}
+
+func newTopology(n *Node) topology {
+	t := topology{}
+	for _, g := range n.GPUs {
+		e := topologyEntry{root: g.PCIeRoot}
+		if g.NUMANode != nil && *g.NUMANode >= 0 {
+			numa := *g.NUMANode
+			e.numa = &numa
+		}
+		t[g.PCIBusID] = e
+	}
+	return t
+}
+
+// PCIeRoot implements [nvmlhw.Topology].
+func (t topology) PCIeRoot(pciBusID string) (string, error) { return t[pciBusID].root, nil }
+
+// NUMANode implements [nvmlhw.Topology].
+func (t topology) NUMANode(pciBusID string) (*int, error) {
+	numa := t[pciBusID].numa
+	if numa == nil {
+		return nil, nil
+	}
+	v := *numa // callers own what they get
+	return &v, nil
+}
+
+// systemInfo implements [nvmlhw.SystemInfo] for every simulated node.
+type systemInfo struct{}
+
+// standardCaps is built once and only read afterwards.
+var standardCaps = sync.OnceValue(nvmlhw.StandardMIGCapMinors)
+
+// Majors implements [nvmlhw.SystemInfo].
+func (systemInfo) Majors() (hardware.Majors, error) {
+	return hardware.Majors{NVIDIA: nvmlhw.NVIDIAMajor, UVM: UVMMajor, Caps: CapsMajor}, nil
+}
+
+// MIGCapMinors implements [nvmlhw.SystemInfo].
+func (systemInfo) MIGCapMinors() (nvmlhw.MIGCapMinors, error) { return standardCaps(), nil }

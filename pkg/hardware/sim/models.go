@@ -1,0 +1,251 @@
+package sim
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// Model is one GPU product the simulator knows, with the figures NVML
+// reports for it.
+type Model struct {
+	// Name is the key fleet files use, e.g. "H100-SXM5-80GB".
+	Name string
+	// ProductName is what nvmlDeviceGetName returns.
+	ProductName string
+	// Architecture and Brand as NVML reports them.
+	Architecture nvml.DeviceArchitecture
+	Brand        nvml.BrandType
+	// CUDA compute capability.
+	CCMajor, CCMinor int
+	// MemoryMiB is the total memory nvmlDeviceGetMemoryInfo reports (and
+	// nvidia-smi prints), which is less than the marketing figure.
+	MemoryMiB uint64
+	// PCIDeviceID is the combined device/vendor ID NVML reports.
+	PCIDeviceID uint32
+	// MemorySlices is the number of MIG memory slices; 0 without MIG.
+	MemorySlices int
+	// MIGProfiles are the GPU instance profiles, in nvidia-smi mig -lgip
+	// order. Empty for GPUs without MIG.
+	MIGProfiles []MIGProfile
+	// layout places the GPUs of a node made of this model.
+	layout *layout
+}
+
+// MIGProfile is one GPU instance profile, with the compute instance that
+// spans it.
+type MIGProfile struct {
+	// Name as nvidia-smi shows it, e.g. "1g.10gb+me".
+	Name string
+	// GIProfile is the NVML_GPU_INSTANCE_PROFILE_* index.
+	GIProfile int
+	// ID is nvmlGpuInstanceProfileInfo_t.id, the nvidia-smi profile ID.
+	ID int
+	// CIProfile is the NVML_COMPUTE_INSTANCE_PROFILE_* index of the
+	// compute instance spanning the whole GPU instance; its ID equals it.
+	CIProfile int
+	// Slices is the number of compute slices (the "g" in the name).
+	Slices int
+	// Instances is how many instances of the profile fit on the GPU.
+	Instances int
+	// MemoryMiB is the instance's memory (nvmlGpuInstanceProfileInfo_t's
+	// memorySizeMB, which is MiB).
+	MemoryMiB uint64
+	// Engine counts of the instance.
+	Multiprocessors, CopyEngines, Decoders, Encoders, JPEGEngines, OFAEngines int
+	// PlacementSize is the placement size in memory slices.
+	PlacementSize int
+	// PlacementStarts are the allowed placement starts, in memory slices.
+	PlacementStarts []int
+}
+
+// layout is the PCI layout of a model's usual 8-GPU system.
+type layout struct {
+	// busIDs are the GPUs' buses in NVML index order.
+	busIDs []int
+	// roots are the root buses of GPU pairs (index/2).
+	roots []int
+}
+
+var (
+	// DGX A100: nvidia-smi on DGX A100 lists GPUs at 07, 0f, 47, 4e, 87,
+	// 90, b7, bd; pairs sit behind one PCIe switch per AMD root complex.
+	dgxA100Layout = &layout{
+		busIDs: []int{0x07, 0x0f, 0x47, 0x4e, 0x87, 0x90, 0xb7, 0xbd},
+		roots:  []int{0x00, 0x40, 0x80, 0xa0},
+	}
+	// DGX H100 and DGX H200 (same chassis): nvidia-smi lists GPUs at 1b,
+	// 43, 52, 61, 9d, c3, d1, df. The pairing into shared roots is the
+	// simulator's, so that topology-aware selectors have pairs to match.
+	dgxH100Layout = &layout{
+		busIDs: []int{0x1b, 0x43, 0x52, 0x61, 0x9d, 0xc3, 0xd1, 0xdf},
+		roots:  []int{0x15, 0x48, 0x97, 0xc7},
+	}
+	// A generic PCIe server.
+	genericLayout = &layout{
+		busIDs: []int{0x01, 0x21, 0x41, 0x61, 0x81, 0xa1, 0xc1, 0xe1},
+		roots:  []int{0x00, 0x40, 0x80, 0xc0},
+	}
+)
+
+// busID returns the default PCI bus ID of the GPU at index i. Beyond the
+// eighth GPU the layout repeats in the next PCI domain.
+func (l *layout) busID(i int) string {
+	n := len(l.busIDs)
+	return fmt.Sprintf("%04x:%02x:00.0", i/n, l.busIDs[i%n])
+}
+
+// pcieRoot returns the default PCIe root of the GPU at index i.
+func (l *layout) pcieRoot(i int) string {
+	n := len(l.busIDs)
+	return fmt.Sprintf("pci%04x:%02x", i/n, l.roots[(i%n)/2])
+}
+
+// Figures below come from `nvidia-smi mig -lgip` and `-lgipp` outputs on
+// the real GPUs (NVIDIA MIG user guide, "Supported MIG Profiles" and
+// "Getting Started"; NVIDIA/mig-parted issue #120 for H200) and from the
+// memory totals nvidia-smi prints (A100-SXM4-40GB 40960MiB, A100-SXM4-80GB
+// 81920MiB, H100 80GB HBM3 81559MiB, L40S 46068MiB). nvidia-smi prints
+// instance memory in GiB with two decimals; the MiB figures here are those
+// values times 1024 (9.75 GiB = 9984 MiB). go-nvml's mock tables disagree
+// with real hardware on memory sizes, engine counts and placements; they
+// are not used.
+
+// Placements shared by all 8-memory-slice GPUs (A100, H100, H200).
+var (
+	starts1  = []int{0, 1, 2, 3, 4, 5, 6}
+	starts2  = []int{0, 2, 4}
+	starts2w = []int{0, 2, 4, 6} // 1-compute-slice, 2-memory-slice profiles
+	starts4  = []int{0, 4}
+	starts0  = []int{0}
+)
+
+// The rows below are, in order: Name, GIProfile, ID, CIProfile, Slices,
+// Instances, MemoryMiB, Multiprocessors, CopyEngines, Decoders, Encoders,
+// JPEGEngines, OFAEngines, PlacementSize, PlacementStarts; that is
+// -lgip's columns (SM, DEC, ENC / CE, JPEG, OFA) and -lgipp's placements.
+
+// ampereProfiles are A100's profiles; only names and memory differ between
+// the 40GB and 80GB products.
+func ampereProfiles(names [7]string, mem [7]uint64) []MIGProfile {
+	return []MIGProfile{
+		{names[0], nvml.GPU_INSTANCE_PROFILE_1_SLICE, 19, nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 1, 7, mem[0], 14, 1, 0, 0, 0, 0, 1, starts1},
+		{names[1], nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1, 20, nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 1, 1, mem[1], 14, 1, 1, 0, 1, 1, 1, starts1},
+		{names[2], nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV2, 15, nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 1, 4, mem[2], 14, 1, 1, 0, 0, 0, 2, starts2w},
+		{names[3], nvml.GPU_INSTANCE_PROFILE_2_SLICE, 14, nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE, 2, 3, mem[3], 28, 2, 1, 0, 0, 0, 2, starts2},
+		{names[4], nvml.GPU_INSTANCE_PROFILE_3_SLICE, 9, nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, 3, 2, mem[4], 42, 3, 2, 0, 0, 0, 4, starts4},
+		{names[5], nvml.GPU_INSTANCE_PROFILE_4_SLICE, 5, nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE, 4, 1, mem[5], 56, 4, 2, 0, 0, 0, 4, starts0},
+		{names[6], nvml.GPU_INSTANCE_PROFILE_7_SLICE, 0, nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE, 7, 1, mem[6], 98, 7, 5, 0, 1, 1, 8, starts0},
+	}
+}
+
+// hopperProfiles are H100's and H200's profiles.
+func hopperProfiles(names [7]string, mem [7]uint64) []MIGProfile {
+	return []MIGProfile{
+		{names[0], nvml.GPU_INSTANCE_PROFILE_1_SLICE, 19, nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 1, 7, mem[0], 16, 1, 1, 0, 1, 0, 1, starts1},
+		{names[1], nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1, 20, nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 1, 1, mem[1], 16, 1, 1, 0, 1, 1, 1, starts1},
+		{names[2], nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV2, 15, nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 1, 4, mem[2], 26, 1, 1, 0, 1, 0, 2, starts2w},
+		{names[3], nvml.GPU_INSTANCE_PROFILE_2_SLICE, 14, nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE, 2, 3, mem[3], 32, 2, 2, 0, 2, 0, 2, starts2},
+		{names[4], nvml.GPU_INSTANCE_PROFILE_3_SLICE, 9, nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, 3, 2, mem[4], 60, 3, 3, 0, 3, 0, 4, starts4},
+		{names[5], nvml.GPU_INSTANCE_PROFILE_4_SLICE, 5, nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE, 4, 1, mem[5], 64, 4, 4, 0, 4, 0, 4, starts0},
+		{names[6], nvml.GPU_INSTANCE_PROFILE_7_SLICE, 0, nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE, 7, 1, mem[6], 132, 8, 7, 0, 7, 1, 8, starts0},
+	}
+}
+
+var models = map[string]*Model{
+	"A100-SXM4-40GB": {
+		Name: "A100-SXM4-40GB", ProductName: "NVIDIA A100-SXM4-40GB",
+		Architecture: nvml.DEVICE_ARCH_AMPERE, Brand: nvml.BRAND_NVIDIA, CCMajor: 8, CCMinor: 0,
+		MemoryMiB: 40960, PCIDeviceID: 0x20B010DE, MemorySlices: 8, layout: dgxA100Layout,
+		// -lgip: 4.75, 4.75, 9.62, 9.62, 19.50, 19.50, 39.25 GiB.
+		MIGProfiles: ampereProfiles(
+			[7]string{"1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"},
+			[7]uint64{4864, 4864, 9856, 9856, 19968, 19968, 40192}),
+	},
+	"A100-SXM4-80GB": {
+		Name: "A100-SXM4-80GB", ProductName: "NVIDIA A100-SXM4-80GB",
+		Architecture: nvml.DEVICE_ARCH_AMPERE, Brand: nvml.BRAND_NVIDIA, CCMajor: 8, CCMinor: 0,
+		MemoryMiB: 81920, PCIDeviceID: 0x20B210DE, MemorySlices: 8, layout: dgxA100Layout,
+		// -lgip: 9.75, 9.75, 19.50, 19.50, 39.25, 39.25, 79.00 GiB.
+		MIGProfiles: ampereProfiles(
+			[7]string{"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"},
+			[7]uint64{9984, 9984, 19968, 19968, 40192, 40192, 80896}),
+	},
+	"H100-SXM5-80GB": {
+		Name: "H100-SXM5-80GB", ProductName: "NVIDIA H100 80GB HBM3",
+		Architecture: nvml.DEVICE_ARCH_HOPPER, Brand: nvml.BRAND_NVIDIA, CCMajor: 9, CCMinor: 0,
+		MemoryMiB: 81559, PCIDeviceID: 0x233010DE, MemorySlices: 8, layout: dgxH100Layout,
+		// -lgip: 9.75, 9.75, 19.62, 19.62, 39.50, 39.50, 79.25 GiB.
+		MIGProfiles: hopperProfiles(
+			[7]string{"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"},
+			[7]uint64{9984, 9984, 20096, 20096, 40448, 40448, 81152}),
+	},
+	"H200-SXM5-141GB": {
+		Name: "H200-SXM5-141GB", ProductName: "NVIDIA H200",
+		Architecture: nvml.DEVICE_ARCH_HOPPER, Brand: nvml.BRAND_NVIDIA, CCMajor: 9, CCMinor: 0,
+		MemoryMiB: 143771, PCIDeviceID: 0x233510DE, MemorySlices: 8, layout: dgxH100Layout,
+		// -lgip: 16.00, 16.00, 32.25, 32.25, 69.50, 69.50 GiB; 7g.141gb
+		// is not in that output, 140.00 GiB is from another H200 listing.
+		MIGProfiles: hopperProfiles(
+			[7]string{"1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"},
+			[7]uint64{16384, 16384, 33024, 33024, 71168, 71168, 143360}),
+	},
+	// A GPU without MIG, so that fleets can hold one.
+	"L40S": {
+		Name: "L40S", ProductName: "NVIDIA L40S",
+		Architecture: nvml.DEVICE_ARCH_ADA, Brand: nvml.BRAND_NVIDIA, CCMajor: 8, CCMinor: 9,
+		MemoryMiB: 46068, PCIDeviceID: 0x26B910DE, layout: genericLayout,
+	},
+}
+
+// ModelNames returns the names of the models fleet files may use, sorted.
+func ModelNames() []string {
+	names := make([]string, 0, len(models))
+	for name := range models {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// LookupModel returns a copy of the model with the given name.
+func LookupModel(name string) (Model, bool) {
+	m, ok := models[name]
+	if !ok {
+		return Model{}, false
+	}
+	c := *m
+	c.MIGProfiles = slices.Clone(m.MIGProfiles)
+	return c, true
+}
+
+// profile returns the model's MIG profile with the given name.
+func (m *Model) profile(name string) (*MIGProfile, bool) {
+	for i := range m.MIGProfiles {
+		if m.MIGProfiles[i].Name == name {
+			return &m.MIGProfiles[i], true
+		}
+	}
+	return nil, false
+}
+
+// profileNames lists the model's MIG profile names for error messages.
+func (m *Model) profileNames() []string {
+	names := make([]string, len(m.MIGProfiles))
+	for i, p := range m.MIGProfiles {
+		names[i] = p.Name
+	}
+	return names
+}
+
+// computeSlices is the number of compute slices of the model (7 on
+// A100/H100/H200): the slice count of its largest profile.
+func (m *Model) computeSlices() int {
+	n := 0
+	for _, p := range m.MIGProfiles {
+		n = max(n, p.Slices)
+	}
+	return n
+}

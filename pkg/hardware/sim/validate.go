@@ -1,0 +1,244 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+)
+
+var (
+	nodeNameRE      = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+	driverVersionRE = regexp.MustCompile(`^[0-9]+(\.[0-9]+)+$`)
+	cudaVersionRE   = regexp.MustCompile(`^[0-9]+\.[0-9]{1,2}$`)
+	uuidBody        = `[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`
+	gpuUUIDRE       = regexp.MustCompile(`^GPU-` + uuidBody + `$`)
+	migUUIDRE       = regexp.MustCompile(`^MIG-` + uuidBody + `$`)
+	busIDRE         = regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
+	pcieRootRE      = regexp.MustCompile(`^pci[0-9a-f]{4}:[0-9a-f]{2}$`)
+)
+
+// maxMinor is the largest GPU minor; 255 is /dev/nvidiactl.
+const maxMinor = 254
+
+// problems collects validation errors, each prefixed with where it is.
+type problems struct {
+	where string
+	errs  []error
+}
+
+func (p *problems) add(field, format string, args ...any) {
+	p.errs = append(p.errs, fmt.Errorf("%s%s: %s", p.where, field, fmt.Sprintf(format, args...)))
+}
+
+// resolve fills in the defaults of every node and validates the fleet.
+func (f *Fleet) resolve() error {
+	p := &problems{}
+	if len(f.Nodes) == 0 {
+		p.add("nodes", "a fleet needs at least one node")
+	}
+	nodeIndex := map[string]int{}
+	gpuUUIDs := map[string]string{}
+	migUUIDs := map[string]string{}
+	for i := range f.Nodes {
+		n := &f.Nodes[i]
+		where := fmt.Sprintf("nodes[%d]", i)
+		if n.Name != "" {
+			where += fmt.Sprintf(" (%s)", n.Name)
+		}
+		np := &problems{where: where + ": "}
+		n.resolve(np)
+		p.errs = append(p.errs, np.errs...)
+
+		if j, dup := nodeIndex[n.Name]; dup && n.Name != "" {
+			p.add(where+": name", "%q is also the name of nodes[%d]", n.Name, j)
+		}
+		nodeIndex[n.Name] = i
+		// UUIDs must be unique across the fleet, as they are in the world.
+		for g, gpu := range n.GPUs {
+			here := fmt.Sprintf("%s gpus[%d]", where, g)
+			if prev, dup := gpuUUIDs[gpu.UUID]; dup && gpu.UUID != "" {
+				p.add(fmt.Sprintf("%s.uuid", here), "%s is also the UUID of %s", gpu.UUID, prev)
+			}
+			gpuUUIDs[gpu.UUID] = here
+			for m, mig := range gpu.MIGDevices {
+				mhere := fmt.Sprintf("%s.migDevices[%d]", here, m)
+				if prev, dup := migUUIDs[mig.UUID]; dup && mig.UUID != "" {
+					p.add(fmt.Sprintf("%s.uuid", mhere), "%s is also the UUID of %s", mig.UUID, prev)
+				}
+				migUUIDs[mig.UUID] = mhere
+			}
+		}
+	}
+	return errors.Join(p.errs...)
+}
+
+// resolve fills in the node's defaults and reports what is wrong with it.
+func (n *Node) resolve(p *problems) {
+	switch {
+	case n.Name == "":
+		p.add("name", "must not be empty")
+	case len(n.Name) > 253 || !nodeNameRE.MatchString(n.Name):
+		p.add("name", "%q is not a valid Kubernetes node name (lower-case RFC 1123 subdomain)", n.Name)
+	}
+	if n.DriverVersion == "" {
+		n.DriverVersion = DefaultDriverVersion
+	} else if !driverVersionRE.MatchString(n.DriverVersion) {
+		p.add("driverVersion", "%q is not a driver version like %q", n.DriverVersion, DefaultDriverVersion)
+	}
+	if n.CUDADriverVersion == "" {
+		n.CUDADriverVersion = DefaultCUDADriverVersion
+	} else if !cudaVersionRE.MatchString(n.CUDADriverVersion) {
+		p.add("cudaDriverVersion", "%q is not a CUDA version like %q", n.CUDADriverVersion, DefaultCUDADriverVersion)
+	}
+
+	minors := map[int]int{}
+	busIDs := map[string]int{}
+	for i := range n.GPUs {
+		g := &n.GPUs[i]
+		field := fmt.Sprintf("gpus[%d]", i)
+		g.resolve(p, field, n.Name, i, len(n.GPUs))
+		if g.Minor != nil {
+			if j, dup := minors[*g.Minor]; dup {
+				p.add(field+".minor", "%d is also the minor of gpus[%d]", *g.Minor, j)
+			}
+			minors[*g.Minor] = i
+		}
+		if g.PCIBusID != "" {
+			if j, dup := busIDs[g.PCIBusID]; dup {
+				p.add(field+".pciBusID", "%s is also the bus ID of gpus[%d]", g.PCIBusID, j)
+			}
+			busIDs[g.PCIBusID] = i
+		}
+	}
+}
+
+// resolve fills in the defaults of the GPU at index i of node (which has
+// count GPUs) and reports what is wrong with it.
+func (g *GPU) resolve(p *problems, field, node string, i, count int) {
+	m, ok := models[g.Model]
+	if !ok {
+		if g.Model == "" {
+			p.add(field+".model", "must be set (known models: %s)", strings.Join(ModelNames(), ", "))
+		} else {
+			p.add(field+".model", "unknown model %q (known models: %s)", g.Model, strings.Join(ModelNames(), ", "))
+		}
+		return
+	}
+	if g.Minor == nil {
+		g.Minor = &i
+	} else if *g.Minor < 0 || *g.Minor > maxMinor {
+		p.add(field+".minor", "%d is out of range 0..%d", *g.Minor, maxMinor)
+	}
+	if g.UUID == "" {
+		g.UUID = gpuUUID(node, i)
+	} else if !gpuUUIDRE.MatchString(g.UUID) {
+		p.add(field+".uuid", "%q is not a GPU UUID like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (lower-case hex)", g.UUID)
+	}
+	if g.PCIBusID == "" {
+		g.PCIBusID = m.layout.busID(i)
+	} else {
+		g.PCIBusID = strings.ToLower(g.PCIBusID)
+		if !busIDRE.MatchString(g.PCIBusID) {
+			p.add(field+".pciBusID", "%q is not an extended BDF like \"0000:1b:00.0\"", g.PCIBusID)
+		}
+	}
+	if g.PCIeRoot == "" {
+		g.PCIeRoot = m.layout.pcieRoot(i)
+	} else if !pcieRootRE.MatchString(g.PCIeRoot) {
+		p.add(field+".pcieRoot", "%q is not a PCIe root like \"pci0000:15\"", g.PCIeRoot)
+	}
+	if g.NUMANode == nil {
+		numa := 0
+		if i >= (count+1)/2 {
+			numa = 1
+		}
+		g.NUMANode = &numa
+	} else if *g.NUMANode < -1 {
+		p.add(field+".numaNode", "%d is not a NUMA node (-1 for none)", *g.NUMANode)
+	}
+	if g.MemoryMiB == 0 {
+		g.MemoryMiB = m.MemoryMiB
+	}
+	g.resolveMIG(p, field, m, node, i)
+}
+
+// resolveMIG places the GPU's MIG devices and checks that they fit.
+func (g *GPU) resolveMIG(p *problems, field string, m *Model, node string, index int) {
+	if len(m.MIGProfiles) == 0 && g.MIGEnabled {
+		p.add(field+".migEnabled", "model %s does not support MIG", m.Name)
+		return
+	}
+	if !g.MIGEnabled && len(g.MIGDevices) > 0 {
+		p.add(field+".migDevices", "MIG devices need migEnabled: true")
+		return
+	}
+	owner := make([]int, m.MemorySlices) // memory slice -> device index + 1
+	instances := map[string]int{}
+	computeSlices := 0
+	for j := range g.MIGDevices {
+		d := &g.MIGDevices[j]
+		dfield := fmt.Sprintf("%s.migDevices[%d]", field, j)
+		prof, ok := m.profile(d.Profile)
+		if !ok {
+			p.add(dfield+".profile", "unknown profile %q for %s (allowed: %s)", d.Profile, m.Name, strings.Join(m.profileNames(), ", "))
+			continue
+		}
+		// conflict returns the device already holding a memory slice of
+		// a placement at start, or -1.
+		conflict := func(start int) int {
+			for s := start; s < start+prof.PlacementSize; s++ {
+				if owner[s] != 0 {
+					return owner[s] - 1
+				}
+			}
+			return -1
+		}
+		free := func(start int) bool { return conflict(start) < 0 }
+		switch {
+		case d.PlacementStart == nil:
+			i := slices.IndexFunc(prof.PlacementStarts, free)
+			if i < 0 {
+				p.add(dfield+".placementStart", "no free placement left for %s (allowed starts: %s)", prof.Name, ints(prof.PlacementStarts))
+				continue
+			}
+			start := prof.PlacementStarts[i]
+			d.PlacementStart = &start
+		case !slices.Contains(prof.PlacementStarts, *d.PlacementStart):
+			p.add(dfield+".placementStart", "%d is not allowed for %s on %s (allowed: %s)", *d.PlacementStart, prof.Name, m.Name, ints(prof.PlacementStarts))
+			continue
+		case !free(*d.PlacementStart):
+			other := conflict(*d.PlacementStart)
+			p.add(dfield+".placementStart", "%s at %d (memory slices %d-%d) overlaps migDevices[%d] (%s at %d)",
+				prof.Name, *d.PlacementStart, *d.PlacementStart, *d.PlacementStart+prof.PlacementSize-1,
+				other, g.MIGDevices[other].Profile, *g.MIGDevices[other].PlacementStart)
+			continue
+		}
+		for s := *d.PlacementStart; s < *d.PlacementStart+prof.PlacementSize; s++ {
+			owner[s] = j + 1
+		}
+		instances[prof.Name]++
+		if instances[prof.Name] > prof.Instances {
+			p.add(dfield+".profile", "at most %d %s instance(s) fit on a %s", prof.Instances, prof.Name, m.Name)
+		}
+		computeSlices += prof.Slices
+		if computeSlices > m.computeSlices() {
+			p.add(dfield+".profile", "the MIG devices up to here need %d compute slices; a %s has %d", computeSlices, m.Name, m.computeSlices())
+		}
+		if d.UUID == "" {
+			d.UUID = migUUID(node, index, prof.Name, *d.PlacementStart)
+		} else if !migUUIDRE.MatchString(d.UUID) {
+			p.add(dfield+".uuid", "%q is not a MIG UUID like MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (lower-case hex)", d.UUID)
+		}
+	}
+}
+
+// ints formats allowed values for error messages.
+func ints(vs []int) string {
+	s := make([]string, len(vs))
+	for i, v := range vs {
+		s[i] = fmt.Sprint(v)
+	}
+	return strings.Join(s, ", ")
+}

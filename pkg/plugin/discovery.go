@@ -1,0 +1,102 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/hardware"
+)
+
+// Retry delays while discovery fails: GPUs that are bound late or a driver
+// that loads late should show up within seconds, without hammering NVML.
+const (
+	minRetryDelay = 2 * time.Second
+	maxRetryDelay = 30 * time.Second
+)
+
+// discover runs one discovery and, if it succeeds, installs the result.
+func (d *Driver) discover(ctx context.Context) error {
+	inv, err := d.cfg.Hardware.Discover(ctx)
+	if err != nil {
+		return err
+	}
+	model, err := devicemodel.Build(inv)
+	if err != nil {
+		return fmt.Errorf("build device model: %w", err)
+	}
+	d.state.Store(&nodeState{inv: inv, model: model})
+	return nil
+}
+
+// publish hands the current devices to the ResourceSlice controller.
+func (d *Driver) publish(ctx context.Context) error {
+	res := devicemodel.DriverResources(d.cfg.NodeName, d.current().model.APIDevices())
+	if err := d.helper.PublishResources(ctx, res); err != nil {
+		return fmt.Errorf("publish ResourceSlices: %w", err)
+	}
+	return nil
+}
+
+// discoveryLoop discovers the GPUs again and again, republishing when the
+// devices change. While discovery fails it retries with backoff and keeps
+// the last good devices (an empty pool if there never were any): a transient
+// NVML error must not withdraw devices that running pods hold.
+func (d *Driver) discoveryLoop(ctx context.Context, lastErr error) {
+	logger := klog.FromContext(ctx)
+	delay := minRetryDelay
+	d.logDiscovery(logger, lastErr, delay)
+	for {
+		wait := d.cfg.DiscoveryInterval
+		if lastErr != nil {
+			wait = delay
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		before := d.current().model.APIDevices()
+		err := d.discover(ctx)
+		if err != nil {
+			if lastErr == nil {
+				delay = minRetryDelay
+			} else {
+				delay = min(2*delay, maxRetryDelay)
+			}
+			d.logDiscovery(logger, err, delay)
+			lastErr = err
+			continue
+		}
+		if lastErr != nil {
+			logger.Info("GPU discovery works again", "devices", len(d.current().model.Devices))
+			d.event(corev1.EventTypeNormal, "GPUDiscoveryRecovered", fmt.Sprintf("GPU discovery works again: %d devices", len(d.current().model.Devices)))
+		}
+		lastErr = nil
+		if after := d.current().model.APIDevices(); !equality.Semantic.DeepEqual(before, after) {
+			logger.Info("Devices changed; republishing", "before", len(before), "after", len(after))
+			if err := d.publish(ctx); err != nil {
+				logger.Error(err, "Republishing devices")
+			}
+		}
+	}
+}
+
+func (d *Driver) logDiscovery(logger klog.Logger, err error, retry time.Duration) {
+	if err == nil {
+		return
+	}
+	published := len(d.current().model.Devices)
+	if errors.Is(err, hardware.ErrUnavailable) {
+		logger.Error(err, "NVML is not available; publishing the devices known so far and retrying", "publishedDevices", published, "retryIn", retry)
+	} else {
+		logger.Error(err, "GPU discovery failed; publishing the devices known so far and retrying", "publishedDevices", published, "retryIn", retry)
+	}
+	d.event(corev1.EventTypeWarning, "GPUDiscoveryFailed", fmt.Sprintf("%v (retrying in %s)", err, retry))
+}

@@ -1,0 +1,282 @@
+// Package plugin is the kubelet-plugin shell of gpudra: it wires hardware
+// discovery, the device model, the claim state machine, the checkpoint and
+// the CDI writer to the kubelet through
+// k8s.io/dynamic-resource-allocation/kubeletplugin.
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/keymutex"
+
+	"github.com/gpudra/gpudra/pkg/cdi"
+	"github.com/gpudra/gpudra/pkg/checkpoint"
+	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/hardware"
+)
+
+// Config is what the kubelet plugin needs to run on one node.
+type Config struct {
+	// DriverName is the DRA driver name, e.g. "gpu.nvidia.com".
+	DriverName string
+	// NodeName is this node; it is also the pool name.
+	NodeName string
+	// KubeClient talks to the API server.
+	KubeClient kubernetes.Interface
+	// Hardware discovers the node's GPUs.
+	Hardware hardware.Hardware
+	// DriverEdits supplies the driver files for CDI specs.
+	DriverEdits cdi.DriverEdits
+
+	// PluginDataDir holds the DRA socket and the checkpoint.
+	PluginDataDir string
+	// RegistrarDir is the kubelet's plugin registration directory.
+	RegistrarDir string
+	// CDIDir is where per-claim CDI specs are written.
+	CDIDir string
+	// RollingUpdateUID, when set (the pod UID), lets two plugin instances
+	// serve side by side during an upgrade.
+	RollingUpdateUID types.UID
+
+	// DiscoveryInterval is how often the GPUs are discovered again once
+	// discovery works; while it fails the plugin retries sooner.
+	DiscoveryInterval time.Duration
+	// CallTimeout is how long the kubelet waits for one Prepare call;
+	// started preparations older than that are rolled back by the sweep,
+	// and orphaned CDI specs younger than that are left alone.
+	CallTimeout time.Duration
+	// SweepInterval is how often stale claims are looked for.
+	SweepInterval time.Duration
+
+	// BootIDPath overrides /proc/sys/kernel/random/boot_id (tests).
+	BootIDPath string
+	// Faults, if set, is called before each step of a preparation and may
+	// fail it; for crash tests only.
+	Faults func(step Step, claimUID string) error
+	// Clock, if set, replaces time.Now (tests).
+	Clock func() time.Time
+}
+
+// Defaults for the timing fields of Config.
+const (
+	DefaultDiscoveryInterval = 60 * time.Second
+	// DefaultCallTimeout matches the kubelet's timeout for DRA gRPC calls.
+	DefaultCallTimeout   = 45 * time.Second
+	DefaultSweepInterval = 60 * time.Second
+)
+
+// nodeState is one discovery result and the devices derived from it.
+type nodeState struct {
+	inv   *hardware.Inventory
+	model *devicemodel.Model
+}
+
+// Driver is gpudra's kubelet plugin. It implements [kubeletplugin.DRAPlugin].
+type Driver struct {
+	cfg      Config
+	logger   klog.Logger
+	helper   *kubeletplugin.Helper
+	store    *checkpoint.Store
+	cdi      *cdi.Writer
+	recorder record.EventRecorder
+	nodeRef  *corev1.ObjectReference
+
+	state atomic.Pointer[nodeState]
+	// claimLocks serializes Prepare and Unprepare per claim UID inside this
+	// process; different claims proceed in parallel.
+	claimLocks keymutex.KeyMutex
+	// keepOrphanSpecs is set when the checkpoint was unreadable at start:
+	// CDI specs without a record may then belong to running pods.
+	keepOrphanSpecs bool
+
+	stopBroadcast func()
+	cancel        context.CancelFunc
+	wg            sync.WaitGroup
+}
+
+var _ kubeletplugin.DRAPlugin = &Driver{}
+
+// Start opens the checkpoint, discovers the GPUs, registers with the
+// kubelet and publishes the node's ResourceSlices. It returns once the
+// plugin serves; background discovery and the sweep run until ctx ends or
+// Stop is called.
+func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	logger := klog.FromContext(ctx).WithValues("driver", cfg.DriverName, "node", cfg.NodeName)
+	ctx = klog.NewContext(ctx, logger)
+	ctx, cancel := context.WithCancel(ctx)
+	d := &Driver{
+		cfg:        cfg,
+		logger:     logger,
+		claimLocks: keymutex.NewHashed(0),
+		cancel:     cancel,
+		nodeRef:    &corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: cfg.NodeName},
+	}
+	defer func() {
+		if finalErr != nil {
+			d.Stop()
+		}
+	}()
+	d.startEvents()
+
+	var opts []checkpoint.Option
+	if cfg.BootIDPath != "" {
+		opts = append(opts, checkpoint.WithBootIDPath(cfg.BootIDPath))
+	}
+	store, report, err := checkpoint.Open(ctx, cfg.PluginDataDir, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("open checkpoint: %w", err)
+	}
+	d.store = store
+	d.reportCheckpoint(report)
+
+	if d.cdi, err = cdi.NewWriter(cfg.CDIDir, cfg.DriverName); err != nil {
+		return nil, err
+	}
+	d.removeOrphanSpecs(ctx)
+
+	// The first discovery happens before registration, so that the kubelet
+	// never calls Prepare on a plugin that does not know its devices yet.
+	// A failure is not fatal: the pool is published empty and discovery
+	// keeps trying in the background.
+	discoverErr := d.discover(ctx)
+
+	helperOpts := []kubeletplugin.Option{
+		kubeletplugin.DriverName(cfg.DriverName),
+		kubeletplugin.NodeName(cfg.NodeName),
+		kubeletplugin.KubeClient(cfg.KubeClient),
+		kubeletplugin.PluginDataDirectoryPath(cfg.PluginDataDir),
+		kubeletplugin.RegistrarDirectoryPath(cfg.RegistrarDir),
+		// gpudra guards its own state: per-claim locks in process and the
+		// checkpoint's flock across processes. The helper's global lock
+		// would serialize the 32 claims of a node's pods for nothing.
+		kubeletplugin.Serialize(false),
+		// Device health reporting comes with its own issue.
+		kubeletplugin.HealthService(false),
+	}
+	if cfg.RollingUpdateUID != "" {
+		helperOpts = append(helperOpts, kubeletplugin.RollingUpdate(cfg.RollingUpdateUID))
+	}
+	if d.helper, err = kubeletplugin.Start(ctx, d, helperOpts...); err != nil {
+		return nil, fmt.Errorf("start kubelet plugin helper: %w", err)
+	}
+	if err := d.publish(ctx); err != nil {
+		return nil, err
+	}
+
+	d.wg.Add(2)
+	go func() {
+		defer d.wg.Done()
+		d.discoveryLoop(ctx, discoverErr)
+	}()
+	go func() {
+		defer d.wg.Done()
+		d.sweepLoop(ctx)
+	}()
+	logger.Info("Kubelet plugin started", "devices", len(d.current().model.Devices), "pluginDataDir", cfg.PluginDataDir, "cdiDir", cfg.CDIDir)
+	return d, nil
+}
+
+// Stop unregisters from the kubelet and stops all background work. The
+// ResourceSlices stay: the kubelet removes them if the plugin does not
+// come back.
+func (d *Driver) Stop() {
+	if d == nil {
+		return
+	}
+	if d.cancel != nil {
+		d.cancel()
+	}
+	d.helper.Stop()
+	d.wg.Wait()
+	if d.store != nil {
+		if err := d.store.Close(); err != nil {
+			d.logger.Error(err, "Closing checkpoint")
+		}
+	}
+	if d.stopBroadcast != nil {
+		d.stopBroadcast()
+	}
+}
+
+// Devices returns the devices the plugin currently publishes.
+func (d *Driver) Devices() []resourceapi.Device {
+	return d.current().model.APIDevices()
+}
+
+func (c *Config) validate() error {
+	var missing []string
+	for name, empty := range map[string]bool{
+		"DriverName": c.DriverName == "", "NodeName": c.NodeName == "", "KubeClient": c.KubeClient == nil,
+		"Hardware": c.Hardware == nil, "PluginDataDir": c.PluginDataDir == "", "RegistrarDir": c.RegistrarDir == "",
+		"CDIDir": c.CDIDir == "",
+	} {
+		if empty {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("plugin config: missing %v", missing)
+	}
+	if c.DriverEdits == nil {
+		c.DriverEdits = cdi.NoDriverEdits{}
+	}
+	if c.DiscoveryInterval <= 0 {
+		c.DiscoveryInterval = DefaultDiscoveryInterval
+	}
+	if c.CallTimeout <= 0 {
+		c.CallTimeout = DefaultCallTimeout
+	}
+	if c.SweepInterval <= 0 {
+		c.SweepInterval = DefaultSweepInterval
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
+	return nil
+}
+
+func (d *Driver) now() time.Time { return d.cfg.Clock() }
+
+func (d *Driver) current() *nodeState {
+	if s := d.state.Load(); s != nil {
+		return s
+	}
+	return &nodeState{inv: &hardware.Inventory{}, model: &devicemodel.Model{}}
+}
+
+// HandleError implements [kubeletplugin.DRAPlugin]. Publishing errors are
+// logged with what the API server lacks; nothing here is fatal, because
+// neither retrying nor restarting fixes a cluster's feature gates.
+func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
+	var dropped *resourceslice.DroppedFieldsError
+	if errors.As(err, &dropped) {
+		klog.FromContext(ctx).Error(err, "The API server dropped fields of a ResourceSlice; it lacks features gpudra uses",
+			"pool", dropped.PoolName, "sliceIndex", dropped.SliceIndex, "disabledFeatures", dropped.DisabledFeatures())
+		d.event(corev1.EventTypeWarning, "ResourceSliceFieldsDropped", fmt.Sprintf("API server dropped ResourceSlice fields; disabled features: %v", dropped.DisabledFeatures()))
+		return
+	}
+	utilruntime.HandleErrorWithContext(ctx, err, msg)
+}
+
+// WatchHealthStatus implements [kubeletplugin.DRAPlugin]. The health
+// service is off (see Start), so the kubelet never calls it.
+func (d *Driver) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
+	return kubeletplugin.ErrHealthNotSupported
+}

@@ -1,0 +1,332 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/gpudra/gpudra/pkg/cdi"
+	"github.com/gpudra/gpudra/pkg/claimstate"
+	"github.com/gpudra/gpudra/pkg/devicemodel"
+)
+
+// Step names a point in the preparation of a claim at which the crash
+// tests inject failures.
+type Step string
+
+// The steps of one preparation, in order.
+const (
+	StepRecordStarted   Step = "RecordStarted"
+	StepWriteCDISpec    Step = "WriteCDISpec"
+	StepRecordCompleted Step = "RecordCompleted"
+)
+
+// PrepareResourceClaims implements [kubeletplugin.DRAPlugin]. Claims of one
+// call are prepared concurrently; their checkpoint writes are
+// group-committed. Each claim gets its own result; the call itself fails
+// only if the plugin cannot work at all.
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	results := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	if len(claims) == 1 {
+		results[claims[0].UID] = d.prepareClaim(ctx, claims[0])
+		return results, nil
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, claim := range claims {
+		wg.Go(func() {
+			r := d.prepareClaim(ctx, claim)
+			mu.Lock()
+			results[claim.UID] = r
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return results, nil
+}
+
+// UnprepareResourceClaims implements [kubeletplugin.DRAPlugin]. Unpreparing
+// a claim this node does not know succeeds: the call is idempotent.
+func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	results := make(map[types.UID]error, len(claims))
+	if len(claims) == 1 {
+		results[claims[0].UID] = d.unprepareClaim(ctx, claims[0])
+		return results, nil
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, claim := range claims {
+		wg.Go(func() {
+			err := d.unprepareClaim(ctx, claim)
+			mu.Lock()
+			results[claim.UID] = err
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return results, nil
+}
+
+func (d *Driver) prepareClaim(ctx context.Context, claim *resourceapi.ResourceClaim) kubeletplugin.PrepareResult {
+	uid := string(claim.UID)
+	logger := klog.FromContext(ctx).WithValues("claim", klog.KObj(claim), "claimUID", uid)
+	d.claimLocks.LockKey(uid)
+	defer func() { _ = d.claimLocks.UnlockKey(uid) }()
+
+	devices, err := d.prepared(ctx, claim)
+	if err != nil {
+		logger.Error(err, "Prepare failed")
+		return kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, err)}
+	}
+	logger.V(2).Info("Prepared", "devices", len(devices))
+	return kubeletplugin.PrepareResult{Devices: devices}
+}
+
+// prepared runs the state machine for one claim and returns what the
+// kubelet gets.
+func (d *Driver) prepared(ctx context.Context, claim *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
+	node := d.current()
+	plan, err := d.planClaim(claim, node)
+	if err != nil {
+		return nil, err
+	}
+	state, err := d.store.Read(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("read checkpoint: %w", err)
+	}
+	action, existing, err := state.PlanPrepare(plan.intent)
+	if err != nil {
+		return nil, err
+	}
+	switch action {
+	case claimstate.ActionReturnRecorded:
+		return kubeletDevices(existing.Devices), nil
+	case claimstate.ActionRollbackThenPrepare:
+		klog.FromContext(ctx).Info("Rolling back an interrupted preparation before preparing again", "startedAt", existing.StartedAt)
+		if err := d.rollBack(ctx, existing, false); err != nil {
+			return nil, err
+		}
+	}
+	if err := d.execute(ctx, plan); err != nil {
+		return nil, err
+	}
+	return kubeletDevices(plan.intent.Devices), nil
+}
+
+// execute carries out a plan: record the start if the setup needs undoing
+// after a crash, write the CDI spec, record completion. On failure it
+// undoes what it did.
+//
+// Writing the start record costs a checkpoint write per claim, so it is
+// written only for plans whose partial work cannot be found again without
+// it. The per-claim CDI spec can: it is named after the claim UID, and
+// specs without a completed record are removed at start and by the sweep.
+// Device setup (MIG, VFIO, sharing daemons) will need the record.
+func (d *Driver) execute(ctx context.Context, plan *claimPlan) (finalErr error) {
+	now := d.now()
+	startRecorded := false
+	specWritten := false
+	defer func() {
+		if finalErr == nil {
+			return
+		}
+		rollback := &claimstate.Claim{UID: plan.intent.UID, Namespace: plan.intent.Namespace, Name: plan.intent.Name, Devices: plan.intent.Devices}
+		if !specWritten && !startRecorded {
+			return
+		}
+		if err := d.rollBack(context.WithoutCancel(ctx), rollback, startRecorded); err != nil {
+			finalErr = errors.Join(finalErr, fmt.Errorf("roll back: %w", err))
+		}
+	}()
+
+	if plan.needsStartRecord {
+		if err := d.fault(StepRecordStarted, plan.intent.UID); err != nil {
+			return err
+		}
+		if err := d.store.Update(ctx, func(s *claimstate.State) error { return s.RecordStarted(plan.intent, now) }); err != nil {
+			return fmt.Errorf("record start in checkpoint: %w", err)
+		}
+		startRecorded = true
+	}
+
+	if err := d.fault(StepWriteCDISpec, plan.intent.UID); err != nil {
+		return err
+	}
+	specWritten = true // a failed write may leave a temp file behind; rollback removes the spec either way
+	if err := d.cdi.Write(plan.intent.UID, plan.spec); err != nil {
+		return err
+	}
+
+	if err := d.fault(StepRecordCompleted, plan.intent.UID); err != nil {
+		return err
+	}
+	if err := d.store.Update(ctx, func(s *claimstate.State) error { return s.RecordCompleted(plan.intent, now) }); err != nil {
+		var conflict *claimstate.ConflictError
+		if errors.As(err, &conflict) {
+			return err
+		}
+		return fmt.Errorf("record completion in checkpoint: %w", err)
+	}
+	return nil
+}
+
+// rollBack undoes the work of a (partial) preparation: the CDI spec and,
+// when forget is set, the claim's record.
+func (d *Driver) rollBack(ctx context.Context, c *claimstate.Claim, forget bool) error {
+	if err := d.cdi.Remove(c.UID); err != nil {
+		return err
+	}
+	if !forget {
+		return nil
+	}
+	return d.store.Update(ctx, func(s *claimstate.State) error {
+		s.Remove(c.UID)
+		return nil
+	})
+}
+
+func (d *Driver) unprepareClaim(ctx context.Context, claim kubeletplugin.NamespacedObject) error {
+	uid := string(claim.UID)
+	logger := klog.FromContext(ctx).WithValues("claim", claim.NamespacedName, "claimUID", uid)
+	d.claimLocks.LockKey(uid)
+	defer func() { _ = d.claimLocks.UnlockKey(uid) }()
+
+	state, err := d.store.Read(ctx)
+	if err != nil {
+		return fmt.Errorf("unprepare claim %s: read checkpoint: %w", claim.NamespacedName, err)
+	}
+	record := state.Claims[uid]
+	if record == nil {
+		// Unknown claim: nothing recorded, but a crash between writing the
+		// spec and recording completion can leave a spec behind.
+		if err := d.cdi.Remove(uid); err != nil {
+			return fmt.Errorf("unprepare claim %s: %w", claim.NamespacedName, err)
+		}
+		logger.V(2).Info("Unprepare of a claim that is not prepared here; nothing to do")
+		return nil
+	}
+	if err := d.rollBack(ctx, record, true); err != nil {
+		return fmt.Errorf("unprepare claim %s: %w", claim.NamespacedName, err)
+	}
+	logger.V(2).Info("Unprepared", "devices", len(record.Devices))
+	return nil
+}
+
+// claimPlan is everything needed to prepare one claim, worked out before
+// any side effect.
+type claimPlan struct {
+	intent claimstate.Intent
+	spec   *cdispec.Spec
+	// needsStartRecord is set when some step's undo needs the start record.
+	needsStartRecord bool
+}
+
+// planClaim checks the claim against this node's devices, resolves its
+// configuration and builds its CDI spec. It has no side effects.
+func (d *Driver) planClaim(claim *resourceapi.ResourceClaim, node *nodeState) (*claimPlan, error) {
+	if claim.Status.Allocation == nil {
+		return nil, fmt.Errorf("claim is not allocated")
+	}
+	intent := claimstate.Intent{UID: string(claim.UID), Namespace: claim.Namespace, Name: claim.Name}
+	for _, ref := range claim.Status.ReservedFor {
+		if ref.Resource == "pods" && ref.APIGroup == "" {
+			intent.Consumers = append(intent.Consumers, claimstate.Consumer{Name: ref.Name, UID: string(ref.UID)})
+		}
+	}
+	var devices []*devicemodel.Device
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver != d.cfg.DriverName {
+			continue
+		}
+		if r.Pool != d.cfg.NodeName {
+			return nil, fmt.Errorf("request %s: device %s is from pool %q, but this node's pool is %q", r.Request, r.Device, r.Pool, d.cfg.NodeName)
+		}
+		dev, ok := node.model.Lookup(r.Device)
+		if !ok {
+			return nil, fmt.Errorf("request %s: device %s is not a device of node %s (it has %d devices)", r.Request, r.Device, d.cfg.NodeName, len(node.model.Devices))
+		}
+		devices = append(devices, dev)
+		cd := claimstate.Device{
+			Requests:     []string{r.Request},
+			Pool:         r.Pool,
+			Name:         r.Device,
+			AdminAccess:  r.AdminAccess != nil && *r.AdminAccess,
+			UUID:         dev.UUID(),
+			CDIDeviceIDs: []string{cdi.DeviceID(d.cfg.DriverName, string(claim.UID), r.Device)},
+		}
+		if r.ShareID != nil {
+			cd.ShareID = string(*r.ShareID)
+		}
+		if dev.MIG != nil {
+			cd.ParentUUID = dev.GPU.UUID
+		}
+		intent.Devices = append(intent.Devices, cd)
+	}
+	if err := d.checkConfigs(claim, node); err != nil {
+		return nil, err
+	}
+	common, err := d.cfg.DriverEdits.CommonEdits()
+	if err != nil {
+		return nil, fmt.Errorf("driver files for CDI: %w", err)
+	}
+	spec, err := cdi.BuildSpec(cdi.SpecInput{
+		DriverName: d.cfg.DriverName,
+		ClaimUID:   string(claim.UID),
+		Majors:     node.inv.Majors,
+		Devices:    uniqueDevices(devices),
+		Common:     common,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &claimPlan{intent: intent, spec: spec}, nil
+}
+
+// uniqueDevices drops repeats: one device allocated for two requests (admin
+// access, shares) needs one CDI device.
+func uniqueDevices(devices []*devicemodel.Device) []*devicemodel.Device {
+	seen := map[string]bool{}
+	var out []*devicemodel.Device
+	for _, d := range devices {
+		if !seen[d.Name()] {
+			seen[d.Name()] = true
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+func kubeletDevices(devices []claimstate.Device) []kubeletplugin.Device {
+	out := make([]kubeletplugin.Device, 0, len(devices))
+	for _, d := range devices {
+		kd := kubeletplugin.Device{
+			Requests:     d.Requests,
+			PoolName:     d.Pool,
+			DeviceName:   d.Name,
+			CDIDeviceIDs: d.CDIDeviceIDs,
+		}
+		if d.ShareID != "" {
+			id := types.UID(d.ShareID)
+			kd.ShareID = &id
+		}
+		out = append(out, kd)
+	}
+	return out
+}
+
+func (d *Driver) fault(step Step, claimUID string) error {
+	if d.cfg.Faults == nil {
+		return nil
+	}
+	if err := d.cfg.Faults(step, claimUID); err != nil {
+		return fmt.Errorf("injected fault at %s: %w", step, err)
+	}
+	return nil
+}
