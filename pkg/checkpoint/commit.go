@@ -183,11 +183,11 @@ func (s *Store) adopt(l loaded) {
 	if l.migrated != "" {
 		s.logger.Info("Migrating checkpoint", "from", l.migrated, "to", currentVersion)
 	}
-	if l.bootReset {
-		s.logger.Info("Discarding checkpoint of a previous boot", "claims", l.discardedClaims, "bootID", s.bootID)
-	}
-	if l.tornPath != "" {
+	switch {
+	case l.tornPath != "":
 		s.logger.Info("Checkpoint of a previous boot was unreadable, as a power loss can leave it; moved aside", "movedTo", l.tornPath, "reason", l.tornErr.Error())
+	case l.bootReset:
+		s.logger.Info("Discarding checkpoint of a previous boot", "claims", l.discardedClaims, "bootID", s.bootID)
 	}
 	if l.corrupt != nil {
 		s.logger.Error(l.corrupt.Err, "Unreadable checkpoint moved aside; starting with no prepared claims", "movedTo", l.corrupt.Path)

@@ -174,7 +174,7 @@ func TestHelperProcess(t *testing.T) {
 // TestTwoProcesses runs Updates from a child process (this test binary,
 // re-executed) and from this one at the same time: none may be lost.
 func TestTwoProcesses(t *testing.T) {
-	const n = 200
+	const n = 100
 	e := newTestEnv(t)
 	s, _ := e.open(t)
 	spec, err := json.Marshal(helperConfig{Dir: e.dir, BootIDPath: e.bootIDPath, StatPath: e.statPath, N: n})

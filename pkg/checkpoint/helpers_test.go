@@ -1,7 +1,6 @@
 package checkpoint
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +8,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2/ktesting"
 
 	"github.com/gpudra/gpudra/pkg/claimstate"
 )
@@ -50,7 +50,8 @@ func (e *testEnv) path() string { return filepath.Join(e.dir, FileName) }
 // open opens a Store that is closed when the test ends.
 func (e *testEnv) open(tb testing.TB, extra ...Option) (*Store, OpenReport) {
 	tb.Helper()
-	s, report, err := Open(context.Background(), e.dir, e.options(extra...)...)
+	_, ctx := ktesting.NewTestContext(tb)
+	s, report, err := Open(ctx, e.dir, e.options(extra...)...)
 	if err != nil {
 		tb.Fatalf("Open: %v", err)
 	}

@@ -82,7 +82,7 @@ func TestUnreadableFileMovedAside(t *testing.T) {
 		{"version v0", `{"version":"v0"}`, `unknown schema version "v0"`},
 		{"version not canonical", `{"version":"v03"}`, `unknown schema version "v03"`},
 		{"claims wrong type", `{"version":"v2","bootID":"boot-a","claims":[]}`, "cannot unmarshal array"},
-		{"startedAt wrong type", strings.Replace(valid, `"2026-01-01T00:00:00Z"`, `17`, 1), "cannot unmarshal"},
+		{"startedAt wrong type", strings.Replace(valid, `"2026-01-01T00:00:00Z"`, `17`, 1), "not a JSON string"},
 		{"null claim", `{"version":"v2","bootID":"boot-a","claims":{"u":null}}`, "null entry"},
 		{"uid differs from key", strings.Replace(valid, `"uid":"u"`, `"uid":"w"`, 1), "differs from its key"},
 		{"unknown phase", strings.Replace(valid, "PrepareCompleted", "Prepared", 1), `unknown phase "Prepared"`},

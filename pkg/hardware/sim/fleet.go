@@ -38,6 +38,7 @@ import (
 	"slices"
 	"strings"
 
+	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 )
 
@@ -142,9 +143,20 @@ func Load(nameOrPath string) (*Fleet, error) {
 // error), fills in every default and validates the result. source names
 // the description in errors.
 func Parse(data []byte, source string) (*Fleet, error) {
-	var f Fleet
-	if err := yaml.UnmarshalStrict(data, &f); err != nil {
+	// YAML to JSON (rejecting duplicate keys), then a case-sensitive strict
+	// decode as Kubernetes does: encoding/json alone would take
+	// "pciBusId" for "pciBusID" without a word.
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
 		return nil, fmt.Errorf("fleet %s: %w", source, err)
+	}
+	var f Fleet
+	strictErrs, err := kjson.UnmarshalStrict(js, &f)
+	if err != nil {
+		return nil, fmt.Errorf("fleet %s: %w", source, err)
+	}
+	if len(strictErrs) > 0 {
+		return nil, fmt.Errorf("fleet %s: %w", source, errors.Join(strictErrs...))
 	}
 	if err := f.resolve(); err != nil {
 		return nil, fmt.Errorf("fleet %s: %w", source, err)

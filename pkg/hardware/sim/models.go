@@ -239,13 +239,3 @@ func (m *Model) profileNames() []string {
 	}
 	return names
 }
-
-// computeSlices is the number of compute slices of the model (7 on
-// A100/H100/H200): the slice count of its largest profile.
-func (m *Model) computeSlices() int {
-	n := 0
-	for _, p := range m.MIGProfiles {
-		n = max(n, p.Slices)
-	}
-	return n
-}

@@ -175,8 +175,10 @@ func (g *GPU) resolveMIG(p *problems, field string, m *Model, node string, index
 		return
 	}
 	owner := make([]int, m.MemorySlices) // memory slice -> device index + 1
+	// Placement rules also keep the compute slices within budget: on the
+	// 8-memory-slice GPUs no set of non-overlapping allowed placements
+	// needs more than 7.
 	instances := map[string]int{}
-	computeSlices := 0
 	for j := range g.MIGDevices {
 		d := &g.MIGDevices[j]
 		dfield := fmt.Sprintf("%s.migDevices[%d]", field, j)
@@ -221,10 +223,6 @@ func (g *GPU) resolveMIG(p *problems, field string, m *Model, node string, index
 		instances[prof.Name]++
 		if instances[prof.Name] > prof.Instances {
 			p.add(dfield+".profile", "at most %d %s instance(s) fit on a %s", prof.Instances, prof.Name, m.Name)
-		}
-		computeSlices += prof.Slices
-		if computeSlices > m.computeSlices() {
-			p.add(dfield+".profile", "the MIG devices up to here need %d compute slices; a %s has %d", computeSlices, m.Name, m.computeSlices())
 		}
 		if d.UUID == "" {
 			d.UUID = migUUID(node, index, prof.Name, *d.PlacementStart)

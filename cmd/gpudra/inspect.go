@@ -1,0 +1,90 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/inspect"
+)
+
+type inspectOptions struct {
+	hw         hardwareFlags
+	node       string
+	output     string
+	driverName string
+}
+
+func newInspectCommand() *cobra.Command {
+	o := &inspectOptions{}
+	cmd := &cobra.Command{
+		Use:   "inspect",
+		Short: "Print what this node's kubelet plugin would publish",
+		Long: `Print the devices this node's kubelet plugin would publish.
+
+On a GPU node (no --fleet) the GPUs are discovered through NVML. With --fleet
+a simulated fleet is shown instead: all its nodes, or the one --node names.
+-o yaml prints only the ResourceSlice objects, one YAML document each, so the
+output can be piped to kubectl.`,
+		Example: `  gpudra inspect --fleet dgx-h100
+  gpudra inspect --fleet demo --node dgx-a100-0 -o yaml`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return o.run(cmd)
+		},
+	}
+	fs := cmd.Flags()
+	o.hw.addFlags(fs)
+	fs.StringVar(&o.node, "node", "", "node to show: a node of the fleet (default: all of them), or the name to give this node (default: its hostname)")
+	fs.StringVarP(&o.output, "output", "o", inspect.Formats[0], "output format: "+strings.Join(inspect.Formats, "|"))
+	fs.StringVar(&o.driverName, "driver-name", "gpu.nvidia.com", "DRA driver name")
+	return cmd
+}
+
+func (o *inspectOptions) run(cmd *cobra.Command) error {
+	if !slices.Contains(inspect.Formats, o.output) {
+		return fmt.Errorf("--output %q: supported values: %s", o.output, strings.Join(inspect.Formats, ", "))
+	}
+	names, err := o.nodeNames()
+	if err != nil {
+		return err
+	}
+	var nodes []inspect.Node
+	for _, name := range names {
+		hw, err := o.hw.nodeHardware(name)
+		if err != nil {
+			return err
+		}
+		inv, err := hw.Discover(cmd.Context())
+		if err != nil {
+			return fmt.Errorf("node %s: discover GPUs: %w", name, err)
+		}
+		model, err := devicemodel.Build(inv)
+		if err != nil {
+			return fmt.Errorf("node %s: %w", name, err)
+		}
+		nodes = append(nodes, inspect.Node{Name: name, Inventory: inv, Model: model})
+	}
+	return inspect.Write(cmd.OutOrStdout(), o.output, o.driverName, nodes)
+}
+
+func (o *inspectOptions) nodeNames() ([]string, error) {
+	if !o.hw.simulated() {
+		if o.node != "" {
+			return []string{o.node}, nil
+		}
+		return []string{hostname()}, nil
+	}
+	if o.node != "" {
+		return []string{o.node}, nil
+	}
+	fleet, err := sim.Load(o.hw.fleet)
+	if err != nil {
+		return nil, err
+	}
+	return fleet.NodeNames(), nil
+}

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	logsapi "k8s.io/component-base/logs/api/v1"
+	_ "k8s.io/component-base/logs/json/register" // --logging-format=json
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/pkg/plugin"
+)
+
+// Client rate limits. The kubeletplugin helper GETs every claim of every
+// NodePrepareResources call from the API server; at client-go's default of
+// 5 requests/s a node starting 32 pods would wait seconds for its own
+// client. 50/s sustained with a burst of 100 lets a full node's pods start
+// at once, and stays small next to the kubelet's own API traffic.
+const (
+	defaultKubeAPIQPS   = 50
+	defaultKubeAPIBurst = 100
+)
+
+type kubeletPluginOptions struct {
+	hw             hardwareFlags
+	driverName     string
+	nodeName       string
+	kubeconfig     string
+	kubeAPIQPS     float32
+	kubeAPIBurst   int
+	pluginDataDir  string
+	registrarDir   string
+	cdiDir         string
+	podUID         string
+	discoveryEvery time.Duration
+	sweepEvery     time.Duration
+	callTimeout    time.Duration
+	logging        *logsapi.LoggingConfiguration
+}
+
+func newKubeletPluginCommand() *cobra.Command {
+	o := &kubeletPluginOptions{logging: logsapi.NewLoggingConfiguration()}
+	cmd := &cobra.Command{
+		Use:   "kubelet-plugin",
+		Short: "Run the node's DRA kubelet plugin: discover GPUs, publish ResourceSlices, prepare claims",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return o.run(cmd)
+		},
+	}
+	fs := cmd.Flags()
+	o.hw.addFlags(fs)
+	fs.StringVar(&o.driverName, "driver-name", "gpu.nvidia.com", "DRA driver name; NVIDIA's DRA driver uses gpu.nvidia.com")
+	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node, also the pool name (env NODE_NAME)")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file; in-cluster config when empty (env KUBECONFIG)")
+	fs.Float32Var(&o.kubeAPIQPS, "kube-api-qps", defaultKubeAPIQPS, "sustained requests per second to the API server")
+	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", defaultKubeAPIBurst, "burst of requests to the API server")
+	fs.StringVar(&o.pluginDataDir, "plugin-data-dir", "", "directory for the DRA socket and the checkpoint (default /var/lib/kubelet/plugins/<driver-name>)")
+	fs.StringVar(&o.registrarDir, "registrar-dir", kubeletplugin.KubeletRegistryDir, "the kubelet's plugin registration directory")
+	fs.StringVar(&o.cdiDir, "cdi-dir", "/var/run/cdi", "directory for the per-claim CDI specs; the container runtime must read it")
+	fs.StringVar(&o.podUID, "pod-uid", os.Getenv("POD_UID"), "UID of the plugin's pod; enables rolling updates with two instances side by side (env POD_UID)")
+	fs.DurationVar(&o.discoveryEvery, "discovery-interval", plugin.DefaultDiscoveryInterval, "how often GPUs are discovered again (sooner while discovery fails)")
+	fs.DurationVar(&o.sweepEvery, "sweep-interval", plugin.DefaultSweepInterval, "how often stale prepared claims and orphaned CDI specs are cleaned up")
+	fs.DurationVar(&o.callTimeout, "kubelet-call-timeout", plugin.DefaultCallTimeout, "the kubelet's timeout for one DRA call; older unfinished preparations are rolled back")
+	logsapi.AddFlags(o.logging, fs)
+	return cmd
+}
+
+func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
+	if err := logsapi.ValidateAndApply(o.logging, nil); err != nil {
+		return err
+	}
+	if o.nodeName == "" {
+		return fmt.Errorf("--node-name (or env NODE_NAME) is required")
+	}
+	if o.pluginDataDir == "" {
+		o.pluginDataDir = filepath.Join(kubeletplugin.KubeletPluginsDir, o.driverName)
+	}
+	for _, dir := range []string{o.pluginDataDir, o.registrarDir} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return fmt.Errorf("create %s: %w", dir, err)
+		}
+	}
+	client, err := o.kubeClient()
+	if err != nil {
+		return err
+	}
+	hw, err := o.hw.nodeHardware(o.nodeName)
+	if err != nil {
+		return err
+	}
+	ctx := cmd.Context()
+	logger := klog.FromContext(ctx)
+	driver, err := plugin.Start(ctx, plugin.Config{
+		DriverName:        o.driverName,
+		NodeName:          o.nodeName,
+		KubeClient:        client,
+		Hardware:          hw,
+		DriverEdits:       o.hw.driverEdits(logger),
+		PluginDataDir:     o.pluginDataDir,
+		RegistrarDir:      o.registrarDir,
+		CDIDir:            o.cdiDir,
+		RollingUpdateUID:  types.UID(o.podUID),
+		DiscoveryInterval: o.discoveryEvery,
+		CallTimeout:       o.callTimeout,
+		SweepInterval:     o.sweepEvery,
+	})
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	logger.Info("Shutting down")
+	driver.Stop()
+	return nil
+}
+
+func (o *kubeletPluginOptions) kubeClient() (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if o.kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("API client config: %w", err)
+	}
+	cfg.QPS = o.kubeAPIQPS
+	cfg.Burst = o.kubeAPIBurst
+	cfg.UserAgent = "gpudra-kubelet-plugin/" + buildVersion()
+	return kubernetes.NewForConfig(cfg)
+}

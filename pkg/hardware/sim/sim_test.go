@@ -1,0 +1,321 @@
+package sim_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpudra/gpudra/pkg/hardware"
+	"github.com/gpudra/gpudra/pkg/hardware/sim"
+)
+
+const mib = 1024 * 1024
+
+// discover loads a fleet and discovers every node.
+func discover(t *testing.T, nameOrPath string) map[string]*hardware.Inventory {
+	t.Helper()
+	f, err := sim.Load(nameOrPath)
+	if err != nil {
+		t.Fatalf("Load(%q): %v", nameOrPath, err)
+	}
+	out := map[string]*hardware.Inventory{}
+	for _, name := range f.NodeNames() {
+		n, err := f.Node(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inv, err := n.Hardware().Discover(context.Background())
+		if err != nil {
+			t.Fatalf("%s: Discover: %v", name, err)
+		}
+		out[name] = inv
+	}
+	return out
+}
+
+// modelFacts are the figures every GPU of a model must report.
+type modelFacts struct {
+	product, arch, cc string
+	memoryMiB         uint64
+}
+
+var (
+	a100 = modelFacts{"NVIDIA A100-SXM4-40GB", "Ampere", "8.0", 40960}
+	h100 = modelFacts{"NVIDIA H100 80GB HBM3", "Hopper", "9.0", 81559}
+	h200 = modelFacts{"NVIDIA H200", "Hopper", "9.0", 143771}
+)
+
+func TestBuiltinFleets(t *testing.T) {
+	busIDRE := regexp.MustCompile(`^0000:[0-9a-f]{2}:00\.0$`)
+	uuidRE := regexp.MustCompile(`^GPU-[0-9a-f]{8}-[0-9a-f]{4}-5[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+	tests := []struct {
+		fleet string
+		nodes map[string]modelFacts
+		// migs is the number of MIG devices per GPU index, per node.
+		migs map[string][]int
+	}{
+		{"dgx-a100", map[string]modelFacts{"dgx-a100-0": a100}, nil},
+		{"dgx-h100", map[string]modelFacts{"dgx-h100-0": h100}, nil},
+		{"dgx-h200", map[string]modelFacts{"dgx-h200-0": h200}, nil},
+		{"dgx-a100-mig", map[string]modelFacts{"dgx-a100-0": a100},
+			map[string][]int{"dgx-a100-0": {7, 4, 2, 1, 0, 0, 0, 0}}},
+		{"demo", map[string]modelFacts{"dgx-h100-0": h100, "dgx-h100-1": h100, "dgx-a100-0": a100},
+			map[string][]int{"dgx-h100-0": {0, 0, 0, 0, 0, 0, 4, 7}, "dgx-a100-0": {7, 2, 0, 0, 0, 0, 0, 0}}},
+	}
+	if got, want := len(tests), len(sim.BuiltinNames()); got != want {
+		t.Errorf("test covers %d fleets, BuiltinNames has %d: %v", got, want, sim.BuiltinNames())
+	}
+	seenUUIDs := map[string]string{}
+	for _, tt := range tests {
+		t.Run(tt.fleet, func(t *testing.T) {
+			invs := discover(t, tt.fleet)
+			if len(invs) != len(tt.nodes) {
+				t.Fatalf("nodes: got %d, want %d", len(invs), len(tt.nodes))
+			}
+			for node, facts := range tt.nodes {
+				inv := invs[node]
+				if inv == nil {
+					t.Fatalf("node %s missing", node)
+				}
+				if inv.DriverVersion != "580.65.06" || inv.CUDADriverVersion != "13.0" {
+					t.Errorf("%s: versions %q/%q, want 580.65.06/13.0", node, inv.DriverVersion, inv.CUDADriverVersion)
+				}
+				if want := (hardware.Majors{NVIDIA: 195, UVM: sim.UVMMajor, Caps: sim.CapsMajor}); inv.Majors != want {
+					t.Errorf("%s: majors %+v, want %+v", node, inv.Majors, want)
+				}
+				if len(inv.GPUs) != 8 {
+					t.Fatalf("%s: %d GPUs, want 8", node, len(inv.GPUs))
+				}
+				busIDs := map[string]bool{}
+				for i, g := range inv.GPUs {
+					if g.Index != i || g.Minor != i {
+						t.Errorf("%s GPU %d: index %d minor %d", node, i, g.Index, g.Minor)
+					}
+					if g.ProductName != facts.product || g.Architecture != facts.arch || g.CUDAComputeCapability != facts.cc || g.Brand != "Nvidia" {
+						t.Errorf("%s GPU %d: got %q %q %q %q, want %q %q %q Nvidia", node, i,
+							g.ProductName, g.Architecture, g.CUDAComputeCapability, g.Brand, facts.product, facts.arch, facts.cc)
+					}
+					if g.MemoryBytes != facts.memoryMiB*mib {
+						t.Errorf("%s GPU %d: memory %d MiB, want %d", node, i, g.MemoryBytes/mib, facts.memoryMiB)
+					}
+					if !busIDRE.MatchString(g.PCIBusID) || busIDs[g.PCIBusID] {
+						t.Errorf("%s GPU %d: bus ID %q malformed or duplicate", node, i, g.PCIBusID)
+					}
+					busIDs[g.PCIBusID] = true
+					if !uuidRE.MatchString(g.UUID) {
+						t.Errorf("%s GPU %d: UUID %q is not a version 5 GPU UUID", node, i, g.UUID)
+					}
+					// The same machine in two fleets keeps its UUIDs;
+					// different machines never share one.
+					key := node + "/" + fmt.Sprint(i)
+					if prev, ok := seenUUIDs[g.UUID]; ok && prev != key {
+						t.Errorf("%s GPU %d: UUID %s also used by %s", node, i, g.UUID, prev)
+					}
+					seenUUIDs[g.UUID] = key
+					wantNUMA := 0
+					if i >= 4 {
+						wantNUMA = 1
+					}
+					if g.NUMANode == nil || *g.NUMANode != wantNUMA {
+						t.Errorf("%s GPU %d: NUMA node %v, want %d", node, i, g.NUMANode, wantNUMA)
+					}
+					if !g.MIGCapable {
+						t.Errorf("%s GPU %d: not MIG capable", node, i)
+					}
+					wantMIGs := 0
+					if tt.migs[node] != nil {
+						wantMIGs = tt.migs[node][i]
+					}
+					if len(g.MIGDevices) != wantMIGs || g.MIGEnabled != (wantMIGs > 0) {
+						t.Errorf("%s GPU %d: MIG enabled %v with %d devices, want %d", node, i, g.MIGEnabled, len(g.MIGDevices), wantMIGs)
+					}
+				}
+				for i := 0; i < 8; i += 2 {
+					a, b := inv.GPUs[i].PCIeRoot, inv.GPUs[i+1].PCIeRoot
+					if a == "" || a != b {
+						t.Errorf("%s GPUs %d and %d: PCIe roots %q and %q, want one shared root", node, i, i+1, a, b)
+					}
+					if i > 0 && a == inv.GPUs[i-1].PCIeRoot {
+						t.Errorf("%s GPUs %d and %d: pairs share root %q", node, i-1, i, a)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestDiscoveryIsDeterministic(t *testing.T) {
+	for _, name := range sim.BuiltinNames() {
+		first, second := discover(t, name), discover(t, name)
+		if !reflect.DeepEqual(first, second) {
+			t.Errorf("%s: two loads discover different inventories", name)
+		}
+	}
+}
+
+func TestMIGDevices(t *testing.T) {
+	// dgx-a100-mig GPU 1 (minor 1) holds mig-parted's all-balanced layout.
+	inv := discover(t, "dgx-a100-mig")["dgx-a100-0"]
+	got := inv.GPUs[1].MIGDevices
+	// capMinor is the driver's mig-minors numbering for GPU minor 1.
+	capMinor := func(gi int) int { return 3 + 135 + 9*gi }
+	want := []hardware.MIGDevice{
+		{Profile: "1g.5gb", GIProfileID: 0, ProfileID: 19, CIProfileID: 0, GIID: 9, PlacementStart: 2, PlacementSize: 1,
+			MemoryBytes: 4864 * mib, Multiprocessors: 14, CopyEngines: 1},
+		{Profile: "1g.5gb", GIProfileID: 0, ProfileID: 19, CIProfileID: 0, GIID: 10, PlacementStart: 3, PlacementSize: 1,
+			MemoryBytes: 4864 * mib, Multiprocessors: 14, CopyEngines: 1},
+		{Profile: "2g.10gb", GIProfileID: 1, ProfileID: 14, CIProfileID: 1, GIID: 3, PlacementStart: 0, PlacementSize: 2,
+			MemoryBytes: 9856 * mib, Multiprocessors: 28, CopyEngines: 2, Decoders: 1},
+		{Profile: "3g.20gb", GIProfileID: 2, ProfileID: 9, CIProfileID: 2, GIID: 2, PlacementStart: 4, PlacementSize: 4,
+			MemoryBytes: 19968 * mib, Multiprocessors: 42, CopyEngines: 3, Decoders: 2},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d MIG devices, want %d: %+v", len(got), len(want), got)
+	}
+	for i := range want {
+		want[i].UUID = got[i].UUID
+		want[i].GICapMinor, want[i].CICapMinor = capMinor(want[i].GIID), capMinor(want[i].GIID)+1
+		if !strings.HasPrefix(got[i].UUID, "MIG-") {
+			t.Errorf("MIG device %d: UUID %q", i, got[i].UUID)
+		}
+		if got[i] != want[i] {
+			t.Errorf("MIG device %d:\n got %+v\nwant %+v", i, got[i], want[i])
+		}
+	}
+
+	// The +me profile and an H100 7g: engines and names as nvidia-smi shows.
+	demo := discover(t, "demo")["dgx-h100-0"]
+	var me *hardware.MIGDevice
+	for i, m := range demo.GPUs[6].MIGDevices {
+		if m.Profile == "1g.10gb+me" {
+			me = &demo.GPUs[6].MIGDevices[i]
+		}
+	}
+	if me == nil || me.GIProfileID != 7 || me.ProfileID != 20 || me.OFAEngines != 1 || me.JPEGEngines != 1 || me.GIID != 10 {
+		t.Errorf("1g.10gb+me: got %+v", me)
+	}
+}
+
+func TestNodeLookup(t *testing.T) {
+	f, err := sim.Load("demo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := f.NodeNames(), []string{"dgx-h100-0", "dgx-h100-1", "dgx-a100-0"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("NodeNames: got %v, want %v", got, want)
+	}
+	_, err = f.Node("nope")
+	if err == nil || !strings.Contains(err.Error(), "dgx-h100-0, dgx-h100-1, dgx-a100-0") {
+		t.Errorf("Node(nope): got %v, want an error listing the nodes", err)
+	}
+	_, err = sim.Load("no-such-fleet")
+	if err == nil || !strings.Contains(err.Error(), "dgx-a100-mig") {
+		t.Errorf("Load(no-such-fleet): got %v, want an error listing the built-ins", err)
+	}
+}
+
+func TestFileRoundTrip(t *testing.T) {
+	want, err := sim.Load("demo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The loaded fleet carries every default; written out and read back
+	// it is the same fleet with the same GPUs.
+	data, err := yaml.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "fleet.yaml")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got, err := sim.Load(path)
+	if err != nil {
+		t.Fatalf("Load(%s): %v\n%s", path, err, data)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("round trip changed the fleet:\n%s", data)
+	}
+	if a, b := discover(t, "demo"), discover(t, path); !reflect.DeepEqual(a, b) {
+		t.Error("round trip changed what is discovered")
+	}
+}
+
+func TestHandWrittenFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "small.yaml")
+	const file = `
+nodes:
+- name: small
+  driverVersion: "570.124.06"
+  cudaDriverVersion: "12.8"
+  gpus:
+  - model: L40S
+  - model: H200-SXM5-141GB
+    minor: 3
+    uuid: GPU-01234567-89ab-4cde-8f01-23456789abcd
+    pciBusID: "0000:3B:00.0"
+    pcieRoot: pci0000:3a
+    numaNode: -1
+    migEnabled: true
+    migDevices:
+    - profile: 7g.141gb
+`
+	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	inv := discover(t, path)["small"]
+	if inv.DriverVersion != "570.124.06" || inv.CUDADriverVersion != "12.8" {
+		t.Errorf("versions: %q %q", inv.DriverVersion, inv.CUDADriverVersion)
+	}
+	l40s, h200 := inv.GPUs[0], inv.GPUs[1]
+	if l40s.MIGCapable || l40s.Architecture != "Ada Lovelace" || l40s.CUDAComputeCapability != "8.9" || l40s.MemoryBytes != 46068*mib {
+		t.Errorf("L40S: %+v", l40s)
+	}
+	if h200.Minor != 3 || h200.UUID != "GPU-01234567-89ab-4cde-8f01-23456789abcd" || h200.PCIBusID != "0000:3b:00.0" ||
+		h200.PCIeRoot != "pci0000:3a" || h200.NUMANode != nil {
+		t.Errorf("H200 overrides not honoured: %+v", h200)
+	}
+	if len(h200.MIGDevices) != 1 || h200.MIGDevices[0].Profile != "7g.141gb" || h200.MIGDevices[0].GIID != 0 ||
+		h200.MIGDevices[0].GICapMinor != 3+3*135 || h200.MIGDevices[0].Multiprocessors != 132 {
+		t.Errorf("H200 MIG devices: %+v", h200.MIGDevices)
+	}
+}
+
+func TestConcurrentDiscover(t *testing.T) {
+	f, err := sim.Load("demo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := f.Node("dgx-h100-0")
+	hw := n.Hardware()
+	want, err := hw.Discover(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			got, err := hw.Discover(context.Background())
+			if err != nil || !reflect.DeepEqual(got, want) {
+				t.Errorf("concurrent Discover: err %v, equal %v", err, reflect.DeepEqual(got, want))
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func TestHardwareOfInvalidNode(t *testing.T) {
+	n := &sim.Node{Name: "bad", GPUs: []sim.GPU{{Model: "V100"}}}
+	_, err := n.Hardware().Discover(context.Background())
+	if err == nil || !strings.Contains(err.Error(), `gpus[0].model: unknown model "V100"`) {
+		t.Errorf("got %v", err)
+	}
+}

@@ -1,0 +1,114 @@
+package sim_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/gpudra/gpudra/pkg/hardware/sim"
+)
+
+func TestParseRejects(t *testing.T) {
+	// node wraps GPU lines into a one-node fleet.
+	node := func(gpus string) string {
+		return "nodes:\n- name: n0\n  gpus:\n" + gpus
+	}
+	tests := []struct {
+		name string
+		yaml string
+		// want are substrings the error must contain: the field's path,
+		// and what is allowed where there is a list.
+		want []string
+	}{
+		{"no nodes", "nodes: []", []string{"nodes: a fleet needs at least one node"}},
+		{"unknown top-level field", "nodes: []\nclusters: 2", []string{`unknown field "clusters"`}},
+		{"unknown GPU field", node("  - model: L40S\n    pciBusId: 0000:01:00.0\n"), []string{`unknown field "nodes[0].gpus[0].pciBusId"`}},
+		{"duplicate key", "nodes:\n- name: a\n  name: b\n", []string{`line 3: key "name" already set`}},
+		{"empty node name", "nodes:\n- gpus: []", []string{"nodes[0]: name: must not be empty"}},
+		{"bad node name", "nodes:\n- name: Node_1", []string{"nodes[0] (Node_1): name:", "not a valid Kubernetes node name"}},
+		{"duplicate node", "nodes:\n- name: a\n- name: a", []string{"nodes[1] (a): name:", "nodes[0]"}},
+		{"driver version", "nodes:\n- name: a\n  driverVersion: latest", []string{"nodes[0] (a): driverVersion:", `"latest"`}},
+		{"CUDA version", "nodes:\n- name: a\n  cudaDriverVersion: \"13\"", []string{"nodes[0] (a): cudaDriverVersion:"}},
+		{"unknown model", node("  - model: V100\n"),
+			[]string{"nodes[0] (n0): gpus[0].model:", `unknown model "V100"`, "A100-SXM4-40GB, A100-SXM4-80GB, H100-SXM5-80GB, H200-SXM5-141GB, L40S"}},
+		{"missing model", node("  - minor: 1\n"), []string{"gpus[0].model: must be set"}},
+		{"minor out of range", node("  - model: L40S\n    minor: 255\n"), []string{"gpus[0].minor: 255 is out of range 0..254"}},
+		{"duplicate minor", node("  - model: L40S\n    minor: 1\n  - model: L40S\n"), []string{"gpus[1].minor: 1 is also the minor of gpus[0]"}},
+		{"bad UUID", node("  - model: L40S\n    uuid: GPU-1234\n"), []string{"gpus[0].uuid:", `"GPU-1234"`}},
+		{"duplicate UUID across nodes",
+			"nodes:\n- name: a\n  gpus:\n  - {model: L40S, uuid: GPU-01234567-89ab-4cde-8f01-23456789abcd}\n" +
+				"- name: b\n  gpus:\n  - {model: L40S, uuid: GPU-01234567-89ab-4cde-8f01-23456789abcd}\n",
+			[]string{"nodes[1] (b) gpus[0].uuid:", "nodes[0] (a) gpus[0]"}},
+		{"bad bus ID", node("  - model: L40S\n    pciBusID: 1b:00.0\n"), []string{"gpus[0].pciBusID:", "extended BDF"}},
+		{"duplicate bus ID", node("  - model: L40S\n    pciBusID: 0000:21:00.0\n  - model: L40S\n"),
+			[]string{"gpus[1].pciBusID: 0000:21:00.0 is also the bus ID of gpus[0]"}},
+		{"bad PCIe root", node("  - model: L40S\n    pcieRoot: root0\n"), []string{"gpus[0].pcieRoot:"}},
+		{"bad NUMA node", node("  - model: L40S\n    numaNode: -2\n"), []string{"gpus[0].numaNode: -2"}},
+		{"MIG on a GPU without MIG", node("  - model: L40S\n    migEnabled: true\n"),
+			[]string{"gpus[0].migEnabled: model L40S does not support MIG"}},
+		{"MIG devices without MIG mode", node("  - model: H100-SXM5-80GB\n    migDevices:\n    - profile: 1g.10gb\n"),
+			[]string{"gpus[0].migDevices: MIG devices need migEnabled: true"}},
+		{"unknown profile", node("  - model: H100-SXM5-80GB\n    migEnabled: true\n    migDevices:\n    - profile: 1g.5gb\n"),
+			[]string{"gpus[0].migDevices[0].profile:", `unknown profile "1g.5gb"`, "1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb"}},
+		{"placement not allowed", node("  - model: H100-SXM5-80GB\n    migEnabled: true\n    migDevices:\n    - {profile: 1g.20gb, placementStart: 3}\n"),
+			[]string{"gpus[0].migDevices[0].placementStart: 3 is not allowed for 1g.20gb", "allowed: 0, 2, 4, 6"}},
+		{"overlapping placements", node("  - model: H100-SXM5-80GB\n    migEnabled: true\n    migDevices:\n" +
+			"    - {profile: 3g.40gb, placementStart: 4}\n    - {profile: 2g.20gb, placementStart: 4}\n"),
+			[]string{"gpus[0].migDevices[1].placementStart:", "overlaps migDevices[0] (3g.40gb at 4)"}},
+		{"no free placement", node("  - model: A100-SXM4-40GB\n    migEnabled: true\n    migDevices:\n" +
+			"    - {profile: 7g.40gb}\n    - {profile: 1g.5gb}\n"),
+			[]string{"gpus[0].migDevices[1].placementStart: no free placement left for 1g.5gb"}},
+		{"too many instances", node("  - model: H100-SXM5-80GB\n    migEnabled: true\n    migDevices:\n" +
+			"    - {profile: 1g.10gb+me}\n    - {profile: 1g.10gb+me}\n"),
+			[]string{"gpus[0].migDevices[1].profile: at most 1 1g.10gb+me instance(s)"}},
+		{"overlap found by a later device", node("  - model: H100-SXM5-80GB\n    migEnabled: true\n    migDevices:\n" +
+			"    - {profile: 4g.40gb, placementStart: 0}\n    - {profile: 2g.20gb, placementStart: 4}\n    - {profile: 1g.20gb, placementStart: 6}\n" +
+			"    - {profile: 1g.10gb, placementStart: 6}\n"),
+			[]string{"gpus[0].migDevices[3].placementStart: 1g.10gb at 6 (memory slices 6-6) overlaps migDevices[2] (1g.20gb at 6)"}},
+		{"bad MIG UUID", node("  - model: H100-SXM5-80GB\n    migEnabled: true\n    migDevices:\n    - {profile: 7g.80gb, uuid: GPU-01234567-89ab-4cde-8f01-23456789abcd}\n"),
+			[]string{"gpus[0].migDevices[0].uuid:", "not a MIG UUID"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := sim.Parse([]byte(tt.yaml), "test.yaml")
+			if err == nil {
+				t.Fatalf("accepted, want an error containing %q", tt.want)
+			}
+			if !strings.HasPrefix(err.Error(), "fleet test.yaml: ") {
+				t.Errorf("error does not name the file: %v", err)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error does not contain %q:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
+
+func TestParseReportsEveryProblem(t *testing.T) {
+	_, err := sim.Parse([]byte("nodes:\n- name: a\n  gpus:\n  - model: X\n  - model: L40S\n    minor: 300\n"), "f")
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, w := range []string{"gpus[0].model", "gpus[1].minor"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error does not mention %s: %v", w, err)
+		}
+	}
+}
+
+func TestEveryPlacementAccepted(t *testing.T) {
+	for _, name := range sim.ModelNames() {
+		m, _ := sim.LookupModel(name)
+		for _, p := range m.MIGProfiles {
+			for _, start := range p.PlacementStarts {
+				y := fmt.Sprintf("nodes:\n- name: a\n  gpus:\n  - model: %s\n    migEnabled: true\n    migDevices:\n"+
+					"    - {profile: %s, placementStart: %d}\n", name, p.Name, start)
+				if _, err := sim.Parse([]byte(y), "f"); err != nil {
+					t.Errorf("%s %s at %d: %v", name, p.Name, start, err)
+				}
+			}
+		}
+	}
+}

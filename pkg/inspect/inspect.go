@@ -1,0 +1,134 @@
+// Package inspect renders what a node's kubelet plugin would publish: a
+// device table for people, ResourceSlice objects for kubectl.
+package inspect
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/dynamic-resource-allocation/deviceattribute"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/hardware"
+)
+
+// Formats lists the output formats, the default first.
+var Formats = []string{"table", "yaml", "json"}
+
+// Node is one node's discovery result and the devices derived from it.
+type Node struct {
+	Name      string
+	Inventory *hardware.Inventory
+	Model     *devicemodel.Model
+}
+
+// Write renders nodes in the given format.
+func Write(w io.Writer, format, driverName string, nodes []Node) error {
+	switch format {
+	case "table":
+		return WriteTable(w, nodes)
+	case "yaml":
+		for _, n := range nodes {
+			for _, s := range ResourceSlices(driverName, n) {
+				data, err := yaml.Marshal(s)
+				if err != nil {
+					return err
+				}
+				if _, err := fmt.Fprintf(w, "---\n%s", data); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	case "json":
+		list := &metav1.List{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "List"}}
+		for _, n := range nodes {
+			for _, s := range ResourceSlices(driverName, n) {
+				raw, err := json.Marshal(s)
+				if err != nil {
+					return err
+				}
+				list.Items = append(list.Items, runtime.RawExtension{Raw: raw})
+			}
+		}
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(list)
+	}
+	return fmt.Errorf("unknown output format %q: supported values: %s", format, strings.Join(Formats, ", "))
+}
+
+// ResourceSlices returns the slices the node's plugin publishes, as full
+// objects. Their names follow the helper's scheme (slice index, driver,
+// node) so that applying them looks like what the plugin would create.
+func ResourceSlices(driverName string, n Node) []resourceapi.ResourceSlice {
+	chunks := devicemodel.Slices(n.Model.APIDevices())
+	out := make([]resourceapi.ResourceSlice, len(chunks))
+	for i, c := range chunks {
+		out[i] = resourceapi.ResourceSlice{
+			TypeMeta:   metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceSlice"},
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%x-%s-%s", i, driverName, n.Name)},
+			Spec: resourceapi.ResourceSliceSpec{
+				Driver:   driverName,
+				Pool:     resourceapi.ResourcePool{Name: n.Name, Generation: 1, ResourceSliceCount: int64(len(chunks))},
+				NodeName: &n.Name,
+				Devices:  c.Devices,
+			},
+		}
+	}
+	return out
+}
+
+// WriteTable prints one line per device.
+func WriteTable(w io.Writer, nodes []Node) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tDEVICE\tTYPE\tPRODUCT\tMEMORY\tPROFILE\tPCI BUS ID\tPCIE ROOT\tNUMA\tUUID")
+	for _, n := range nodes {
+		if len(n.Model.Devices) == 0 {
+			fmt.Fprintf(tw, "%s\t(no devices)\t\t\t\t\t\t\t\t\n", n.Name)
+		}
+		for i := range n.Model.Devices {
+			d := &n.Model.Devices[i]
+			profile := "-"
+			if d.MIG != nil {
+				profile = d.MIG.Profile
+			}
+			mem := d.API.Capacity[devicemodel.CapMemory].Value
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+				n.Name, d.Name(), d.Kind, d.GPU.ProductName, mem.String(), profile,
+				attr(d, deviceattribute.StandardDeviceAttributePCIBusID), attr(d, deviceattribute.StandardDeviceAttributePCIeRoot),
+				attr(d, deviceattribute.StandardDeviceAttributeNUMANode), d.UUID())
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, n := range nodes {
+		inv := n.Inventory
+		fmt.Fprintf(w, "\n%s: %d GPUs, %d devices, driver %s, CUDA %s, %d ResourceSlice(s)\n",
+			n.Name, len(inv.GPUs), len(n.Model.Devices), inv.DriverVersion, inv.CUDADriverVersion, len(devicemodel.Slices(n.Model.APIDevices())))
+	}
+	return nil
+}
+
+func attr(d *devicemodel.Device, name resourceapi.QualifiedName) string {
+	a, ok := d.API.Attributes[name]
+	switch {
+	case !ok:
+		return "-"
+	case a.StringValue != nil:
+		return *a.StringValue
+	case a.IntValue != nil:
+		return fmt.Sprint(*a.IntValue)
+	case a.VersionValue != nil:
+		return *a.VersionValue
+	}
+	return "?"
+}
