@@ -282,3 +282,37 @@ func TestUnknownFieldsTolerated(t *testing.T) {
 		t.Errorf("unknown fields kept on rewrite: %s", got)
 	}
 }
+
+// TestFileReplacedUnderRunningStore: a file changed by someone else is
+// picked up by the next Update or Read, whatever it holds.
+func TestFileReplacedUnderRunningStore(t *testing.T) {
+	e := newTestEnv(t)
+	s, _ := e.open(t)
+	if err := s.Update(t.Context(), addClaim(testClaim("mine"))); err != nil {
+		t.Fatal(err)
+	}
+
+	data, err := encodeV2("boot-a", &claimstate.State{Claims: map[string]*claimstate.Claim{"theirs": testClaim("theirs")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteFileAtomic(e.path(), data); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustRead(t, s); len(got.Claims) != 1 || got.Claims["theirs"] == nil {
+		t.Errorf("after an outside write Read = %v, want only claim theirs", got.Claims)
+	}
+
+	if err := WriteFileAtomic(e.path(), []byte("{garbage")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Update(t.Context(), addClaim(testClaim("after"))); err != nil {
+		t.Fatalf("Update over garbage: %v", err)
+	}
+	if kept := movedAside(t, e.dir); len(kept) != 1 || readFile(t, kept[0]) != "{garbage" {
+		t.Errorf("moved-aside files %v, want one holding the garbage", kept)
+	}
+	if got := mustRead(t, s); len(got.Claims) != 1 || got.Claims["after"] == nil {
+		t.Errorf("Read = %v, want only claim after", got.Claims)
+	}
+}

@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -173,7 +174,7 @@ func fromV2(f *fileV2) (*claimstate.State, error) {
 func validate(st *claimstate.State) error {
 	for key, c := range st.Claims {
 		if key == "" {
-			return fmt.Errorf("claim with an empty UID key")
+			return errors.New("claim with an empty UID key")
 		}
 		if c == nil {
 			return fmt.Errorf("claim %q: nil entry", key)

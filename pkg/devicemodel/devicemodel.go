@@ -137,7 +137,7 @@ func Build(inv *hardware.Inventory) (*Model, error) {
 		for i := range gpu.MIGDevices {
 			mig := gpu.MIGDevices[i]
 			api := resourceapi.Device{
-				Name: MIGName(gpu.Minor, mig.Profile, mig.GIProfileID, mig.PlacementStart),
+				Name: MIGName(gpu.Minor, mig.Profile, mig.ProfileID, mig.PlacementStart),
 				Attributes: withAttrs(gpuAttrs, map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 					AttrType:       str(string(KindMIG)),
 					AttrUUID:       str(mig.UUID),
@@ -166,9 +166,12 @@ func Build(inv *hardware.Inventory) (*Model, error) {
 func GPUName(minor int) string { return fmt.Sprintf("gpu-%d", minor) }
 
 // MIGName is the device name of a MIG device, in NVIDIA's scheme
-// gpu-<minor>-mig-<profile>-<giProfileID>-<placementStart>.
-func MIGName(parentMinor int, profile string, giProfileID, placementStart int) string {
-	return fmt.Sprintf("gpu-%d-mig-%s-%d-%d", parentMinor, NormalizeProfile(profile), giProfileID, placementStart)
+// gpu-<minor>-mig-<profile>-<profileID>-<placementStart>. profileID is the
+// GPU instance profile's own ID (nvmlGpuInstanceProfileInfo_t.id, 19 for
+// 1g.10gb, [hardware.MIGDevice.ProfileID]), which NVIDIA's driver calls the
+// GI profile ID; it is not the NVML_GPU_INSTANCE_PROFILE_* index.
+func MIGName(parentMinor int, profile string, profileID, placementStart int) string {
+	return fmt.Sprintf("gpu-%d-mig-%s-%d-%d", parentMinor, NormalizeProfile(profile), profileID, placementStart)
 }
 
 var notNameChar = regexp.MustCompile(`[^a-z0-9-]`)

@@ -22,7 +22,7 @@ func usesAdvancedFeatures(d *resourceapi.Device) bool {
 		return true
 	}
 	for _, a := range d.Attributes {
-		if a.IntValues != nil || a.BoolValues != nil {
+		if a.IntValues != nil || a.BoolValues != nil || a.StringValues != nil || a.VersionValues != nil {
 			return true
 		}
 	}

@@ -143,7 +143,13 @@ func (r *realLibrary) find() (string, error) {
 		hardware.ErrUnavailable, libraryName, r.driverRoot, tried)
 }
 
-// Discover implements [hardware.Hardware].
+// Discover implements [hardware.Hardware]. Each call initializes NVML and
+// shuts it down again. An error wrapping [hardware.ErrUnavailable] means
+// NVML cannot be used at all (library missing, driver not loaded, no
+// permission); any other error names the GPU (index and UUID), the MIG
+// device and the NVML call that failed, and wraps the nvml.Return where
+// NVML gave one. A GPU that cannot be read fails the whole call: a partial
+// inventory would look like GPUs were removed.
 func (d *Discoverer) Discover(ctx context.Context) (inv *hardware.Inventory, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -174,7 +180,7 @@ func initError(source string, ret nvml.Return) error {
 	var why string
 	switch ret {
 	case nvml.ERROR_LIBRARY_NOT_FOUND:
-		why = fmt.Sprintf("cannot load %s", source)
+		why = fmt.Sprintf("cannot load %s; is the NVIDIA driver installed?", source)
 	case nvml.ERROR_DRIVER_NOT_LOADED:
 		why = "the NVIDIA kernel driver is not loaded"
 	case nvml.ERROR_NO_PERMISSION:

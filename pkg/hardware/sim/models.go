@@ -218,6 +218,9 @@ func LookupModel(name string) (Model, bool) {
 	}
 	c := *m
 	c.MIGProfiles = slices.Clone(m.MIGProfiles)
+	for i := range c.MIGProfiles {
+		c.MIGProfiles[i].PlacementStarts = slices.Clone(c.MIGProfiles[i].PlacementStarts)
+	}
 	return c, true
 }
 

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"maps"
 	"slices"
 	"testing"
 
@@ -79,7 +80,7 @@ func TestFakeServesGoNVLib(t *testing.T) {
 			want[d.UUID] = d.Profile
 		}
 	}
-	if len(got) != 14 || !equalMaps(got, want) {
+	if len(got) != 14 || !maps.Equal(got, want) {
 		t.Errorf("go-nvlib sees %v, fleet has %v", got, want)
 	}
 	profiles, err := devlib.GetMigProfiles()
@@ -95,16 +96,4 @@ func TestFakeServesGoNVLib(t *testing.T) {
 			t.Errorf("go-nvlib does not list profile %s: %v", p.Name, names)
 		}
 	}
-}
-
-func equalMaps(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }

@@ -160,6 +160,10 @@ func (g *GPU) resolve(p *problems, field, node string, i, count int) {
 	}
 	if g.MemoryMiB == 0 {
 		g.MemoryMiB = m.MemoryMiB
+	} else if g.MIGEnabled && g.MemoryMiB != m.MemoryMiB {
+		// Profile names ("1g.10gb") derive from the total; another total
+		// would rename the model's profiles.
+		p.add(field+".memoryMiB", "must be the model's %d MiB on a MIG-enabled %s", m.MemoryMiB, m.Name)
 	}
 	g.resolveMIG(p, field, m, node, i)
 }
