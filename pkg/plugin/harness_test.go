@@ -49,11 +49,24 @@ type harness struct {
 // paths are limited to 108 bytes, so the directory is not t.TempDir().
 func newHarness(tb testing.TB, mutate ...func(*plugin.Config)) *harness {
 	tb.Helper()
+	return newHarnessIn(tb, shortTempDir(tb), mutate...)
+}
+
+// shortTempDir is a temporary directory whose socket paths fit in 108 bytes.
+func shortTempDir(tb testing.TB) string {
+	tb.Helper()
 	dir, err := os.MkdirTemp("", "gpudra")
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
+// newHarnessIn starts the plugin on directories under dir, which may hold
+// the state of an earlier plugin process.
+func newHarnessIn(tb testing.TB, dir string, mutate ...func(*plugin.Config)) *harness {
+	tb.Helper()
 	for _, sub := range []string{"plugin", "registry", "cdi"} {
 		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
 			tb.Fatal(err)
@@ -172,6 +185,10 @@ func (h *harness) claim(devices ...string) *resourceapi.ResourceClaim {
 		})
 	}
 	return h.create(claim)
+}
+
+func podObject(name, uid string) *corev1.Pod {
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, UID: types.UID(uid)}}
 }
 
 func (h *harness) create(claim *resourceapi.ResourceClaim) *resourceapi.ResourceClaim {

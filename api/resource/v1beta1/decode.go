@@ -8,10 +8,9 @@ import (
 	"slices"
 
 	"k8s.io/apimachinery/pkg/runtime"
+	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	kjson "sigs.k8s.io/json"
-
-	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 )
 
 // Decode decodes one opaque parameters document, as found in
@@ -26,6 +25,11 @@ import (
 // apiVersion or kind, listing the supported kinds. Field names are
 // case-sensitive. The input is JSON, the form the API server stores
 // parameters in.
+//
+// Decode accepts exactly the documents that the API machinery's strict JSON
+// serializer, which the NVIDIA driver decodes with, accepts, and decodes them
+// to the same objects (FuzzDecodeMatchesAPIMachinery); it differs in saying
+// more about the documents it rejects.
 func Decode(raw []byte) (runtime.Object, error) {
 	return decode(raw, true)
 }
@@ -42,8 +46,9 @@ func decode(raw []byte, strict bool) (runtime.Object, error) {
 	if len(bytes.TrimSpace(raw)) == 0 {
 		return nil, errors.New("no parameters: expected a JSON object with apiVersion and kind")
 	}
-	var syntax any
-	if err := json.Unmarshal(raw, &syntax); err != nil {
+	if !json.Valid(raw) {
+		var syntax any
+		err := json.Unmarshal(raw, &syntax)
 		var se *json.SyntaxError
 		if errors.As(err, &se) {
 			return nil, fmt.Errorf("invalid JSON at offset %d: %w", se.Offset, err)
@@ -91,7 +96,10 @@ func decode(raw []byte, strict bool) (runtime.Object, error) {
 // the fuzz tests look for it.
 type decoderError struct{ err error }
 
+// Error implements error.
 func (e *decoderError) Error() string { return e.err.Error() }
+
+// Unwrap returns the decoder's error.
 func (e *decoderError) Unwrap() error { return e.err }
 
 // newObject returns an empty object of the kind top names, or errors that

@@ -2,21 +2,8 @@ package v1beta1
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
-
-// Config is implemented by every configuration kind of this package, so
-// that config resolution can handle them alike.
-type Config interface {
-	runtime.Object
-	// Normalize fills in the values the config implies; it is idempotent.
-	Normalize()
-	// Validate returns every problem of the config, each naming its field
-	// path and the allowed values, or nil. It expects a normalized config
-	// but accepts any.
-	Validate(f Features) error
-}
 
 // GpuConfig configures a full GPU.
 type GpuConfig struct {
@@ -77,8 +64,4 @@ func normalizeTimeSlicing(c *TimeSlicingConfig) *TimeSlicingConfig {
 		c.Interval = &interval
 	}
 	return c
-}
-
-func typeMeta(kind string) metav1.TypeMeta {
-	return metav1.TypeMeta{APIVersion: SchemeGroupVersion.String(), Kind: kind}
 }

@@ -3,6 +3,7 @@ package v1beta1
 import (
 	"slices"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
@@ -38,6 +39,18 @@ func addKnownTypes(s *runtime.Scheme) error {
 	return nil
 }
 
+// Config is implemented by every configuration kind of this package, so
+// that config resolution can handle them alike.
+type Config interface {
+	runtime.Object
+	// Normalize fills in the values the config implies; it is idempotent.
+	Normalize()
+	// Validate returns every problem of the config, each naming its field
+	// path and the allowed values, or nil. It expects a normalized config
+	// but accepts any.
+	Validate(f Features) error
+}
+
 // scheme holds exactly the kinds of this package; Decode creates objects
 // from it, so registering a kind in addKnownTypes is all a new kind needs to
 // become decodable.
@@ -61,4 +74,8 @@ func Kinds() []string {
 	}
 	slices.Sort(kinds)
 	return kinds
+}
+
+func typeMeta(kind string) metav1.TypeMeta {
+	return metav1.TypeMeta{APIVersion: SchemeGroupVersion.String(), Kind: kind}
 }

@@ -1,0 +1,115 @@
+package plugin_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+
+	"github.com/gpudra/gpudra/pkg/checkpoint"
+)
+
+// benchFleet is one node with 32 full GPUs, so 32 claims can each hold one.
+func benchFleet() string {
+	var b strings.Builder
+	b.WriteString("nodes:\n- name: bench-0\n  gpus:\n")
+	for i := range 32 {
+		fmt.Fprintf(&b, "  - {model: H100-SXM5-80GB, pciBusID: \"0000:%02x:00.0\", pcieRoot: pci0000:%02x}\n", i+1, i/2)
+	}
+	return b.String()
+}
+
+// benchClaims creates n claims, one GPU each, on the bench node.
+func benchClaims(h *harness, n int) []*resourceapi.ResourceClaim {
+	claims := make([]*resourceapi.ResourceClaim, n)
+	for i := range claims {
+		claims[i] = h.claim(fmt.Sprintf("gpu-%d", i))
+	}
+	return claims
+}
+
+func mustOK(b *testing.B, resp *drapb.NodePrepareResourcesResponse) {
+	for uid, r := range resp.Claims {
+		if r.Error != "" {
+			b.Fatalf("claim %s: %s", uid, r.Error)
+		}
+	}
+}
+
+// BenchmarkPrepareOneClaim: one NodePrepareResources call with one
+// full-GPU claim, over gRPC, with seven other claims prepared on the node
+// (a busy 8-GPU node). Unprepare runs outside the timer.
+func BenchmarkPrepareOneClaim(b *testing.B) {
+	h := newHarness(b, withFleet(b, benchFleet(), "bench-0"))
+	claims := benchClaims(h, 8)
+	for _, c := range claims[1:] {
+		mustOK(b, h.prepare(c))
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		mustOK(b, h.prepare(claims[0]))
+		b.StopTimer()
+		h.mustUnprepare(claims[0])
+		b.StartTimer()
+	}
+}
+
+// BenchmarkPrepare32Concurrent: 32 concurrent one-claim calls, as the
+// kubelet issues them for 32 pods starting at once. One op is all 32.
+func BenchmarkPrepare32Concurrent(b *testing.B) {
+	h := newHarness(b, withFleet(b, benchFleet(), "bench-0"))
+	claims := benchClaims(h, 32)
+	b.ResetTimer()
+	for b.Loop() {
+		var wg sync.WaitGroup
+		for _, c := range claims {
+			wg.Go(func() { mustOK(b, h.prepare(c)) })
+		}
+		wg.Wait()
+		b.StopTimer()
+		h.unprepare(claims...)
+		b.StartTimer()
+	}
+}
+
+// BenchmarkPrepareOneCall32Claims: one call carrying 32 claims.
+func BenchmarkPrepareOneCall32Claims(b *testing.B) {
+	h := newHarness(b, withFleet(b, benchFleet(), "bench-0"))
+	claims := benchClaims(h, 32)
+	b.ResetTimer()
+	for b.Loop() {
+		mustOK(b, h.prepare(claims...))
+		b.StopTimer()
+		h.unprepare(claims...)
+		b.StartTimer()
+	}
+}
+
+// BenchmarkAtomicReplaceBaseline: the floor under one prepare, one atomic
+// replace of a file the size of the checkpoint with eight prepared claims,
+// done exactly as the checkpoint does it (checkpoint.WriteFileAtomic), in
+// the same kind of directory.
+func BenchmarkAtomicReplaceBaseline(b *testing.B) {
+	h := newHarness(b, withFleet(b, benchFleet(), "bench-0"))
+	for _, c := range benchClaims(h, 8) {
+		mustOK(b, h.prepare(c))
+	}
+	data := []byte(h.checkpoint())
+	b.ReportMetric(float64(len(data)), "checkpoint-bytes")
+	path := filepath.Join(shortTempDir(b), "checkpoint.json")
+	b.ResetTimer()
+	for b.Loop() {
+		if err := checkpoint.WriteFileAtomic(path, data); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	_ = os.Remove(path)
+	_ = context.Background()
+}

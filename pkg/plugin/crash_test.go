@@ -1,0 +1,249 @@
+package plugin_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpudra/gpudra/pkg/plugin"
+)
+
+var allSteps = []plugin.Step{plugin.StepWriteCDISpec, plugin.StepRecordCompleted}
+
+// TestPrepareFailureAtEachStepRollsBack injects a failure before each step
+// of a preparation: the claim fails cleanly (no spec, no record), a retry
+// completes it, and unprepare leaves nothing behind.
+func TestPrepareFailureAtEachStepRollsBack(t *testing.T) {
+	for _, step := range allSteps {
+		t.Run(string(step), func(t *testing.T) {
+			var failAt plugin.Step = step
+			h := newHarness(t, func(cfg *plugin.Config) {
+				cfg.Faults = func(s plugin.Step, _ string) error {
+					if s == failAt {
+						return errors.New("boom")
+					}
+					return nil
+				}
+			})
+			claim := h.claim("gpu-0")
+			r := h.prepare(claim).Claims[string(claim.UID)]
+			if !strings.Contains(r.Error, "injected fault at "+string(step)) {
+				t.Fatalf("prepare error %q, want the injected fault", r.Error)
+			}
+			if files := h.specFiles(); len(files) != 0 {
+				t.Errorf("CDI specs left after a failed prepare: %v", files)
+			}
+			if strings.Contains(h.checkpoint(), string(claim.UID)) {
+				t.Errorf("checkpoint records a failed claim:\n%s", h.checkpoint())
+			}
+			failAt = "" // the kubelet retries
+			h.mustPrepare(claim)
+			if len(h.specFiles()) != 1 || !strings.Contains(h.checkpoint(), string(claim.UID)) {
+				t.Errorf("retry did not complete: specs %v, checkpoint %s", h.specFiles(), h.checkpoint())
+			}
+			h.mustUnprepare(claim)
+			if len(h.specFiles()) != 0 || strings.Contains(h.checkpoint(), string(claim.UID)) {
+				t.Errorf("unprepare left specs %v or a record", h.specFiles())
+			}
+		})
+	}
+}
+
+// crashEnv tells the re-executed test binary where to run and where to die.
+const (
+	crashDirEnv  = "GPUDRA_CRASH_DIR"
+	crashStepEnv = "GPUDRA_CRASH_STEP"
+)
+
+// TestCrashHelperProcess is not a test: it is the plugin process that the
+// crash test starts and that kills itself with SIGKILL at the given step.
+func TestCrashHelperProcess(t *testing.T) {
+	dir, step := os.Getenv(crashDirEnv), os.Getenv(crashStepEnv)
+	if dir == "" {
+		t.Skip("helper process for TestKilledDuringPrepare")
+	}
+	h := newHarnessIn(t, dir, func(cfg *plugin.Config) {
+		cfg.Faults = func(s plugin.Step, _ string) error {
+			if string(s) == step {
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				select {} // never returns
+			}
+			return nil
+		}
+	})
+	h.prepare(h.claim("gpu-0"))
+	t.Fatal("the helper process survived its own crash")
+}
+
+// TestKilledDuringPrepare kills a real plugin process at each step of a
+// preparation, then starts a new plugin on the same directories (as a
+// DaemonSet restart would): the retry completes, the unprepare leaves
+// neither spec nor record, and an orphaned spec is swept once it is older
+// than the kubelet's call timeout.
+func TestKilledDuringPrepare(t *testing.T) {
+	for _, step := range append(allSteps, "AfterCompletion") {
+		t.Run(string(step), func(t *testing.T) {
+			dir := shortTempDir(t)
+			cmd := exec.Command(os.Args[0], "-test.run=^TestCrashHelperProcess$", "-test.v")
+			cmd.Env = append(os.Environ(), crashDirEnv+"="+dir, crashStepEnv+"="+string(step))
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			if step == "AfterCompletion" {
+				// Nothing kills it; it finishes the prepare and reports
+				// the test failure, like a plugin that dies right after
+				// answering.
+				if err == nil {
+					t.Fatalf("helper should have failed its own test:\n%s", out)
+				}
+			} else if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+				t.Fatalf("helper process was not killed at %s: %v\n%s", step, err, out)
+			}
+
+			h := newHarnessIn(t, dir)
+			claim := h.claim("gpu-0") // the same claim the dead process prepared
+			resp := h.mustPrepare(claim)
+			if len(resp.Devices) != 1 || len(h.specFiles()) != 1 {
+				t.Fatalf("after restart: devices %v, specs %v", resp.Devices, h.specFiles())
+			}
+			h.mustUnprepare(claim)
+			if files := h.specFiles(); len(files) != 0 {
+				t.Errorf("specs left: %v", files)
+			}
+			if strings.Contains(h.checkpoint(), string(claim.UID)) {
+				t.Errorf("record left:\n%s", h.checkpoint())
+			}
+		})
+	}
+}
+
+// TestOrphanedSpecRemovedAfterCallTimeout: a spec without a record (a crash
+// between writing it and recording completion) is kept while a preparation
+// could still be in flight, then removed.
+func TestOrphanedSpecRemovedAfterCallTimeout(t *testing.T) {
+	now := time.Now()
+	clock := func() time.Time { return now }
+	h := newHarness(t, func(cfg *plugin.Config) { cfg.Clock = func() time.Time { return clock() } })
+	orphan := filepath.Join(h.cfg.CDIDir, "k8s.gpu.nvidia.com-claim_dead-beef.json")
+	if err := os.WriteFile(orphan, []byte(`{"cdiVersion":"0.5.0","kind":"k8s.gpu.nvidia.com/claim","devices":[]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	foreign := filepath.Join(h.cfg.CDIDir, "other-vendor.json")
+	if err := os.WriteFile(foreign, []byte(`{}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h.driver.Sweep(h.ctx)
+	if _, err := os.Stat(orphan); err != nil {
+		t.Fatalf("young orphan removed too early: %v", err)
+	}
+	clock = func() time.Time { return now.Add(plugin.DefaultCallTimeout + time.Second) }
+	h.driver.Sweep(h.ctx)
+	if _, err := os.Stat(orphan); !os.IsNotExist(err) {
+		t.Errorf("old orphan spec not removed: %v", err)
+	}
+	if _, err := os.Stat(foreign); err != nil {
+		t.Errorf("another vendor's spec was touched: %v", err)
+	}
+}
+
+// TestSweepReleasesClaimsWhoseObjectsAreGone: a completed claim is released
+// only once its ResourceClaim and all its pods are gone from the API.
+func TestSweepReleasesClaimsWhoseObjectsAreGone(t *testing.T) {
+	h := newHarness(t)
+	claim := h.claim("gpu-6")
+	h.mustPrepare(claim)
+	ctx := context.Background()
+	pod := claim.Status.ReservedFor[0]
+	h.createPod(pod.Name, pod.UID)
+
+	for _, tc := range []struct {
+		name      string
+		act       func()
+		wantStays bool
+	}{
+		{"claim and pod exist", func() {}, true},
+		{"claim deleted, pod still there", func() {
+			_ = h.client.ResourceV1().ResourceClaims("default").Delete(ctx, claim.Name, metav1.DeleteOptions{})
+		}, true},
+		{"pod replaced by a new one with the same name", func() {
+			_ = h.client.CoreV1().Pods("default").Delete(ctx, pod.Name, metav1.DeleteOptions{})
+			h.createPod(pod.Name, "a-new-uid")
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.act()
+			h.driver.Sweep(h.ctx)
+			stays := strings.Contains(h.checkpoint(), string(claim.UID))
+			if stays != tc.wantStays {
+				t.Errorf("record kept = %v, want %v", stays, tc.wantStays)
+			}
+			if specs := len(h.specFiles()); (specs == 1) != tc.wantStays {
+				t.Errorf("%d specs, want the spec kept = %v", specs, tc.wantStays)
+			}
+		})
+	}
+}
+
+// TestCorruptCheckpointKeepsServing: an unreadable checkpoint is moved
+// aside with an event, and the plugin keeps serving.
+func TestCorruptCheckpointKeepsServing(t *testing.T) {
+	dir := shortTempDir(t)
+	if err := os.MkdirAll(filepath.Join(dir, "plugin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "plugin", "checkpoint.json"), []byte(`{"version":"v2","bootID":"boot-1","claims":{`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := newHarnessIn(t, dir)
+	matches, _ := filepath.Glob(filepath.Join(dir, "plugin", "checkpoint.json.corrupt-*"))
+	if len(matches) != 1 {
+		t.Fatalf("corrupt checkpoint not moved aside: %v", matches)
+	}
+	events, err := h.waitForEvent("CheckpointUnreadable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(events, matches[0]) {
+		t.Errorf("event does not say where the file went: %s", events)
+	}
+	h.mustPrepare(h.claim("gpu-1"))
+}
+
+func (h *harness) createPod(name string, uid any) {
+	h.tb.Helper()
+	pod := podObject(name, fmt.Sprint(uid))
+	if _, err := h.client.CoreV1().Pods("default").Create(context.Background(), pod, metav1.CreateOptions{}); err != nil {
+		h.tb.Fatal(err)
+	}
+}
+
+// waitForEvent waits until an event with the reason was recorded and
+// returns the messages of all such events.
+func (h *harness) waitForEvent(reason string) (string, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		list, err := h.client.CoreV1().Events("").List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return "", err
+		}
+		var msgs []string
+		for _, e := range list.Items {
+			if e.Reason == reason {
+				msgs = append(msgs, e.Message)
+			}
+		}
+		if len(msgs) > 0 {
+			return strings.Join(msgs, "\n"), nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return "", fmt.Errorf("no %s event recorded", reason)
+}
