@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -161,13 +162,11 @@ func lineDiff(want, got string) string {
 			gl = g[i]
 		}
 		if wl != gl {
-			out = append(out, "line "+itoa(i+1)+":\n  want: "+wl+"\n  got:  "+gl)
+			out = append(out, "line "+strconv.Itoa(i+1)+":\n  want: "+wl+"\n  got:  "+gl)
 		}
 	}
 	return strings.Join(out, "\n")
 }
-
-func itoa(i int) string { return resource.NewQuantity(int64(i), resource.DecimalSI).String() }
 
 // The attribute names and types of NVIDIA's DRA driver, which CEL
 // selectors written for it depend on: a string compared with a version
@@ -554,7 +553,7 @@ func TestDevicesPassAPIValidation(t *testing.T) {
 func TestValidateDeviceRejects(t *testing.T) {
 	many := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{}
 	for i := 0; i < 33; i++ {
-		many[resourceapi.QualifiedName("a"+itoa(i))] = resourceapi.DeviceAttribute{IntValue: ptr.To[int64](1)}
+		many[resourceapi.QualifiedName("a"+strconv.Itoa(i))] = resourceapi.DeviceAttribute{IntValue: ptr.To[int64](1)}
 	}
 	tests := []struct {
 		name   string

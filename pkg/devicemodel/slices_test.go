@@ -34,28 +34,33 @@ func plainDevices(n int) []resourceapi.Device {
 
 // The ways one device can make a whole slice "advanced" (taints, counter
 // consumption, list-type attributes), and so halve the device limit.
-var advanced = map[string]func(*resourceapi.Device){
-	"taint": func(d *resourceapi.Device) {
+// The API counts every list type (k8s.io/kubernetes
+// pkg/apis/resource/validation, haveListAttributes).
+var advanced = []struct {
+	feature string
+	apply   func(*resourceapi.Device)
+}{
+	{"taint", func(d *resourceapi.Device) {
 		d.Taints = []resourceapi.DeviceTaint{{Key: "gpu.nvidia.com/xid", Value: "79", Effect: resourceapi.DeviceTaintEffectNoSchedule}}
-	},
-	"counters": func(d *resourceapi.Device) {
+	}},
+	{"counters", func(d *resourceapi.Device) {
 		d.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{
 			CounterSet: "gpu-0-counters",
 			Counters:   map[string]resourceapi.Counter{"memory-slice-0": {Value: resource.MustParse("1")}},
 		}}
-	},
-	"int list": func(d *resourceapi.Device) {
+	}},
+	{"int list", func(d *resourceapi.Device) {
 		d.Attributes["resource.kubernetes.io/numaNode"] = resourceapi.DeviceAttribute{IntValues: []int64{0, 1}}
-	},
-	"bool list": func(d *resourceapi.Device) {
+	}},
+	{"bool list", func(d *resourceapi.Device) {
 		d.Attributes["flags"] = resourceapi.DeviceAttribute{BoolValues: []bool{true}}
-	},
-	"string list": func(d *resourceapi.Device) {
+	}},
+	{"string list", func(d *resourceapi.Device) {
 		d.Attributes["resource.kubernetes.io/pcieRoot"] = resourceapi.DeviceAttribute{StringValues: []string{"pci0000:15", "pci0000:16"}}
-	},
-	"version list": func(d *resourceapi.Device) {
+	}},
+	{"version list", func(d *resourceapi.Device) {
 		d.Attributes["supportedCUDA"] = resourceapi.DeviceAttribute{VersionValues: []string{"12.8.0", "13.0.0"}}
-	},
+	}},
 }
 
 func sliceSizes(s []resourceslice.Slice) []int {
@@ -81,18 +86,18 @@ func TestSlices(t *testing.T) {
 		{"130", plainDevices(130), 128, []int{128, 2}},
 		{"257", plainDevices(257), 128, []int{128, 128, 1}},
 	}
-	for feature, apply := range advanced {
+	for _, a := range advanced {
 		for _, at := range []int{0, 129} {
 			devices := plainDevices(130)
-			apply(&devices[at])
-			tests = append(tests, tc{fmt.Sprintf("130 with %s on device %d", feature, at), devices, 64, []int{64, 64, 2}})
+			a.apply(&devices[at])
+			tests = append(tests, tc{fmt.Sprintf("130 with %s on device %d", a.feature, at), devices, 64, []int{64, 64, 2}})
 		}
 		devices := plainDevices(64)
-		apply(&devices[63])
-		tests = append(tests, tc{fmt.Sprintf("64 with %s", feature), devices, 64, []int{64}})
+		a.apply(&devices[63])
+		tests = append(tests, tc{fmt.Sprintf("64 with %s", a.feature), devices, 64, []int{64}})
 		devices = plainDevices(65)
-		apply(&devices[10])
-		tests = append(tests, tc{fmt.Sprintf("65 with %s", feature), devices, 64, []int{64, 1}})
+		a.apply(&devices[10])
+		tests = append(tests, tc{fmt.Sprintf("65 with %s", a.feature), devices, 64, []int{64, 1}})
 	}
 	// Scalar attributes of every type are not advanced.
 	scalars := plainDevices(130)

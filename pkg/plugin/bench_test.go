@@ -1,7 +1,6 @@
 package plugin_test
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +12,7 @@ import (
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/gpudra/gpudra/pkg/checkpoint"
+	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
 // benchFleet is one node with 32 full GPUs, so 32 claims can each hold one.
@@ -23,6 +23,21 @@ func benchFleet() string {
 		fmt.Fprintf(&b, "  - {model: H100-SXM5-80GB, pciBusID: \"0000:%02x:00.0\", pcieRoot: pci0000:%02x}\n", i+1, i/2)
 	}
 	return b.String()
+}
+
+// withRunCDIDir puts the CDI directory on tmpfs, as /var/run/cdi is on a
+// real node (/run is tmpfs), while the checkpoint stays on disk as
+// /var/lib/kubelet/plugins does. Without /dev/shm the disk is used.
+func withRunCDIDir(tb testing.TB) func(*plugin.Config) {
+	return func(cfg *plugin.Config) {
+		dir, err := os.MkdirTemp("/dev/shm", "gpudra-cdi")
+		if err != nil {
+			tb.Logf("no tmpfs for the CDI directory, using the disk: %v", err)
+			return
+		}
+		tb.Cleanup(func() { _ = os.RemoveAll(dir) })
+		cfg.CDIDir = dir
+	}
 }
 
 // benchClaims creates n claims, one GPU each, on the bench node.
@@ -46,7 +61,7 @@ func mustOK(b *testing.B, resp *drapb.NodePrepareResourcesResponse) {
 // full-GPU claim, over gRPC, with seven other claims prepared on the node
 // (a busy 8-GPU node). Unprepare runs outside the timer.
 func BenchmarkPrepareOneClaim(b *testing.B) {
-	h := newHarness(b, withFleet(b, benchFleet(), "bench-0"))
+	h := newHarness(b, withFleet(b, benchFleet(), "bench-0"), withRunCDIDir(b))
 	claims := benchClaims(h, 8)
 	for _, c := range claims[1:] {
 		mustOK(b, h.prepare(c))
@@ -63,7 +78,7 @@ func BenchmarkPrepareOneClaim(b *testing.B) {
 // BenchmarkPrepare32Concurrent: 32 concurrent one-claim calls, as the
 // kubelet issues them for 32 pods starting at once. One op is all 32.
 func BenchmarkPrepare32Concurrent(b *testing.B) {
-	h := newHarness(b, withFleet(b, benchFleet(), "bench-0"))
+	h := newHarness(b, withFleet(b, benchFleet(), "bench-0"), withRunCDIDir(b))
 	claims := benchClaims(h, 32)
 	b.ResetTimer()
 	for b.Loop() {
@@ -80,7 +95,7 @@ func BenchmarkPrepare32Concurrent(b *testing.B) {
 
 // BenchmarkPrepareOneCall32Claims: one call carrying 32 claims.
 func BenchmarkPrepareOneCall32Claims(b *testing.B) {
-	h := newHarness(b, withFleet(b, benchFleet(), "bench-0"))
+	h := newHarness(b, withFleet(b, benchFleet(), "bench-0"), withRunCDIDir(b))
 	claims := benchClaims(h, 32)
 	b.ResetTimer()
 	for b.Loop() {
@@ -96,7 +111,7 @@ func BenchmarkPrepareOneCall32Claims(b *testing.B) {
 // done exactly as the checkpoint does it (checkpoint.WriteFileAtomic), in
 // the same kind of directory.
 func BenchmarkAtomicReplaceBaseline(b *testing.B) {
-	h := newHarness(b, withFleet(b, benchFleet(), "bench-0"))
+	h := newHarness(b, withFleet(b, benchFleet(), "bench-0"), withRunCDIDir(b))
 	for _, c := range benchClaims(h, 8) {
 		mustOK(b, h.prepare(c))
 	}
@@ -111,5 +126,4 @@ func BenchmarkAtomicReplaceBaseline(b *testing.B) {
 	}
 	b.StopTimer()
 	_ = os.Remove(path)
-	_ = context.Background()
 }

@@ -79,6 +79,12 @@ const (
 	DefaultSweepInterval = 60 * time.Second
 )
 
+// claimLockBuckets is the number of per-claim locks. The default of
+// keymutex (one per CPU) would let only two claims of a 2-core node prepare
+// at once and defeat the checkpoint's group commit; with 4096 buckets two
+// concurrent claims share a lock rarely, and then only wait for each other.
+const claimLockBuckets = 4096
+
 // nodeState is one discovery result and the devices derived from it.
 type nodeState struct {
 	inv   *hardware.Inventory
@@ -124,7 +130,7 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 	d := &Driver{
 		cfg:        cfg,
 		logger:     logger,
-		claimLocks: keymutex.NewHashed(0),
+		claimLocks: keymutex.NewHashed(claimLockBuckets),
 		cancel:     cancel,
 		nodeRef:    &corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: cfg.NodeName},
 	}

@@ -87,12 +87,10 @@ func newHarnessIn(tb testing.TB, dir string, mutate ...func(*plugin.Config)) *ha
 	h := &harness{
 		tb:     tb,
 		dir:    dir,
-		client: fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, UID: "node-uid"}}),
 	}
 	h.cfg = plugin.Config{
 		DriverName:    driverName,
 		NodeName:      nodeName,
-		KubeClient:    h.client,
 		Hardware:      node.Hardware(),
 		PluginDataDir: filepath.Join(dir, "plugin"),
 		RegistrarDir:  filepath.Join(dir, "registry"),
@@ -102,6 +100,8 @@ func newHarnessIn(tb testing.TB, dir string, mutate ...func(*plugin.Config)) *ha
 	for _, m := range mutate {
 		m(&h.cfg)
 	}
+	h.client = fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: h.cfg.NodeName, UID: "node-uid"}})
+	h.cfg.KubeClient = h.client
 	h.start()
 	tb.Cleanup(h.stop)
 	return h
