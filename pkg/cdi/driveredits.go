@@ -98,8 +98,18 @@ func (e *NVCDIEdits) CommonEdits() (*cdispec.ContainerEdits, error) {
 // nvcdiLogger adapts klog to the logger nvcdi expects.
 type nvcdiLogger struct{ l klog.Logger }
 
-func (n nvcdiLogger) Debugf(f string, a ...any)   { n.l.V(5).Info(fmt.Sprintf(f, a...), "source", "nvcdi") }
-func (n nvcdiLogger) Tracef(f string, a ...any)   { n.l.V(6).Info(fmt.Sprintf(f, a...), "source", "nvcdi") }
-func (n nvcdiLogger) Infof(f string, a ...any)    { n.l.V(2).Info(fmt.Sprintf(f, a...), "source", "nvcdi") }
-func (n nvcdiLogger) Warningf(f string, a ...any) { n.l.Info("Warning: "+fmt.Sprintf(f, a...), "source", "nvcdi") }
-func (n nvcdiLogger) Errorf(f string, a ...any)   { n.l.Error(nil, fmt.Sprintf(f, a...), "source", "nvcdi") }
+func (n nvcdiLogger) Debugf(f string, a ...any) {
+	n.l.V(5).Info(fmt.Sprintf(f, a...), "source", "nvcdi")
+}
+func (n nvcdiLogger) Tracef(f string, a ...any) {
+	n.l.V(6).Info(fmt.Sprintf(f, a...), "source", "nvcdi")
+}
+func (n nvcdiLogger) Infof(f string, a ...any) {
+	n.l.V(2).Info(fmt.Sprintf(f, a...), "source", "nvcdi")
+}
+func (n nvcdiLogger) Warningf(f string, a ...any) {
+	n.l.Info("Warning: "+fmt.Sprintf(f, a...), "source", "nvcdi")
+}
+func (n nvcdiLogger) Errorf(f string, a ...any) {
+	n.l.Error(nil, fmt.Sprintf(f, a...), "source", "nvcdi")
+}

@@ -206,26 +206,42 @@ func (s *Store) Update(ctx context.Context, mutate func(*claimstate.State) error
 // this Store last read or wrote, that costs a stat and a copy; when another
 // process replaced it, the file is re-read under the flock.
 func (s *Store) Read(ctx context.Context) (*claimstate.State, error) {
+	var out *claimstate.State
+	err := s.View(ctx, func(st *claimstate.State) error {
+		out = st.Clone()
+		return nil
+	})
+	return out, err
+}
+
+// View calls fn with the freshest state, like Read but without copying it:
+// fn must not modify the state nor keep references into it after it
+// returns. It serves hot paths that look at one claim of many.
+func (s *Store) View(ctx context.Context, fn func(*claimstate.State) error) error {
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return err
 	}
 	s.mu.Lock()
 	closed, pub := s.closed, s.pub
 	s.mu.Unlock()
 	if closed {
-		return nil, ErrClosed
+		return ErrClosed
 	}
 	if pub.newer == "" && pub.id.known() {
 		if id, err := statPath(s.path); err == nil && id == pub.id {
-			return pub.state.Clone(), nil
+			return fn(pub.state)
 		}
 	}
 	r := &request{}
 	if err := s.do(ctx, r); err != nil {
-		return nil, err
+		return err
 	}
-	return r.state, nil
+	return fn(r.state)
 }
+
+// Writes returns how many times this Store has written the file: with
+// group commit, fewer than the Updates that changed it.
+func (s *Store) Writes() int64 { return s.writes.Load() }
 
 // Close stops the Store. A write in flight completes; requests still queued
 // fail with ErrClosed. A flock(2) wait in progress goes on in the background

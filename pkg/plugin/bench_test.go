@@ -80,30 +80,38 @@ func BenchmarkPrepareOneClaim(b *testing.B) {
 func BenchmarkPrepare32Concurrent(b *testing.B) {
 	h := newHarness(b, withFleet(b, benchFleet(), "bench-0"), withRunCDIDir(b))
 	claims := benchClaims(h, 32)
+	var writes int64
 	b.ResetTimer()
 	for b.Loop() {
+		before := h.driver.CheckpointWrites()
 		var wg sync.WaitGroup
 		for _, c := range claims {
 			wg.Go(func() { mustOK(b, h.prepare(c)) })
 		}
 		wg.Wait()
 		b.StopTimer()
+		writes += h.driver.CheckpointWrites() - before
 		h.unprepare(claims...)
 		b.StartTimer()
 	}
+	b.ReportMetric(float64(writes)/float64(b.N), "checkpoint-writes/op")
 }
 
 // BenchmarkPrepareOneCall32Claims: one call carrying 32 claims.
 func BenchmarkPrepareOneCall32Claims(b *testing.B) {
 	h := newHarness(b, withFleet(b, benchFleet(), "bench-0"), withRunCDIDir(b))
 	claims := benchClaims(h, 32)
+	var writes int64
 	b.ResetTimer()
 	for b.Loop() {
+		before := h.driver.CheckpointWrites()
 		mustOK(b, h.prepare(claims...))
 		b.StopTimer()
+		writes += h.driver.CheckpointWrites() - before
 		h.unprepare(claims...)
 		b.StartTimer()
 	}
+	b.ReportMetric(float64(writes)/float64(b.N), "checkpoint-writes/op")
 }
 
 // BenchmarkAtomicReplaceBaseline: the floor under one prepare, one atomic

@@ -221,6 +221,9 @@ func (d *Driver) Stop() {
 	}
 }
 
+// CheckpointWrites returns how many times the checkpoint file was written.
+func (d *Driver) CheckpointWrites() int64 { return d.store.Writes() }
+
 // Devices returns the devices the plugin currently publishes.
 func (d *Driver) Devices() []resourceapi.Device {
 	return d.current().model.APIDevices()

@@ -97,11 +97,16 @@ func (d *Driver) prepared(ctx context.Context, claim *resourceapi.ResourceClaim)
 	if err != nil {
 		return nil, err
 	}
-	state, err := d.store.Read(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("read checkpoint: %w", err)
-	}
-	action, existing, err := state.PlanPrepare(plan.intent)
+	var action claimstate.PrepareAction
+	var existing *claimstate.Claim
+	err = d.store.View(ctx, func(s *claimstate.State) error {
+		var err error
+		action, existing, err = s.PlanPrepare(plan.intent)
+		if existing != nil {
+			existing = existing.Clone()
+		}
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -198,11 +203,16 @@ func (d *Driver) unprepareClaim(ctx context.Context, claim kubeletplugin.Namespa
 	d.claimLocks.LockKey(uid)
 	defer func() { _ = d.claimLocks.UnlockKey(uid) }()
 
-	state, err := d.store.Read(ctx)
+	var record *claimstate.Claim
+	err := d.store.View(ctx, func(s *claimstate.State) error {
+		if c := s.Claims[uid]; c != nil {
+			record = c.Clone()
+		}
+		return nil
+	})
 	if err != nil {
 		return fmt.Errorf("unprepare claim %s: read checkpoint: %w", claim.NamespacedName, err)
 	}
-	record := state.Claims[uid]
 	if record == nil {
 		// Unknown claim: nothing recorded, but a crash between writing the
 		// spec and recording completion can leave a spec behind.

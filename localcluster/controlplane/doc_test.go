@@ -1,0 +1,5 @@
+package controlplane
+
+import "testing"
+
+func TestBuild(t *testing.T) {}
