@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -129,9 +130,15 @@ func TestKilledDuringPrepare(t *testing.T) {
 // between writing it and recording completion) is kept while a preparation
 // could still be in flight, then removed.
 func TestOrphanedSpecRemovedAfterCallTimeout(t *testing.T) {
-	now := time.Now()
-	clock := func() time.Time { return now }
-	h := newHarness(t, func(cfg *plugin.Config) { cfg.Clock = func() time.Time { return clock() } })
+	var mu sync.Mutex
+	clock := time.Now
+	h := newHarness(t, func(cfg *plugin.Config) {
+		cfg.Clock = func() time.Time {
+			mu.Lock()
+			defer mu.Unlock()
+			return clock()
+		}
+	})
 	orphan := filepath.Join(h.cfg.CDIDir, "k8s.gpu.nvidia.com-claim_dead-beef.json")
 	if err := os.WriteFile(orphan, []byte(`{"cdiVersion":"0.5.0","kind":"k8s.gpu.nvidia.com/claim","devices":[]}`), 0o644); err != nil {
 		t.Fatal(err)
@@ -144,7 +151,10 @@ func TestOrphanedSpecRemovedAfterCallTimeout(t *testing.T) {
 	if _, err := os.Stat(orphan); err != nil {
 		t.Fatalf("young orphan removed too early: %v", err)
 	}
-	clock = func() time.Time { return now.Add(plugin.DefaultCallTimeout + time.Second) }
+	later := time.Now().Add(plugin.DefaultCallTimeout + time.Second)
+	mu.Lock()
+	clock = func() time.Time { return later }
+	mu.Unlock()
 	h.driver.Sweep(h.ctx)
 	if _, err := os.Stat(orphan); !os.IsNotExist(err) {
 		t.Errorf("old orphan spec not removed: %v", err)

@@ -23,7 +23,6 @@ type Step string
 
 // The steps of one preparation, in order.
 const (
-	StepRecordStarted   Step = "RecordStarted"
 	StepWriteCDISpec    Step = "WriteCDISpec"
 	StepRecordCompleted Step = "RecordCompleted"
 )
@@ -125,53 +124,35 @@ func (d *Driver) prepared(ctx context.Context, claim *resourceapi.ResourceClaim)
 	return kubeletDevices(plan.intent.Devices), nil
 }
 
-// execute carries out a plan: record the start if the setup needs undoing
-// after a crash, write the CDI spec, record completion. On failure it
-// undoes what it did.
+// execute carries out a plan: write the CDI spec, record completion. On
+// failure it undoes what it did.
 //
-// Writing the start record costs a checkpoint write per claim, so it is
-// written only for plans whose partial work cannot be found again without
-// it. The per-claim CDI spec can: it is named after the claim UID, and
-// specs without a completed record are removed at start and by the sweep.
-// Device setup (MIG, VFIO, sharing daemons) will need the record.
+// No start record is written first. It would cost a checkpoint write per
+// claim, and nothing here needs it: the per-claim CDI spec is named after
+// the claim UID, so it can always be found again, and specs without a
+// completed record are removed at start and by the sweep. Device setup
+// (MIG instances, VFIO, sharing daemons) will record its start with
+// [claimstate.State.RecordStarted] before touching the device.
 func (d *Driver) execute(ctx context.Context, plan *claimPlan) (finalErr error) {
-	now := d.now()
-	startRecorded := false
-	specWritten := false
+	if err := d.fault(StepWriteCDISpec, plan.intent.UID); err != nil {
+		return err
+	}
 	defer func() {
 		if finalErr == nil {
 			return
 		}
-		rollback := &claimstate.Claim{UID: plan.intent.UID, Namespace: plan.intent.Namespace, Name: plan.intent.Name, Devices: plan.intent.Devices}
-		if !specWritten && !startRecorded {
-			return
-		}
-		if err := d.rollBack(context.WithoutCancel(ctx), rollback, startRecorded); err != nil {
+		// A failed write may have left the file behind; remove it either way.
+		if err := d.cdi.Remove(plan.intent.UID); err != nil {
 			finalErr = errors.Join(finalErr, fmt.Errorf("roll back: %w", err))
 		}
 	}()
-
-	if plan.needsStartRecord {
-		if err := d.fault(StepRecordStarted, plan.intent.UID); err != nil {
-			return err
-		}
-		if err := d.store.Update(ctx, func(s *claimstate.State) error { return s.RecordStarted(plan.intent, now) }); err != nil {
-			return fmt.Errorf("record start in checkpoint: %w", err)
-		}
-		startRecorded = true
-	}
-
-	if err := d.fault(StepWriteCDISpec, plan.intent.UID); err != nil {
-		return err
-	}
-	specWritten = true // a failed write may leave a temp file behind; rollback removes the spec either way
 	if err := d.cdi.Write(plan.intent.UID, plan.spec); err != nil {
 		return err
 	}
-
 	if err := d.fault(StepRecordCompleted, plan.intent.UID); err != nil {
 		return err
 	}
+	now := d.now()
 	if err := d.store.Update(ctx, func(s *claimstate.State) error { return s.RecordCompleted(plan.intent, now) }); err != nil {
 		var conflict *claimstate.ConflictError
 		if errors.As(err, &conflict) {
@@ -234,8 +215,6 @@ func (d *Driver) unprepareClaim(ctx context.Context, claim kubeletplugin.Namespa
 type claimPlan struct {
 	intent claimstate.Intent
 	spec   *cdispec.Spec
-	// needsStartRecord is set when some step's undo needs the start record.
-	needsStartRecord bool
 }
 
 // planClaim checks the claim against this node's devices, resolves its

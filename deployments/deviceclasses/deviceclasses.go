@@ -1,0 +1,57 @@
+// Package deviceclasses holds gpudra's DeviceClasses: the YAML files in
+// this directory are the one source of truth, embedded here for the local
+// cluster and the tests, and read by the Helm chart.
+//
+// The selectors are those of NVIDIA's DRA driver, so that claims written
+// for it select the same devices under gpudra. They name the default
+// driver name, gpu.nvidia.com.
+package deviceclasses
+
+import (
+	"embed"
+	"fmt"
+	"io/fs"
+	"slices"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"sigs.k8s.io/yaml"
+)
+
+//go:embed *.yaml
+var files embed.FS
+
+// Names of the DeviceClasses, sorted.
+const (
+	GPU  = "gpu.nvidia.com"
+	MIG  = "mig.nvidia.com"
+	VFIO = "vfio.gpu.nvidia.com"
+)
+
+// All returns a fresh copy of every DeviceClass, sorted by name.
+func All() ([]*resourceapi.DeviceClass, error) {
+	names, err := fs.Glob(files, "*.yaml")
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(names)
+	classes := make([]*resourceapi.DeviceClass, 0, len(names))
+	for _, name := range names {
+		data, err := files.ReadFile(name)
+		if err != nil {
+			return nil, err
+		}
+		class := &resourceapi.DeviceClass{}
+		if err := yaml.UnmarshalStrict(data, class); err != nil {
+			return nil, fmt.Errorf("DeviceClass file %s: %w", name, err)
+		}
+		if want := name[:len(name)-len(".yaml")]; class.Name != want {
+			return nil, fmt.Errorf("DeviceClass file %s holds class %q; the file must be named after its class", name, class.Name)
+		}
+		classes = append(classes, class)
+	}
+	return classes, nil
+}
+
+// Files returns the YAML files, by file name, for tools that apply them
+// as they are.
+func Files() fs.FS { return files }

@@ -1,0 +1,31 @@
+package deviceclasses
+
+import (
+	"testing"
+)
+
+func TestAll(t *testing.T) {
+	classes, err := All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		GPU:  "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
+		MIG:  "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'",
+		VFIO: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'vfio'",
+	}
+	if len(classes) != len(want) {
+		t.Fatalf("got %d classes, want %d", len(classes), len(want))
+	}
+	for _, c := range classes {
+		if c.APIVersion != "resource.k8s.io/v1" || c.Kind != "DeviceClass" {
+			t.Errorf("%s: apiVersion %q kind %q", c.Name, c.APIVersion, c.Kind)
+		}
+		if len(c.Spec.Selectors) != 1 || c.Spec.Selectors[0].CEL == nil {
+			t.Fatalf("%s: want one CEL selector, got %+v", c.Name, c.Spec.Selectors)
+		}
+		if got := c.Spec.Selectors[0].CEL.Expression; got != want[c.Name] {
+			t.Errorf("%s: expression %q, want %q", c.Name, got, want[c.Name])
+		}
+	}
+}

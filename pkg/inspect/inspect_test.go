@@ -1,0 +1,105 @@
+package inspect
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/hardware/sim"
+)
+
+func fleetNodes(t *testing.T, fleetName string) []Node {
+	t.Helper()
+	fleet, err := sim.Load(fleetName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodes []Node
+	for _, name := range fleet.NodeNames() {
+		n, err := fleet.Node(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inv, err := n.Hardware().Discover(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := devicemodel.Build(inv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes = append(nodes, Node{Name: name, Inventory: inv, Model: m})
+	}
+	return nodes
+}
+
+func TestYAMLIsOnlyResourceSlices(t *testing.T) {
+	nodes := fleetNodes(t, "demo")
+	var out bytes.Buffer
+	if err := Write(&out, "yaml", "gpu.nvidia.com", nodes); err != nil {
+		t.Fatal(err)
+	}
+	docs := strings.Split(strings.TrimPrefix(out.String(), "---\n"), "---\n")
+	if len(docs) != len(nodes) {
+		t.Fatalf("got %d YAML documents, want one slice per node (%d)", len(docs), len(nodes))
+	}
+	total := 0
+	for i, doc := range docs {
+		var s resourceapi.ResourceSlice
+		if err := yaml.UnmarshalStrict([]byte(doc), &s); err != nil {
+			t.Fatalf("document %d is not a ResourceSlice: %v\n%s", i, err, doc)
+		}
+		if s.Kind != "ResourceSlice" || s.APIVersion != "resource.k8s.io/v1" || s.Spec.Driver != "gpu.nvidia.com" {
+			t.Errorf("document %d: %s %s driver %q", i, s.APIVersion, s.Kind, s.Spec.Driver)
+		}
+		if s.Spec.NodeName == nil || *s.Spec.NodeName != nodes[i].Name || s.Spec.Pool.Name != nodes[i].Name || s.Spec.Pool.ResourceSliceCount != 1 {
+			t.Errorf("document %d: node %v pool %+v", i, s.Spec.NodeName, s.Spec.Pool)
+		}
+		total += len(s.Spec.Devices)
+	}
+	want := 0
+	for _, n := range nodes {
+		want += len(n.Model.Devices)
+	}
+	if total != want {
+		t.Errorf("slices hold %d devices, nodes have %d", total, want)
+	}
+}
+
+func TestJSONIsAListOfSlices(t *testing.T) {
+	var out bytes.Buffer
+	if err := Write(&out, "json", "gpu.nvidia.com", fleetNodes(t, "dgx-h100")); err != nil {
+		t.Fatal(err)
+	}
+	var list struct {
+		Kind  string                      `json:"kind"`
+		Items []resourceapi.ResourceSlice `json:"items"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &list); err != nil {
+		t.Fatal(err)
+	}
+	if list.Kind != "List" || len(list.Items) != 1 || len(list.Items[0].Spec.Devices) != 8 {
+		t.Errorf("got kind %q with %d items", list.Kind, len(list.Items))
+	}
+}
+
+func TestTable(t *testing.T) {
+	var out bytes.Buffer
+	if err := Write(&out, "table", "gpu.nvidia.com", fleetNodes(t, "dgx-h100")); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"gpu-0", "gpu-7", "NVIDIA H100 80GB HBM3", "81559Mi", "0000:1b:00.0", "8 GPUs, 8 devices, driver 580.65.06"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+	if err := Write(&out, "xml", "gpu.nvidia.com", nil); err == nil || !strings.Contains(err.Error(), "table, yaml, json") {
+		t.Errorf("unknown format: %v", err)
+	}
+}
