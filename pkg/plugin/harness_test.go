@@ -85,8 +85,8 @@ func newHarnessIn(tb testing.TB, dir string, mutate ...func(*plugin.Config)) *ha
 		tb.Fatal(err)
 	}
 	h := &harness{
-		tb:     tb,
-		dir:    dir,
+		tb:  tb,
+		dir: dir,
 	}
 	h.cfg = plugin.Config{
 		DriverName:    driverName,
