@@ -214,6 +214,16 @@ func TestPrepareRefusals(t *testing.T) {
 		t.Errorf("share ID not returned: %v", ra.Devices[0])
 	}
 
+	// A claim with no device of ours prepares to nothing, without a spec.
+	foreign := h.claim()
+	foreign.Status.Allocation.Devices.Results = []resourceapi.DeviceRequestAllocationResult{{Request: "nic", Driver: "nic.example.com", Pool: nodeName, Device: "eth0"}}
+	if r := h.mustPrepare(h.update(foreign)); len(r.Devices) != 0 {
+		t.Errorf("foreign-only claim got devices %v", r.Devices)
+	}
+	if slices.ContainsFunc(h.specFiles(), func(f string) bool { return strings.Contains(f, string(foreign.UID)) }) {
+		t.Errorf("foreign-only claim got a CDI spec")
+	}
+
 	// Results of other drivers are not ours to prepare.
 	mixed := h.claim("gpu-2")
 	mixed.Status.Allocation.Devices.Results = append(mixed.Status.Allocation.Devices.Results,

@@ -89,18 +89,23 @@ func (d *Driver) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 }
 
 // prepared runs the state machine for one claim and returns what the
-// kubelet gets.
+// kubelet gets. A claim prepared before is answered from its record before
+// anything else is looked at, so a retry succeeds even if the node's devices
+// changed since.
 func (d *Driver) prepared(ctx context.Context, claim *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
-	node := d.current()
-	plan, err := d.planClaim(claim, node)
+	intent, err := d.intentOf(claim)
 	if err != nil {
 		return nil, err
+	}
+	if len(intent.Devices) == 0 {
+		// Nothing of ours in this claim: nothing to set up or record.
+		return []kubeletplugin.Device{}, nil
 	}
 	var action claimstate.PrepareAction
 	var existing *claimstate.Claim
 	err = d.store.View(ctx, func(s *claimstate.State) error {
 		var err error
-		action, existing, err = s.PlanPrepare(plan.intent)
+		action, existing, err = s.PlanPrepare(intent)
 		if existing != nil {
 			existing = existing.Clone()
 		}
@@ -109,10 +114,14 @@ func (d *Driver) prepared(ctx context.Context, claim *resourceapi.ResourceClaim)
 	if err != nil {
 		return nil, err
 	}
-	switch action {
-	case claimstate.ActionReturnRecorded:
+	if action == claimstate.ActionReturnRecorded {
 		return kubeletDevices(existing.Devices), nil
-	case claimstate.ActionRollbackThenPrepare:
+	}
+	plan, err := d.planClaim(claim, intent, d.current())
+	if err != nil {
+		return nil, err
+	}
+	if action == claimstate.ActionRollbackThenPrepare {
 		klog.FromContext(ctx).Info("Rolling back an interrupted preparation before preparing again", "startedAt", existing.StartedAt)
 		if err := d.rollBack(ctx, existing, false); err != nil {
 			return nil, err
@@ -217,46 +226,55 @@ type claimPlan struct {
 	spec   *cdispec.Spec
 }
 
-// planClaim checks the claim against this node's devices, resolves its
-// configuration and builds its CDI spec. It has no side effects.
-func (d *Driver) planClaim(claim *resourceapi.ResourceClaim, node *nodeState) (*claimPlan, error) {
-	if claim.Status.Allocation == nil {
-		return nil, fmt.Errorf("claim is not allocated")
-	}
+// intentOf reads what the claim asks of this driver from its allocation:
+// the consumer pods and the devices with their CDI IDs.
+func (d *Driver) intentOf(claim *resourceapi.ResourceClaim) (claimstate.Intent, error) {
 	intent := claimstate.Intent{UID: string(claim.UID), Namespace: claim.Namespace, Name: claim.Name}
+	if claim.Status.Allocation == nil {
+		return intent, fmt.Errorf("claim is not allocated")
+	}
 	for _, ref := range claim.Status.ReservedFor {
 		if ref.Resource == "pods" && ref.APIGroup == "" {
 			intent.Consumers = append(intent.Consumers, claimstate.Consumer{Name: ref.Name, UID: string(ref.UID)})
 		}
 	}
-	var devices []*devicemodel.Device
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != d.cfg.DriverName {
 			continue
 		}
 		if r.Pool != d.cfg.NodeName {
-			return nil, fmt.Errorf("request %s: device %s is from pool %q, but this node's pool is %q", r.Request, r.Device, r.Pool, d.cfg.NodeName)
+			return intent, fmt.Errorf("request %s: device %s is from pool %q, but this node's pool is %q", r.Request, r.Device, r.Pool, d.cfg.NodeName)
 		}
-		dev, ok := node.model.Lookup(r.Device)
-		if !ok {
-			return nil, fmt.Errorf("request %s: device %s is not a device of node %s (it has %d devices)", r.Request, r.Device, d.cfg.NodeName, len(node.model.Devices))
-		}
-		devices = append(devices, dev)
 		cd := claimstate.Device{
 			Requests:     []string{r.Request},
 			Pool:         r.Pool,
 			Name:         r.Device,
 			AdminAccess:  r.AdminAccess != nil && *r.AdminAccess,
-			UUID:         dev.UUID(),
 			CDIDeviceIDs: []string{cdi.DeviceID(d.cfg.DriverName, string(claim.UID), r.Device)},
 		}
 		if r.ShareID != nil {
 			cd.ShareID = string(*r.ShareID)
 		}
+		intent.Devices = append(intent.Devices, cd)
+	}
+	return intent, nil
+}
+
+// planClaim checks the intent against this node's devices, resolves the
+// claim's configuration and builds its CDI spec. It has no side effects.
+func (d *Driver) planClaim(claim *resourceapi.ResourceClaim, intent claimstate.Intent, node *nodeState) (*claimPlan, error) {
+	devices := make([]*devicemodel.Device, 0, len(intent.Devices))
+	for i := range intent.Devices {
+		cd := &intent.Devices[i]
+		dev, ok := node.model.Lookup(cd.Name)
+		if !ok {
+			return nil, fmt.Errorf("request %s: device %s is not a device of node %s (it has %d devices)", cd.Requests[0], cd.Name, d.cfg.NodeName, len(node.model.Devices))
+		}
+		devices = append(devices, dev)
+		cd.UUID = dev.UUID()
 		if dev.MIG != nil {
 			cd.ParentUUID = dev.GPU.UUID
 		}
-		intent.Devices = append(intent.Devices, cd)
 	}
 	if err := d.checkConfigs(claim, node); err != nil {
 		return nil, err
