@@ -50,7 +50,10 @@ func (d *Driver) publish(ctx context.Context) error {
 // NVML error must not withdraw devices that running pods hold.
 func (d *Driver) discoveryLoop(ctx context.Context, lastErr error) {
 	logger := klog.FromContext(ctx)
-	delay := minRetryDelay
+	// Never retry less often than discovery runs when it works.
+	minDelay := min(minRetryDelay, d.cfg.DiscoveryInterval)
+	maxDelay := min(maxRetryDelay, d.cfg.DiscoveryInterval)
+	delay := minDelay
 	d.logDiscovery(logger, lastErr, delay)
 	for {
 		wait := d.cfg.DiscoveryInterval
@@ -66,9 +69,9 @@ func (d *Driver) discoveryLoop(ctx context.Context, lastErr error) {
 		err := d.discover(ctx)
 		if err != nil {
 			if lastErr == nil {
-				delay = minRetryDelay
+				delay = minDelay
 			} else {
-				delay = min(2*delay, maxRetryDelay)
+				delay = min(2*delay, maxDelay)
 			}
 			d.logDiscovery(logger, err, delay)
 			lastErr = err

@@ -1,0 +1,98 @@
+package plugin_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpudra/gpudra/pkg/hardware"
+	"github.com/gpudra/gpudra/pkg/plugin"
+)
+
+// lateDriver is hardware whose NVML is unavailable until up is called, as
+// on a node where the driver container finishes after the plugin starts.
+type lateDriver struct {
+	real hardware.Hardware
+	mu   sync.Mutex
+	isUp bool
+	hits int
+}
+
+func (l *lateDriver) Discover(ctx context.Context) (*hardware.Inventory, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.hits++
+	if !l.isUp {
+		return nil, fmt.Errorf("libnvidia-ml.so.1 not found under driver root /run/nvidia/driver: %w", hardware.ErrUnavailable)
+	}
+	return l.real.Discover(ctx)
+}
+
+func (l *lateDriver) up() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.isUp = true
+}
+
+// publishedDevices counts the devices in the node's ResourceSlices, or -1
+// while there is no slice.
+func (h *harness) publishedDevices() int {
+	list, err := h.client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		h.tb.Fatal(err)
+	}
+	if len(list.Items) == 0 {
+		return -1
+	}
+	n := 0
+	for _, s := range list.Items {
+		n += len(s.Spec.Devices)
+	}
+	return n
+}
+
+func (h *harness) waitForPublished(t *testing.T, want int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for h.publishedDevices() != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("published %d devices, want %d", h.publishedDevices(), want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestNVMLUnavailableThenLate(t *testing.T) {
+	var late *lateDriver
+	h := newHarness(t, func(cfg *plugin.Config) {
+		late = &lateDriver{real: cfg.Hardware}
+		cfg.Hardware = late
+		cfg.DiscoveryInterval = 50 * time.Millisecond
+	})
+	// An empty pool, not no pool: the driver is up with nothing to offer.
+	h.waitForPublished(t, 0)
+	events, err := h.waitForEvent("GPUDiscoveryFailed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(events, "libnvidia-ml.so.1 not found") {
+		t.Errorf("event does not say what is missing: %s", events)
+	}
+	// Prepare before the GPUs are known fails cleanly and can be retried.
+	claim := h.claim("gpu-0")
+	if r := h.prepare(claim).Claims[string(claim.UID)]; !strings.Contains(r.Error, "not a device of node") {
+		t.Errorf("prepare without GPUs: %q", r.Error)
+	}
+
+	late.up()
+	h.waitForPublished(t, 8)
+	h.mustPrepare(claim)
+	if _, err := h.waitForEvent("GPUDiscoveryRecovered"); err != nil {
+		t.Error(err)
+	}
+}
