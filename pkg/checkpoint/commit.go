@@ -133,27 +133,14 @@ func (s *Store) persist(next *claimstate.State) error {
 	return nil
 }
 
-// replace writes data as the new file and pins it. Once the rename is done
-// the write has happened; failing to pin it only costs a re-read later.
+// replace writes data as the new file and pins it.
 func (s *Store) replace(data []byte) error {
-	if err := WriteFileAtomic(s.path, data); err != nil {
+	f, id, err := writeAtomic(s.path, data)
+	if err != nil {
 		return err
 	}
 	s.writes.Add(1)
-	s.data = nil
-	s.setPin(nil, fileID{})
-	f, err := os.Open(s.path)
-	if err != nil {
-		s.logger.Error(err, "Cannot reopen the checkpoint just written; it will be re-read")
-		return nil
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		_ = f.Close()
-		s.logger.Error(err, "Cannot stat the checkpoint just written; it will be re-read")
-		return nil
-	}
-	s.setPin(f, statID(fi))
+	s.setPin(f, id)
 	s.data = data
 	return nil
 }

@@ -1,0 +1,252 @@
+// Package cluster is the local cluster: an in-process control plane (see
+// package controlplane), gpudra's DeviceClasses, and one simulated node
+// (see package simnode) per node of a simulated fleet.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/restmapper"
+	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/deployments/deviceclasses"
+	"github.com/gpudra/gpudra/pkg/hardware/sim"
+
+	"github.com/gpudra/gpudra/localcluster/controlplane"
+	"github.com/gpudra/gpudra/localcluster/manifests"
+	"github.com/gpudra/gpudra/localcluster/simnode"
+)
+
+// DefaultDriverName is gpudra's default DRA driver name.
+const DefaultDriverName = "gpu.nvidia.com"
+
+// Options configure a local cluster.
+type Options struct {
+	// Fleet is the simulated hardware; required.
+	Fleet *sim.Fleet
+	// DriverName defaults to DefaultDriverName.
+	DriverName string
+	// Dir holds all state. Empty: a new temporary directory, removed by
+	// Stop.
+	Dir string
+	// ControlPlane configures the control plane; its Dir is set here.
+	ControlPlane controlplane.Options
+	// NodeQPS and NodeBurst limit each node's clients (its kubelet parts
+	// and its plugin each have one). Default 100 and 200.
+	NodeQPS   float32
+	NodeBurst int
+	// NodeWorkers is the number of pods each node handles at once.
+	NodeWorkers int
+	// Progress, if set, gets one line per step of the start.
+	Progress func(msg string)
+}
+
+// Cluster is a running local cluster.
+type Cluster struct {
+	opts   Options
+	dir    string
+	ownDir bool
+	cp     *controlplane.ControlPlane
+	client kubernetes.Interface
+	dyn    dynamic.Interface
+	mapper *restmapper.DeferredDiscoveryRESTMapper
+	nodes  []*simnode.Node
+}
+
+// Start brings the cluster up: control plane, DeviceClasses, then all
+// nodes in parallel. It returns once every node's plugin is registered
+// and its ResourceSlices published.
+func Start(ctx context.Context, opts Options) (_ *Cluster, finalErr error) {
+	if opts.Fleet == nil || len(opts.Fleet.Nodes) == 0 {
+		return nil, errors.New("local cluster: a fleet with at least one node is required")
+	}
+	if opts.DriverName == "" {
+		opts.DriverName = DefaultDriverName
+	}
+	if opts.NodeQPS == 0 {
+		opts.NodeQPS, opts.NodeBurst = 100, 200
+	}
+	progress := opts.Progress
+	if progress == nil {
+		progress = func(string) {}
+	}
+	c := &Cluster{opts: opts, dir: opts.Dir}
+	if c.dir == "" {
+		// Short: unix socket paths below it must fit in 108 bytes.
+		dir, err := os.MkdirTemp("", "gpudra-sim-")
+		if err != nil {
+			return nil, err
+		}
+		c.dir, c.ownDir = dir, true
+	}
+	defer func() {
+		if finalErr != nil {
+			_ = c.Stop()
+		}
+	}()
+
+	cpOpts := opts.ControlPlane
+	cpOpts.Dir = filepath.Join(c.dir, "cp")
+	if err := os.MkdirAll(cpOpts.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	userProgress := cpOpts.Progress
+	cpOpts.Progress = func(component string, took time.Duration) {
+		progress(fmt.Sprintf("%-24s ready in %v", component, took.Round(time.Millisecond)))
+		if userProgress != nil {
+			userProgress(component, took)
+		}
+	}
+	var err error
+	if c.cp, err = controlplane.Start(ctx, cpOpts); err != nil {
+		return nil, err
+	}
+	adminCfg := c.cp.RESTConfig("gpudra-sim", 200, 400)
+	if c.client, err = kubernetes.NewForConfig(adminCfg); err != nil {
+		return nil, err
+	}
+	if c.dyn, err = dynamic.NewForConfig(adminCfg); err != nil {
+		return nil, err
+	}
+	disc, err := discovery.NewDiscoveryClientForConfig(adminCfg)
+	if err != nil {
+		return nil, err
+	}
+	c.mapper = restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc))
+
+	classes, err := deviceclasses.All()
+	if err != nil {
+		return nil, err
+	}
+	for _, class := range classes {
+		if _, err := c.client.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return nil, fmt.Errorf("install DeviceClass %s: %w", class.Name, err)
+		}
+	}
+	progress(fmt.Sprintf("%-24s installed", fmt.Sprintf("%d DeviceClasses", len(classes))))
+
+	start := time.Now()
+	if err := c.startNodes(ctx); err != nil {
+		return nil, err
+	}
+	progress(fmt.Sprintf("%-24s ready in %v", fmt.Sprintf("%d simulated nodes", len(c.nodes)), time.Since(start).Round(time.Millisecond)))
+	return c, nil
+}
+
+// startNodes starts every node of the fleet, a few at a time.
+func (c *Cluster) startNodes(ctx context.Context) error {
+	fleet := c.opts.Fleet
+	nodes := make([]*simnode.Node, len(fleet.Nodes))
+	errs := make([]error, len(fleet.Nodes))
+	sem := make(chan struct{}, 16)
+	var wg sync.WaitGroup
+	for i := range fleet.Nodes {
+		name := fleet.Nodes[i].Name
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			nodes[i], errs[i] = c.startNode(ctx, name)
+		})
+	}
+	wg.Wait()
+	for _, n := range nodes {
+		if n != nil {
+			c.nodes = append(c.nodes, n)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Cluster) startNode(ctx context.Context, name string) (*simnode.Node, error) {
+	fn, err := c.opts.Fleet.Node(name)
+	if err != nil {
+		return nil, err
+	}
+	kubelet, err := kubernetes.NewForConfig(c.cp.RESTConfig("kubelet/"+name, c.opts.NodeQPS, c.opts.NodeBurst))
+	if err != nil {
+		return nil, err
+	}
+	pluginClient, err := kubernetes.NewForConfig(c.cp.RESTConfig("gpudra-kubelet-plugin/"+name, c.opts.NodeQPS, c.opts.NodeBurst))
+	if err != nil {
+		return nil, err
+	}
+	return simnode.Start(klog.NewContext(ctx, klog.FromContext(ctx)), simnode.Config{
+		Name:          name,
+		DriverName:    c.opts.DriverName,
+		Hardware:      fn.Hardware(),
+		Dir:           filepath.Join(c.dir, "n", name),
+		KubeletClient: kubelet,
+		PluginClient:  pluginClient,
+		Workers:       c.opts.NodeWorkers,
+	})
+}
+
+// Client returns an administrator's client.
+func (c *Cluster) Client() kubernetes.Interface { return c.client }
+
+// ControlPlane returns the control plane.
+func (c *Cluster) ControlPlane() *controlplane.ControlPlane { return c.cp }
+
+// Nodes returns the simulated nodes in fleet order.
+func (c *Cluster) Nodes() []*simnode.Node { return c.nodes }
+
+// Node returns the simulated node called name, or nil.
+func (c *Cluster) Node(name string) *simnode.Node {
+	for _, n := range c.nodes {
+		if n.Name() == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// Apply creates the objects in dependency order. Before the first object
+// of a namespace it waits for the namespace's default ServiceAccount, as
+// pods are refused until the controller has made it.
+func (c *Cluster) Apply(ctx context.Context, objs []manifests.Object) error {
+	a := &manifests.Applier{
+		Client: c.dyn,
+		Mapper: c.mapper,
+		BeforeNamespaced: func(ctx context.Context, ns string) error {
+			return wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+				_, err := c.client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+				return err == nil, nil
+			})
+		},
+	}
+	return a.Apply(ctx, objs)
+}
+
+// Stop stops the nodes, then the control plane, and removes the
+// directory if Start made it.
+func (c *Cluster) Stop() error {
+	var wg sync.WaitGroup
+	for _, n := range c.nodes {
+		wg.Go(n.Stop)
+	}
+	wg.Wait()
+	c.nodes = nil
+	var errs []error
+	if c.cp != nil {
+		errs = append(errs, c.cp.Stop())
+		c.cp = nil
+	}
+	if c.ownDir {
+		errs = append(errs, os.RemoveAll(c.dir))
+		c.ownDir = false
+	}
+	return errors.Join(errs...)
+}

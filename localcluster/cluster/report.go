@@ -1,0 +1,239 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/gpudra/gpudra/localcluster/simnode"
+)
+
+// Report is what happened to the cluster's pods: gpudra-sim's --report.
+type Report struct {
+	Pods []PodReport `json:"pods"`
+}
+
+// PodReport is one pod.
+type PodReport struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	Phase     string `json:"phase"`
+	Node      string `json:"node"`
+	// Reason says why a pod is not Running: the scheduler's message, or
+	// the node's preparation error.
+	Reason     string            `json:"reason"`
+	Claims     []ClaimReport     `json:"claims"`
+	Containers []ContainerReport `json:"containers"`
+}
+
+// ClaimReport is one of a pod's ResourceClaims and its allocation.
+type ClaimReport struct {
+	Name    string         `json:"name"`
+	Results []DeviceResult `json:"results"`
+}
+
+// DeviceResult is one allocated device.
+type DeviceResult struct {
+	Request string `json:"request"`
+	Driver  string `json:"driver"`
+	Pool    string `json:"pool"`
+	Device  string `json:"device"`
+}
+
+// ContainerReport is what one container was given.
+type ContainerReport struct {
+	Name        string            `json:"name"`
+	CDIDevices  []string          `json:"cdiDevices"`
+	Env         map[string]string `json:"env"`
+	DeviceNodes []string          `json:"deviceNodes"`
+}
+
+// systemNamespace reports namespaces the report leaves out.
+func systemNamespace(ns string) bool {
+	return ns == metav1.NamespaceSystem || ns == metav1.NamespacePublic || ns == corev1.NamespaceNodeLease
+}
+
+// Report describes every pod outside the system namespaces, sorted by
+// namespace and name.
+func (c *Cluster) Report(ctx context.Context) (*Report, error) {
+	pods, err := c.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	r := &Report{Pods: []PodReport{}}
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		if systemNamespace(pod.Namespace) {
+			continue
+		}
+		pr, err := c.podReport(ctx, pod)
+		if err != nil {
+			return nil, err
+		}
+		r.Pods = append(r.Pods, pr)
+	}
+	slices.SortFunc(r.Pods, func(a, b PodReport) int {
+		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	})
+	return r, nil
+}
+
+func (c *Cluster) podReport(ctx context.Context, pod *corev1.Pod) (PodReport, error) {
+	pr := PodReport{
+		Namespace: pod.Namespace, Name: pod.Name, Phase: string(pod.Status.Phase), Node: pod.Spec.NodeName,
+		Reason: PodReason(pod), Claims: []ClaimReport{}, Containers: []ContainerReport{},
+	}
+	for _, name := range ClaimNames(pod) {
+		cr := ClaimReport{Name: name, Results: []DeviceResult{}}
+		claim, err := c.client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return pr, err
+		}
+		if err == nil && claim.Status.Allocation != nil {
+			for _, res := range claim.Status.Allocation.Devices.Results {
+				cr.Results = append(cr.Results, DeviceResult{Request: res.Request, Driver: res.Driver, Pool: res.Pool, Device: res.Device})
+			}
+		}
+		pr.Claims = append(pr.Claims, cr)
+	}
+	var devices map[string]simnode.ContainerDevices
+	if n := c.Node(pod.Spec.NodeName); n != nil {
+		devices, _ = n.Containers(pod)
+	}
+	for _, ctr := range pod.Spec.Containers {
+		cr := ContainerReport{Name: ctr.Name, CDIDevices: []string{}, Env: map[string]string{}, DeviceNodes: []string{}}
+		if d, ok := devices[ctr.Name]; ok {
+			cr.CDIDevices = append(cr.CDIDevices, d.CDIDevices...)
+			cr.DeviceNodes = append(cr.DeviceNodes, d.DeviceNodes...)
+			for k, v := range d.Env {
+				cr.Env[k] = v
+			}
+		}
+		pr.Containers = append(pr.Containers, cr)
+	}
+	return pr, nil
+}
+
+// ClaimNames returns the names of the ResourceClaims a pod uses, in the
+// order of its spec; claims from templates are named once the
+// resource-claim controller has made them.
+func ClaimNames(pod *corev1.Pod) []string {
+	var names []string
+	for _, pc := range pod.Spec.ResourceClaims {
+		if pc.ResourceClaimName != nil {
+			names = append(names, *pc.ResourceClaimName)
+			continue
+		}
+		for _, s := range pod.Status.ResourceClaimStatuses {
+			if s.Name == pc.Name && s.ResourceClaimName != nil {
+				names = append(names, *s.ResourceClaimName)
+			}
+		}
+	}
+	return names
+}
+
+// PodReason says why a pod is not running: the scheduler's message while
+// it is unschedulable, else the first container's waiting message (the
+// node's preparation error). Empty otherwise.
+func PodReason(pod *corev1.Pod) string {
+	if pod.Status.Phase != corev1.PodPending {
+		return ""
+	}
+	for _, cond := range pod.Status.Conditions {
+		if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionFalse {
+			return cond.Message
+		}
+	}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.State.Waiting != nil && cs.State.Waiting.Message != "" {
+			return cs.State.Waiting.Message
+		}
+	}
+	return ""
+}
+
+// settled reports whether a pod is where it will stay until something
+// else changes: Running (and not about to finish), finished, or Pending
+// with a reason.
+func settled(pod *corev1.Pod) bool {
+	switch pod.Status.Phase {
+	case corev1.PodSucceeded, corev1.PodFailed:
+		return true
+	case corev1.PodRunning:
+		_, finishing := pod.Annotations[simnode.RunForAnnotation]
+		return !finishing
+	default:
+		return PodReason(pod) != ""
+	}
+}
+
+// WaitSettled waits until every pod outside the system namespaces is
+// settled (see above) and nothing about the pods has changed for quiet,
+// or ctx ends.
+func (c *Cluster) WaitSettled(ctx context.Context, quiet time.Duration) error {
+	var last string
+	var since time.Time
+	return wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		pods, err := c.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		var sig strings.Builder
+		all := true
+		for i := range pods.Items {
+			pod := &pods.Items[i]
+			if systemNamespace(pod.Namespace) {
+				continue
+			}
+			fmt.Fprintf(&sig, "%s/%s;", pod.UID, pod.ResourceVersion)
+			all = all && settled(pod)
+		}
+		if sig.String() != last {
+			last, since = sig.String(), time.Now()
+			return false, nil
+		}
+		return all && time.Since(since) >= quiet, nil
+	})
+}
+
+// AllocatedDevices returns the devices of a pod's claims with their
+// published attributes, looked up in the ResourceSlices.
+func (c *Cluster) AllocatedDevices(ctx context.Context, pod *corev1.Pod) ([]resourceapi.Device, error) {
+	slices, err := c.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	byKey := map[string]resourceapi.Device{}
+	for _, s := range slices.Items {
+		for _, d := range s.Spec.Devices {
+			byKey[s.Spec.Driver+"/"+s.Spec.Pool.Name+"/"+d.Name] = d
+		}
+	}
+	var out []resourceapi.Device
+	for _, name := range ClaimNames(pod) {
+		claim, err := c.client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		if claim.Status.Allocation == nil {
+			continue
+		}
+		for _, r := range claim.Status.Allocation.Devices.Results {
+			d, ok := byKey[r.Driver+"/"+r.Pool+"/"+r.Device]
+			if !ok {
+				return nil, fmt.Errorf("claim %s: device %s/%s/%s is in no ResourceSlice", name, r.Driver, r.Pool, r.Device)
+			}
+			out = append(out, d)
+		}
+	}
+	return out, nil
+}

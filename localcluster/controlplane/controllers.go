@@ -1,0 +1,140 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/discovery"
+	cacheddiscovery "k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/metadata/metadatainformer"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+	"k8s.io/controller-manager/pkg/informerfactory"
+	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/controller/deployment"
+	"k8s.io/kubernetes/pkg/controller/garbagecollector"
+	"k8s.io/kubernetes/pkg/controller/job"
+	"k8s.io/kubernetes/pkg/controller/namespace"
+	"k8s.io/kubernetes/pkg/controller/replicaset"
+	"k8s.io/kubernetes/pkg/controller/resourceclaim"
+	"k8s.io/kubernetes/pkg/controller/serviceaccount"
+)
+
+// controllers runs the kube-controller-manager controllers that users'
+// manifests need, built directly from their packages (the controller
+// manager's own wiring would link every other controller too).
+type controllers struct {
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	factory informers.SharedInformerFactory
+	meta    metadatainformer.SharedInformerFactory
+}
+
+// Names of the controllers, in the order they start.
+var controllerNames = []string{"resource-claim", "namespace", "deployment", "replicaset", "job", "garbage-collector", "serviceaccount"}
+
+func startControllers(ctx context.Context, base *rest.Config, qps float32, burst int) (_ *controllers, finalErr error) {
+	logger := klog.FromContext(ctx).WithName("controller-manager")
+	ctx = klog.NewContext(ctx, logger)
+	cfg := rest.CopyConfig(base)
+	cfg.QPS, cfg.Burst = qps, burst
+	cfg.UserAgent = "localcluster-controller-manager"
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	metaClient, err := metadata.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	discoveryClient, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	c := &controllers{
+		cancel:  cancel,
+		factory: informers.NewSharedInformerFactory(client, 0),
+		meta:    metadatainformer.NewSharedInformerFactory(metaClient, 0),
+	}
+	defer func() {
+		if finalErr != nil {
+			c.stop()
+		}
+	}()
+	f := c.factory
+	var runs []func(context.Context)
+
+	claims, err := resourceclaim.NewController(logger, client, f.Core().V1().Pods(), f.Scheduling().V1beta1().PodGroups(),
+		f.Resource().V1().ResourceClaims(), f.Resource().V1().ResourceClaimTemplates())
+	if err != nil {
+		return nil, fmt.Errorf("resource-claim controller: %w", err)
+	}
+	runs = append(runs, func(ctx context.Context) { claims.Run(ctx, 10) })
+
+	ns := namespace.NewNamespaceController(ctx, client, metaClient, client.Discovery().ServerPreferredNamespacedResources,
+		f.Core().V1().Namespaces(), 5*time.Minute, corev1.FinalizerKubernetes)
+	runs = append(runs, func(ctx context.Context) { ns.Run(ctx, 5) })
+
+	dc, err := deployment.NewDeploymentController(ctx, f.Apps().V1().Deployments(), f.Apps().V1().ReplicaSets(), f.Core().V1().Pods(), client)
+	if err != nil {
+		return nil, fmt.Errorf("deployment controller: %w", err)
+	}
+	runs = append(runs, func(ctx context.Context) { dc.Run(ctx, 5) })
+
+	rsc := replicaset.NewReplicaSetController(ctx, f.Apps().V1().ReplicaSets(), f.Core().V1().Pods(), client, replicaset.BurstReplicas)
+	runs = append(runs, func(ctx context.Context) { rsc.Run(ctx, 5) })
+
+	jc, err := job.NewController(ctx, client, f.Core().V1().Pods(), f.Batch().V1().Jobs(), nil, nil)
+	if err != nil {
+		return nil, fmt.Errorf("job controller: %w", err)
+	}
+	runs = append(runs, func(ctx context.Context) { jc.Run(ctx, 5) })
+
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(cacheddiscovery.NewMemCacheClient(discoveryClient))
+	informersStarted := make(chan struct{})
+	ignored := map[schema.GroupResource]struct{}{{Group: "", Resource: "events"}: {}, {Group: "events.k8s.io", Resource: "events"}: {}}
+	gc, err := garbagecollector.NewGarbageCollector(ctx, client, metaClient, mapper, ignored,
+		informerfactory.NewInformerFactory(f, c.meta), informersStarted)
+	if err != nil {
+		return nil, fmt.Errorf("garbage collector: %w", err)
+	}
+	runs = append(runs,
+		func(ctx context.Context) { gc.Run(ctx, 5, 30*time.Second) },
+		func(ctx context.Context) { gc.Sync(ctx, discoveryClient, 30*time.Second) },
+		func(ctx context.Context) {
+			wait.UntilWithContext(ctx, func(context.Context) { mapper.Reset() }, 30*time.Second)
+		},
+	)
+
+	sac, err := serviceaccount.NewServiceAccountsController(logger, f.Core().V1().ServiceAccounts(), f.Core().V1().Namespaces(),
+		client, serviceaccount.DefaultServiceAccountsControllerOptions())
+	if err != nil {
+		return nil, fmt.Errorf("serviceaccount controller: %w", err)
+	}
+	runs = append(runs, func(ctx context.Context) { sac.Run(ctx, 1) })
+
+	f.Start(ctx.Done())
+	c.meta.Start(ctx.Done())
+	close(informersStarted)
+	for _, run := range runs {
+		c.wg.Go(func() { run(ctx) })
+	}
+	return c, nil
+}
+
+func (c *controllers) stop() {
+	c.cancel()
+	c.wg.Wait()
+	c.factory.Shutdown()
+	c.meta.Shutdown()
+}

@@ -1,5 +1,0 @@
-package controlplane
-
-import "testing"
-
-func TestBuild(t *testing.T) {}

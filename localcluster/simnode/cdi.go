@@ -1,0 +1,67 @@
+package simnode
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	oci "github.com/opencontainers/runtime-spec/specs-go"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
+)
+
+// ContainerDevices is what a container runtime would give one container
+// for its claims: the CDI device IDs the kubelet passed, and the edits the
+// CDI library resolved them into.
+type ContainerDevices struct {
+	CDIDevices  []string          `json:"cdiDevices"`
+	Env         map[string]string `json:"env"`
+	DeviceNodes []string          `json:"deviceNodes"`
+	Mounts      []string          `json:"mounts,omitempty"`
+}
+
+// cdiResolver resolves CDI device IDs against one node's spec directory,
+// as a container runtime does.
+type cdiResolver struct {
+	mu    sync.Mutex
+	cache *cdi.Cache
+	err   error
+}
+
+func newCDIResolver(dir string) *cdiResolver {
+	c, err := cdi.NewCache(cdi.WithSpecDirs(dir), cdi.WithAutoRefresh(false))
+	return &cdiResolver{cache: c, err: err}
+}
+
+// resolve injects the devices into an empty OCI spec and reports the
+// result; an unknown or unresolvable device is an error, as in a runtime.
+func (r *cdiResolver) resolve(ids []string) (ContainerDevices, error) {
+	out := ContainerDevices{CDIDevices: ids, Env: map[string]string{}}
+	if len(ids) == 0 {
+		return out, nil
+	}
+	if r.err != nil {
+		return out, r.err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	// Errors of other specs do not concern these devices; InjectDevices
+	// reports the ones that do.
+	_ = r.cache.Refresh()
+	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
+	if unresolved, err := r.cache.InjectDevices(spec, ids...); err != nil {
+		return out, fmt.Errorf("CDI devices %v unresolved: %w", unresolved, err)
+	}
+	for _, kv := range spec.Process.Env {
+		k, v, _ := strings.Cut(kv, "=")
+		out.Env[k] = v
+	}
+	for _, d := range spec.Linux.Devices {
+		out.DeviceNodes = append(out.DeviceNodes, d.Path)
+	}
+	for _, m := range spec.Mounts {
+		out.Mounts = append(out.Mounts, m.Destination)
+	}
+	slices.Sort(out.DeviceNodes)
+	return out, nil
+}

@@ -1,0 +1,297 @@
+// Package simnode runs one simulated GPU node in process: its Node object,
+// gpudra's kubelet plugin on the node's simulated hardware, and the
+// kubelet's own DRA code (the DRA manager from
+// k8s.io/kubernetes/pkg/kubelet/cm/dra and the plugin manager watching the
+// node's registration directory), driven by a small pod loop that stands
+// in for the rest of the kubelet: containers are not run, but their
+// claims are prepared and unprepared through the kubelet's real code over
+// real gRPC sockets, and their CDI devices resolved with the CDI library.
+package simnode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
+	draplugin "k8s.io/kubernetes/pkg/kubelet/cm/dra/plugin"
+	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
+
+	"github.com/gpudra/gpudra/pkg/hardware"
+	"github.com/gpudra/gpudra/pkg/plugin"
+)
+
+// Config describes one simulated node.
+type Config struct {
+	// Name is the node name.
+	Name string
+	// DriverName is gpudra's driver name.
+	DriverName string
+	// Hardware is the node's simulated hardware.
+	Hardware hardware.Hardware
+	// Dir is the node's root; it gets plugins/, plugins_registry/, cdi/
+	// and dra/ (the kubelet's DRA state) below it. Unix socket paths must
+	// stay under 108 bytes, so keep it short.
+	Dir string
+	// KubeletClient is what the node's kubelet parts (DRA manager, pod
+	// loop) use; PluginClient is the plugin's.
+	KubeletClient kubernetes.Interface
+	PluginClient  kubernetes.Interface
+	// Workers is how many pods the loop handles at once (default 4).
+	Workers int
+	// Labels are added to the Node.
+	Labels map[string]string
+}
+
+// Node is a running simulated node.
+type Node struct {
+	cfg      Config
+	logger   klog.Logger
+	ctx      context.Context
+	cancel   context.CancelFunc
+	node     *corev1.Node
+	manager  *dra.Manager
+	plugins  *draplugin.DRAPluginManager
+	pmStop   chan struct{}
+	pmDone   chan struct{}
+	recorder record.EventRecorder
+	stopRec  func()
+	loop     *podLoop
+
+	pluginMu sync.Mutex
+	plugin   *plugin.Driver
+}
+
+// Directories of a node.
+func (c *Config) pluginDir() string   { return filepath.Join(c.Dir, "plugins", c.DriverName) }
+func (c *Config) registryDir() string { return filepath.Join(c.Dir, "plugins_registry") }
+func (c *Config) stateDir() string    { return filepath.Join(c.Dir, "dra") }
+
+// CDIDir is where the node's plugin writes CDI specs.
+func (c *Config) CDIDir() string { return filepath.Join(c.Dir, "cdi") }
+
+// Start registers the Node, starts the kubelet's DRA manager and plugin
+// manager, then gpudra's plugin, and waits until the plugin is registered
+// with the DRA manager and its ResourceSlices are published; then the pod
+// loop starts. Everything runs until Stop.
+func Start(ctx context.Context, cfg Config) (_ *Node, finalErr error) {
+	if cfg.Workers <= 0 {
+		cfg.Workers = 4
+	}
+	for _, dir := range []string{cfg.pluginDir(), cfg.registryDir(), cfg.stateDir(), cfg.CDIDir()} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return nil, err
+		}
+	}
+	logger := klog.FromContext(ctx).WithName("node").WithValues("node", cfg.Name)
+	runCtx, cancel := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), logger))
+	n := &Node{cfg: cfg, logger: logger, ctx: runCtx, cancel: cancel}
+	defer func() {
+		if finalErr != nil {
+			n.Stop()
+		}
+	}()
+
+	broadcaster := record.NewBroadcaster(record.WithContext(runCtx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cfg.KubeletClient.CoreV1().Events("")})
+	n.recorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet", Host: cfg.Name})
+	n.stopRec = broadcaster.Shutdown
+
+	var err error
+	if n.node, err = registerNode(ctx, cfg); err != nil {
+		return nil, err
+	}
+
+	n.loop = newPodLoop(n)
+	if n.manager, err = dra.NewManager(logger, cfg.KubeletClient, cfg.stateDir()); err != nil {
+		return nil, fmt.Errorf("node %s: DRA manager: %w", cfg.Name, err)
+	}
+	getNode := func(context.Context) (*corev1.Node, error) { return n.node, nil }
+	if err := n.manager.Start(runCtx, n.loop.activePods, getNode, n.loop.sourcesReady); err != nil {
+		return nil, fmt.Errorf("node %s: start DRA manager: %w", cfg.Name, err)
+	}
+	handler := n.manager.GetWatcherHandler()
+	n.plugins, _ = handler.(*draplugin.DRAPluginManager)
+	pm := pluginmanager.NewPluginManager(cfg.registryDir(), n.recorder)
+	pm.AddHandler("DRAPlugin", handler)
+	n.pmStop, n.pmDone = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(n.pmDone)
+		pm.Run(runCtx, n.loop.sourcesReady, n.pmStop)
+	}()
+
+	if err := n.StartPlugin(ctx); err != nil {
+		return nil, err
+	}
+	n.loop.start(runCtx)
+	return n, nil
+}
+
+// registerNode creates (or takes over) the Node with room for many pods
+// and a Ready condition.
+func registerNode(ctx context.Context, cfg Config) (*corev1.Node, error) {
+	labels := map[string]string{corev1.LabelHostname: cfg.Name, corev1.LabelOSStable: "linux", corev1.LabelArchStable: "amd64"}
+	for k, v := range cfg.Labels {
+		labels[k] = v
+	}
+	capacity := corev1.ResourceList{
+		corev1.ResourceCPU:    resource.MustParse("224"),
+		corev1.ResourceMemory: resource.MustParse("2Ti"),
+		corev1.ResourcePods:   resource.MustParse("1000"),
+	}
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: cfg.Name, Labels: labels},
+	}
+	client := cfg.KubeletClient.CoreV1().Nodes()
+	created, err := client.Create(ctx, node, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		created, err = client.Get(ctx, cfg.Name, metav1.GetOptions{})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("register node %s: %w", cfg.Name, err)
+	}
+	now := metav1.Now()
+	created.Status = corev1.NodeStatus{
+		Capacity:    capacity,
+		Allocatable: capacity,
+		Phase:       corev1.NodeRunning,
+		Conditions: []corev1.NodeCondition{{
+			Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+			Message: "simulated node is ready", LastHeartbeatTime: now, LastTransitionTime: now,
+		}},
+		Addresses: []corev1.NodeAddress{{Type: corev1.NodeHostName, Address: cfg.Name}},
+		NodeInfo: corev1.NodeSystemInfo{
+			KubeletVersion: "v1.37.1-gpudra-sim", OperatingSystem: "linux", Architecture: "amd64",
+			ContainerRuntimeVersion: "simulated://0",
+		},
+	}
+	updated, err := client.UpdateStatus(ctx, created, metav1.UpdateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("node %s status: %w", cfg.Name, err)
+	}
+	return updated, nil
+}
+
+// StartPlugin starts gpudra's kubelet plugin on the node's directories and
+// waits until the DRA manager has it registered and its ResourceSlices
+// are published.
+func (n *Node) StartPlugin(ctx context.Context) error {
+	n.pluginMu.Lock()
+	defer n.pluginMu.Unlock()
+	if n.plugin != nil {
+		return errors.New("plugin already running")
+	}
+	d, err := plugin.Start(n.ctx, plugin.Config{
+		DriverName:    n.cfg.DriverName,
+		NodeName:      n.cfg.Name,
+		KubeClient:    n.cfg.PluginClient,
+		Hardware:      n.cfg.Hardware,
+		PluginDataDir: n.cfg.pluginDir(),
+		RegistrarDir:  n.cfg.registryDir(),
+		CDIDir:        n.cfg.CDIDir(),
+	})
+	if err != nil {
+		return fmt.Errorf("node %s: start plugin: %w", n.cfg.Name, err)
+	}
+	n.plugin = d
+	return n.waitForPlugin(ctx)
+}
+
+// waitForPlugin waits for registration with the DRA manager (the plugin
+// manager polls its directory once a second) and for the published pool.
+func (n *Node) waitForPlugin(ctx context.Context) error {
+	want := len(n.plugin.Devices())
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		if n.plugins != nil {
+			if _, err := n.plugins.GetPlugin(n.cfg.DriverName); err != nil {
+				return false, nil
+			}
+		}
+		slices, err := n.cfg.KubeletClient.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
+			FieldSelector: "spec.nodeName=" + n.cfg.Name,
+		})
+		if err != nil {
+			return false, nil
+		}
+		got := 0
+		for _, s := range slices.Items {
+			if s.Spec.Driver == n.cfg.DriverName {
+				got += len(s.Spec.Devices)
+			}
+		}
+		return got == want, nil
+	})
+	if err != nil {
+		return fmt.Errorf("node %s: plugin not registered with its %d devices published: %w", n.cfg.Name, want, err)
+	}
+	return nil
+}
+
+// StopPlugin stops the node's plugin, as when its pod is deleted; the
+// kubelet side notices the socket going away and unregisters it.
+func (n *Node) StopPlugin() {
+	n.pluginMu.Lock()
+	defer n.pluginMu.Unlock()
+	if n.plugin != nil {
+		n.plugin.Stop()
+		n.plugin = nil
+	}
+}
+
+// RestartPlugin stops the plugin and starts a new one on the same
+// directories, as after a crash or an upgrade.
+func (n *Node) RestartPlugin(ctx context.Context) error {
+	n.StopPlugin()
+	return n.StartPlugin(ctx)
+}
+
+// Name returns the node name.
+func (n *Node) Name() string { return n.cfg.Name }
+
+// CDIDir returns the directory of the node's CDI specs.
+func (n *Node) CDIDir() string { return n.cfg.CDIDir() }
+
+// PluginDataDir returns the plugin's data directory (socket, checkpoint).
+func (n *Node) PluginDataDir() string { return n.cfg.pluginDir() }
+
+// Containers returns what the node prepared for a pod's containers, by
+// container name, once the pod runs.
+func (n *Node) Containers(pod *corev1.Pod) (map[string]ContainerDevices, bool) {
+	return n.loop.containers(pod.UID)
+}
+
+// Stop stops the pod loop, the plugin and the kubelet parts, in that
+// order, and waits for them. The node's directories stay.
+func (n *Node) Stop() {
+	if n.loop != nil {
+		n.loop.stop()
+	}
+	n.StopPlugin()
+	if n.pmStop != nil {
+		close(n.pmStop)
+	}
+	n.cancel()
+	if n.pmDone != nil {
+		<-n.pmDone
+	}
+	if n.manager != nil {
+		n.manager.Stop()
+	}
+	if n.stopRec != nil {
+		n.stopRec()
+	}
+}

@@ -1,0 +1,382 @@
+package simnode
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/kubelet/config"
+	"k8s.io/utils/ptr"
+)
+
+// RunForAnnotation makes a pod succeed after the given duration
+// (time.ParseDuration syntax) once it runs, so that Jobs complete.
+const RunForAnnotation = "sim.gpudra.io/run-for"
+
+// podState is what the loop knows about one pod of its node.
+type podState struct {
+	pod      *corev1.Pod
+	deleted  bool // gone from the API server
+	prepared bool // PrepareResources succeeded and not undone since
+	running  bool // marked Running by this loop
+	waitMsg  string
+	// containers holds the resolved CDI edits per container.
+	containers map[string]ContainerDevices
+}
+
+// podLoop stands in for the kubelet's pod workers: it prepares a bound
+// pod's claims through the DRA manager, marks it Running (Succeeded after
+// its run-for time), and unprepares when the pod ends or goes away.
+type podLoop struct {
+	n        *Node
+	factory  informers.SharedInformerFactory
+	informer cache.SharedIndexInformer
+	queue    workqueue.TypedRateLimitingInterface[types.UID]
+	cdi      *cdiResolver
+	wg       sync.WaitGroup
+
+	mu   sync.Mutex
+	pods map[types.UID]*podState
+
+	sourcesReady config.SourcesReady
+}
+
+func newPodLoop(n *Node) *podLoop {
+	l := &podLoop{
+		n:    n,
+		pods: map[types.UID]*podState{},
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
+			workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](50*time.Millisecond, 5*time.Second),
+			workqueue.TypedRateLimitingQueueConfig[types.UID]{Name: "simnode-" + n.cfg.Name}),
+		cdi: newCDIResolver(n.cfg.CDIDir()),
+	}
+	l.factory = informers.NewSharedInformerFactoryWithOptions(n.cfg.KubeletClient, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", n.cfg.Name).String()
+		}))
+	l.informer = l.factory.Core().V1().Pods().Informer()
+	_, _ = l.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { l.observe(obj, false) },
+		UpdateFunc: func(_, obj any) { l.observe(obj, false) },
+		DeleteFunc: func(obj any) {
+			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = tomb.Obj
+			}
+			l.observe(obj, true)
+		},
+	})
+	l.sourcesReady = config.NewSourcesReady(func(sets.Set[string]) bool { return l.informer.HasSynced() })
+	return l
+}
+
+func (l *podLoop) observe(obj any, deleted bool) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	st := l.pods[pod.UID]
+	if st == nil {
+		st = &podState{}
+		l.pods[pod.UID] = st
+	}
+	st.pod = pod
+	st.deleted = st.deleted || deleted
+	l.mu.Unlock()
+	l.queue.Add(pod.UID)
+}
+
+func (l *podLoop) start(ctx context.Context) {
+	l.factory.Start(ctx.Done())
+	for range l.n.cfg.Workers {
+		l.wg.Go(func() {
+			for l.processNext(ctx) {
+			}
+		})
+	}
+}
+
+func (l *podLoop) stop() {
+	l.queue.ShutDown()
+	l.n.cancel()
+	l.wg.Wait()
+	l.factory.Shutdown()
+}
+
+func (l *podLoop) processNext(ctx context.Context) bool {
+	uid, quit := l.queue.Get()
+	if quit {
+		return false
+	}
+	defer l.queue.Done(uid)
+	requeueAfter, err := l.sync(ctx, uid)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		klog.FromContext(ctx).V(2).Info("Pod sync failed, will retry", "podUID", uid, "err", err)
+		l.queue.AddRateLimited(uid)
+	case requeueAfter > 0:
+		l.queue.Forget(uid)
+		l.queue.AddAfter(uid, requeueAfter)
+	default:
+		l.queue.Forget(uid)
+	}
+	return true
+}
+
+// activePods is the DRA manager's view of the pods that still need their
+// claims: not gone, not terminal, not being deleted.
+func (l *podLoop) activePods() []*corev1.Pod {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var pods []*corev1.Pod
+	for _, st := range l.pods {
+		if !st.deleted && !terminal(st.pod) && st.pod.DeletionTimestamp == nil {
+			pods = append(pods, st.pod)
+		}
+	}
+	return pods
+}
+
+func (l *podLoop) containers(uid types.UID) (map[string]ContainerDevices, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st := l.pods[uid]
+	if st == nil || st.containers == nil {
+		return nil, false
+	}
+	return st.containers, true
+}
+
+func terminal(pod *corev1.Pod) bool {
+	return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+}
+
+// snapshot returns a copy of a pod's state for one sync.
+func (l *podLoop) snapshot(uid types.UID) (podState, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st := l.pods[uid]
+	if st == nil {
+		return podState{}, false
+	}
+	return *st, true
+}
+
+func (l *podLoop) update(uid types.UID, f func(*podState)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if st := l.pods[uid]; st != nil {
+		f(st)
+	}
+}
+
+// sync moves one pod one step on; it returns when to look again.
+func (l *podLoop) sync(ctx context.Context, uid types.UID) (time.Duration, error) {
+	st, ok := l.snapshot(uid)
+	if !ok {
+		return 0, nil
+	}
+	pod := st.pod
+	logger := klog.FromContext(ctx).WithValues("pod", klog.KObj(pod))
+	ctx = klog.NewContext(ctx, logger)
+	manager := l.n.manager
+
+	switch {
+	case st.deleted || pod.DeletionTimestamp != nil:
+		// The containers "stop" at once; then the claims are released
+		// and the pod object removed, as the kubelet does.
+		if err := manager.UnprepareResources(ctx, pod); err != nil {
+			return 0, err
+		}
+		if st.deleted {
+			l.mu.Lock()
+			delete(l.pods, uid)
+			l.mu.Unlock()
+			return 0, nil
+		}
+		l.update(uid, func(s *podState) { s.prepared = false })
+		err := l.n.cfg.KubeletClient.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+			GracePeriodSeconds: ptr.To[int64](0),
+			Preconditions:      metav1.NewUIDPreconditions(string(uid)),
+		})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return 0, fmt.Errorf("delete pod: %w", err)
+		}
+		return 0, nil
+
+	case terminal(pod):
+		if st.prepared || manager.PodMightNeedToUnprepareResources(uid) {
+			if err := manager.UnprepareResources(ctx, pod); err != nil {
+				return 0, err
+			}
+			l.update(uid, func(s *podState) { s.prepared = false })
+			logger.V(2).Info("Pod finished, claims unprepared", "phase", pod.Status.Phase)
+		}
+		return 0, nil
+
+	case pod.Status.Phase == corev1.PodRunning || st.running:
+		return l.maybeFinish(ctx, pod)
+
+	default:
+		return l.startPod(ctx, pod)
+	}
+}
+
+// startPod prepares the pod's claims, resolves its containers' CDI
+// devices and marks it Running.
+func (l *podLoop) startPod(ctx context.Context, pod *corev1.Pod) (time.Duration, error) {
+	manager := l.n.manager
+	if err := manager.PrepareResources(ctx, pod); err != nil {
+		l.waiting(ctx, pod, err)
+		return 0, err
+	}
+	l.update(pod.UID, func(s *podState) { s.prepared = true })
+	containers := map[string]ContainerDevices{}
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		info, err := manager.GetResources(pod, c)
+		if err != nil {
+			l.waiting(ctx, pod, err)
+			return 0, err
+		}
+		var ids []string
+		for _, d := range info.CDIDevices {
+			ids = append(ids, d.Name)
+		}
+		devs, err := l.cdi.resolve(ids)
+		if err != nil {
+			err = fmt.Errorf("container %s: %w", c.Name, err)
+			l.waiting(ctx, pod, err)
+			return 0, err
+		}
+		containers[c.Name] = devs
+	}
+
+	now := metav1.Now()
+	updated := pod.DeepCopy()
+	s := &updated.Status
+	s.Phase = corev1.PodRunning
+	s.StartTime = &now
+	s.HostIP = "127.0.0.1"
+	s.HostIPs = []corev1.HostIP{{IP: "127.0.0.1"}}
+	for _, t := range []corev1.PodConditionType{corev1.PodReadyToStartContainers, corev1.PodInitialized, corev1.ContainersReady, corev1.PodReady} {
+		setCondition(s, corev1.PodCondition{Type: t, Status: corev1.ConditionTrue, LastTransitionTime: now})
+	}
+	s.ContainerStatuses = nil
+	for _, c := range pod.Spec.Containers {
+		s.ContainerStatuses = append(s.ContainerStatuses, corev1.ContainerStatus{
+			Name: c.Name, Image: c.Image, ImageID: "sim://" + c.Image, ContainerID: "sim://" + string(pod.UID) + "/" + c.Name,
+			Ready: true, Started: ptr.To(true),
+			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}},
+		})
+	}
+	if _, err := l.n.cfg.KubeletClient.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{}); err != nil {
+		return 0, fmt.Errorf("mark pod running: %w", err)
+	}
+	l.update(pod.UID, func(st *podState) { st.running, st.containers = true, containers })
+	klog.FromContext(ctx).V(2).Info("Pod running", "containers", len(containers))
+	return l.runFor(pod, now.Time)
+}
+
+// runFor says how long until a running pod with the run-for annotation is
+// due to succeed (0: never, or now if negative is reported as 1ns).
+func (l *podLoop) runFor(pod *corev1.Pod, started time.Time) (time.Duration, error) {
+	v, ok := pod.Annotations[RunForAnnotation]
+	if !ok {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		l.n.recorder.Eventf(pod, corev1.EventTypeWarning, "BadAnnotation", "%s: %v", RunForAnnotation, err)
+		return 0, nil
+	}
+	left := time.Until(started.Add(d))
+	if left <= 0 {
+		left = time.Nanosecond
+	}
+	return left, nil
+}
+
+// maybeFinish marks a running pod Succeeded once its run-for time is up.
+func (l *podLoop) maybeFinish(ctx context.Context, pod *corev1.Pod) (time.Duration, error) {
+	if _, ok := pod.Annotations[RunForAnnotation]; !ok || pod.Status.Phase != corev1.PodRunning {
+		return 0, nil
+	}
+	started := time.Now()
+	if pod.Status.StartTime != nil {
+		started = pod.Status.StartTime.Time
+	}
+	if left, _ := l.runFor(pod, started); left > time.Millisecond {
+		return left, nil
+	}
+	now := metav1.Now()
+	updated := pod.DeepCopy()
+	s := &updated.Status
+	s.Phase = corev1.PodSucceeded
+	for _, t := range []corev1.PodConditionType{corev1.ContainersReady, corev1.PodReady} {
+		setCondition(s, corev1.PodCondition{Type: t, Status: corev1.ConditionFalse, Reason: "PodCompleted", LastTransitionTime: now})
+	}
+	for i := range s.ContainerStatuses {
+		cs := &s.ContainerStatuses[i]
+		startedAt := now
+		if cs.State.Running != nil {
+			startedAt = cs.State.Running.StartedAt
+		}
+		cs.Ready, cs.Started = false, ptr.To(false)
+		cs.State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+			ExitCode: 0, Reason: "Completed", StartedAt: startedAt, FinishedAt: now, ContainerID: cs.ContainerID,
+		}}
+	}
+	if _, err := l.n.cfg.KubeletClient.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{}); err != nil {
+		return 0, fmt.Errorf("mark pod succeeded: %w", err)
+	}
+	return 0, nil
+}
+
+// waiting reports why a pod cannot start, as the kubelet does: an event,
+// and the message in the containers' waiting state.
+func (l *podLoop) waiting(ctx context.Context, pod *corev1.Pod, cause error) {
+	msg := cause.Error()
+	var same bool
+	l.update(pod.UID, func(s *podState) { same = s.waitMsg == msg; s.waitMsg = msg })
+	if same {
+		return
+	}
+	l.n.recorder.Event(pod, corev1.EventTypeWarning, "FailedPrepareDynamicResources", msg)
+	updated := pod.DeepCopy()
+	updated.Status.ContainerStatuses = nil
+	for _, c := range pod.Spec.Containers {
+		updated.Status.ContainerStatuses = append(updated.Status.ContainerStatuses, corev1.ContainerStatus{
+			Name: c.Name, Image: c.Image,
+			State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating", Message: msg}},
+		})
+	}
+	if _, err := l.n.cfg.KubeletClient.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{}); err != nil {
+		klog.FromContext(ctx).V(2).Info("Recording the waiting reason failed", "err", err)
+		l.update(pod.UID, func(s *podState) { s.waitMsg = "" })
+	}
+}
+
+func setCondition(s *corev1.PodStatus, c corev1.PodCondition) {
+	for i := range s.Conditions {
+		if s.Conditions[i].Type == c.Type {
+			if s.Conditions[i].Status == c.Status {
+				return
+			}
+			s.Conditions[i] = c
+			return
+		}
+	}
+	s.Conditions = append(s.Conditions, c)
+}
