@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpudra/gpudra/pkg/plugin"
@@ -256,4 +257,77 @@ func (h *harness) waitForEvent(reason string) (string, error) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return "", fmt.Errorf("no %s event recorded", reason)
+}
+
+// startedCheckpoint is a checkpoint, written by an earlier plugin, that
+// holds an interrupted preparation of claim-1 on gpu-0 and its spec.
+func startedCheckpoint(t *testing.T, dir string, startedAt time.Time) (claimUID string) {
+	t.Helper()
+	claimUID = "00000000-0000-0000-0000-000000000001" // the harness's first claim
+	for _, sub := range []string{"plugin", "cdi"} {
+		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkpoint := fmt.Sprintf(`{"version":"v2","bootID":"boot-1","claims":{%q:{"uid":%q,"namespace":"default","name":"claim-1","phase":"PrepareStarted","startedAt":%q,"devices":[{"requests":["gpu0"],"pool":%q,"name":"gpu-0"}]}}}`,
+		claimUID, claimUID, startedAt.UTC().Format(time.RFC3339Nano), nodeName)
+	if err := os.WriteFile(filepath.Join(dir, "plugin", "checkpoint.json"), []byte(checkpoint), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	spec := filepath.Join(dir, "cdi", "k8s.gpu.nvidia.com-claim_"+claimUID+".json")
+	if err := os.WriteFile(spec, []byte(`{"cdiVersion":"0.5.0","kind":"k8s.gpu.nvidia.com/claim","devices":[]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return claimUID
+}
+
+// TestInterruptedPreparationRolledBack: a PrepareStarted record is rolled
+// back by the next Prepare of that claim, or by the sweep once the kubelet
+// has given up on the call; a device it reserved is held until then.
+func TestInterruptedPreparationRolledBack(t *testing.T) {
+	t.Run("by the retry", func(t *testing.T) {
+		dir := shortTempDir(t)
+		uid := startedCheckpoint(t, dir, time.Now())
+		h := newHarnessIn(t, dir)
+		// Another claim cannot take the device the interrupted one holds.
+		other := h.create(&resourceapi.ResourceClaim{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "other", UID: "other-uid"},
+			Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{
+				Results: []resourceapi.DeviceRequestAllocationResult{{Request: "gpu", Driver: driverName, Pool: nodeName, Device: "gpu-0"}},
+			}}},
+		})
+		if r := h.prepare(other).Claims["other-uid"]; !strings.Contains(r.Error, "already prepared for claim default/claim-1") {
+			t.Errorf("other claim for gpu-0: %q", r.Error)
+		}
+		claim := h.claim("gpu-0")
+		if string(claim.UID) != uid {
+			t.Fatalf("harness claim UID %s, want %s", claim.UID, uid)
+		}
+		h.mustPrepare(claim)
+		if !strings.Contains(h.checkpoint(), `"phase":"PrepareCompleted"`) {
+			t.Errorf("retry did not complete the claim:\n%s", h.checkpoint())
+		}
+		h.mustUnprepare(claim)
+		if len(h.specFiles()) != 0 || strings.Contains(h.checkpoint(), uid) {
+			t.Errorf("left behind: specs %v, checkpoint %s", h.specFiles(), h.checkpoint())
+		}
+	})
+	t.Run("by the sweep", func(t *testing.T) {
+		dir := shortTempDir(t)
+		uid := startedCheckpoint(t, dir, time.Now().Add(-time.Minute))
+		h := newHarnessIn(t, dir)
+		h.driver.Sweep(h.ctx)
+		if strings.Contains(h.checkpoint(), uid) || len(h.specFiles()) != 0 {
+			t.Errorf("stale preparation not rolled back: specs %v, checkpoint %s", h.specFiles(), h.checkpoint())
+		}
+	})
+	t.Run("young one kept by the sweep", func(t *testing.T) {
+		dir := shortTempDir(t)
+		uid := startedCheckpoint(t, dir, time.Now())
+		h := newHarnessIn(t, dir)
+		h.driver.Sweep(h.ctx)
+		if !strings.Contains(h.checkpoint(), uid) || len(h.specFiles()) != 1 {
+			t.Errorf("a preparation younger than the call timeout was rolled back: specs %v", h.specFiles())
+		}
+	})
 }

@@ -1,0 +1,73 @@
+// Package e2e runs gpudra's end-to-end tests on the local cluster: the
+// real kube-scheduler allocates from the ResourceSlices gpudra publishes,
+// and the kubelet's own DRA code prepares claims through gpudra's gRPC
+// sockets.
+package e2e
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/pkg/hardware/sim"
+
+	"github.com/gpudra/gpudra/localcluster/cluster"
+)
+
+// demo is the cluster most tests share: the demo fleet with all examples
+// applied.
+var demo *cluster.Cluster
+
+// examplesDir is the repository's examples directory.
+func examplesDir() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "examples")
+}
+
+func TestMain(m *testing.M) {
+	klog.InitFlags(nil)
+	flag.Parse()
+	if !testing.Verbose() {
+		// The components log a lot at level 0; keep only errors out of a
+		// passing run's output.
+		_ = flag.Set("stderrthreshold", "ERROR")
+		_ = flag.Set("logtostderr", "false")
+		_ = flag.Set("alsologtostderr", "false")
+		klog.SetOutput(discard{})
+	}
+	os.Exit(run(m))
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+func run(m *testing.M) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	fleet, err := sim.Load("demo")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	start := time.Now()
+	demo, err = cluster.Start(ctx, cluster.Options{Fleet: fleet})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "start local cluster:", err)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "local cluster up in %v\n", time.Since(start).Round(time.Millisecond))
+	code := m.Run()
+	if err := demo.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stop local cluster:", err)
+		code = 1
+	}
+	return code
+}
