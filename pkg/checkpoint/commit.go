@@ -178,6 +178,9 @@ func (s *Store) adopt(l loaded) {
 	}
 	if l.corrupt != nil {
 		s.logger.Error(l.corrupt.Err, "Unreadable checkpoint moved aside; starting with no prepared claims", "movedTo", l.corrupt.Path)
+		if s.onCorrupt != nil {
+			s.onCorrupt(*l.corrupt)
+		}
 	}
 	if l.newer != "" {
 		s.logger.Error(&newerVersionError{path: s.path, version: l.newer}, "Checkpoint from a newer plugin")

@@ -14,6 +14,7 @@ type options struct {
 	bootIDPath   string
 	procStatPath string
 	now          func() time.Time
+	onCorrupt    func(CorruptFile)
 }
 
 func defaultOptions() options {
@@ -46,4 +47,13 @@ func WithProcStatPath(path string) Option {
 // default.
 func WithClock(now func() time.Time) Option {
 	return func(o *options) { o.now = now }
+}
+
+// WithCorruptHandler has f called when a Store that is already open finds
+// the file unreadable (someone or something damaged it) and moves it aside;
+// the Store then goes on with no prepared claims. Open reports the same
+// finding in its OpenReport instead. f runs on the Store's committer
+// goroutine: it must return quickly and must not call the Store.
+func WithCorruptHandler(f func(CorruptFile)) Option {
+	return func(o *options) { o.onCorrupt = f }
 }

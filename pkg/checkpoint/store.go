@@ -86,7 +86,8 @@ type Store struct {
 	data []byte   // see loaded.data
 	pin  *os.File // the file cur.id names, kept open so its inode is not reused
 
-	writes atomic.Int64 // files written; for tests and benchmarks
+	writes    atomic.Int64 // files written; for tests and benchmarks
+	onCorrupt func(CorruptFile)
 }
 
 // snapshot is the state as of one version of the file. The state is never
@@ -144,6 +145,8 @@ func Open(ctx context.Context, dir string, opts ...Option) (*Store, OpenReport, 
 		stopped:  make(chan struct{}),
 	}
 	report, err := s.open(ctx)
+	// Set only now: Open reports what it finds in the OpenReport.
+	s.onCorrupt = o.onCorrupt
 	if err != nil {
 		cancel()
 		s.setPin(nil, fileID{})

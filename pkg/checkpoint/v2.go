@@ -47,6 +47,7 @@ type claimV2 struct {
 	StartedAt time.Time    `json:"startedAt"`
 	Consumers []consumerV2 `json:"consumers,omitempty"`
 	Devices   []deviceV2   `json:"devices"`
+	Adopted   bool         `json:"adopted,omitempty"`
 }
 
 type consumerV2 struct {
@@ -99,6 +100,7 @@ func toV2(bootID string, st *claimstate.State) (*fileV2, error) {
 			Phase:     phase,
 			StartedAt: c.StartedAt,
 			Devices:   make([]deviceV2, len(c.Devices)),
+			Adopted:   c.Adopted,
 		}
 		for _, p := range c.Consumers {
 			out.Consumers = append(out.Consumers, consumerV2{Name: p.Name, UID: p.UID})
@@ -144,6 +146,7 @@ func fromV2(f *fileV2) (*claimstate.State, error) {
 			Phase:     phase,
 			StartedAt: c.StartedAt,
 			Devices:   make([]claimstate.Device, len(c.Devices)),
+			Adopted:   c.Adopted,
 		}
 		for _, p := range c.Consumers {
 			out.Consumers = append(out.Consumers, claimstate.Consumer{Name: p.Name, UID: p.UID})

@@ -57,6 +57,15 @@ func (e *ConflictError) Error() string {
 // partial work or return its result.
 func (s *State) PlanPrepare(in Intent) (PrepareAction, *Claim, error) {
 	existing := s.Claims[in.UID]
+	if existing != nil && existing.Adopted {
+		// An adopted record knows the devices but not the requests, shares
+		// or admin access: prepare again over it (the spec is rewritten in
+		// place) and let the full record replace it.
+		if err := s.checkConflicts(in); err != nil {
+			return 0, existing, err
+		}
+		return ActionPrepare, existing, nil
+	}
 	if existing != nil && existing.Phase == PrepareCompleted {
 		if !sameDevices(existing.Devices, in.Devices) {
 			return 0, existing, fmt.Errorf("claim %s/%s (uid %s) is already prepared with devices %v, not %v: unprepare it first",
@@ -86,7 +95,7 @@ func (s *State) RecordStarted(in Intent, now time.Time) error {
 // RecordCompleted records that every device of the intent is set up. The
 // intent's devices carry their CDI device IDs by now.
 func (s *State) RecordCompleted(in Intent, startedAt time.Time) error {
-	if existing := s.Claims[in.UID]; existing != nil && existing.Phase == PrepareCompleted {
+	if existing := s.Claims[in.UID]; existing != nil && existing.Phase == PrepareCompleted && !existing.Adopted {
 		if sameDevices(existing.Devices, in.Devices) {
 			return nil
 		}
@@ -203,4 +212,16 @@ func deviceKeys(ds []Device) []string {
 		}
 	}
 	return keys
+}
+
+// Adopt records a claim found prepared on the node without a record (its
+// CDI spec survived the loss of the checkpoint) as completed and adopted.
+// It never replaces an existing record, and reports whether it added one.
+func (s *State) Adopt(uid string, devices []Device, now time.Time) bool {
+	if _, ok := s.Claims[uid]; ok {
+		return false
+	}
+	c := &Claim{UID: uid, Phase: PrepareCompleted, StartedAt: now, Devices: devices, Adopted: true}
+	s.Claims[uid] = c.Clone()
+	return true
 }

@@ -41,6 +41,11 @@ type Claim struct {
 	Consumers []Consumer `json:"consumers,omitempty"`
 	// Devices are the allocated devices of this driver, in allocation order.
 	Devices []Device `json:"devices"`
+	// Adopted marks a record rebuilt from a claim's CDI spec after the
+	// checkpoint was lost: it keeps the devices held and the spec in place
+	// until the claim is unprepared or found gone. Namespace and Name stay
+	// empty until the sweep finds the claim in the API server.
+	Adopted bool `json:"adopted,omitempty"`
 }
 
 // Consumer is a pod a claim was reserved for.

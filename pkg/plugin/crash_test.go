@@ -7,8 +7,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -192,6 +194,10 @@ func TestSweepReleasesClaimsWhoseObjectsAreGone(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.act()
 			h.driver.Sweep(h.ctx)
+			if !strings.Contains(h.checkpoint(), string(claim.UID)) {
+				t.Fatal("released on the first sweep that found it gone; want two")
+			}
+			h.driver.Sweep(h.ctx)
 			stays := strings.Contains(h.checkpoint(), string(claim.UID))
 			if stays != tc.wantStays {
 				t.Errorf("record kept = %v, want %v", stays, tc.wantStays)
@@ -203,18 +209,39 @@ func TestSweepReleasesClaimsWhoseObjectsAreGone(t *testing.T) {
 	}
 }
 
-// TestCorruptCheckpointKeepsServing: an unreadable checkpoint is moved
-// aside with an event, and the plugin keeps serving.
-func TestCorruptCheckpointKeepsServing(t *testing.T) {
+// TestCorruptCheckpointAdoptsPreparedClaims: an unreadable checkpoint is
+// moved aside with an event, the plugin keeps serving, and the claims whose
+// specs are on the node are adopted: their specs survive restarts and
+// sweeps, their devices stay held, and the kubelet's unprepare (or the
+// claim's disappearance) releases them.
+func TestCorruptCheckpointAdoptsPreparedClaims(t *testing.T) {
 	dir := shortTempDir(t)
-	if err := os.MkdirAll(filepath.Join(dir, "plugin"), 0o755); err != nil {
+	var clock atomic.Pointer[time.Time]
+	now := time.Now()
+	clock.Store(&now)
+	withClock := func(cfg *plugin.Config) { cfg.Clock = func() time.Time { return *clock.Load() } }
+	advance := func() {
+		later := clock.Load().Add(plugin.DefaultCallTimeout + time.Minute)
+		clock.Store(&later)
+	}
+
+	// A plugin prepares two claims, then its checkpoint is damaged.
+	h := newHarnessIn(t, dir, withClock)
+	running, finished := h.claim("gpu-0"), h.claim("gpu-1")
+	h.mustPrepare(running)
+	h.mustPrepare(finished)
+	h.stop()
+	if err := os.WriteFile(filepath.Join(h.cfg.PluginDataDir, "checkpoint.json"), []byte(`{"version":"v2","bootID":"boot-1","claims":{`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "plugin", "checkpoint.json"), []byte(`{"version":"v2","bootID":"boot-1","claims":{`), 0o600); err != nil {
+	// The "finished" claim is deleted from the API server meanwhile.
+	if err := h.client.ResourceV1().ResourceClaims("default").Delete(context.Background(), finished.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	h := newHarnessIn(t, dir)
-	matches, _ := filepath.Glob(filepath.Join(dir, "plugin", "checkpoint.json.corrupt-*"))
+	client := h.client
+
+	h = newHarnessIn(t, dir, withClock, func(cfg *plugin.Config) { cfg.KubeClient = client })
+	matches, _ := filepath.Glob(filepath.Join(h.cfg.PluginDataDir, "checkpoint.json.corrupt-*"))
 	if len(matches) != 1 {
 		t.Fatalf("corrupt checkpoint not moved aside: %v", matches)
 	}
@@ -225,7 +252,69 @@ func TestCorruptCheckpointKeepsServing(t *testing.T) {
 	if !strings.Contains(events, matches[0]) {
 		t.Errorf("event does not say where the file went: %s", events)
 	}
-	h.mustPrepare(h.claim("gpu-1"))
+	if !strings.Contains(h.checkpoint(), `"adopted":true`) || len(h.specFiles()) != 2 {
+		t.Fatalf("claims not adopted: specs %v, checkpoint %s", h.specFiles(), h.checkpoint())
+	}
+	// The adopted device is still held.
+	thief := h.create(&resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "thief", UID: "thief"},
+		Status: resourceapi.ResourceClaimStatus{Allocation: &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{
+			Results: []resourceapi.DeviceRequestAllocationResult{{Request: "gpu", Driver: driverName, Pool: nodeName, Device: "gpu-0"}},
+		}}},
+	})
+	if r := h.prepare(thief).Claims["thief"]; !strings.Contains(r.Error, "already prepared") {
+		t.Errorf("a second claim got an adopted device: %q", r.Error)
+	}
+
+	// Restarts and sweeps long after keep the running claim's spec; the
+	// deleted claim is released on the second sweep that finds it gone.
+	advance()
+	h.restart()
+	h.driver.Sweep(h.ctx)
+	h.driver.Sweep(h.ctx)
+	if !slices.ContainsFunc(h.specFiles(), func(f string) bool { return strings.Contains(f, string(running.UID)) }) {
+		t.Errorf("the running claim's spec was removed: %v", h.specFiles())
+	}
+	if slices.ContainsFunc(h.specFiles(), func(f string) bool { return strings.Contains(f, string(finished.UID)) }) {
+		t.Errorf("the deleted claim's spec was kept: %v", h.specFiles())
+	}
+	if !strings.Contains(h.checkpoint(), `"name":"`+running.Name+`"`) {
+		t.Errorf("the adopted claim was not named from the API server: %s", h.checkpoint())
+	}
+	// The kubelet's retry prepares over the adopted record; unprepare
+	// releases everything.
+	h.mustPrepare(running)
+	if strings.Contains(h.checkpoint(), `"adopted":true`) {
+		t.Errorf("prepare did not replace the adopted record: %s", h.checkpoint())
+	}
+	h.mustUnprepare(running)
+	if len(h.specFiles()) != 0 {
+		t.Errorf("specs left: %v", h.specFiles())
+	}
+}
+
+// TestCheckpointDamagedWhileRunning: corruption found by a running plugin
+// leads to adoption before any spec is removed.
+func TestCheckpointDamagedWhileRunning(t *testing.T) {
+	var clock atomic.Pointer[time.Time]
+	now := time.Now()
+	clock.Store(&now)
+	h := newHarness(t, func(cfg *plugin.Config) { cfg.Clock = func() time.Time { return *clock.Load() } })
+	claim := h.claim("gpu-3")
+	h.mustPrepare(claim)
+	if err := os.WriteFile(filepath.Join(h.cfg.PluginDataDir, "checkpoint.json"), []byte("garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	later := now.Add(plugin.DefaultCallTimeout + time.Minute)
+	clock.Store(&later)
+	h.driver.Sweep(h.ctx) // finds the damage
+	h.driver.Sweep(h.ctx) // adopts, then sweeps
+	if _, err := h.waitForEvent("CheckpointUnreadable"); err != nil {
+		t.Error(err)
+	}
+	if len(h.specFiles()) != 1 || !strings.Contains(h.checkpoint(), string(claim.UID)) {
+		t.Errorf("claim not adopted after runtime damage: specs %v, checkpoint %s", h.specFiles(), h.checkpoint())
+	}
 }
 
 func (h *harness) createPod(name string, uid any) {

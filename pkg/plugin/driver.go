@@ -105,9 +105,14 @@ type Driver struct {
 	// claimLocks serializes Prepare and Unprepare per claim UID inside this
 	// process; different claims proceed in parallel.
 	claimLocks keymutex.KeyMutex
-	// keepOrphanSpecs is set when the checkpoint was unreadable at start:
-	// CDI specs without a record may then belong to running pods.
-	keepOrphanSpecs bool
+	// adoptPending is set when the checkpoint was found unreadable while
+	// running; adoptNow wakes the sweep to adopt the claims on the node.
+	adoptPending atomic.Bool
+	adoptNow     chan struct{}
+	// sweepMu serializes sweeps; goneOnce holds the claims the last sweep
+	// found gone from the API server.
+	sweepMu  sync.Mutex
+	goneOnce map[string]bool
 
 	stopBroadcast func()
 	cancel        context.CancelFunc
@@ -132,6 +137,8 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 		logger:     logger,
 		claimLocks: keymutex.NewHashed(claimLockBuckets),
 		cancel:     cancel,
+		adoptNow:   make(chan struct{}, 1),
+		goneOnce:   map[string]bool{},
 		nodeRef:    &corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: cfg.NodeName},
 	}
 	defer func() {
@@ -141,7 +148,7 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 	}()
 	d.startEvents()
 
-	var opts []checkpoint.Option
+	opts := []checkpoint.Option{checkpoint.WithCorruptHandler(d.onCorruptCheckpoint)}
 	if cfg.BootIDPath != "" {
 		opts = append(opts, checkpoint.WithBootIDPath(cfg.BootIDPath))
 	}
@@ -154,6 +161,11 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 
 	if d.cdi, err = cdi.NewWriter(cfg.CDIDir, cfg.DriverName); err != nil {
 		return nil, err
+	}
+	if report.Corrupt != nil {
+		if err := d.adoptSpecs(ctx); err != nil {
+			return nil, fmt.Errorf("adopt claims after losing the checkpoint: %w", err)
+		}
 	}
 	d.removeOrphanSpecs(ctx)
 

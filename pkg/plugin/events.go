@@ -33,8 +33,7 @@ func (d *Driver) event(eventType, reason, message string) {
 func (d *Driver) reportCheckpoint(r checkpoint.OpenReport) {
 	switch {
 	case r.Corrupt != nil:
-		d.keepOrphanSpecs = true
-		d.logger.Error(r.Corrupt.Err, "Checkpoint unreadable; moved aside, starting with no prepared claims. CDI specs of unknown claims are kept, since they may belong to running pods",
+		d.logger.Error(r.Corrupt.Err, "Checkpoint unreadable; moved aside. Claims with a CDI spec on this node are adopted, since they may belong to running pods",
 			"movedTo", r.Corrupt.Path)
 		d.event(corev1.EventTypeWarning, "CheckpointUnreadable",
 			fmt.Sprintf("gpudra checkpoint was unreadable and was moved to %s: %v", r.Corrupt.Path, r.Corrupt.Err))

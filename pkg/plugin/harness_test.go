@@ -100,8 +100,12 @@ func newHarnessIn(tb testing.TB, dir string, mutate ...func(*plugin.Config)) *ha
 	for _, m := range mutate {
 		m(&h.cfg)
 	}
-	h.client = fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: h.cfg.NodeName, UID: "node-uid"}})
-	h.cfg.KubeClient = h.client
+	if client, ok := h.cfg.KubeClient.(*fake.Clientset); ok {
+		h.client = client // an earlier harness's API server
+	} else {
+		h.client = fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: h.cfg.NodeName, UID: "node-uid"}})
+		h.cfg.KubeClient = h.client
+	}
 	h.start()
 	tb.Cleanup(h.stop)
 	return h

@@ -117,7 +117,7 @@ func (d *Driver) prepared(ctx context.Context, claim *resourceapi.ResourceClaim)
 	if action == claimstate.ActionReturnRecorded {
 		return kubeletDevices(existing.Devices), nil
 	}
-	plan, err := d.planClaim(claim, intent, d.current())
+	plan, err := d.planClaim(ctx, claim, intent, d.current())
 	if err != nil {
 		return nil, err
 	}
@@ -262,7 +262,7 @@ func (d *Driver) intentOf(claim *resourceapi.ResourceClaim) (claimstate.Intent, 
 
 // planClaim checks the intent against this node's devices, resolves the
 // claim's configuration and builds its CDI spec. It has no side effects.
-func (d *Driver) planClaim(claim *resourceapi.ResourceClaim, intent claimstate.Intent, node *nodeState) (*claimPlan, error) {
+func (d *Driver) planClaim(ctx context.Context, claim *resourceapi.ResourceClaim, intent claimstate.Intent, node *nodeState) (*claimPlan, error) {
 	devices := make([]*devicemodel.Device, 0, len(intent.Devices))
 	for i := range intent.Devices {
 		cd := &intent.Devices[i]
@@ -279,7 +279,7 @@ func (d *Driver) planClaim(claim *resourceapi.ResourceClaim, intent claimstate.I
 	if err := d.checkConfigs(claim, node); err != nil {
 		return nil, err
 	}
-	common, err := d.cfg.DriverEdits.CommonEdits()
+	common, err := d.cfg.DriverEdits.CommonEdits(ctx, node.inv.DriverVersion)
 	if err != nil {
 		return nil, fmt.Errorf("driver files for CDI: %w", err)
 	}

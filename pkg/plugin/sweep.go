@@ -2,9 +2,9 @@ package plugin
 
 import (
 	"context"
-	"slices"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
@@ -12,7 +12,12 @@ import (
 	"github.com/gpudra/gpudra/pkg/claimstate"
 )
 
-// sweepLoop runs Sweep every SweepInterval until ctx ends.
+// apiCallTimeout bounds each API call of the sweep, so that one hung
+// connection cannot stall it.
+const apiCallTimeout = 10 * time.Second
+
+// sweepLoop runs Sweep every SweepInterval, and at once when the
+// checkpoint was found unreadable, until ctx ends.
 func (d *Driver) sweepLoop(ctx context.Context) {
 	ticker := time.NewTicker(d.cfg.SweepInterval)
 	defer ticker.Stop()
@@ -21,32 +26,95 @@ func (d *Driver) sweepLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
-			d.Sweep(ctx)
+		case <-d.adoptNow:
 		}
+		d.Sweep(ctx)
 	}
 }
 
 // Sweep cleans up what the kubelet will never ask for: preparations started
 // longer ago than the kubelet's call timeout are rolled back, completed
-// claims whose ResourceClaim and consumer pods are all gone are released,
-// and CDI specs with no record that are older than the call timeout are
-// removed.
+// claims whose ResourceClaim and consumer pods are gone on two sweeps in a
+// row are released, and CDI specs with no record that are older than the
+// call timeout are removed. After the checkpoint was lost it first adopts
+// the claims whose specs are on the node.
 func (d *Driver) Sweep(ctx context.Context) {
+	d.sweepMu.Lock()
+	defer d.sweepMu.Unlock()
 	logger := klog.FromContext(ctx).WithName("sweep")
+	ctx = klog.NewContext(ctx, logger)
+	if d.adoptPending.Swap(false) {
+		if err := d.adoptSpecs(ctx); err != nil {
+			logger.Error(err, "Adopting claims; no CDI spec is removed until that works")
+			d.adoptPending.Store(true)
+			return
+		}
+	}
 	state, err := d.store.Read(ctx)
 	if err != nil {
 		logger.Error(err, "Reading checkpoint")
 		return
 	}
-	plan := state.PlanSweep(d.now(), d.cfg.CallTimeout, func(c *claimstate.Claim) bool { return d.goneFromAPI(ctx, c) })
+	lookup := &apiLookup{d: d}
+	d.nameAdopted(ctx, state, lookup)
+	plan := state.PlanSweep(d.now(), d.cfg.CallTimeout, func(c *claimstate.Claim) bool {
+		return d.goneTwice(c.UID, lookup.gone(ctx, c))
+	})
 	for _, c := range plan.RollBack {
 		d.sweepClaim(ctx, logger, c, claimstate.PrepareStarted, "Rolled back a preparation the kubelet gave up on")
 	}
 	for _, c := range plan.Release {
 		d.sweepClaim(ctx, logger, c, claimstate.PrepareCompleted, "Released a claim whose ResourceClaim and pods are gone")
 	}
-	if !d.keepOrphanSpecs {
-		d.removeOrphanSpecs(ctx)
+	d.removeOrphanSpecs(ctx)
+}
+
+// goneTwice reports a claim gone only when the previous sweep found it gone
+// too: a claim and its pods can vanish from the API server (a forced
+// deletion) a little before the containers on the node stop.
+func (d *Driver) goneTwice(uid string, gone bool) bool {
+	if !gone {
+		delete(d.goneOnce, uid)
+		return false
+	}
+	if d.goneOnce[uid] {
+		delete(d.goneOnce, uid)
+		return true
+	}
+	d.goneOnce[uid] = true
+	return false
+}
+
+// nameAdopted fills in the namespace, name and consumers of adopted claims
+// that the API server still has, so that the usual rules apply to them.
+func (d *Driver) nameAdopted(ctx context.Context, state *claimstate.State, lookup *apiLookup) {
+	for uid, c := range state.Claims {
+		if !c.Adopted || c.Name != "" {
+			continue
+		}
+		claim, ok := lookup.claimByUID(ctx, uid)
+		if !ok {
+			continue
+		}
+		var consumers []claimstate.Consumer
+		for _, ref := range claim.Status.ReservedFor {
+			if ref.Resource == "pods" && ref.APIGroup == "" {
+				consumers = append(consumers, claimstate.Consumer{Name: ref.Name, UID: string(ref.UID)})
+			}
+		}
+		err := d.store.Update(ctx, func(s *claimstate.State) error {
+			if rec := s.Claims[uid]; rec != nil && rec.Adopted && rec.Name == "" {
+				named := rec.Clone()
+				named.Namespace, named.Name, named.Consumers = claim.Namespace, claim.Name, consumers
+				s.Claims[uid] = named
+			}
+			return nil
+		})
+		if err != nil {
+			klog.FromContext(ctx).Error(err, "Naming an adopted claim", "claimUID", uid)
+			continue
+		}
+		c.Namespace, c.Name, c.Consumers = claim.Namespace, claim.Name, consumers
 	}
 }
 
@@ -71,12 +139,29 @@ func (d *Driver) sweepClaim(ctx context.Context, logger klog.Logger, c *claimsta
 	logger.Info(msg, "claim", klog.KRef(c.Namespace, c.Name), "claimUID", c.UID, "devices", len(c.Devices))
 }
 
-// goneFromAPI reports whether a claim and every pod it was reserved for no
-// longer exist (or exist only as new objects with the same name). Any API
-// error counts as "not gone": releasing a device in use is far worse than
-// keeping a stale record a while longer.
-func (d *Driver) goneFromAPI(ctx context.Context, c *claimstate.Claim) bool {
-	claim, err := d.cfg.KubeClient.ResourceV1().ResourceClaims(c.Namespace).Get(ctx, c.Name, metav1.GetOptions{})
+// apiLookup answers the sweep's questions to the API server. Any API error
+// counts as "not gone": releasing a device in use is far worse than keeping
+// a stale record a while longer.
+type apiLookup struct {
+	d *Driver
+	// claims, listed once per sweep when an adopted claim needs it.
+	claims map[string]*resourceapi.ResourceClaim
+	listed bool
+	failed bool
+}
+
+// gone reports whether a claim and every pod it was reserved for no longer
+// exist (or exist only as new objects with the same name).
+func (l *apiLookup) gone(ctx context.Context, c *claimstate.Claim) bool {
+	if c.Name == "" {
+		// An adopted claim the API server did not name: gone if a
+		// successful list does not have it.
+		_, ok := l.claimByUID(ctx, c.UID)
+		return !ok && !l.failed
+	}
+	callCtx, cancel := context.WithTimeout(ctx, apiCallTimeout)
+	defer cancel()
+	claim, err := l.d.cfg.KubeClient.ResourceV1().ResourceClaims(c.Namespace).Get(callCtx, c.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
@@ -85,7 +170,7 @@ func (d *Driver) goneFromAPI(ctx context.Context, c *claimstate.Claim) bool {
 		return false
 	}
 	for _, consumer := range c.Consumers {
-		pod, err := d.cfg.KubeClient.CoreV1().Pods(c.Namespace).Get(ctx, consumer.Name, metav1.GetOptions{})
+		pod, err := l.d.cfg.KubeClient.CoreV1().Pods(c.Namespace).Get(callCtx, consumer.Name, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
 		case err != nil:
@@ -95,6 +180,28 @@ func (d *Driver) goneFromAPI(ctx context.Context, c *claimstate.Claim) bool {
 		}
 	}
 	return true
+}
+
+// claimByUID finds a ResourceClaim by UID in a list of all claims, taken at
+// most once per sweep.
+func (l *apiLookup) claimByUID(ctx context.Context, uid string) (*resourceapi.ResourceClaim, bool) {
+	if !l.listed {
+		l.listed = true
+		callCtx, cancel := context.WithTimeout(ctx, apiCallTimeout)
+		defer cancel()
+		list, err := l.d.cfg.KubeClient.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(callCtx, metav1.ListOptions{})
+		if err != nil {
+			klog.FromContext(ctx).Error(err, "Listing ResourceClaims to find adopted claims")
+			l.failed = true
+			return nil, false
+		}
+		l.claims = make(map[string]*resourceapi.ResourceClaim, len(list.Items))
+		for i := range list.Items {
+			l.claims[string(list.Items[i].UID)] = &list.Items[i]
+		}
+	}
+	c, ok := l.claims[uid]
+	return c, ok
 }
 
 // removeOrphanSpecs removes CDI specs of this driver that no claim record
@@ -115,9 +222,9 @@ func (d *Driver) removeOrphanSpecs(ctx context.Context) {
 		logger.Error(err, "Reading checkpoint")
 		return
 	}
-	if d.keepOrphanSpecs {
-		logger.Info("Keeping CDI specs of claims without a record: the checkpoint was unreadable, so they may belong to running pods",
-			"claimUIDs", slices.DeleteFunc(uids, func(uid string) bool { return state.Claims[uid] != nil }))
+	if d.adoptPending.Load() {
+		// The read found the checkpoint unreadable: the specs may belong
+		// to running pods. Adopt first (next sweep, promptly).
 		return
 	}
 	for _, uid := range uids {
