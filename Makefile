@@ -7,7 +7,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 GO ?= go
 
-.PHONY: demo test build bench fuzz lint
+.PHONY: demo test build bench fuzz
 
 # What the kubelet plugin would publish on a simulated DGX H100.
 demo:

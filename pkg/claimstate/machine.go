@@ -156,7 +156,11 @@ func (s *State) sortedUIDs() []string {
 
 // checkConflicts refuses an intent that wants a device exclusively while
 // another claim holds it, or wants a share of a device another claim holds
-// exclusively. Admin-access results never conflict.
+// exclusively. Admin-access results never conflict. Devices are the same
+// when their names are, and, where both records know the hardware, when
+// they are the same GPU or MIG device or one is a MIG device of the other:
+// a name alone would miss a full GPU and a MIG device on it, or a GPU whose
+// minor number changed.
 func (s *State) checkConflicts(in Intent) error {
 	for _, want := range in.Devices {
 		if want.AdminAccess {
@@ -168,7 +172,7 @@ func (s *State) checkConflicts(in Intent) error {
 			}
 			holder := s.Claims[uid]
 			for _, held := range holder.Devices {
-				if held.AdminAccess || held.Pool != want.Pool || held.Name != want.Name {
+				if held.AdminAccess || !overlaps(want, held) {
 					continue
 				}
 				if want.ShareID != "" && held.ShareID != "" {
@@ -179,6 +183,17 @@ func (s *State) checkConflicts(in Intent) error {
 		}
 	}
 	return nil
+}
+
+// overlaps reports whether two devices share hardware.
+func overlaps(a, b Device) bool {
+	if a.Pool == b.Pool && a.Name == b.Name {
+		return true
+	}
+	if a.UUID == "" || b.UUID == "" {
+		return false
+	}
+	return a.UUID == b.UUID || a.ParentUUID == b.UUID || b.ParentUUID == a.UUID
 }
 
 func (in Intent) claim(phase Phase, startedAt time.Time) *Claim {

@@ -528,3 +528,32 @@ func TestPrepareActionString(t *testing.T) {
 		}
 	}
 }
+
+func TestConflictsByHardware(t *testing.T) {
+	gpu := claimstate.Device{Pool: "n", Name: "gpu-1", UUID: "GPU-1"}
+	for _, tc := range []struct {
+		name     string
+		held     claimstate.Device
+		want     claimstate.Device
+		conflict bool
+	}{
+		{"same GPU under a new name (minor changed)", gpu, claimstate.Device{Pool: "n", Name: "gpu-5", UUID: "GPU-1"}, true},
+		{"MIG device of a held GPU", gpu, claimstate.Device{Pool: "n", Name: "gpu-1-mig-1g10gb-19-0", UUID: "MIG-a", ParentUUID: "GPU-1"}, true},
+		{"GPU whose MIG device is held", claimstate.Device{Pool: "n", Name: "gpu-1-mig-1g10gb-19-0", UUID: "MIG-a", ParentUUID: "GPU-1"}, gpu, true},
+		{"two MIG devices of one GPU", claimstate.Device{Pool: "n", Name: "m0", UUID: "MIG-a", ParentUUID: "GPU-1"}, claimstate.Device{Pool: "n", Name: "m1", UUID: "MIG-b", ParentUUID: "GPU-1"}, false},
+		{"another GPU", gpu, claimstate.Device{Pool: "n", Name: "gpu-2", UUID: "GPU-2"}, false},
+		{"hardware unknown on one side", claimstate.Device{Pool: "n", Name: "gpu-1"}, claimstate.Device{Pool: "n", Name: "gpu-2", UUID: "GPU-1"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := claimstate.New()
+			if err := s.RecordCompleted(claimstate.Intent{UID: "holder", Namespace: "ns", Name: "h", Devices: []claimstate.Device{tc.held}}, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+			err := s.RecordCompleted(claimstate.Intent{UID: "other", Namespace: "ns", Name: "o", Devices: []claimstate.Device{tc.want}}, time.Now())
+			var conflict *claimstate.ConflictError
+			if got := errors.As(err, &conflict); got != tc.conflict {
+				t.Errorf("conflict = %v (%v), want %v", got, err, tc.conflict)
+			}
+		})
+	}
+}

@@ -125,8 +125,12 @@ func Build(inv *hardware.Inventory) (*Model, error) {
 		}
 		if !gpu.MIGEnabled {
 			api := resourceapi.Device{
-				Name:       GPUName(gpu.Minor),
-				Attributes: withAttrs(gpuAttrs, map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{AttrType: str(string(KindGPU))}),
+				Name: GPUName(gpu.Minor),
+				Attributes: withAttrs(gpuAttrs, map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+					AttrType:  str(string(KindGPU)),
+					AttrIndex: {IntValue: ptr.To(int64(gpu.Index))},
+					AttrMinor: {IntValue: ptr.To(int64(gpu.Minor))},
+				}),
 				Capacity:   map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{CapMemory: bytesCapacity(gpu.MemoryBytes)},
 			}
 			if err := add(Device{Kind: KindGPU, API: api, GPU: gpu}); err != nil {
@@ -144,15 +148,7 @@ func Build(inv *hardware.Inventory) (*Model, error) {
 					AttrParentUUID: str(gpu.UUID),
 					AttrProfile:    str(mig.Profile),
 				}),
-				Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-					CapMemory:          bytesCapacity(mig.MemoryBytes),
-					CapMultiprocessors: countCapacity(mig.Multiprocessors),
-					CapCopyEngines:     countCapacity(mig.CopyEngines),
-					CapDecoders:        countCapacity(mig.Decoders),
-					CapEncoders:        countCapacity(mig.Encoders),
-					CapJPEGEngines:     countCapacity(mig.JPEGEngines),
-					CapOFAEngines:      countCapacity(mig.OFAEngines),
-				},
+				Capacity: migCapacity(&mig),
 			}
 			if err := add(Device{Kind: KindMIG, API: api, GPU: gpu, MIG: &mig}); err != nil {
 				return nil, err
@@ -160,6 +156,29 @@ func Build(inv *hardware.Inventory) (*Model, error) {
 		}
 	}
 	return m, nil
+}
+
+// migCapacity is a MIG device's capacity: memory, engines, and, as NVIDIA's
+// driver publishes them, one "memorySlice<N>" per memory slice it occupies.
+func migCapacity(mig *hardware.MIGDevice) map[resourceapi.QualifiedName]resourceapi.DeviceCapacity {
+	c := map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+		CapMemory:          bytesCapacity(mig.MemoryBytes),
+		CapMultiprocessors: countCapacity(mig.Multiprocessors),
+		CapCopyEngines:     countCapacity(mig.CopyEngines),
+		CapDecoders:        countCapacity(mig.Decoders),
+		CapEncoders:        countCapacity(mig.Encoders),
+		CapJPEGEngines:     countCapacity(mig.JPEGEngines),
+		CapOFAEngines:      countCapacity(mig.OFAEngines),
+	}
+	for i := mig.PlacementStart; i < mig.PlacementStart+mig.PlacementSize; i++ {
+		c[MemorySliceCapacity(i)] = countCapacity(1)
+	}
+	return c
+}
+
+// MemorySliceCapacity is the capacity name of one memory slice of a GPU.
+func MemorySliceCapacity(slice int) resourceapi.QualifiedName {
+	return resourceapi.QualifiedName(fmt.Sprintf("memorySlice%d", slice))
 }
 
 // GPUName is the device name of the full GPU with the given minor number.
@@ -178,10 +197,10 @@ var notNameChar = regexp.MustCompile(`[^a-z0-9-]`)
 
 // NormalizeProfile turns a MIG profile name into a device-name fragment:
 // lower case, dots removed, any other character outside [a-z0-9-] turned
-// into '-' ("1g.10gb+me" -> "1g10gb-me").
+// into '-' ("1g.10gb+me" -> "1g10gb-me"), and no '-' at either end.
 func NormalizeProfile(profile string) string {
 	p := strings.ReplaceAll(strings.ToLower(profile), ".", "")
-	return notNameChar.ReplaceAllString(p, "-")
+	return strings.Trim(notNameChar.ReplaceAllString(p, "-"), "-")
 }
 
 func commonAttributes(inv *hardware.Inventory) (map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, error) {
@@ -205,8 +224,6 @@ func commonAttributes(inv *hardware.Inventory) (map[resourceapi.QualifiedName]re
 func gpuAttributes(gpu hardware.GPU, common map[resourceapi.QualifiedName]resourceapi.DeviceAttribute) (map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, error) {
 	attrs := withAttrs(common, map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 		AttrUUID:        str(gpu.UUID),
-		AttrIndex:       {IntValue: ptr.To(int64(gpu.Index))},
-		AttrMinor:       {IntValue: ptr.To(int64(gpu.Minor))},
 		AttrProductName: str(gpu.ProductName),
 	})
 	for name, v := range map[resourceapi.QualifiedName]string{AttrBrand: gpu.Brand, AttrArchitecture: gpu.Architecture} {

@@ -54,7 +54,7 @@ func (d *Driver) discoveryLoop(ctx context.Context, lastErr error) {
 	minDelay := min(minRetryDelay, d.cfg.DiscoveryInterval)
 	maxDelay := min(maxRetryDelay, d.cfg.DiscoveryInterval)
 	delay := minDelay
-	d.logDiscovery(logger, lastErr, delay)
+	d.logDiscovery(logger, lastErr, nil, delay)
 	for {
 		wait := d.cfg.DiscoveryInterval
 		if lastErr != nil {
@@ -73,7 +73,7 @@ func (d *Driver) discoveryLoop(ctx context.Context, lastErr error) {
 			} else {
 				delay = min(2*delay, maxDelay)
 			}
-			d.logDiscovery(logger, err, delay)
+			d.logDiscovery(logger, err, lastErr, delay)
 			lastErr = err
 			continue
 		}
@@ -91,7 +91,10 @@ func (d *Driver) discoveryLoop(ctx context.Context, lastErr error) {
 	}
 }
 
-func (d *Driver) logDiscovery(logger klog.Logger, err error, retry time.Duration) {
+// logDiscovery logs every failed discovery, and records a Node event only
+// when the failure is new or different from the previous one: a node with
+// no driver would otherwise get an event every 30 s forever.
+func (d *Driver) logDiscovery(logger klog.Logger, err, previous error, retry time.Duration) {
 	if err == nil {
 		return
 	}
@@ -101,5 +104,7 @@ func (d *Driver) logDiscovery(logger klog.Logger, err error, retry time.Duration
 	} else {
 		logger.Error(err, "GPU discovery failed; publishing the devices known so far and retrying", "publishedDevices", published, "retryIn", retry)
 	}
-	d.event(corev1.EventTypeWarning, "GPUDiscoveryFailed", fmt.Sprintf("%v (retrying in %s)", err, retry))
+	if previous == nil || previous.Error() != err.Error() {
+		d.event(corev1.EventTypeWarning, "GPUDiscoveryFailed", fmt.Sprintf("GPU discovery failed; publishing the devices known so far and retrying: %v", err))
+	}
 }

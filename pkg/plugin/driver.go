@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -129,6 +130,7 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	cfg.setDefaults()
 	logger := klog.FromContext(ctx).WithValues("driver", cfg.DriverName, "node", cfg.NodeName)
 	ctx = klog.NewContext(ctx, logger)
 	ctx, cancel := context.WithCancel(ctx)
@@ -253,8 +255,14 @@ func (c *Config) validate() error {
 		}
 	}
 	if len(missing) > 0 {
+		slices.Sort(missing)
 		return fmt.Errorf("plugin config: missing %v", missing)
 	}
+	return nil
+}
+
+// setDefaults fills in the optional fields left zero.
+func (c *Config) setDefaults() {
 	if c.DriverEdits == nil {
 		c.DriverEdits = cdi.NoDriverEdits{}
 	}
@@ -270,7 +278,6 @@ func (c *Config) validate() error {
 	if c.Clock == nil {
 		c.Clock = time.Now
 	}
-	return nil
 }
 
 func (d *Driver) now() time.Time { return d.cfg.Clock() }
