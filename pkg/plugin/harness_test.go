@@ -146,12 +146,22 @@ func (h *harness) start() {
 		h.tb.Fatalf("start plugin: %v", err)
 	}
 	h.driver = driver
-	conn, err := grpc.NewClient("unix://"+filepath.Join(h.cfg.PluginDataDir, "dra.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+h.draSocket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		h.tb.Fatal(err)
 	}
 	h.conn = conn
 	h.dra = drapb.NewDRAPluginClient(conn)
+}
+
+// draSocket is where the helper serves DRA gRPC: dra.sock, or with rolling
+// updates dra-<pod UID>.sock.
+func (h *harness) draSocket() string {
+	name := "dra.sock"
+	if h.cfg.RollingUpdateUID != "" {
+		name = "dra-" + string(h.cfg.RollingUpdateUID) + ".sock"
+	}
+	return filepath.Join(h.cfg.PluginDataDir, name)
 }
 
 func (h *harness) stop() {
@@ -176,11 +186,17 @@ func (h *harness) restart() {
 func (h *harness) claim(devices ...string) *resourceapi.ResourceClaim {
 	h.tb.Helper()
 	n := h.claimNo.Add(1)
+	return h.claimFor(fmt.Sprintf("claim-%d", n), types.UID(fmt.Sprintf("00000000-0000-0000-0000-%012d", n)), devices...)
+}
+
+// claimFor creates an allocated claim with the given name and UID.
+func (h *harness) claimFor(name string, uid types.UID, devices ...string) *resourceapi.ResourceClaim {
+	h.tb.Helper()
 	claim := &resourceapi.ResourceClaim{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: fmt.Sprintf("claim-%d", n), UID: types.UID(fmt.Sprintf("00000000-0000-0000-0000-%012d", n))},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, UID: uid},
 		Status: resourceapi.ResourceClaimStatus{
 			Allocation:  &resourceapi.AllocationResult{},
-			ReservedFor: []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: fmt.Sprintf("pod-%d", n), UID: types.UID(fmt.Sprintf("pod-uid-%d", n))}},
+			ReservedFor: []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: "pod-of-" + name, UID: "pod-uid-of-" + uid}},
 		},
 	}
 	for i, d := range devices {

@@ -1,0 +1,112 @@
+package plugin_test
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
+
+	"github.com/gpudra/gpudra/pkg/plugin"
+)
+
+// getInfo asks the registration socket what the kubelet would learn.
+func getInfo(t *testing.T, socket string) *registerapi.PluginInfo {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	info, err := registerapi.NewRegistrationClient(conn).GetInfo(context.Background(), &registerapi.InfoRequest{})
+	if err != nil {
+		t.Fatalf("GetInfo on %s: %v", socket, err)
+	}
+	return info
+}
+
+// TestRegistration: the kubelet finds the plugin in its registration
+// directory, as a DRA plugin of our driver name, serving DRA gRPC v1 on the
+// advertised endpoint, without the health service.
+func TestRegistration(t *testing.T) {
+	h := newHarness(t)
+	info := getInfo(t, filepath.Join(h.cfg.RegistrarDir, driverName+"-reg.sock"))
+	if info.Type != registerapi.DRAPlugin || info.Name != driverName || info.Endpoint != h.draSocket() {
+		t.Errorf("registration info: type %q name %q endpoint %q", info.Type, info.Name, info.Endpoint)
+	}
+	if !slices.Contains(info.SupportedVersions, drapb.DRAPluginService) {
+		t.Errorf("supported versions %v lack %s", info.SupportedVersions, drapb.DRAPluginService)
+	}
+	if slices.ContainsFunc(info.SupportedVersions, func(v string) bool { return strings.Contains(v, "Health") }) {
+		t.Errorf("health service advertised while it is off: %v", info.SupportedVersions)
+	}
+}
+
+// TestDroppedFieldsAreReported: when the API server drops fields of a
+// slice, the plugin says which features it lacks.
+func TestDroppedFieldsAreReported(t *testing.T) {
+	h := newHarness(t)
+	desired := &resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{
+		Devices: []resourceapi.Device{{Name: "gpu-0", Taints: []resourceapi.DeviceTaint{{Key: "k", Effect: resourceapi.DeviceTaintEffectNoSchedule}}}},
+	}}
+	actual := desired.DeepCopy()
+	actual.Spec.Devices[0].Taints = nil
+	err := &resourceslice.DroppedFieldsError{PoolName: nodeName, DesiredSlice: desired, ActualSlice: actual}
+	h.driver.HandleError(h.ctx, err, "publishing")
+	events, werr := h.waitForEvent("ResourceSliceFieldsDropped")
+	if werr != nil {
+		t.Fatal(werr)
+	}
+	if !strings.Contains(events, "DRADeviceTaints") {
+		t.Errorf("event does not name the missing feature: %s", events)
+	}
+}
+
+// TestRollingUpdate: two plugin instances on the same directories, as
+// during a DaemonSet rolling update, share the prepared claims through the
+// checkpoint: what one prepared, the other refuses to give away and can
+// unprepare.
+func TestRollingUpdate(t *testing.T) {
+	dir := shortTempDir(t)
+	old := newHarnessIn(t, dir, func(cfg *plugin.Config) { cfg.RollingUpdateUID = "pod-old" })
+	client := old.client
+	next := newHarnessIn(t, dir, func(cfg *plugin.Config) {
+		cfg.RollingUpdateUID = "pod-new"
+		cfg.KubeClient = client
+	})
+	for _, h := range []*harness{old, next} {
+		socket := filepath.Join(h.cfg.RegistrarDir, filepath.Base(kubeletplugin.RollingUpdateRegistrarSocketFile(h.cfg.RegistrarDir, driverName, h.cfg.RollingUpdateUID)))
+		if info := getInfo(t, socket); info.Endpoint != h.draSocket() {
+			t.Errorf("%s registers endpoint %s, want %s", h.cfg.RollingUpdateUID, info.Endpoint, h.draSocket())
+		}
+	}
+
+	claim := old.claim("gpu-4")
+	prepared := old.mustPrepare(claim)
+	// The new instance answers the same claim from the shared record.
+	again := next.mustPrepare(claim)
+	if !slices.Equal(again.Devices[0].CdiDeviceIds, prepared.Devices[0].CdiDeviceIds) {
+		t.Errorf("new instance answered %v, old %v", again.Devices, prepared.Devices)
+	}
+	// Neither instance gives the device to another claim.
+	other := next.claimFor("rival", "rival", "gpu-4")
+	if r := next.prepare(other).Claims["rival"]; !strings.Contains(r.Error, "already prepared") {
+		t.Errorf("new instance gave gpu-4 to a second claim: %q", r.Error)
+	}
+	// The new instance unprepares what the old one prepared.
+	next.mustUnprepare(claim)
+	if files := old.specFiles(); len(files) != 0 {
+		t.Errorf("specs left: %v", files)
+	}
+	if strings.Contains(old.checkpoint(), string(claim.UID)) {
+		t.Errorf("record left: %s", old.checkpoint())
+	}
+}
