@@ -13,7 +13,7 @@ import (
 )
 
 type inspectOptions struct {
-	hw         hardwareFlags
+	hw         discoveryFlags
 	node       string
 	output     string
 	driverName string
@@ -48,6 +48,9 @@ output can be piped to kubectl.`,
 func (o *inspectOptions) run(cmd *cobra.Command) error {
 	if !slices.Contains(inspect.Formats, o.output) {
 		return fmt.Errorf("--output %q: supported values: %s", o.output, strings.Join(inspect.Formats, ", "))
+	}
+	if err := o.hw.validate(); err != nil {
+		return err
 	}
 	names, err := o.nodeNames()
 	if err != nil {

@@ -30,7 +30,8 @@ const (
 )
 
 type kubeletPluginOptions struct {
-	hw             hardwareFlags
+	hw             discoveryFlags
+	cdi            cdiFlags
 	driverName     string
 	nodeName       string
 	kubeconfig     string
@@ -58,6 +59,7 @@ func newKubeletPluginCommand() *cobra.Command {
 	}
 	fs := cmd.Flags()
 	o.hw.addFlags(fs)
+	o.cdi.addFlags(fs)
 	fs.StringVar(&o.driverName, "driver-name", "gpu.nvidia.com", "DRA driver name; NVIDIA's DRA driver uses gpu.nvidia.com")
 	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node, also the pool name (env NODE_NAME)")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file; in-cluster config when empty (env KUBECONFIG)")
@@ -80,6 +82,12 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 	}
 	if o.nodeName == "" {
 		return fmt.Errorf("--node-name (or env NODE_NAME) is required")
+	}
+	if err := o.hw.validate(); err != nil {
+		return err
+	}
+	if err := o.cdi.validate(); err != nil {
+		return err
 	}
 	if o.pluginDataDir == "" {
 		o.pluginDataDir = filepath.Join(kubeletplugin.KubeletPluginsDir, o.driverName)
@@ -104,7 +112,7 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 		NodeName:          o.nodeName,
 		KubeClient:        client,
 		Hardware:          hw,
-		DriverEdits:       o.hw.driverEdits(logger),
+		DriverEdits:       driverEdits(&o.hw, &o.cdi),
 		PluginDataDir:     o.pluginDataDir,
 		RegistrarDir:      o.registrarDir,
 		CDIDir:            o.cdiDir,

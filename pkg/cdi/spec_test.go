@@ -307,11 +307,3 @@ func TestBuildSpecErrors(t *testing.T) {
 		})
 	}
 }
-
-func TestNoDriverEdits(t *testing.T) {
-	var edits cdi.DriverEdits = cdi.NoDriverEdits{}
-	got, err := edits.CommonEdits()
-	if got != nil || err != nil {
-		t.Errorf("NoDriverEdits.CommonEdits() = %+v, %v; want nil, nil", got, err)
-	}
-}

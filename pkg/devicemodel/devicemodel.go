@@ -131,7 +131,7 @@ func Build(inv *hardware.Inventory) (*Model, error) {
 					AttrIndex: {IntValue: ptr.To(int64(gpu.Index))},
 					AttrMinor: {IntValue: ptr.To(int64(gpu.Minor))},
 				}),
-				Capacity:   map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{CapMemory: bytesCapacity(gpu.MemoryBytes)},
+				Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{CapMemory: bytesCapacity(gpu.MemoryBytes)},
 			}
 			if err := add(Device{Kind: KindGPU, API: api, GPU: gpu}); err != nil {
 				return nil, err
