@@ -58,6 +58,12 @@ func (w *Writer) Write(claimUID string, spec *cdispec.Spec) error {
 	return nil
 }
 
+// Exists reports whether the claim's spec file is there.
+func (w *Writer) Exists(claimUID string) bool {
+	_, err := os.Stat(w.Path(claimUID))
+	return err == nil
+}
+
 // Remove deletes the claim's spec file; a missing file is not an error.
 func (w *Writer) Remove(claimUID string) error {
 	err := os.Remove(w.Path(claimUID))

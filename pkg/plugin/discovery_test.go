@@ -96,3 +96,26 @@ func TestNVMLUnavailableThenLate(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// noUVM is hardware on a node where nvidia-uvm was never loaded.
+type noUVM struct{ real hardware.Hardware }
+
+func (n noUVM) Discover(ctx context.Context) (*hardware.Inventory, error) {
+	inv, err := n.real.Discover(ctx)
+	if err == nil {
+		inv.Majors.UVM = 0
+	}
+	return inv, err
+}
+
+func TestPrepareWithoutUVMSaysWhatToLoad(t *testing.T) {
+	h := newHarness(t, func(cfg *plugin.Config) { cfg.Hardware = noUVM{cfg.Hardware} })
+	claim := h.claim("gpu-0")
+	r := h.prepare(claim).Claims[string(claim.UID)]
+	if !strings.Contains(r.Error, "nvidia-uvm kernel module is not loaded") || !strings.Contains(r.Error, "modprobe nvidia-uvm") {
+		t.Errorf("prepare without nvidia-uvm: %q", r.Error)
+	}
+	if len(h.specFiles()) != 0 {
+		t.Errorf("specs written: %v", h.specFiles())
+	}
+}

@@ -2,6 +2,8 @@ package plugin_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -289,5 +291,23 @@ func TestRestartKeepsPreparedClaims(t *testing.T) {
 	h.mustUnprepare(claim)
 	if files := h.specFiles(); len(files) != 0 {
 		t.Errorf("specs left: %v", files)
+	}
+}
+
+// TestMissingSpecIsWrittenAgain: a prepared claim whose spec disappeared
+// gets it back on the kubelet's next prepare.
+func TestMissingSpecIsWrittenAgain(t *testing.T) {
+	h := newHarness(t)
+	claim := h.claim("gpu-2")
+	resp := h.mustPrepare(claim)
+	for _, f := range h.specFiles() {
+		if err := os.Remove(filepath.Join(h.cfg.CDIDir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.mustPrepare(claim)
+	spec := ociEdits(t, h.cfg.CDIDir, resp.Devices[0].CdiDeviceIds)
+	if !slices.ContainsFunc(deviceNodes(spec), func(n node) bool { return n.path == "/dev/nvidia2" }) {
+		t.Errorf("rewritten spec lacks /dev/nvidia2: %v", deviceNodes(spec))
 	}
 }

@@ -115,6 +115,9 @@ func (d *Driver) prepared(ctx context.Context, claim *resourceapi.ResourceClaim)
 		return nil, err
 	}
 	if action == claimstate.ActionReturnRecorded {
+		if err := d.repairSpec(ctx, claim, intent); err != nil {
+			return nil, err
+		}
 		return kubeletDevices(existing.Devices), nil
 	}
 	plan, err := d.planClaim(ctx, claim, intent, d.current())
@@ -260,9 +263,36 @@ func (d *Driver) intentOf(claim *resourceapi.ResourceClaim) (claimstate.Intent, 
 	return intent, nil
 }
 
+// repairSpec writes the CDI spec of a prepared claim again if it went
+// missing (someone cleaned /var/run/cdi): the kubelet asks again exactly
+// when a container of the claim is about to start and needs it.
+func (d *Driver) repairSpec(ctx context.Context, claim *resourceapi.ResourceClaim, intent claimstate.Intent) error {
+	if d.cdi.Exists(intent.UID) {
+		return nil
+	}
+	klog.FromContext(ctx).Info("CDI spec of a prepared claim is missing; writing it again")
+	plan, err := d.planClaim(ctx, claim, intent, d.current())
+	if err != nil {
+		return fmt.Errorf("write the missing CDI spec again: %w", err)
+	}
+	return d.cdi.Write(intent.UID, plan.spec)
+}
+
 // planClaim checks the intent against this node's devices, resolves the
-// claim's configuration and builds its CDI spec. It has no side effects.
+// claim's configuration and builds its CDI spec. It has no side effects,
+// except that it discovers the GPUs again when the nvidia-uvm module was
+// not loaded at the last discovery.
 func (d *Driver) planClaim(ctx context.Context, claim *resourceapi.ResourceClaim, intent claimstate.Intent, node *nodeState) (*claimPlan, error) {
+	if node.inv.Majors.UVM == 0 && len(node.inv.GPUs) > 0 {
+		// nvidia-uvm loads lazily on hosts with a host-installed driver;
+		// its major may exist by now.
+		if err := d.discover(ctx); err == nil {
+			node = d.current()
+		}
+		if node.inv.Majors.UVM == 0 {
+			return nil, fmt.Errorf("the nvidia-uvm kernel module is not loaded (no nvidia-uvm in /proc/devices), and CUDA containers need /dev/nvidia-uvm: load it on the node (modprobe nvidia-uvm, or nvidia-ctk system create-device-nodes --control-devices --load-kernel-modules)")
+		}
+	}
 	devices := make([]*devicemodel.Device, 0, len(intent.Devices))
 	for i := range intent.Devices {
 		cd := &intent.Devices[i]
