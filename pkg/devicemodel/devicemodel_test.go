@@ -187,13 +187,22 @@ var (
 		"resource.kubernetes.io/pcieRoot": "string",
 		"resource.kubernetes.io/numaNode": "int",
 	}
-	migAttributeTypes = merge(gpuAttributeTypes, map[resourceapi.QualifiedName]string{
+	// A MIG device has neither index nor minor of its own; publishing the
+	// parent's under those names would mislead (NVIDIA's older driver used
+	// them for the MIG device itself).
+	migAttributeTypes = withoutIndexMinor(merge(gpuAttributeTypes, map[resourceapi.QualifiedName]string{
 		"parentUUID": "string",
 		"profile":    "string",
-	})
+	}))
 	gpuCapacities = []resourceapi.QualifiedName{"memory"}
 	migCapacities = []resourceapi.QualifiedName{"copyEngines", "decoders", "encoders", "jpegEngines", "memory", "multiprocessors", "ofaEngines"}
 )
+
+func withoutIndexMinor(m map[resourceapi.QualifiedName]string) map[resourceapi.QualifiedName]string {
+	delete(m, "index")
+	delete(m, "minor")
+	return m
+}
 
 func merge(a, b map[resourceapi.QualifiedName]string) map[resourceapi.QualifiedName]string {
 	out := map[resourceapi.QualifiedName]string{}
@@ -281,7 +290,9 @@ func TestPublishedDevices(t *testing.T) {
 	dgxA100 := func(i int) gpuWant {
 		bus := []string{"07", "0f", "47", "4e", "87", "90", "b7", "bd"}[i]
 		root := []string{"00", "40", "80", "a0"}[i/2]
-		return gpuWant{minor: i, busID: "0000:" + bus + ":00.0", root: "pci0000:" + root, numa: i / 4}
+		// Two EPYC sockets in NPS4 mode: eight NUMA nodes.
+		numa := []int{3, 3, 1, 1, 7, 7, 5, 5}[i]
+		return gpuWant{minor: i, busID: "0000:" + bus + ":00.0", root: "pci0000:" + root, numa: numa}
 	}
 	dgxH100 := func(i int) gpuWant {
 		bus := []string{"1b", "43", "52", "61", "9d", "c3", "d1", "df"}[i]
@@ -377,7 +388,12 @@ func TestPublishedDevices(t *testing.T) {
 				}
 				wantTypes, wantCaps := gpuAttributeTypes, gpuCapacities
 				if d.Kind == devicemodel.KindMIG {
-					wantTypes, wantCaps = migAttributeTypes, migCapacities
+					wantTypes, wantCaps = migAttributeTypes, slices.Clone(migCapacities)
+					// One memorySlice<N> per memory slice the device occupies.
+					for s := d.MIG.PlacementStart; s < d.MIG.PlacementStart+d.MIG.PlacementSize; s++ {
+						wantCaps = append(wantCaps, devicemodel.MemorySliceCapacity(s))
+					}
+					slices.Sort(wantCaps)
 				}
 				if want.numa < 0 {
 					wantTypes = merge(wantTypes, nil)
@@ -411,8 +427,10 @@ func TestPublishedDevices(t *testing.T) {
 					"driverVersion":         tt.driverVersion,
 					"cudaDriverVersion":     tt.cudaVersion,
 				}
-				// A MIG device carries its parent's index and minor.
-				ints := map[resourceapi.QualifiedName]int64{"index": int64(gpu.Index), "minor": int64(want.minor)}
+				ints := map[resourceapi.QualifiedName]int64{}
+				if d.Kind == devicemodel.KindGPU {
+					ints["index"], ints["minor"] = int64(gpu.Index), int64(want.minor)
+				}
 				if want.numa >= 0 {
 					ints["resource.kubernetes.io/numaNode"] = int64(want.numa)
 				}

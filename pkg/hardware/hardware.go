@@ -14,10 +14,15 @@ import (
 
 // Hardware discovers the GPUs of one node.
 type Hardware interface {
-	// Discover returns a fresh snapshot of the node's GPUs. It returns an
-	// error wrapping [ErrUnavailable] when the management library cannot be
-	// used at all (library missing, driver not loaded); callers publish an
-	// empty pool and retry later in that case.
+	// Discover returns a fresh snapshot of the node's GPUs. A GPU or MIG
+	// device that cannot be read is left out of the snapshot and listed in
+	// its Problems, so that one broken GPU does not hide the others;
+	// callers should log the problems. Discover returns an error wrapping
+	// [ErrUnavailable] when the management library cannot be used at all
+	// (library missing, driver not loaded, no device count); callers keep
+	// what they published before (an empty pool if nothing) and retry
+	// later in that case. Other errors concern the node as a whole too
+	// (device majors unreadable, ctx cancelled).
 	Discover(ctx context.Context) (*Inventory, error)
 }
 
@@ -38,6 +43,27 @@ type Inventory struct {
 	Majors Majors `json:"majors"`
 	// GPUs are ordered by NVML index.
 	GPUs []GPU `json:"gpus"`
+	// Problems are GPUs (or MIG devices) left out of this snapshot, with
+	// why. Empty when all is well.
+	Problems []Problem `json:"problems,omitempty"`
+}
+
+// Problem is one GPU or MIG device that discovery left out, or one failure
+// that concerns no device in particular.
+type Problem struct {
+	// Index is the NVML index of the GPU concerned, or -1 when the problem
+	// concerns no one GPU (a failing nvmlShutdown).
+	Index int `json:"index"`
+	// UUID of the GPU concerned; empty if it could not be read.
+	UUID string `json:"uuid,omitempty"`
+	// MIGDevice is the UUID of the MIG device left out, whose GPU is in
+	// the snapshot. Empty when the problem is the whole GPU's (or, with
+	// Index -1, no device's).
+	MIGDevice string `json:"migDevice,omitempty"`
+	// Err says what failed, naming the GPU, the MIG device and the NVML
+	// call, for example "GPU 3 (GPU-...): nvmlDeviceGetMinorNumber: GPU is
+	// lost".
+	Err string `json:"error"`
 }
 
 // Majors are the character-device major numbers the CDI specs need so that
@@ -87,7 +113,9 @@ type GPU struct {
 }
 
 // MIGDevice is one existing MIG device (a GPU instance with one compute
-// instance spanning it), as an operator or gpudra created it.
+// instance spanning it), as an operator or gpudra created it. A compute
+// instance smaller than its GPU instance is not one: discovery reports it
+// as a [Problem].
 type MIGDevice struct {
 	// UUID of the MIG device ("MIG-...").
 	UUID string `json:"uuid"`

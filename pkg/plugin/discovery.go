@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -31,8 +33,36 @@ func (d *Driver) discover(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("build device model: %w", err)
 	}
-	d.state.Store(&nodeState{inv: inv, model: model})
+	previous := d.state.Swap(&nodeState{inv: inv, model: model})
+	d.reportProblems(ctx, previous, inv)
 	return nil
+}
+
+// reportProblems logs the GPUs and MIG devices discovery left out, and
+// records a Node event when that set changes: an operator should learn that
+// a GPU is missing, not find it by counting devices.
+func (d *Driver) reportProblems(ctx context.Context, previous *nodeState, inv *hardware.Inventory) {
+	var before []hardware.Problem
+	if previous != nil {
+		before = previous.inv.Problems
+	}
+	if len(inv.Problems) == 0 {
+		if len(before) > 0 {
+			klog.FromContext(ctx).Info("GPUs left out by an earlier discovery are back", "problemsBefore", len(before))
+		}
+		return
+	}
+	logger := klog.FromContext(ctx)
+	for _, p := range inv.Problems {
+		logger.Error(errors.New(p.Err), "GPU left out of the published devices", "index", p.Index, "uuid", p.UUID, "migDevice", p.MIGDevice)
+	}
+	if !slices.Equal(before, inv.Problems) {
+		msgs := make([]string, len(inv.Problems))
+		for i, p := range inv.Problems {
+			msgs[i] = p.Err
+		}
+		d.event(corev1.EventTypeWarning, "GPUsLeftOut", fmt.Sprintf("%d GPU(s) or MIG device(s) left out of the published devices: %s", len(inv.Problems), strings.Join(msgs, "; ")))
+	}
 }
 
 // publish hands the current devices to the ResourceSlice controller.

@@ -119,3 +119,28 @@ func TestPrepareWithoutUVMSaysWhatToLoad(t *testing.T) {
 		t.Errorf("specs written: %v", h.specFiles())
 	}
 }
+
+// oneGPULost is hardware whose GPU 3 fell off the bus.
+type oneGPULost struct{ real hardware.Hardware }
+
+func (o oneGPULost) Discover(ctx context.Context) (*hardware.Inventory, error) {
+	inv, err := o.real.Discover(ctx)
+	if err != nil {
+		return nil, err
+	}
+	inv.Problems = append(inv.Problems, hardware.Problem{Index: 3, UUID: inv.GPUs[3].UUID, Err: "GPU 3: nvmlDeviceGetMemoryInfo: ERROR_GPU_IS_LOST"})
+	inv.GPUs = append(inv.GPUs[:3:3], inv.GPUs[4:]...)
+	return inv, nil
+}
+
+func TestLostGPUIsReported(t *testing.T) {
+	h := newHarness(t, func(cfg *plugin.Config) { cfg.Hardware = oneGPULost{cfg.Hardware} })
+	h.waitForPublished(t, 7)
+	events, err := h.waitForEvent("GPUsLeftOut")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(events, "ERROR_GPU_IS_LOST") {
+		t.Errorf("event does not say why: %s", events)
+	}
+}

@@ -144,12 +144,17 @@ func (r *realLibrary) find() (string, error) {
 }
 
 // Discover implements [hardware.Hardware]. Each call initializes NVML and
-// shuts it down again. An error wrapping [hardware.ErrUnavailable] means
-// NVML cannot be used at all (library missing, driver not loaded, no
-// permission); any other error names the GPU (index and UUID), the MIG
-// device and the NVML call that failed, and wraps the nvml.Return where
-// NVML gave one. A GPU that cannot be read fails the whole call: a partial
-// inventory would look like GPUs were removed.
+// shuts it down again.
+//
+// An error wrapping [hardware.ErrUnavailable] means NVML cannot be used at
+// all: library missing, nvmlInit failing (driver not loaded, no
+// permission), or the system-wide queries (driver version, device count)
+// failing after it. A GPU that cannot be read is left out and reported in
+// the inventory's Problems, naming the GPU (index and UUID) and the NVML
+// call; so is a MIG device that cannot be read or that gpudra does not
+// model, while its GPU and the GPU's other MIG devices stay. A failing
+// nvmlShutdown after a good discovery is reported as a problem with Index
+// -1: the snapshot it follows is still right.
 func (d *Discoverer) Discover(ctx context.Context) (inv *hardware.Inventory, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -167,8 +172,9 @@ func (d *Discoverer) Discover(ctx context.Context) (inv *hardware.Inventory, err
 		return nil, initError(source, ret)
 	}
 	defer func() {
+		// When discovery failed, its error is the news.
 		if ret := lib.Shutdown(); ret != nvml.SUCCESS && err == nil {
-			inv, err = nil, fmt.Errorf("nvmlShutdown: %w", ret)
+			inv.Problems = append(inv.Problems, hardware.Problem{Index: -1, Err: fmt.Sprintf("nvmlShutdown: %v", ret)})
 		}
 	}()
 	return d.discover(ctx, lib)
@@ -197,15 +203,15 @@ func initError(source string, ret nvml.Return) error {
 func (d *Discoverer) discover(ctx context.Context, lib nvml.Interface) (*hardware.Inventory, error) {
 	driverVersion, ret := lib.SystemGetDriverVersion()
 	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("nvmlSystemGetDriverVersion: %w", ret)
+		return nil, fmt.Errorf("%w: nvmlSystemGetDriverVersion: %w", hardware.ErrUnavailable, ret)
 	}
 	cudaVersion, ret := lib.SystemGetCudaDriverVersion()
 	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("nvmlSystemGetCudaDriverVersion: %w", ret)
+		return nil, fmt.Errorf("%w: nvmlSystemGetCudaDriverVersion: %w", hardware.ErrUnavailable, ret)
 	}
 	count, ret := lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
-		return nil, fmt.Errorf("nvmlDeviceGetCount: %w", ret)
+		return nil, fmt.Errorf("%w: nvmlDeviceGetCount: %w", hardware.ErrUnavailable, ret)
 	}
 	majors, err := d.sys.Majors()
 	if err != nil {
@@ -223,13 +229,11 @@ func (d *Discoverer) discover(ctx context.Context, lib nvml.Interface) (*hardwar
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		gpu, ok, err := g.read(i)
-		if err != nil {
-			return nil, err
-		}
+		gpu, ok, problems := g.read(i)
 		if ok {
 			inv.GPUs = append(inv.GPUs, gpu)
 		}
+		inv.Problems = append(inv.Problems, problems...)
 	}
 	return inv, nil
 }

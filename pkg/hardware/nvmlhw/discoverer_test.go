@@ -22,27 +22,35 @@ var busIDRE = regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
 
 // staticSystem is a SystemInfo with fixed answers.
 type staticSystem struct {
-	caps    nvmlhw.MIGCapMinors
-	capsErr error
+	majorsErr error
+	caps      nvmlhw.MIGCapMinors
+	capsErr   error
 }
 
 func (s staticSystem) Majors() (hardware.Majors, error) {
-	return hardware.Majors{NVIDIA: 195, UVM: 509, Caps: 510}, nil
+	return hardware.Majors{NVIDIA: 195, UVM: 509, Caps: 510}, s.majorsErr
 }
 
 func (s staticSystem) MIGCapMinors() (nvmlhw.MIGCapMinors, error) { return s.caps, s.capsErr }
 
-// noTopology knows no device.
-type noTopology struct{}
+// noTopology knows no device, and fails for the bus IDs in broken.
+type noTopology struct{ broken string }
 
-func (noTopology) PCIeRoot(string) (string, error) { return "", nil }
-func (noTopology) NUMANode(string) (*int, error)   { return nil, nil }
+func (t noTopology) PCIeRoot(busID string) (string, error) {
+	if busID == t.broken {
+		return "", errors.New("PCIe root of " + busID + ": permission denied")
+	}
+	return "", nil
+}
+
+func (noTopology) NUMANode(string) (*int, error) { return nil, nil }
 
 // mockLib is a working NVML made of go-nvml's moq types; tests break one
 // call at a time.
 type mockLib struct {
 	lib       *mock.Interface
 	devices   []*mock.Device
+	topo      noTopology
 	shutdowns int
 }
 
@@ -62,7 +70,7 @@ func newMockLib(devices ...*mock.Device) *mockLib {
 }
 
 func (m *mockLib) discover(sys nvmlhw.SystemInfo) (*hardware.Inventory, error) {
-	return nvmlhw.NewFromInterface(m.lib, noTopology{}, sys).Discover(context.Background())
+	return nvmlhw.NewFromInterface(m.lib, m.topo, sys).Discover(context.Background())
 }
 
 // newMockGPU returns an H100 without MIG support at index i.
@@ -98,6 +106,9 @@ func TestDiscoverMock(t *testing.T) {
 	}
 	if inv.CUDADriverVersion != "12.8" || inv.DriverVersion != "580.65.06" {
 		t.Errorf("versions: %q %q", inv.DriverVersion, inv.CUDADriverVersion)
+	}
+	if len(inv.GPUs) != 2 || inv.Problems != nil {
+		t.Fatalf("got GPUs %v, problems %+v; want 2 GPUs, no problems", gpuUUIDs(inv), inv.Problems)
 	}
 	g := inv.GPUs[1]
 	want := hardware.GPU{
@@ -141,73 +152,158 @@ func TestDiscoverInitFailure(t *testing.T) {
 	}
 }
 
-func TestDiscoverDeviceErrors(t *testing.T) {
-	fail := nvml.ERROR_GPU_IS_LOST
+// Failures of NVML as a whole fail Discover, as ErrUnavailable.
+func TestDiscoverSystemErrors(t *testing.T) {
+	fail := nvml.ERROR_UNKNOWN
 	tests := []struct {
 		name    string
-		breakIt func(m *mockLib, d *mock.Device)
+		breakIt func(m *mockLib)
 		want    string
 	}{
-		{"system", func(m *mockLib, d *mock.Device) {
+		{"driver version", func(m *mockLib) {
 			m.lib.SystemGetDriverVersionFunc = func() (string, nvml.Return) { return "", fail }
 		}, "nvmlSystemGetDriverVersion"},
-		{"count", func(m *mockLib, d *mock.Device) {
-			m.lib.DeviceGetCountFunc = func() (int, nvml.Return) { return 0, fail }
+		{"CUDA version", func(m *mockLib) {
+			m.lib.SystemGetCudaDriverVersionFunc = func() (int, nvml.Return) { return 0, fail }
+		}, "nvmlSystemGetCudaDriverVersion"},
+		{"count", func(m *mockLib) {
+			m.lib.DeviceGetCountFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_DRIVER_NOT_LOADED }
 		}, "nvmlDeviceGetCount"},
-		{"handle", func(m *mockLib, d *mock.Device) {
-			m.lib.DeviceGetHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
-				if i == 1 {
-					return nil, fail
-				}
-				return m.devices[i], nvml.SUCCESS
-			}
-		}, "GPU 1: nvmlDeviceGetHandleByIndex"},
-		{"uuid", func(m *mockLib, d *mock.Device) {
-			d.GetUUIDFunc = func() (string, nvml.Return) { return "", fail }
-		}, "GPU 1: nvmlDeviceGetUUID"},
-		{"name", func(m *mockLib, d *mock.Device) {
-			d.GetNameFunc = func() (string, nvml.Return) { return "", fail }
-		}, "GPU 1 (GPU-1): nvmlDeviceGetName"},
-		{"minor", func(m *mockLib, d *mock.Device) {
-			d.GetMinorNumberFunc = func() (int, nvml.Return) { return 0, fail }
-		}, "GPU 1 (GPU-1): nvmlDeviceGetMinorNumber"},
-		{"brand", func(m *mockLib, d *mock.Device) {
-			d.GetBrandFunc = func() (nvml.BrandType, nvml.Return) { return 0, fail }
-		}, "GPU 1 (GPU-1): brand"},
-		{"architecture", func(m *mockLib, d *mock.Device) {
-			d.GetArchitectureFunc = func() (nvml.DeviceArchitecture, nvml.Return) { return 0, fail }
-		}, "GPU 1 (GPU-1): architecture"},
-		{"compute capability", func(m *mockLib, d *mock.Device) {
-			d.GetCudaComputeCapabilityFunc = func() (int, int, nvml.Return) { return 0, 0, fail }
-		}, "GPU 1 (GPU-1): CUDA compute capability"},
-		{"memory", func(m *mockLib, d *mock.Device) {
-			d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) { return nvml.Memory{}, fail }
-		}, "GPU 1 (GPU-1): nvmlDeviceGetMemoryInfo"},
-		{"PCI", func(m *mockLib, d *mock.Device) {
-			d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) { return nvml.PciInfo{}, fail }
-		}, "GPU 1 (GPU-1): PCI bus ID"},
-		{"MIG mode", func(m *mockLib, d *mock.Device) {
-			d.GetMigModeFunc = func() (int, int, nvml.Return) { return 0, 0, fail }
-		}, "GPU 1 (GPU-1): nvmlDeviceGetMigMode"},
+		{"count and shutdown", func(m *mockLib) {
+			m.lib.DeviceGetCountFunc = func() (int, nvml.Return) { return 0, fail }
+			m.lib.ShutdownFunc = func() nvml.Return { m.shutdowns++; return nvml.ERROR_UNINITIALIZED }
+		}, "nvmlDeviceGetCount"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			m := newMockLib(newMockGPU(0), newMockGPU(1))
-			tt.breakIt(m, m.devices[1])
+			tt.breakIt(m)
 			inv, err := m.discover(staticSystem{})
-			if err == nil {
-				t.Fatalf("got %+v, want an error", inv)
+			if !errors.Is(err, hardware.ErrUnavailable) || inv != nil {
+				t.Fatalf("got %+v, %v; want an error wrapping ErrUnavailable", inv, err)
 			}
-			if !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), fail.Error()) {
-				t.Errorf("error %q does not name %q and %v", err, tt.want, fail)
-			}
-			if errors.Is(err, hardware.ErrUnavailable) {
-				t.Errorf("a device error must not read as ErrUnavailable: %v", err)
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %q does not name %s", err, tt.want)
 			}
 			if m.shutdowns != 1 {
 				t.Errorf("Shutdown called %d times, want 1", m.shutdowns)
 			}
 		})
+	}
+
+	// Majors do not come from NVML: an error, but not ErrUnavailable.
+	m := newMockLib(newMockGPU(0))
+	_, err := m.discover(staticSystem{majorsErr: errors.New("read device majors: no /proc/devices")})
+	if err == nil || errors.Is(err, hardware.ErrUnavailable) || !strings.Contains(err.Error(), "read device majors") {
+		t.Errorf("majors unreadable: got %v", err)
+	}
+}
+
+// A GPU that cannot be read is left out and reported; the others are
+// discovered.
+func TestDiscoverSkipsBrokenGPU(t *testing.T) {
+	lost, unknown := nvml.ERROR_GPU_IS_LOST, nvml.ERROR_UNKNOWN
+	tests := []struct {
+		name    string
+		breakIt func(m *mockLib, d *mock.Device)
+		ret     nvml.Return
+		uuid    string // of the problem: empty before the UUID is known
+		want    string
+	}{
+		{"handle", func(m *mockLib, d *mock.Device) {
+			m.lib.DeviceGetHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
+				if i == 1 {
+					return nil, lost
+				}
+				return m.devices[i], nvml.SUCCESS
+			}
+		}, lost, "", "GPU 1: nvmlDeviceGetHandleByIndex"},
+		{"UUID", func(m *mockLib, d *mock.Device) {
+			d.GetUUIDFunc = func() (string, nvml.Return) { return "", unknown }
+		}, unknown, "", "GPU 1: nvmlDeviceGetUUID"},
+		{"name", func(m *mockLib, d *mock.Device) {
+			d.GetNameFunc = func() (string, nvml.Return) { return "", lost }
+		}, lost, "GPU-1", "GPU 1 (GPU-1): nvmlDeviceGetName"},
+		{"minor", func(m *mockLib, d *mock.Device) {
+			d.GetMinorNumberFunc = func() (int, nvml.Return) { return 0, unknown }
+		}, unknown, "GPU-1", "GPU 1 (GPU-1): nvmlDeviceGetMinorNumber"},
+		{"brand", func(m *mockLib, d *mock.Device) {
+			d.GetBrandFunc = func() (nvml.BrandType, nvml.Return) { return 0, lost }
+		}, lost, "GPU-1", "GPU 1 (GPU-1): brand"},
+		{"architecture", func(m *mockLib, d *mock.Device) {
+			d.GetArchitectureFunc = func() (nvml.DeviceArchitecture, nvml.Return) { return 0, lost }
+		}, lost, "GPU-1", "GPU 1 (GPU-1): architecture"},
+		{"compute capability", func(m *mockLib, d *mock.Device) {
+			d.GetCudaComputeCapabilityFunc = func() (int, int, nvml.Return) { return 0, 0, unknown }
+		}, unknown, "GPU-1", "GPU 1 (GPU-1): CUDA compute capability"},
+		{"PCI", func(m *mockLib, d *mock.Device) {
+			d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) { return nvml.PciInfo{}, lost }
+		}, lost, "GPU-1", "GPU 1 (GPU-1): PCI bus ID"},
+		{"topology", func(m *mockLib, d *mock.Device) {
+			m.topo.broken = "0000:1c:00.0"
+		}, 0, "GPU-1", "GPU 1 (GPU-1): topology: PCIe root of 0000:1c:00.0: permission denied"},
+		{"MIG mode", func(m *mockLib, d *mock.Device) {
+			d.GetMigModeFunc = func() (int, int, nvml.Return) { return 0, 0, lost }
+		}, lost, "GPU-1", "GPU 1 (GPU-1): nvmlDeviceGetMigMode"},
+		{"memory", func(m *mockLib, d *mock.Device) {
+			d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) { return nvml.Memory{}, unknown }
+		}, unknown, "GPU-1", "GPU 1 (GPU-1): nvmlDeviceGetMemoryInfo"},
+		// Only a GPU in MIG mode may go without its memory.
+		{"memory, MIG capable but off", func(m *mockLib, d *mock.Device) {
+			d.GetMigModeFunc = func() (int, int, nvml.Return) { return 0, 0, nvml.SUCCESS }
+			d.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) { return nvml.Memory{}, nvml.ERROR_NO_PERMISSION }
+		}, nvml.ERROR_NO_PERMISSION, "GPU-1", "GPU 1 (GPU-1): nvmlDeviceGetMemoryInfo"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := newMockLib(newMockGPU(0), newMockGPU(1), newMockGPU(2))
+			tt.breakIt(m, m.devices[1])
+			inv, err := m.discover(staticSystem{})
+			if err != nil {
+				t.Fatalf("one broken GPU failed discovery: %v", err)
+			}
+			if got := gpuUUIDs(inv); !reflect.DeepEqual(got, []string{"GPU-0", "GPU-2"}) {
+				t.Errorf("discovered %v, want GPU-0 and GPU-2", got)
+			}
+			if len(inv.Problems) != 1 {
+				t.Fatalf("problems: got %+v, want one", inv.Problems)
+			}
+			p := inv.Problems[0]
+			if p.Index != 1 || p.UUID != tt.uuid || p.MIGDevice != "" {
+				t.Errorf("problem %+v, want index 1, UUID %q, no MIG device", p, tt.uuid)
+			}
+			if !strings.HasPrefix(p.Err, tt.want) || (tt.ret != 0 && !strings.HasSuffix(p.Err, ": "+tt.ret.Error())) {
+				t.Errorf("problem says %q, want %q ... %v", p.Err, tt.want, tt.ret)
+			}
+			if m.shutdowns != 1 {
+				t.Errorf("Shutdown called %d times, want 1", m.shutdowns)
+			}
+		})
+	}
+}
+
+func gpuUUIDs(inv *hardware.Inventory) []string {
+	var uuids []string
+	for _, g := range inv.GPUs {
+		uuids = append(uuids, g.UUID)
+	}
+	return uuids
+}
+
+// A failing nvmlShutdown does not spoil the snapshot taken before it.
+func TestDiscoverShutdownFailure(t *testing.T) {
+	m := newMockLib(newMockGPU(0), newMockGPU(1))
+	m.lib.ShutdownFunc = func() nvml.Return { m.shutdowns++; return nvml.ERROR_UNKNOWN }
+	inv, err := m.discover(staticSystem{})
+	if err != nil {
+		t.Fatalf("got %v, want the inventory", err)
+	}
+	if got := gpuUUIDs(inv); !reflect.DeepEqual(got, []string{"GPU-0", "GPU-1"}) {
+		t.Errorf("discovered %v", got)
+	}
+	want := []hardware.Problem{{Index: -1, Err: "nvmlShutdown: " + nvml.ERROR_UNKNOWN.Error()}}
+	if !reflect.DeepEqual(inv.Problems, want) {
+		t.Errorf("problems: got %+v, want %+v", inv.Problems, want)
 	}
 }
 
@@ -268,6 +364,9 @@ func TestRealHost(t *testing.T) {
 		t.Skipf("no NVIDIA driver here: %v", err)
 	}
 	t.Logf("driver %s, CUDA %s, majors %+v", inv.DriverVersion, inv.CUDADriverVersion, inv.Majors)
+	for _, p := range inv.Problems {
+		t.Logf("problem: %+v", p)
+	}
 	if inv.Majors.NVIDIA != 195 || inv.DriverVersion == "" || inv.CUDADriverVersion == "" {
 		t.Errorf("implausible inventory: %+v", inv)
 	}

@@ -2,6 +2,8 @@ package nvmlhw_test
 
 import (
 	"errors"
+	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -12,72 +14,163 @@ import (
 	"github.com/gpudra/gpudra/pkg/hardware/nvmlhw"
 )
 
-// migMock is an H100 (minor 3) in MIG mode holding one 7g.80gb device,
-// built from moq types so that single calls can be broken.
-type migMock struct {
-	gpu *mock.Device
-	mig *mock.Device
+// The H100 GPU instance profiles the MIG mock offers, as `nvidia-smi mig
+// -lgip` shows them, with their placement sizes.
+var (
+	mockGIProfiles = map[int]nvml.GpuInstanceProfileInfo{
+		nvml.GPU_INSTANCE_PROFILE_1_SLICE: {Id: 19, SliceCount: 1, InstanceCount: 7, MultiprocessorCount: 16,
+			CopyEngineCount: 1, DecoderCount: 1, JpegCount: 1, MemorySizeMB: 9984},
+		nvml.GPU_INSTANCE_PROFILE_2_SLICE: {Id: 14, SliceCount: 2, InstanceCount: 3, MultiprocessorCount: 32,
+			CopyEngineCount: 2, DecoderCount: 2, JpegCount: 2, MemorySizeMB: 20096},
+		nvml.GPU_INSTANCE_PROFILE_7_SLICE: {Id: 0, SliceCount: 7, InstanceCount: 1, MultiprocessorCount: 132,
+			CopyEngineCount: 8, DecoderCount: 7, JpegCount: 7, OfaCount: 1, MemorySizeMB: 81152},
+	}
+	mockPlacementSize = map[int]uint32{
+		nvml.GPU_INSTANCE_PROFILE_1_SLICE: 1,
+		nvml.GPU_INSTANCE_PROFILE_2_SLICE: 2,
+		nvml.GPU_INSTANCE_PROFILE_7_SLICE: 8,
+	}
+	// mockCIProfiles maps compute slices to NVML_COMPUTE_INSTANCE_PROFILE_*,
+	// which is also the profile's ID.
+	mockCIProfiles = map[uint32]int{
+		1: nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE,
+		2: nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE,
+		7: nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE,
+	}
+)
+
+// migSpec is one MIG device of the mock: a compute instance in a GPU
+// instance.
+type migSpec struct {
+	giProfile int // NVML_GPU_INSTANCE_PROFILE_*
+	giID      int
+	start     uint32
+	ciID      int
+	ciSlices  uint32 // 0: spans the GPU instance
+}
+
+// mockMIG is the handle, GPU instance and compute instance of one MIG
+// device, so that single calls can be broken.
+type mockMIG struct {
+	dev *mock.Device
 	gi  *mock.GpuInstance
 	ci  *mock.ComputeInstance
 }
 
-func newMIGMock() *migMock {
-	m := &migMock{gpu: newMockGPU(0), mig: &mock.Device{}, gi: &mock.GpuInstance{}, ci: &mock.ComputeInstance{}}
+// migMock is an H100 (minor 3) in MIG mode holding MIG devices MIG-0,
+// MIG-1, ... built from moq types.
+type migMock struct {
+	gpu  *mock.Device
+	migs []*mockMIG
+}
+
+func newMIGMock(specs ...migSpec) *migMock {
+	m := &migMock{gpu: newMockGPU(0)}
+	gis := map[int]*mock.GpuInstance{}
+	cis := map[int]map[int]*mock.ComputeInstance{}
+	for k, s := range specs {
+		prof := mockGIProfiles[s.giProfile]
+		slices := s.ciSlices
+		if slices == 0 {
+			slices = prof.SliceCount
+		}
+		gi := gis[s.giID]
+		if gi == nil {
+			gi = &mock.GpuInstance{
+				GetInfoFunc: func() (nvml.GpuInstanceInfo, nvml.Return) {
+					return nvml.GpuInstanceInfo{Id: uint32(s.giID), ProfileId: prof.Id,
+						Placement: nvml.GpuInstancePlacement{Start: s.start, Size: mockPlacementSize[s.giProfile]}}, nvml.SUCCESS
+				},
+				GetComputeInstanceByIdFunc: func(id int) (nvml.ComputeInstance, nvml.Return) {
+					if ci := cis[s.giID][id]; ci != nil {
+						return ci, nvml.SUCCESS
+					}
+					return nil, nvml.ERROR_NOT_FOUND
+				},
+				GetComputeInstanceProfileInfoFunc: func(p, e int) (nvml.ComputeInstanceProfileInfo, nvml.Return) {
+					for c, idx := range mockCIProfiles {
+						if idx == p && e == nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED && c <= prof.SliceCount {
+							return nvml.ComputeInstanceProfileInfo{Id: uint32(idx), SliceCount: c}, nvml.SUCCESS
+						}
+					}
+					return nvml.ComputeInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
+				},
+			}
+			gis[s.giID] = gi
+			cis[s.giID] = map[int]*mock.ComputeInstance{}
+		}
+		ci := &mock.ComputeInstance{GetInfoFunc: func() (nvml.ComputeInstanceInfo, nvml.Return) {
+			return nvml.ComputeInstanceInfo{Id: uint32(s.ciID), ProfileId: uint32(mockCIProfiles[slices])}, nvml.SUCCESS
+		}}
+		cis[s.giID][s.ciID] = ci
+		dev := &mock.Device{
+			GetUUIDFunc:              func() (string, nvml.Return) { return fmt.Sprintf("MIG-%d", k), nvml.SUCCESS },
+			GetGpuInstanceIdFunc:     func() (int, nvml.Return) { return s.giID, nvml.SUCCESS },
+			GetComputeInstanceIdFunc: func() (int, nvml.Return) { return s.ciID, nvml.SUCCESS },
+		}
+		m.migs = append(m.migs, &mockMIG{dev: dev, gi: gi, ci: ci})
+	}
+
 	m.gpu.GetMinorNumberFunc = func() (int, nvml.Return) { return 3, nvml.SUCCESS }
 	m.gpu.GetMigModeFunc = func() (int, int, nvml.Return) {
 		return nvml.DEVICE_MIG_ENABLE, nvml.DEVICE_MIG_ENABLE, nvml.SUCCESS
 	}
 	m.gpu.GetGpuInstanceProfileInfoFunc = func(p int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
-		switch p {
-		case nvml.GPU_INSTANCE_PROFILE_7_SLICE:
-			return nvml.GpuInstanceProfileInfo{Id: 0, SliceCount: 7, InstanceCount: 1, MultiprocessorCount: 132,
-				CopyEngineCount: 8, DecoderCount: 7, JpegCount: 7, OfaCount: 1, MemorySizeMB: 81152}, nvml.SUCCESS
-		case nvml.GPU_INSTANCE_PROFILE_1_SLICE:
-			return nvml.GpuInstanceProfileInfo{Id: 19, SliceCount: 1, InstanceCount: 7, MemorySizeMB: 9984}, nvml.SUCCESS
-		case nvml.GPU_INSTANCE_PROFILE_COUNT:
+		if info, ok := mockGIProfiles[p]; ok {
+			return info, nvml.SUCCESS
+		}
+		if p < 0 || p >= nvml.GPU_INSTANCE_PROFILE_COUNT {
 			return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_INVALID_ARGUMENT
 		}
 		return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
 	}
 	m.gpu.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 7, nvml.SUCCESS }
 	m.gpu.GetMigDeviceHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
-		if i == 0 {
-			return m.mig, nvml.SUCCESS
+		if i < len(m.migs) {
+			return m.migs[i].dev, nvml.SUCCESS
 		}
 		return nil, nvml.ERROR_NOT_FOUND
 	}
 	m.gpu.GetGpuInstanceByIdFunc = func(id int) (nvml.GpuInstance, nvml.Return) {
-		if id == 0 {
-			return m.gi, nvml.SUCCESS
+		if gi := gis[id]; gi != nil {
+			return gi, nvml.SUCCESS
 		}
 		return nil, nvml.ERROR_NOT_FOUND
-	}
-	m.mig.GetUUIDFunc = func() (string, nvml.Return) { return "MIG-0", nvml.SUCCESS }
-	m.mig.GetGpuInstanceIdFunc = func() (int, nvml.Return) { return 0, nvml.SUCCESS }
-	m.mig.GetComputeInstanceIdFunc = func() (int, nvml.Return) { return 0, nvml.SUCCESS }
-	m.gi.GetInfoFunc = func() (nvml.GpuInstanceInfo, nvml.Return) {
-		return nvml.GpuInstanceInfo{Id: 0, ProfileId: 0, Placement: nvml.GpuInstancePlacement{Start: 0, Size: 8}}, nvml.SUCCESS
-	}
-	m.gi.GetComputeInstanceByIdFunc = func(id int) (nvml.ComputeInstance, nvml.Return) { return m.ci, nvml.SUCCESS }
-	m.gi.GetComputeInstanceProfileInfoFunc = func(p, e int) (nvml.ComputeInstanceProfileInfo, nvml.Return) {
-		if p == nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE && e == nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED {
-			return nvml.ComputeInstanceProfileInfo{Id: 4, SliceCount: 7}, nvml.SUCCESS
-		}
-		return nvml.ComputeInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
-	}
-	m.ci.GetInfoFunc = func() (nvml.ComputeInstanceInfo, nvml.Return) {
-		return nvml.ComputeInstanceInfo{Id: 0, ProfileId: 4}, nvml.SUCCESS
 	}
 	return m
 }
 
+// Specs of the MIG devices the tests use; GPU instance IDs as the driver
+// numbers them (the 7-slice instance is GI 0, 1-slice ones at start s GI
+// 7+s, the 2-slice one at 0 GI 3).
+var (
+	mig7g    = migSpec{giProfile: nvml.GPU_INSTANCE_PROFILE_7_SLICE, giID: 0}
+	mig1gAt0 = migSpec{giProfile: nvml.GPU_INSTANCE_PROFILE_1_SLICE, giID: 7, start: 0}
+	mig1gAt1 = migSpec{giProfile: nvml.GPU_INSTANCE_PROFILE_1_SLICE, giID: 8, start: 1}
+	mig1gAt2 = migSpec{giProfile: nvml.GPU_INSTANCE_PROFILE_1_SLICE, giID: 9, start: 2}
+	mig1c2gA = migSpec{giProfile: nvml.GPU_INSTANCE_PROFILE_2_SLICE, giID: 3, start: 0, ciID: 0, ciSlices: 1}
+	mig1c2gB = migSpec{giProfile: nvml.GPU_INSTANCE_PROFILE_2_SLICE, giID: 3, start: 0, ciID: 1, ciSlices: 1}
+	standard = staticSystem{caps: nvmlhw.StandardMIGCapMinors()}
+)
+
+func migUUIDs(migs []hardware.MIGDevice) []string {
+	var uuids []string
+	for _, m := range migs {
+		uuids = append(uuids, m.UUID)
+	}
+	return uuids
+}
+
 func TestDiscoverMIGMock(t *testing.T) {
-	inv, err := newMockLib(newMIGMock().gpu).discover(staticSystem{caps: nvmlhw.StandardMIGCapMinors()})
+	inv, err := newMockLib(newMIGMock(mig7g).gpu).discover(standard)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if len(inv.GPUs) != 1 || inv.Problems != nil {
+		t.Fatalf("got GPUs %+v, problems %+v", inv.GPUs, inv.Problems)
+	}
 	g := inv.GPUs[0]
-	if !g.MIGCapable || !g.MIGEnabled || len(g.MIGDevices) != 1 {
+	if !g.MIGCapable || !g.MIGEnabled || len(g.MIGDevices) != 1 || g.MemoryBytes != 81559<<20 {
 		t.Fatalf("got %+v", g)
 	}
 	want := hardware.MIGDevice{
@@ -92,61 +185,131 @@ func TestDiscoverMIGMock(t *testing.T) {
 	}
 }
 
-func TestDiscoverMIGErrors(t *testing.T) {
+// A MIG device that cannot be read, or that gpudra does not model, is left
+// out and reported; its GPU and the GPU's other MIG devices stay.
+func TestDiscoverMIGDeviceProblems(t *testing.T) {
 	fail := nvml.ERROR_UNKNOWN
 	tests := []struct {
 		name    string
+		specs   []migSpec
 		breakIt func(m *migMock, sys *staticSystem)
+		// published and reported are MIG device UUIDs.
+		published, reported []string
+		want                string
+	}{
+		{"GI by ID", []migSpec{mig1gAt0, mig1gAt1}, func(m *migMock, _ *staticSystem) {
+			m.gpu.GetGpuInstanceByIdFunc = func(id int) (nvml.GpuInstance, nvml.Return) {
+				if id == 7 {
+					return nil, fail
+				}
+				return m.migs[1].gi, nvml.SUCCESS
+			}
+		}, []string{"MIG-1"}, []string{"MIG-0"}, "nvmlDeviceGetGpuInstanceById(7): " + fail.Error()},
+		{"CI info", []migSpec{mig1gAt0, mig1gAt1}, func(m *migMock, _ *staticSystem) {
+			m.migs[0].ci.GetInfoFunc = func() (nvml.ComputeInstanceInfo, nvml.Return) { return nvml.ComputeInstanceInfo{}, fail }
+		}, []string{"MIG-1"}, []string{"MIG-0"}, "nvmlComputeInstanceGetInfo(GI 7, CI 0): " + fail.Error()},
+		{"unknown GI profile", []migSpec{mig1gAt0, mig1gAt1}, func(m *migMock, _ *staticSystem) {
+			m.migs[1].gi.GetInfoFunc = func() (nvml.GpuInstanceInfo, nvml.Return) {
+				return nvml.GpuInstanceInfo{Id: 8, ProfileId: 42}, nvml.SUCCESS
+			}
+		}, []string{"MIG-0"}, []string{"MIG-1"}, "GI 8 has profile ID 42, which the GPU does not list"},
+		{"unknown CI profile", []migSpec{mig1gAt0, mig1gAt1}, func(m *migMock, _ *staticSystem) {
+			m.migs[0].ci.GetInfoFunc = func() (nvml.ComputeInstanceInfo, nvml.Return) {
+				return nvml.ComputeInstanceInfo{ProfileId: 9}, nvml.SUCCESS
+			}
+		}, []string{"MIG-1"}, []string{"MIG-0"}, "no compute instance profile has ID 9"},
+		{"caps unreadable", []migSpec{mig1gAt0, mig1gAt1}, func(_ *migMock, sys *staticSystem) {
+			sys.capsErr = errors.New("read MIG capability minors: no such file")
+		}, nil, []string{"MIG-0", "MIG-1"}, "read MIG capability minors: no such file"},
+		{"caps incomplete", []migSpec{mig1gAt0, mig1gAt1}, func(_ *migMock, sys *staticSystem) {
+			sys.caps = nvmlhw.MIGCapMinors{"gpu3/gi7/access": 411, "gpu3/gi8/access": 420, "gpu3/gi8/ci0/access": 421}
+		}, []string{"MIG-1"}, []string{"MIG-0"}, "no entry gpu3/gi7/ci0/access"},
+		// Two 1c.2g.20gb compute instances in one 2g.20gb GPU instance
+		// would both be named for the GPU instance.
+		{"partial compute instances", []migSpec{mig1c2gA, mig1c2gB, mig1gAt2}, func(*migMock, *staticSystem) {},
+			[]string{"MIG-2"}, []string{"MIG-0", "MIG-1"}, "partial compute instances are not supported: CI "},
+		// Unprivileged callers get no memory figure for a GPU in MIG mode;
+		// the GPU stays, but its profile names cannot be derived.
+		{"parent memory", []migSpec{mig1gAt0, mig1gAt1}, func(m *migMock, _ *staticSystem) {
+			m.gpu.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) { return nvml.Memory{}, nvml.ERROR_NO_PERMISSION }
+		}, nil, []string{"MIG-0", "MIG-1"},
+			"MIG profile name: the GPU's total memory is unknown: nvmlDeviceGetMemoryInfo: " + nvml.ERROR_NO_PERMISSION.Error()},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := newMIGMock(tt.specs...)
+			sys := standard
+			tt.breakIt(m, &sys)
+			inv, err := newMockLib(m.gpu, newMockGPU(1)).discover(sys)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := gpuUUIDs(inv); !reflect.DeepEqual(got, []string{"GPU-0", "GPU-1"}) {
+				t.Fatalf("discovered GPUs %v, want GPU-0 and GPU-1", got)
+			}
+			g := inv.GPUs[0]
+			if !g.MIGEnabled {
+				t.Errorf("GPU-0 lost its MIG mode: %+v", g)
+			}
+			if got := migUUIDs(g.MIGDevices); !reflect.DeepEqual(got, tt.published) {
+				t.Errorf("published MIG devices %v, want %v", got, tt.published)
+			}
+			var reported []string
+			for _, p := range inv.Problems {
+				reported = append(reported, p.MIGDevice)
+				prefix := fmt.Sprintf("GPU 0 (GPU-0): MIG device %s: ", p.MIGDevice)
+				if p.Index != 0 || p.UUID != "GPU-0" || !strings.HasPrefix(p.Err, prefix) || !strings.Contains(p.Err, tt.want) {
+					t.Errorf("problem %+v, want GPU 0's and an error %q...%q", p, prefix, tt.want)
+				}
+			}
+			if !reflect.DeepEqual(reported, tt.reported) {
+				t.Errorf("reported MIG devices %v, want %v", reported, tt.reported)
+			}
+		})
+	}
+}
+
+// A GPU whose MIG devices cannot be listed is left out as a whole.
+func TestDiscoverMIGListErrors(t *testing.T) {
+	fail := nvml.ERROR_UNKNOWN
+	tests := []struct {
+		name    string
+		breakIt func(m *migMock)
 		want    string
 	}{
-		{"profile info", func(m *migMock, _ *staticSystem) {
+		{"profile info", func(m *migMock) {
 			m.gpu.GetGpuInstanceProfileInfoFunc = func(int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
 				return nvml.GpuInstanceProfileInfo{}, fail
 			}
 		}, "nvmlDeviceGetGpuInstanceProfileInfo(0)"},
-		{"max count", func(m *migMock, _ *staticSystem) {
+		{"max count", func(m *migMock) {
 			m.gpu.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 0, fail }
 		}, "nvmlDeviceGetMaxMigDeviceCount"},
-		{"handle", func(m *migMock, _ *staticSystem) {
+		{"handle", func(m *migMock) {
 			m.gpu.GetMigDeviceHandleByIndexFunc = func(int) (nvml.Device, nvml.Return) { return nil, fail }
 		}, "nvmlDeviceGetMigDeviceHandleByIndex(0)"},
-		{"MIG UUID", func(m *migMock, _ *staticSystem) {
-			m.mig.GetUUIDFunc = func() (string, nvml.Return) { return "", fail }
-		}, "MIG device 0: nvmlDeviceGetUUID"},
-		{"GI by ID", func(m *migMock, _ *staticSystem) {
-			m.gpu.GetGpuInstanceByIdFunc = func(int) (nvml.GpuInstance, nvml.Return) { return nil, fail }
-		}, "MIG device 0: MIG-0: nvmlDeviceGetGpuInstanceById(0)"},
-		{"CI info", func(m *migMock, _ *staticSystem) {
-			m.ci.GetInfoFunc = func() (nvml.ComputeInstanceInfo, nvml.Return) { return nvml.ComputeInstanceInfo{}, fail }
-		}, "MIG-0: nvmlComputeInstanceGetInfo(GI 0, CI 0)"},
-		{"unknown GI profile", func(m *migMock, _ *staticSystem) {
-			m.gi.GetInfoFunc = func() (nvml.GpuInstanceInfo, nvml.Return) {
-				return nvml.GpuInstanceInfo{Id: 0, ProfileId: 42}, nvml.SUCCESS
-			}
-		}, "GI 0 has profile ID 42, which the GPU does not list"},
-		{"unknown CI profile", func(m *migMock, _ *staticSystem) {
-			m.ci.GetInfoFunc = func() (nvml.ComputeInstanceInfo, nvml.Return) {
-				return nvml.ComputeInstanceInfo{ProfileId: 9}, nvml.SUCCESS
-			}
-		}, "no compute instance profile has ID 9"},
-		{"caps unreadable", func(_ *migMock, sys *staticSystem) {
-			sys.capsErr = errors.New("read MIG capability minors: no such file")
-		}, "read MIG capability minors: no such file"},
-		{"caps incomplete", func(_ *migMock, sys *staticSystem) {
-			sys.caps = nvmlhw.MIGCapMinors{"gpu3/gi0/access": 408}
-		}, "no entry gpu3/gi0/ci0/access"},
+		{"MIG UUID", func(m *migMock) {
+			m.migs[1].dev.GetUUIDFunc = func() (string, nvml.Return) { return "", fail }
+		}, "MIG device 1: nvmlDeviceGetUUID"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			m := newMIGMock()
-			sys := staticSystem{caps: nvmlhw.StandardMIGCapMinors()}
-			tt.breakIt(m, &sys)
-			_, err := newMockLib(m.gpu).discover(sys)
-			if err == nil {
-				t.Fatal("got no error")
+			m := newMIGMock(mig1gAt0, mig1gAt1)
+			tt.breakIt(m)
+			inv, err := newMockLib(m.gpu, newMockGPU(1)).discover(standard)
+			if err != nil {
+				t.Fatal(err)
 			}
-			if !strings.HasPrefix(err.Error(), "GPU 0 (GPU-0): MIG devices: ") || !strings.Contains(err.Error(), tt.want) {
-				t.Errorf("error %q does not name the GPU and %q", err, tt.want)
+			if got := gpuUUIDs(inv); !reflect.DeepEqual(got, []string{"GPU-1"}) {
+				t.Errorf("discovered %v, want only GPU-1", got)
+			}
+			if len(inv.Problems) != 1 {
+				t.Fatalf("problems %+v, want one", inv.Problems)
+			}
+			p := inv.Problems[0]
+			want := "GPU 0 (GPU-0): MIG devices: " + tt.want
+			if p.Index != 0 || p.UUID != "GPU-0" || p.MIGDevice != "" || !strings.HasPrefix(p.Err, want) || !strings.HasSuffix(p.Err, fail.Error()) {
+				t.Errorf("problem %+v, want the GPU's, saying %q...%v", p, want, fail)
 			}
 		})
 	}

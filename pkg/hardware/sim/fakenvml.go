@@ -48,9 +48,23 @@ func newFakeNVML(n *Node) *fakeNVML {
 				// as GI 2).
 				id: m.MemorySlices/prof.PlacementSize - 1 + *md.PlacementStart/prof.PlacementSize,
 			}
-			gi.ci = &fakeCI{gi: gi}
+			// A GPU instance holds one compute instance spanning it or,
+			// split, as many of ComputeSlices slices as fit, numbered
+			// from 0 and placed side by side.
+			c := md.ComputeSlices
+			if c == 0 {
+				c = prof.Slices
+			}
+			for k := 0; k < prof.Slices/c; k++ {
+				ci := &fakeCI{gi: gi, id: k, slices: c, profile: prof.ciProfile(c)}
+				uuid := md.UUID
+				if k > 0 {
+					uuid = ciUUID(n.Name, i, prof.Name, *md.PlacementStart, k)
+				}
+				gi.cis = append(gi.cis, ci)
+				d.migs = append(d.migs, &fakeMIG{gi: gi, ci: ci, uuid: uuid})
+			}
 			d.gis = append(d.gis, gi)
-			d.migs = append(d.migs, &fakeMIG{gi: gi, uuid: md.UUID})
 		}
 		f.devices = append(f.devices, d)
 	}
@@ -290,12 +304,15 @@ func (p *MIGProfile) giInfo() nvml.GpuInstanceProfileInfo {
 	}
 }
 
-func (p *MIGProfile) ciInfo() nvml.ComputeInstanceProfileInfo {
+// ciInfo describes the compute instances of c slices in a GPU instance of
+// profile p. Engines are shared within the GPU instance; multiprocessors
+// are split evenly among its compute slices.
+func (p *MIGProfile) ciInfo(c int) nvml.ComputeInstanceProfileInfo {
 	return nvml.ComputeInstanceProfileInfo{
-		Id:                    uint32(p.CIProfile),
-		SliceCount:            uint32(p.Slices),
-		InstanceCount:         1,
-		MultiprocessorCount:   uint32(p.Multiprocessors),
+		Id:                    uint32(p.ciProfile(c)),
+		SliceCount:            uint32(c),
+		InstanceCount:         uint32(p.Slices / c),
+		MultiprocessorCount:   uint32(p.Multiprocessors * c / p.Slices),
 		SharedCopyEngineCount: uint32(p.CopyEngines),
 		SharedDecoderCount:    uint32(p.Decoders),
 		SharedEncoderCount:    uint32(p.Encoders),
@@ -311,7 +328,7 @@ type fakeGI struct {
 	profile *MIGProfile
 	id      int
 	start   int
-	ci      *fakeCI
+	cis     []*fakeCI
 }
 
 // GetInfo implements nvml.GpuInstance.
@@ -324,39 +341,54 @@ func (gi *fakeGI) GetInfo() (nvml.GpuInstanceInfo, nvml.Return) {
 	}, nvml.SUCCESS
 }
 
-// GetComputeInstanceProfileInfo implements nvml.GpuInstance. Only the
-// compute instance profile spanning the whole GPU instance exists here.
+// GetComputeInstanceProfileInfo implements nvml.GpuInstance for the
+// compute instance sizes the GPU instance allows (see
+// [MIGProfile.computeSlices]).
 func (gi *fakeGI) GetComputeInstanceProfileInfo(profile, engProfile int) (nvml.ComputeInstanceProfileInfo, nvml.Return) {
 	if profile < 0 || profile >= nvml.COMPUTE_INSTANCE_PROFILE_COUNT ||
 		engProfile < 0 || engProfile >= nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_COUNT {
 		return nvml.ComputeInstanceProfileInfo{}, nvml.ERROR_INVALID_ARGUMENT
 	}
-	if profile != gi.profile.CIProfile || engProfile != nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED {
+	if engProfile != nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED {
 		return nvml.ComputeInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
 	}
-	return gi.profile.ciInfo(), nvml.SUCCESS
+	for _, c := range gi.profile.computeSlices() {
+		if gi.profile.ciProfile(c) == profile {
+			return gi.profile.ciInfo(c), nvml.SUCCESS
+		}
+	}
+	return nvml.ComputeInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
 }
 
 // GetComputeInstances implements nvml.GpuInstance.
 func (gi *fakeGI) GetComputeInstances(info *nvml.ComputeInstanceProfileInfo) ([]nvml.ComputeInstance, nvml.Return) {
-	if info.Id != uint32(gi.profile.CIProfile) {
-		return nil, nvml.SUCCESS
+	var out []nvml.ComputeInstance
+	for _, ci := range gi.cis {
+		if uint32(ci.profile) == info.Id {
+			out = append(out, ci)
+		}
 	}
-	return []nvml.ComputeInstance{gi.ci}, nvml.SUCCESS
+	return out, nvml.SUCCESS
 }
 
 // GetComputeInstanceById implements nvml.GpuInstance.
 func (gi *fakeGI) GetComputeInstanceById(id int) (nvml.ComputeInstance, nvml.Return) {
-	if id != 0 {
-		return nil, nvml.ERROR_NOT_FOUND
+	for _, ci := range gi.cis {
+		if ci.id == id {
+			return ci, nvml.SUCCESS
+		}
 	}
-	return gi.ci, nvml.SUCCESS
+	return nil, nvml.ERROR_NOT_FOUND
 }
 
-// fakeCI is the compute instance spanning a GPU instance; its ID is 0.
+// fakeCI is a compute instance of slices compute slices, placed after the
+// GPU instance's compute instances with lower IDs.
 type fakeCI struct {
 	mock.ComputeInstance
-	gi *fakeGI
+	gi      *fakeGI
+	id      int
+	slices  int
+	profile int // NVML_COMPUTE_INSTANCE_PROFILE_*
 }
 
 // GetInfo implements nvml.ComputeInstance.
@@ -364,25 +396,32 @@ func (ci *fakeCI) GetInfo() (nvml.ComputeInstanceInfo, nvml.Return) {
 	return nvml.ComputeInstanceInfo{
 		Device:      ci.gi.parent,
 		GpuInstance: ci.gi,
-		Id:          0,
-		ProfileId:   uint32(ci.gi.profile.CIProfile),
-		Placement:   nvml.ComputeInstancePlacement{Start: 0, Size: uint32(ci.gi.profile.Slices)},
+		Id:          uint32(ci.id),
+		ProfileId:   uint32(ci.profile),
+		Placement:   nvml.ComputeInstancePlacement{Start: uint32(ci.id * ci.slices), Size: uint32(ci.slices)},
 	}, nvml.SUCCESS
 }
 
-// fakeMIG is the device handle of a MIG device.
+// fakeMIG is the device handle of a MIG device: one compute instance.
 type fakeMIG struct {
 	mock.Device
 	gi   *fakeGI
+	ci   *fakeCI
 	uuid string
 }
 
 // GetUUID implements nvml.Device.
 func (m *fakeMIG) GetUUID() (string, nvml.Return) { return m.uuid, nvml.SUCCESS }
 
-// GetName implements nvml.Device, as "<parent name> MIG <profile>".
+// GetName implements nvml.Device, as "<parent name> MIG <profile>", where
+// the profile of a compute instance smaller than its GPU instance reads
+// "<c>c.<GPU instance profile>".
 func (m *fakeMIG) GetName() (string, nvml.Return) {
-	return m.gi.parent.model.ProductName + " MIG " + m.gi.profile.Name, nvml.SUCCESS
+	profile := m.gi.profile.Name
+	if m.ci.slices != m.gi.profile.Slices {
+		profile = fmt.Sprintf("%dc.%s", m.ci.slices, profile)
+	}
+	return m.gi.parent.model.ProductName + " MIG " + profile, nvml.SUCCESS
 }
 
 // IsMigDeviceHandle implements nvml.Device.
@@ -392,14 +431,15 @@ func (m *fakeMIG) IsMigDeviceHandle() (bool, nvml.Return) { return true, nvml.SU
 func (m *fakeMIG) GetGpuInstanceId() (int, nvml.Return) { return m.gi.id, nvml.SUCCESS }
 
 // GetComputeInstanceId implements nvml.Device.
-func (m *fakeMIG) GetComputeInstanceId() (int, nvml.Return) { return 0, nvml.SUCCESS }
+func (m *fakeMIG) GetComputeInstanceId() (int, nvml.Return) { return m.ci.id, nvml.SUCCESS }
 
 // GetDeviceHandleFromMigDeviceHandle implements nvml.Device.
 func (m *fakeMIG) GetDeviceHandleFromMigDeviceHandle() (nvml.Device, nvml.Return) {
 	return m.gi.parent, nvml.SUCCESS
 }
 
-// GetMemoryInfo implements nvml.Device.
+// GetMemoryInfo implements nvml.Device. Compute instances share the memory
+// of their GPU instance.
 func (m *fakeMIG) GetMemoryInfo() (nvml.Memory, nvml.Return) {
 	total := m.gi.profile.MemoryMiB * 1024 * 1024
 	return nvml.Memory{Total: total, Free: total}, nvml.SUCCESS
@@ -408,15 +448,16 @@ func (m *fakeMIG) GetMemoryInfo() (nvml.Memory, nvml.Return) {
 // GetAttributes implements nvml.Device.
 func (m *fakeMIG) GetAttributes() (nvml.DeviceAttributes, nvml.Return) {
 	p := m.gi.profile
+	ci := p.ciInfo(m.ci.slices)
 	return nvml.DeviceAttributes{
-		MultiprocessorCount:       uint32(p.Multiprocessors),
+		MultiprocessorCount:       ci.MultiprocessorCount,
 		SharedCopyEngineCount:     uint32(p.CopyEngines),
 		SharedDecoderCount:        uint32(p.Decoders),
 		SharedEncoderCount:        uint32(p.Encoders),
 		SharedJpegCount:           uint32(p.JPEGEngines),
 		SharedOfaCount:            uint32(p.OFAEngines),
 		GpuInstanceSliceCount:     uint32(p.Slices),
-		ComputeInstanceSliceCount: uint32(p.Slices),
+		ComputeInstanceSliceCount: uint32(m.ci.slices),
 		MemorySizeMB:              p.MemoryMiB,
 	}, nvml.SUCCESS
 }

@@ -15,13 +15,15 @@
 //	    uuid: GPU-...               # optional, derived from node name and index
 //	    pciBusID: "0000:1b:00.0"    # optional, from the model's usual system
 //	    pcieRoot: "pci0000:15"      # optional, pairs of GPUs share a root
-//	    numaNode: 0                 # optional, first half 0, second half 1; -1: none
+//	    numaNode: 3                 # optional, from the model's usual system; -1: none
 //	    memoryMiB: 81559            # optional, the model's figure
 //	    migEnabled: true
 //	    migDevices:                 # MIG devices that exist
 //	    - profile: 1g.10gb
 //	      placementStart: 0         # optional, first free allowed start
 //	      uuid: MIG-...             # optional, derived
+//	    - profile: 2g.20gb
+//	      computeSlices: 1          # optional: split into 1c.2g.20gb instances
 //
 // Everything derived is deterministic, so two loads of a fleet describe the
 // same GPUs.
@@ -82,7 +84,10 @@ type GPU struct {
 	PCIBusID string `json:"pciBusID,omitempty"`
 	// PCIeRoot is the root complex, "pci0000:15".
 	PCIeRoot string `json:"pcieRoot,omitempty"`
-	// NUMANode is the NUMA node; -1 means no NUMA affinity.
+	// NUMANode is the NUMA node; -1 means no NUMA affinity. The default is
+	// where the model's usual system has the GPU at that index (DGX A100:
+	// 3, 3, 1, 1, 7, 7, 5, 5), or else 0 for the first half of the node's
+	// GPUs and 1 for the second.
 	NUMANode *int `json:"numaNode,omitempty"`
 	// MemoryMiB overrides the model's total memory. MIG profile figures
 	// stay the model's.
@@ -93,15 +98,25 @@ type GPU struct {
 	MIGDevices []MIGDevice `json:"migDevices,omitempty"`
 }
 
-// MIGDevice is one existing MIG device: a GPU instance with one compute
-// instance spanning it.
+// MIGDevice is one existing GPU instance with its compute instances: one
+// spanning it, which makes one MIG device, unless ComputeSlices says
+// otherwise.
 type MIGDevice struct {
-	// Profile is the profile name, e.g. "1g.10gb".
+	// Profile is the GPU instance profile name, e.g. "1g.10gb".
 	Profile string `json:"profile"`
 	// PlacementStart is the first memory slice the instance occupies.
 	PlacementStart *int `json:"placementStart,omitempty"`
-	// UUID is the MIG device UUID, "MIG-<uuid>".
+	// UUID is the MIG device UUID, "MIG-<uuid>", of the first (or only)
+	// compute instance. Those of further compute instances are derived.
 	UUID string `json:"uuid,omitempty"`
+	// ComputeSlices is the size of the instance's compute instances in
+	// compute slices. The default, the profile's own slice count, is one
+	// compute instance spanning the GPU instance. A smaller size splits the
+	// GPU instance into as many compute instances of that size as fit (1
+	// on a 2g.20gb instance: two 1c.2g.20gb instances), each a MIG device
+	// of its own. gpudra does not publish those; they are here to test
+	// that discovery reports them.
+	ComputeSlices int `json:"computeSlices,omitempty"`
 }
 
 // BuiltinNames returns the names of the built-in fleets, sorted.
@@ -208,4 +223,10 @@ func gpuUUID(node string, i int) string {
 // which identify it on a node.
 func migUUID(node string, gpu int, profile string, start int) string {
 	return "MIG-" + nameUUID(fmt.Sprintf("mig/%s/%d/%s/%d", node, gpu, profile, start))
+}
+
+// ciUUID derives the UUID of the MIG device of compute instance ci > 0 of a
+// split GPU instance.
+func ciUUID(node string, gpu int, profile string, start, ci int) string {
+	return "MIG-" + nameUUID(fmt.Sprintf("mig/%s/%d/%s/%d/ci%d", node, gpu, profile, start, ci))
 }

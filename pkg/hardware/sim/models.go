@@ -67,14 +67,22 @@ type layout struct {
 	busIDs []int
 	// roots are the root buses of GPU pairs (index/2).
 	roots []int
+	// numa are the GPUs' NUMA nodes in NVML index order; nil: the first
+	// half of a node's GPUs on node 0, the second on node 1.
+	numa []int
 }
 
 var (
 	// DGX A100: nvidia-smi on DGX A100 lists GPUs at 07, 0f, 47, 4e, 87,
 	// 90, b7, bd; pairs sit behind one PCIe switch per AMD root complex.
+	// Its two AMD EPYC CPUs run NPS4 (eight NUMA nodes of 16 cores), and
+	// `nvidia-smi topo -m` shows NUMA affinity 3, 3, 1, 1, 7, 7, 5, 5:
+	// NVIDIA/nccl issue #1505 (a DGX A100 40GB: 3, 3, 1, 1, then GPU 4 on
+	// cores 112-127, node 7) and #1435 (8x A100 NVLink, all eight).
 	dgxA100Layout = &layout{
 		busIDs: []int{0x07, 0x0f, 0x47, 0x4e, 0x87, 0x90, 0xb7, 0xbd},
 		roots:  []int{0x00, 0x40, 0x80, 0xa0},
+		numa:   []int{3, 3, 1, 1, 7, 7, 5, 5},
 	}
 	// DGX H100 and DGX H200 (same chassis): nvidia-smi lists GPUs at 1b,
 	// 43, 52, 61, 9d, c3, d1, df. The pairing into shared roots is the
@@ -101,6 +109,18 @@ func (l *layout) busID(i int) string {
 func (l *layout) pcieRoot(i int) string {
 	n := len(l.busIDs)
 	return fmt.Sprintf("pci%04x:%02x", i/n, l.roots[(i%n)/2])
+}
+
+// numaNode returns the default NUMA node of the GPU at index i of a node
+// with count GPUs.
+func (l *layout) numaNode(i, count int) int {
+	if l.numa != nil {
+		return l.numa[i%len(l.numa)]
+	}
+	if i >= (count+1)/2 {
+		return 1
+	}
+	return 0
 }
 
 // Figures below come from `nvidia-smi mig -lgip` and `-lgipp` outputs on
@@ -232,6 +252,40 @@ func (m *Model) profile(name string) (*MIGProfile, bool) {
 		}
 	}
 	return nil, false
+}
+
+// ciProfileIndex maps the compute slices of a compute instance smaller
+// than its GPU instance to its NVML_COMPUTE_INSTANCE_PROFILE_* index (equal
+// to its profile ID, the "ID" column of `nvidia-smi mig -lcip`).
+var ciProfileIndex = map[int]int{
+	1: nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE,
+	2: nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE,
+	3: nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE,
+	4: nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE,
+}
+
+// computeSlices returns the sizes, in compute slices, that the compute
+// instances of a GPU instance of profile p may have, smallest first: the
+// profile's own size, and the smaller sizes c with 2c <= slices+1 (1 to 4
+// on a 7g instance, 1 and 2 on a 4g or 3g, 1 on a 2g), the rule go-nvlib
+// uses to list MIG profiles.
+func (p *MIGProfile) computeSlices() []int {
+	var sizes []int
+	for c := 1; c < p.Slices; c++ {
+		if _, ok := ciProfileIndex[c]; ok && 2*c <= p.Slices+1 {
+			sizes = append(sizes, c)
+		}
+	}
+	return append(sizes, p.Slices)
+}
+
+// ciProfile returns the NVML_COMPUTE_INSTANCE_PROFILE_* index of compute
+// instances of c slices in a GPU instance of profile p.
+func (p *MIGProfile) ciProfile(c int) int {
+	if c == p.Slices {
+		return p.CIProfile
+	}
+	return ciProfileIndex[c]
 }
 
 // profileNames lists the model's MIG profile names for error messages.

@@ -97,3 +97,38 @@ func TestFakeServesGoNVLib(t *testing.T) {
 		}
 	}
 }
+
+// go-nvlib names the compute instances of a split GPU instance as
+// nvidia-smi does, from the same fake.
+func TestFakeServesGoNVLibSplit(t *testing.T) {
+	f, err := Parse([]byte(`
+nodes:
+- name: split
+  gpus:
+  - model: H100-SXM5-80GB
+    migEnabled: true
+    migDevices:
+    - {profile: 2g.20gb, placementStart: 0, computeSlices: 1}
+    - {profile: 3g.40gb, placementStart: 4, computeSlices: 2}
+    - {profile: 1g.10gb, placementStart: 2}
+`), "split")
+	if err != nil {
+		t.Fatal(err)
+	}
+	devlib := nvdev.New(newFakeNVML(&f.Nodes[0]))
+	var got []string
+	err = devlib.VisitMigDevices(func(i int, d nvdev.Device, j int, m nvdev.MigDevice) error {
+		p, err := m.GetProfile()
+		if err != nil {
+			return err
+		}
+		got = append(got, p.String())
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"1c.2g.20gb", "1c.2g.20gb", "2c.3g.40gb", "1g.10gb"}; !slices.Equal(got, want) {
+		t.Errorf("go-nvlib sees %v, want %v", got, want)
+	}
+}

@@ -41,16 +41,19 @@ func discover(t *testing.T, nameOrPath string) map[string]*hardware.Inventory {
 	return out
 }
 
-// modelFacts are the figures every GPU of a model must report.
+// modelFacts are the figures every GPU of a model must report, and the
+// NUMA nodes of the GPUs of its usual 8-GPU system.
 type modelFacts struct {
 	product, arch, cc string
 	memoryMiB         uint64
+	numa              [8]int
 }
 
 var (
-	a100 = modelFacts{"NVIDIA A100-SXM4-40GB", "Ampere", "8.0", 40960}
-	h100 = modelFacts{"NVIDIA H100 80GB HBM3", "Hopper", "9.0", 81559}
-	h200 = modelFacts{"NVIDIA H200", "Hopper", "9.0", 143771}
+	// DGX A100 runs its AMD CPUs in NPS4 mode: eight NUMA nodes.
+	a100 = modelFacts{"NVIDIA A100-SXM4-40GB", "Ampere", "8.0", 40960, [8]int{3, 3, 1, 1, 7, 7, 5, 5}}
+	h100 = modelFacts{"NVIDIA H100 80GB HBM3", "Hopper", "9.0", 81559, [8]int{0, 0, 0, 0, 1, 1, 1, 1}}
+	h200 = modelFacts{"NVIDIA H200", "Hopper", "9.0", 143771, [8]int{0, 0, 0, 0, 1, 1, 1, 1}}
 )
 
 func TestBuiltinFleets(t *testing.T) {
@@ -84,6 +87,9 @@ func TestBuiltinFleets(t *testing.T) {
 				inv := invs[node]
 				if inv == nil {
 					t.Fatalf("node %s missing", node)
+				}
+				if inv.Problems != nil {
+					t.Errorf("%s: problems %+v", node, inv.Problems)
 				}
 				if inv.DriverVersion != "580.65.06" || inv.CUDADriverVersion != "13.0" {
 					t.Errorf("%s: versions %q/%q, want 580.65.06/13.0", node, inv.DriverVersion, inv.CUDADriverVersion)
@@ -120,12 +126,8 @@ func TestBuiltinFleets(t *testing.T) {
 						t.Errorf("%s GPU %d: UUID %s also used by %s", node, i, g.UUID, prev)
 					}
 					seenUUIDs[g.UUID] = key
-					wantNUMA := 0
-					if i >= 4 {
-						wantNUMA = 1
-					}
-					if g.NUMANode == nil || *g.NUMANode != wantNUMA {
-						t.Errorf("%s GPU %d: NUMA node %v, want %d", node, i, g.NUMANode, wantNUMA)
+					if g.NUMANode == nil || *g.NUMANode != facts.numa[i] {
+						t.Errorf("%s GPU %d: NUMA node %s, want %d", node, i, numaString(g.NUMANode), facts.numa[i])
 					}
 					if !g.MIGCapable {
 						t.Errorf("%s GPU %d: not MIG capable", node, i)
@@ -150,6 +152,13 @@ func TestBuiltinFleets(t *testing.T) {
 			}
 		})
 	}
+}
+
+func numaString(n *int) string {
+	if n == nil {
+		return "none"
+	}
+	return fmt.Sprint(*n)
 }
 
 func TestDiscoveryIsDeterministic(t *testing.T) {
@@ -317,5 +326,62 @@ func TestHardwareOfInvalidNode(t *testing.T) {
 	_, err := n.Hardware().Discover(context.Background())
 	if err == nil || !strings.Contains(err.Error(), `gpus[0].model: unknown model "V100"`) {
 		t.Errorf("got %v", err)
+	}
+}
+
+// A GPU instance split into compute instances smaller than itself makes
+// MIG devices that discovery reports instead of publishing; the GPU's
+// other MIG devices are published.
+func TestPartialComputeInstances(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "split.yaml")
+	const file = `
+nodes:
+- name: split
+  gpus:
+  - model: H100-SXM5-80GB
+    migEnabled: true
+    migDevices:
+    - {profile: 2g.20gb, placementStart: 0, computeSlices: 1}
+    - {profile: 1g.10gb, placementStart: 2}
+    - {profile: 3g.40gb, placementStart: 4, computeSlices: 2}
+  - model: H100-SXM5-80GB
+`
+	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := sim.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleetGPU := f.Nodes[0].GPUs[0]
+	if got := fleetGPU.MIGDevices[1].ComputeSlices; got != 1 {
+		t.Errorf("default computeSlices of 1g.10gb: got %d, want 1", got)
+	}
+	inv := discover(t, path)["split"]
+	if len(inv.GPUs) != 2 {
+		t.Fatalf("got %d GPUs, want 2", len(inv.GPUs))
+	}
+	g := inv.GPUs[0]
+	if len(g.MIGDevices) != 1 || g.MIGDevices[0].Profile != "1g.10gb" || g.MIGDevices[0].UUID != fleetGPU.MIGDevices[1].UUID {
+		t.Errorf("published MIG devices %+v, want only the 1g.10gb", g.MIGDevices)
+	}
+	// Two 1c.2g.20gb instances in GI 3, one 2c.3g.40gb in GI 2.
+	wantCIs := []string{"CI 0 has 1 of the 2 compute slices of GI 3", "CI 1 has 1 of the 2 compute slices of GI 3",
+		"CI 0 has 2 of the 3 compute slices of GI 2"}
+	if len(inv.Problems) != len(wantCIs) {
+		t.Fatalf("problems %+v, want %d", inv.Problems, len(wantCIs))
+	}
+	seen := map[string]bool{}
+	for i, p := range inv.Problems {
+		if p.Index != 0 || p.UUID != g.UUID || !strings.HasPrefix(p.MIGDevice, "MIG-") || seen[p.MIGDevice] {
+			t.Errorf("problem %d: %+v, want GPU 0's with a MIG UUID of its own", i, p)
+		}
+		seen[p.MIGDevice] = true
+		if want := "partial compute instances are not supported: " + wantCIs[i]; !strings.HasSuffix(p.Err, want) {
+			t.Errorf("problem %d says %q, want ...%q", i, p.Err, want)
+		}
+	}
+	if inv.Problems[0].MIGDevice != fleetGPU.MIGDevices[0].UUID || inv.Problems[2].MIGDevice != fleetGPU.MIGDevices[2].UUID {
+		t.Errorf("the first compute instance of a GPU instance does not carry the fleet's UUID: %+v", inv.Problems)
 	}
 }

@@ -150,10 +150,7 @@ func (g *GPU) resolve(p *problems, field, node string, i, count int) {
 		p.add(field+".pcieRoot", "%q is not a PCIe root like \"pci0000:15\"", g.PCIeRoot)
 	}
 	if g.NUMANode == nil {
-		numa := 0
-		if i >= (count+1)/2 {
-			numa = 1
-		}
+		numa := m.layout.numaNode(i, count)
 		g.NUMANode = &numa
 	} else if *g.NUMANode < -1 {
 		p.add(field+".numaNode", "%d is not a NUMA node (-1 for none)", *g.NUMANode)
@@ -227,6 +224,11 @@ func (g *GPU) resolveMIG(p *problems, field string, m *Model, node string, index
 		instances[prof.Name]++
 		if instances[prof.Name] > prof.Instances {
 			p.add(dfield+".profile", "at most %d %s instance(s) fit on a %s", prof.Instances, prof.Name, m.Name)
+		}
+		if d.ComputeSlices == 0 {
+			d.ComputeSlices = prof.Slices
+		} else if !slices.Contains(prof.computeSlices(), d.ComputeSlices) {
+			p.add(dfield+".computeSlices", "%d is not a compute instance size of %s (allowed: %s)", d.ComputeSlices, prof.Name, ints(prof.computeSlices()))
 		}
 		if d.UUID == "" {
 			d.UUID = migUUID(node, index, prof.Name, *d.PlacementStart)

@@ -67,6 +67,10 @@ func TestParseRejects(t *testing.T) {
 			[]string{"gpus[0].migDevices[3].placementStart: 1g.10gb at 6 (memory slices 6-6) overlaps migDevices[2] (1g.20gb at 6)"}},
 		{"memory override with MIG", node("  - model: H100-SXM5-80GB\n    memoryMiB: 40000\n    migEnabled: true\n"),
 			[]string{"gpus[0].memoryMiB: must be the model's 81559 MiB on a MIG-enabled H100-SXM5-80GB"}},
+		{"compute slices too large", node("  - model: H100-SXM5-80GB\n    migEnabled: true\n    migDevices:\n    - {profile: 2g.20gb, computeSlices: 3}\n"),
+			[]string{"gpus[0].migDevices[0].computeSlices: 3 is not a compute instance size of 2g.20gb (allowed: 1, 2)"}},
+		{"compute slices not a CI profile", node("  - model: H100-SXM5-80GB\n    migEnabled: true\n    migDevices:\n    - {profile: 4g.40gb, computeSlices: 3}\n"),
+			[]string{"gpus[0].migDevices[0].computeSlices: 3 is not a compute instance size of 4g.40gb (allowed: 1, 2, 4)"}},
 		{"bad MIG UUID", node("  - model: H100-SXM5-80GB\n    migEnabled: true\n    migDevices:\n    - {profile: 7g.80gb, uuid: GPU-01234567-89ab-4cde-8f01-23456789abcd}\n"),
 			[]string{"gpus[0].migDevices[0].uuid:", "not a MIG UUID"}},
 	}
