@@ -54,6 +54,8 @@ type ContainerReport struct {
 	CDIDevices  []string          `json:"cdiDevices"`
 	Env         map[string]string `json:"env"`
 	DeviceNodes []string          `json:"deviceNodes"`
+	// Prepared is what the node's DRA manager prepared for the container.
+	Prepared []simnode.PreparedClaim `json:"prepared,omitempty"`
 }
 
 // systemNamespace reports namespaces the report leaves out.
@@ -91,28 +93,37 @@ func (c *Cluster) podReport(ctx context.Context, pod *corev1.Pod) (PodReport, er
 		Namespace: pod.Namespace, Name: pod.Name, Phase: string(pod.Status.Phase), Node: pod.Spec.NodeName,
 		Reason: PodReason(pod), Claims: []ClaimReport{}, Containers: []ContainerReport{},
 	}
-	for _, name := range ClaimNames(pod) {
-		cr := ClaimReport{Name: name, Results: []DeviceResult{}}
-		claim, err := c.client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
-		if err != nil && !apierrors.IsNotFound(err) {
-			return pr, err
-		}
-		if err == nil && claim.Status.Allocation != nil {
-			for _, res := range claim.Status.Allocation.Devices.Results {
-				cr.Results = append(cr.Results, DeviceResult{Request: res.Request, Driver: res.Driver, Pool: res.Pool, Device: res.Device})
-			}
-		}
-		pr.Claims = append(pr.Claims, cr)
-	}
 	var devices map[string]simnode.ContainerDevices
 	if n := c.Node(pod.Spec.NodeName); n != nil {
 		devices, _ = n.Containers(pod)
+	}
+	finished := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+	if finished && devices != nil {
+		// A finished pod's claims are unreserved and deallocated (and
+		// the resource-claim controller may even have made new, unused
+		// ones for it): report what the node prepared while it ran.
+		pr.Claims = preparedClaims(pod, devices)
+	} else {
+		for _, name := range ClaimNames(pod) {
+			cr := ClaimReport{Name: name, Results: []DeviceResult{}}
+			claim, err := c.client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
+			if err != nil && !apierrors.IsNotFound(err) {
+				return pr, err
+			}
+			if err == nil && claim.Status.Allocation != nil {
+				for _, res := range claim.Status.Allocation.Devices.Results {
+					cr.Results = append(cr.Results, DeviceResult{Request: res.Request, Driver: res.Driver, Pool: res.Pool, Device: res.Device})
+				}
+			}
+			pr.Claims = append(pr.Claims, cr)
+		}
 	}
 	for _, ctr := range pod.Spec.Containers {
 		cr := ContainerReport{Name: ctr.Name, CDIDevices: []string{}, Env: map[string]string{}, DeviceNodes: []string{}}
 		if d, ok := devices[ctr.Name]; ok {
 			cr.CDIDevices = append(cr.CDIDevices, d.CDIDevices...)
 			cr.DeviceNodes = append(cr.DeviceNodes, d.DeviceNodes...)
+			cr.Prepared = d.Claims
 			for k, v := range d.Env {
 				cr.Env[k] = v
 			}
@@ -120,6 +131,29 @@ func (c *Cluster) podReport(ctx context.Context, pod *corev1.Pod) (PodReport, er
 		pr.Containers = append(pr.Containers, cr)
 	}
 	return pr, nil
+}
+
+// preparedClaims returns the claims the node prepared for the pod's
+// containers, each once, in container order.
+func preparedClaims(pod *corev1.Pod, devices map[string]simnode.ContainerDevices) []ClaimReport {
+	out := []ClaimReport{}
+	seen := map[string]bool{}
+	for _, ctr := range pod.Spec.Containers {
+		for _, pc := range devices[ctr.Name].Claims {
+			if seen[pc.Name] {
+				continue
+			}
+			seen[pc.Name] = true
+			cr := ClaimReport{Name: pc.Name, Results: []DeviceResult{}}
+			for _, d := range pc.Devices {
+				for _, req := range d.Requests {
+					cr.Results = append(cr.Results, DeviceResult{Request: req, Driver: d.Driver, Pool: d.Pool, Device: d.Device})
+				}
+			}
+			out = append(out, cr)
+		}
+	}
+	return out
 }
 
 // ClaimNames returns the names of the ResourceClaims a pod uses, in the

@@ -1,22 +1,25 @@
 package e2e
 
 import (
-	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpudra/gpudra/localcluster/manifests"
 )
 
-// TestExamples applies every example, waits until the pods settle and
-// checks each lands on the expected kind of device.
+// TestExamples applies every example at once, as gpudra-sim does, waits
+// until the pods settle, and checks that each lands on the kind of device
+// it asks for and that its containers get those devices through CDI.
 func TestExamples(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 3*time.Minute)
 	objs, err := manifests.Load(examplesDir())
 	if err != nil {
 		t.Fatal(err)
@@ -27,30 +30,126 @@ func TestExamples(t *testing.T) {
 	if err := demo.WaitSettled(ctx, 2*time.Second); err != nil {
 		t.Fatalf("pods did not settle: %v", err)
 	}
-	report, err := demo.Report(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range report.Pods {
-		t.Logf("%s/%s %s on %s: claims %+v containers %+v %s", p.Namespace, p.Name, p.Phase, p.Node, p.Claims, p.Containers, p.Reason)
-	}
-	pods, err := demo.Client().CoreV1().Pods("single-gpu").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, pod := range pods.Items {
-		if pod.Status.Phase != corev1.PodRunning {
-			t.Errorf("%s: %s", pod.Name, pod.Status.Phase)
-		}
-		devs, err := demo.AllocatedDevices(ctx, &pod)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, d := range devs {
-			if typ := *d.Attributes["type"].StringValue; typ != "gpu" {
-				t.Errorf("%s: device %s has type %s", pod.Name, d.Name, typ)
+
+	type check func(t *testing.T, pod *corev1.Pod, devs []resourceapi.Device)
+	isType := func(typ string, n int) check {
+		return func(t *testing.T, pod *corev1.Pod, devs []resourceapi.Device) {
+			if len(devs) != n {
+				t.Fatalf("got %d devices, want %d", len(devs), n)
+			}
+			for _, d := range devs {
+				if got := attr(d, "type"); got != typ {
+					t.Errorf("device %s has type %q, want %q", d.Name, got, typ)
+				}
 			}
 		}
 	}
-	_ = strings.Contains
+	product := func(prefix string) check {
+		return func(t *testing.T, pod *corev1.Pod, devs []resourceapi.Device) {
+			for _, d := range devs {
+				if got := attr(d, "productName"); !strings.HasPrefix(got, prefix) {
+					t.Errorf("device %s is a %q, want %s*", d.Name, got, prefix)
+				}
+			}
+		}
+	}
+	tests := []struct {
+		ns, pod string
+		checks  []check
+	}{
+		{"single-gpu", "pod", []check{isType("gpu", 1)}},
+		{"two-pods-distinct-gpus", "pod0", []check{isType("gpu", 1)}},
+		{"two-pods-distinct-gpus", "pod1", []check{isType("gpu", 1)}},
+		{"shared-claim", "pod", []check{isType("gpu", 1), func(t *testing.T, pod *corev1.Pod, _ []resourceapi.Device) {
+			ctrs, _ := demo.Node(pod.Spec.NodeName).Containers(pod)
+			if a, b := ctrs["ctr0"].CDIDevices, ctrs["ctr1"].CDIDevices; len(a) == 0 || !slices.Equal(a, b) {
+				t.Errorf("containers do not share the claim's devices: ctr0 %v, ctr1 %v", a, b)
+			}
+		}}},
+		{"cel-selection", "by-product-name", []check{isType("gpu", 1), product("NVIDIA A100-SXM4-40GB")}},
+		{"cel-selection", "by-memory", []check{isType("gpu", 1), func(t *testing.T, _ *corev1.Pod, devs []resourceapi.Device) {
+			for _, d := range devs {
+				mem := d.Capacity["memory"].Value
+				if mem.Cmp(resource.MustParse("79Gi")) < 0 {
+					t.Errorf("device %s has %s memory, want >= 79Gi", d.Name, mem.String())
+				}
+			}
+		}}},
+		{"pcie-root-pair", "pod", []check{isType("gpu", 2), func(t *testing.T, _ *corev1.Pod, devs []resourceapi.Device) {
+			a, b := attr(devs[0], "resource.kubernetes.io/pcieRoot"), attr(devs[1], "resource.kubernetes.io/pcieRoot")
+			if a == "" || a != b {
+				t.Errorf("devices %s and %s are under PCIe roots %q and %q", devs[0].Name, devs[1].Name, a, b)
+			}
+		}}},
+		{"first-available", "pod", []check{isType("gpu", 1), product("NVIDIA H100")}},
+		{"allocation-mode-all", "pod", []check{isType("mig", 7), func(t *testing.T, pod *corev1.Pod, devs []resourceapi.Device) {
+			for _, d := range devs {
+				if p := attr(d, "profile"); p != "1g.5gb" {
+					t.Errorf("device %s has profile %s", d.Name, p)
+				}
+			}
+			if pod.Spec.NodeName != "dgx-a100-0" {
+				t.Errorf("pod on %s, want dgx-a100-0 (the only node with 1g.5gb devices)", pod.Spec.NodeName)
+			}
+		}}},
+		{"mig-profile", "pod", []check{isType("mig", 1), func(t *testing.T, _ *corev1.Pod, devs []resourceapi.Device) {
+			if p := attr(devs[0], "profile"); p != "1g.10gb" {
+				t.Errorf("device %s has profile %s, want 1g.10gb", devs[0].Name, p)
+			}
+		}}},
+		{"gpu-config", "pod", []check{isType("gpu", 1)}},
+	}
+	seen := map[string]string{}
+	for _, tc := range tests {
+		t.Run(tc.ns+"/"+tc.pod, func(t *testing.T) {
+			pod := getPod(t, ctx, tc.ns, tc.pod)
+			if pod.Status.Phase != corev1.PodRunning {
+				t.Fatalf("phase %s, want Running; reason: %s", pod.Status.Phase, reasonOf(pod))
+			}
+			devs := devicesOf(t, ctx, pod)
+			for _, c := range tc.checks {
+				c(t, pod, devs)
+			}
+			checkContainersSeeDevices(t, pod, devs)
+			for _, d := range devs {
+				key := pod.Spec.NodeName + "/" + d.Name
+				if other, dup := seen[key]; dup {
+					t.Errorf("device %s given to both %s and %s/%s", key, other, tc.ns, tc.pod)
+				}
+				seen[key] = tc.ns + "/" + tc.pod
+			}
+		})
+	}
+
+	t.Run("job-claim-template", func(t *testing.T) {
+		job, err := demo.Client().BatchV1().Jobs("job-claim-template").Get(ctx, "train", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !jobComplete(job) || job.Status.Succeeded != 4 {
+			t.Fatalf("job not complete: succeeded %d, conditions %+v", job.Status.Succeeded, job.Status.Conditions)
+		}
+		pods, err := demo.Client().CoreV1().Pods("job-claim-template").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pods.Items) != 4 {
+			t.Errorf("%d job pods, want 4", len(pods.Items))
+		}
+		for _, pod := range pods.Items {
+			ctrs, ok := demo.Node(pod.Spec.NodeName).Containers(&pod)
+			if pod.Status.Phase != corev1.PodSucceeded || !ok || len(ctrs["ctr"].CDIDevices) != 1 {
+				t.Errorf("job pod %s: phase %s, containers %+v", pod.Name, pod.Status.Phase, ctrs)
+			}
+		}
+	})
+}
+
+func jobComplete(job *batchv1.Job) bool {
+	for _, c := range job.Status.Conditions {
+		if c.Type == batchv1.JobComplete && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
@@ -42,7 +43,21 @@ func TestMain(m *testing.M) {
 		_ = flag.Set("alsologtostderr", "false")
 		klog.SetOutput(discard{})
 	}
-	os.Exit(run(m))
+	// A temporary directory of the suite's own, so that what the
+	// clusters leave behind can be told from other programs' files.
+	tmp, err := os.MkdirTemp("", "gpudra-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Setenv("TMPDIR", tmp)
+	code := run(m)
+	if err := os.Remove(tmp); err != nil {
+		fmt.Fprintln(os.Stderr, "temporary directory not empty:", err)
+		_ = os.RemoveAll(tmp)
+		code = 1
+	}
+	os.Exit(code)
 }
 
 type discard struct{}
@@ -52,6 +67,8 @@ func (discard) Write(p []byte) (int, error) { return len(p), nil }
 func run(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	before := goleak.IgnoreCurrent()
+	tmpBefore := tempEntries()
 	fleet, err := sim.Load("demo")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -68,6 +85,16 @@ func run(m *testing.M) int {
 	if err := demo.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "stop local cluster:", err)
 		code = 1
+	}
+	if left := newEntries(tmpBefore, tempEntries()); len(left) != 0 {
+		fmt.Fprintf(os.Stderr, "left in %s after the local cluster stopped: %v\n", os.TempDir(), left)
+		code = 1
+	}
+	if code == 0 {
+		if err := goleak.Find(append(leakAllowlist(), before)...); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutines left after the local cluster stopped:", err)
+			code = 1
+		}
 	}
 	return code
 }

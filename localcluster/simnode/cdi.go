@@ -14,6 +14,10 @@ import (
 // for its claims: the CDI device IDs the kubelet passed, and the edits the
 // CDI library resolved them into.
 type ContainerDevices struct {
+	// Claims are the container's claims as the DRA manager prepared
+	// them: which device served which request. Unlike the claims'
+	// allocations, this stays after the pod finished.
+	Claims      []PreparedClaim   `json:"claims,omitempty"`
 	CDIDevices  []string          `json:"cdiDevices"`
 	Env         map[string]string `json:"env"`
 	DeviceNodes []string          `json:"deviceNodes"`
@@ -64,4 +68,18 @@ func (r *cdiResolver) resolve(ids []string) (ContainerDevices, error) {
 	}
 	slices.Sort(out.DeviceNodes)
 	return out, nil
+}
+
+// PreparedClaim is one claim of a container as prepared on the node.
+type PreparedClaim struct {
+	Name    string           `json:"name"`
+	Devices []PreparedDevice `json:"devices"`
+}
+
+// PreparedDevice is one device of a prepared claim.
+type PreparedDevice struct {
+	Requests []string `json:"requests"`
+	Driver   string   `json:"driver"`
+	Pool     string   `json:"pool"`
+	Device   string   `json:"device"`
 }

@@ -3,6 +3,7 @@ package simnode
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -259,6 +260,20 @@ func (l *podLoop) startPod(ctx context.Context, pod *corev1.Pod) (time.Duration,
 			err = fmt.Errorf("container %s: %w", c.Name, err)
 			l.waiting(ctx, pod, err)
 			return 0, err
+		}
+		infos, err := manager.GetContainerClaimInfos(pod, c)
+		if err != nil {
+			l.waiting(ctx, pod, err)
+			return 0, err
+		}
+		for _, info := range infos {
+			pc := PreparedClaim{Name: info.ClaimName}
+			for driver, ds := range info.DriverState {
+				for _, d := range ds.Devices {
+					pc.Devices = append(pc.Devices, PreparedDevice{Requests: slices.Clone(d.RequestNames), Driver: driver, Pool: d.PoolName, Device: d.DeviceName})
+				}
+			}
+			devs.Claims = append(devs.Claims, pc)
 		}
 		containers[c.Name] = devs
 	}

@@ -1,0 +1,247 @@
+// Command gpudra-sim runs gpudra on a local cluster: an in-process control
+// plane (etcd, kube-apiserver, kube-scheduler, the controllers) and
+// simulated GPU nodes, each with gpudra's kubelet plugin and the kubelet's
+// own DRA code. It applies manifests (by default the repository's
+// examples), waits for the pods to settle and prints where each landed.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/pkg/hardware/sim"
+
+	"github.com/gpudra/gpudra/localcluster/cluster"
+	"github.com/gpudra/gpudra/localcluster/manifests"
+)
+
+type options struct {
+	fleet       string
+	manifests   string
+	report      string
+	keepRunning bool
+	kubeconfig  string
+	logFile     string
+	verbosity   int
+	settle      time.Duration
+	load        int
+	loadNodes   int
+	cpuProfile  string
+}
+
+func main() {
+	var o options
+	fs := flag.NewFlagSet("gpudra-sim", flag.ExitOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `Usage: gpudra-sim [--fleet FILE|NAME] [--manifests DIR] [--report FILE] [--keep-running]
+
+Runs a local Kubernetes cluster in this process with simulated GPU nodes and
+gpudra, applies the manifests and prints pod -> node -> devices -> CDI devices.
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	fs.StringVar(&o.fleet, "fleet", "demo", "simulated fleet: a built-in name ("+fmt.Sprint(sim.BuiltinNames())+") or a fleet YAML file")
+	fs.StringVar(&o.manifests, "manifests", "", "directory (or file) of YAML manifests to apply (default: the repository's examples/)")
+	fs.StringVar(&o.report, "report", "", "write a JSON report of the pods to this file")
+	fs.BoolVar(&o.keepRunning, "keep-running", false, "keep the cluster running after the report, until interrupted, and write a kubeconfig")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "gpudra-sim.kubeconfig", "with --keep-running: where to write the kubeconfig")
+	fs.StringVar(&o.logFile, "log-file", "", "write the components' logs to this file (default: discard them)")
+	fs.IntVar(&o.verbosity, "v", 0, "log verbosity of the components (with --log-file)")
+	fs.DurationVar(&o.settle, "settle-timeout", 3*time.Minute, "how long to wait for the pods to settle")
+	fs.IntVar(&o.load, "load", 0, "instead of the manifests: a load run with this many pods (see --load-nodes); not for CI")
+	fs.IntVar(&o.loadNodes, "load-nodes", 100, "with --load: number of simulated 8-GPU nodes")
+	fs.StringVar(&o.cpuProfile, "cpu-profile", "", "with --load: write a CPU profile of the run with claims to this file")
+	_ = fs.Parse(os.Args[1:])
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "gpudra-sim: unexpected arguments %v\n", fs.Args())
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "gpudra-sim:", err)
+		os.Exit(1)
+	}
+}
+
+// setUpLogging sends klog's output (every component logs through it) to
+// the log file, or nowhere: the progress lines and the table are for the
+// user, the components' chatter is not.
+func setUpLogging(o options) (func(), error) {
+	kfs := flag.NewFlagSet("klog", flag.ContinueOnError)
+	klog.InitFlags(kfs)
+	for k, v := range map[string]string{"logtostderr": "false", "alsologtostderr": "false", "stderrthreshold": "FATAL", "v": fmt.Sprint(o.verbosity)} {
+		if err := kfs.Set(k, v); err != nil {
+			return nil, err
+		}
+	}
+	if o.logFile == "" {
+		klog.SetOutput(io.Discard)
+		return func() {}, nil
+	}
+	f, err := os.Create(o.logFile)
+	if err != nil {
+		return nil, err
+	}
+	klog.SetOutput(f)
+	return func() { klog.Flush(); f.Close() }, nil
+}
+
+// stderr is where progress goes: the original standard error, which
+// quietStderr leaves alone.
+var stderr = os.Stderr
+
+// quietStderr runs f with file descriptor 2 pointing to /dev/null. The
+// API server's etcd client logs through a zap logger bound to fd 2 at
+// init, with no way to turn it down, and complains about every request
+// that shutting down cancels.
+func quietStderr(f func()) {
+	saved, err := syscall.Dup(2)
+	if err != nil {
+		f()
+		return
+	}
+	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		syscall.Close(saved)
+		f()
+		return
+	}
+	_ = syscall.Dup2(int(null.Fd()), 2)
+	defer func() {
+		_ = syscall.Dup2(saved, 2)
+		syscall.Close(saved)
+		null.Close()
+	}()
+	f()
+}
+
+func progress(format string, args ...any) {
+	fmt.Fprintf(stderr, "%s  %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+}
+
+func run(ctx context.Context, o options) (finalErr error) {
+	closeLog, err := setUpLogging(o)
+	if err != nil {
+		return err
+	}
+	defer closeLog()
+	if o.load > 0 {
+		return runLoad(ctx, o)
+	}
+
+	dir := o.manifests
+	if dir == "" {
+		if dir, err = findExamples(); err != nil {
+			return err
+		}
+	}
+	objs, err := manifests.Load(dir)
+	if err != nil {
+		return err
+	}
+	fleet, err := sim.Load(o.fleet)
+	if err != nil {
+		return err
+	}
+
+	progress("starting the local cluster: fleet %s, %d nodes", o.fleet, len(fleet.Nodes))
+	start := time.Now()
+	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, Progress: func(msg string) { progress("%s", msg) }})
+	if err != nil {
+		return fmt.Errorf("start the local cluster: %w", err)
+	}
+	defer func() {
+		progress("stopping the local cluster")
+		var err error
+		quietStderr(func() { err = c.Stop() })
+		if err != nil && finalErr == nil {
+			finalErr = fmt.Errorf("stop the local cluster: %w", err)
+		}
+	}()
+	progress("cluster ready in %v", time.Since(start).Round(time.Millisecond))
+
+	progress("applying %d objects from %s", len(objs), dir)
+	if err := c.Apply(ctx, objs); err != nil {
+		return err
+	}
+	progress("waiting for the pods to settle (Running, Succeeded, or Pending with a reason)")
+	settleCtx, cancel := context.WithTimeout(ctx, o.settle)
+	settleErr := c.WaitSettled(settleCtx, 2*time.Second)
+	cancel()
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	report, err := c.Report(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Println()
+	printTable(os.Stdout, report)
+	if o.report != "" {
+		data, err := json.MarshalIndent(report, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(o.report, append(data, '\n'), 0o644); err != nil {
+			return err
+		}
+		progress("report written to %s", o.report)
+	}
+	if settleErr != nil {
+		return fmt.Errorf("the pods did not settle within %v", o.settle)
+	}
+	if o.keepRunning {
+		return keepRunning(ctx, c, o)
+	}
+	return nil
+}
+
+// keepRunning writes a kubeconfig and waits for an interrupt.
+func keepRunning(ctx context.Context, c *cluster.Cluster, o options) error {
+	path, err := filepath.Abs(o.kubeconfig)
+	if err != nil {
+		return err
+	}
+	if err := c.ControlPlane().WriteKubeconfig(path); err != nil {
+		return err
+	}
+	fmt.Printf(`
+The cluster keeps running until you press Ctrl-C. To use it:
+
+  export KUBECONFIG=%s
+  kubectl get nodes
+  kubectl get resourceslices
+  kubectl get pods,resourceclaims -A
+
+`, path)
+	<-ctx.Done()
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// findExamples looks for the repository's examples directory from the
+// working directory: the repository root or the localcluster module.
+func findExamples() (string, error) {
+	for _, dir := range []string{"examples", filepath.Join("..", "examples")} {
+		if st, err := os.Stat(dir); err == nil && st.IsDir() {
+			return dir, nil
+		}
+	}
+	return "", errors.New("no examples/ directory here or in the parent directory; give --manifests DIR")
+}

@@ -1,0 +1,192 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/gpudra/gpudra/localcluster/cluster"
+	"github.com/gpudra/gpudra/localcluster/manifests"
+)
+
+// testContext bounds one test.
+func testContext(t *testing.T, d time.Duration) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// apply creates the objects of a YAML text.
+func apply(t *testing.T, ctx context.Context, yamlText string) {
+	t.Helper()
+	objs, err := manifests.Parse([]byte(yamlText), t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := demo.Apply(ctx, objs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// getPod returns the current pod.
+func getPod(t *testing.T, ctx context.Context, ns, name string) *corev1.Pod {
+	t.Helper()
+	pod, err := demo.Client().CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pod
+}
+
+// waitForPod waits until cond holds for the pod and returns it.
+func waitForPod(t *testing.T, ctx context.Context, ns, name, what string, cond func(*corev1.Pod) bool) *corev1.Pod {
+	t.Helper()
+	var pod *corev1.Pod
+	err := wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		p, err := demo.Client().CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		pod = p
+		return cond(p), nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s/%s never %s (phase %s, reason %q): %v", ns, name, what, phaseOf(pod), reasonOf(pod), err)
+	}
+	return pod
+}
+
+func phaseOf(p *corev1.Pod) corev1.PodPhase {
+	if p == nil {
+		return "<none>"
+	}
+	return p.Status.Phase
+}
+
+func reasonOf(p *corev1.Pod) string {
+	if p == nil {
+		return ""
+	}
+	return cluster.PodReason(p)
+}
+
+func running(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning }
+
+// devicesOf returns the devices allocated to the pod's claims, with the
+// attributes the plugin published for them.
+func devicesOf(t *testing.T, ctx context.Context, pod *corev1.Pod) []resourceapi.Device {
+	t.Helper()
+	devs, err := demo.AllocatedDevices(ctx, pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return devs
+}
+
+func attr(d resourceapi.Device, name string) string {
+	a, ok := d.Attributes[resourceapi.QualifiedName(name)]
+	switch {
+	case !ok:
+		return ""
+	case a.StringValue != nil:
+		return *a.StringValue
+	case a.IntValue != nil:
+		return fmt.Sprint(*a.IntValue)
+	case a.VersionValue != nil:
+		return *a.VersionValue
+	case a.BoolValue != nil:
+		return fmt.Sprint(*a.BoolValue)
+	}
+	return ""
+}
+
+// claimUIDs returns the UIDs of the pod's claims.
+func claimUIDs(t *testing.T, ctx context.Context, pod *corev1.Pod) []string {
+	t.Helper()
+	var uids []string
+	for _, name := range cluster.ClaimNames(pod) {
+		claim, err := demo.Client().ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		uids = append(uids, string(claim.UID))
+	}
+	return uids
+}
+
+// specFilesFor lists the node's CDI spec files that mention the claim.
+func specFilesFor(t *testing.T, node, claimUID string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(demo.Node(node).CDIDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		if strings.Contains(e.Name(), claimUID) {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// checkpointHas reports whether the node's plugin checkpoint mentions the
+// claim.
+func checkpointHas(t *testing.T, node, claimUID string) bool {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(demo.Node(node).PluginDataDir(), "checkpoint.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Contains(string(data), claimUID)
+}
+
+// checkContainersSeeDevices checks that every container with claims got
+// CDI devices that resolve to device nodes: each allocated GPU's
+// /dev/nvidia<minor>, and for MIG devices a GPU node and MIG capability
+// nodes (MIG devices do not publish their parent's minor).
+func checkContainersSeeDevices(t *testing.T, pod *corev1.Pod, devs []resourceapi.Device) {
+	t.Helper()
+	ctrs, ok := demo.Node(pod.Spec.NodeName).Containers(pod)
+	if !ok {
+		t.Errorf("%s: node %s has no container record", pod.Name, pod.Spec.NodeName)
+		return
+	}
+	gpuNode := regexp.MustCompile(`^/dev/nvidia[0-9]+$`)
+	for _, c := range pod.Spec.Containers {
+		if len(c.Resources.Claims) == 0 {
+			continue
+		}
+		got := ctrs[c.Name]
+		if len(got.CDIDevices) == 0 {
+			t.Errorf("%s/%s: no CDI devices", pod.Name, c.Name)
+		}
+		for _, d := range devs {
+			switch attr(d, "type") {
+			case "gpu":
+				node := "/dev/nvidia" + attr(d, "minor")
+				if !slices.Contains(got.DeviceNodes, node) {
+					t.Errorf("%s/%s: device %s: %s not among the device nodes %v", pod.Name, c.Name, d.Name, node, got.DeviceNodes)
+				}
+			case "mig":
+				caps := slices.ContainsFunc(got.DeviceNodes, func(n string) bool { return strings.HasPrefix(n, "/dev/nvidia-caps/") })
+				gpu := slices.ContainsFunc(got.DeviceNodes, gpuNode.MatchString)
+				if !caps || !gpu {
+					t.Errorf("%s/%s: MIG device %s: device nodes %v lack a GPU node or MIG capabilities", pod.Name, c.Name, d.Name, got.DeviceNodes)
+				}
+			}
+		}
+	}
+}
