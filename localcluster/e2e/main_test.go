@@ -91,7 +91,7 @@ func run(m *testing.M) int {
 		code = 1
 	}
 	if code == 0 {
-		if err := goleak.Find(append(leakAllowlist(), before)...); err != nil {
+		if err := findLeaks(before); err != nil {
 			fmt.Fprintln(os.Stderr, "goroutines left after the local cluster stopped:", err)
 			code = 1
 		}
