@@ -7,16 +7,29 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 GO ?= go
 
-.PHONY: demo test build bench fuzz
+.PHONY: demo inspect test test-race-e2e build bench fuzz load
+
+# The local cluster: a real control plane with simulated GPU nodes, running
+# every example. The first run compiles Kubernetes (about 10 minutes on 2
+# cores); later runs start in seconds.
+demo:
+	cd localcluster && $(GO) run ./cmd/gpudra-sim
 
 # What the kubelet plugin would publish on a simulated DGX H100.
-demo:
+inspect:
 	$(GO) run ./cmd/gpudra inspect --fleet dgx-h100
 
-# Everything CI runs.
+# Everything CI runs. The driver module runs with the race detector; the
+# local-cluster module (a whole API server, scheduler and controllers in
+# process) runs without it, which halves its cold build and test time.
+# `make test-race-e2e` runs it with -race.
 test:
 	$(GO) vet ./...
 	$(GO) test -race ./...
+	cd localcluster && $(GO) vet ./... && $(GO) test ./...
+
+test-race-e2e:
+	cd localcluster && $(GO) test -race ./...
 
 build:
 	$(GO) build -o bin/gpudra ./cmd/gpudra
@@ -28,3 +41,8 @@ bench:
 # A longer fuzz run of the opaque-config decoder and validator.
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecodeValidate -fuzztime 2m ./pkg/config/
+
+# The local cluster's load run: 800 pods with one-GPU claims, and 800
+# without, on 100 simulated 8-GPU nodes. Not part of test.
+load:
+	cd localcluster && $(GO) run ./cmd/gpudra-sim --load 800 --load-nodes 100
