@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/manifests"
+	"github.com/gpudra/gpudra/pkg/devicemodel"
 )
 
 // testContext bounds one test.
@@ -96,20 +96,8 @@ func devicesOf(t *testing.T, ctx context.Context, pod *corev1.Pod) []resourceapi
 }
 
 func attr(d resourceapi.Device, name string) string {
-	a, ok := d.Attributes[resourceapi.QualifiedName(name)]
-	switch {
-	case !ok:
-		return ""
-	case a.StringValue != nil:
-		return *a.StringValue
-	case a.IntValue != nil:
-		return fmt.Sprint(*a.IntValue)
-	case a.VersionValue != nil:
-		return *a.VersionValue
-	case a.BoolValue != nil:
-		return fmt.Sprint(*a.BoolValue)
-	}
-	return ""
+	text, _ := devicemodel.AttributeText(d.Attributes[resourceapi.QualifiedName(name)])
+	return text
 }
 
 // claimUIDs returns the UIDs of the pod's claims.

@@ -119,16 +119,8 @@ func WriteTable(w io.Writer, nodes []Node) error {
 }
 
 func attr(d *devicemodel.Device, name resourceapi.QualifiedName) string {
-	a, ok := d.API.Attributes[name]
-	switch {
-	case !ok:
-		return "-"
-	case a.StringValue != nil:
-		return *a.StringValue
-	case a.IntValue != nil:
-		return fmt.Sprint(*a.IntValue)
-	case a.VersionValue != nil:
-		return *a.VersionValue
+	if text, ok := devicemodel.AttributeText(d.API.Attributes[name]); ok {
+		return text
 	}
-	return "?"
+	return "-"
 }
