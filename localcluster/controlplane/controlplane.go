@@ -10,8 +10,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -60,6 +62,8 @@ type ControlPlane struct {
 	sched      *scheduler
 	ctrl       *controllers
 	kubeconfig string
+	// listening are the loopback addresses the control plane listens on.
+	listening []string
 }
 
 // Start brings up etcd, kube-apiserver, kube-scheduler and the controllers
@@ -100,6 +104,12 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, finalErr error) 
 		return err
 	}); err != nil {
 		return nil, err
+	}
+	for _, l := range c.etcd.Clients {
+		c.listening = append(c.listening, l.Addr().String())
+	}
+	for _, p := range c.etcd.Peers {
+		c.listening = append(c.listening, p.Addr().String())
 	}
 	if err := step("kube-apiserver", func() (err error) {
 		c.api, err = startAPIServer(klog.NewContext(runCtx, klog.FromContext(ctx).WithName("kube-apiserver")), c.dir, etcdURL)
@@ -158,6 +168,17 @@ func (c *ControlPlane) RESTConfig(userAgent string, qps float32, burst int) *res
 	cfg.UserAgent = userAgent
 	cfg.QPS, cfg.Burst = qps, burst
 	return cfg
+}
+
+// Listening returns the loopback addresses (host:port) of etcd's client
+// and peer listeners and the kube-apiserver: a stopped control plane must
+// leave none of them open.
+func (c *ControlPlane) Listening() []string {
+	out := slices.Clone(c.listening)
+	if u, err := url.Parse(c.RESTConfig("listening", 1, 1).Host); err == nil {
+		out = append(out, u.Host)
+	}
+	return out
 }
 
 // Dir returns the directory holding the control plane's state.
