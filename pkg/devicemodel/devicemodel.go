@@ -8,6 +8,7 @@ package devicemodel
 import (
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -287,4 +288,20 @@ func bytesCapacity(b uint64) resourceapi.DeviceCapacity {
 
 func countCapacity(n int) resourceapi.DeviceCapacity {
 	return resourceapi.DeviceCapacity{Value: *resource.NewQuantity(int64(n), resource.DecimalSI)}
+}
+
+// AttributeText renders an attribute's value as text, for people and
+// tests; ok is false when no value is set.
+func AttributeText(a resourceapi.DeviceAttribute) (text string, ok bool) {
+	switch {
+	case a.StringValue != nil:
+		return *a.StringValue, true
+	case a.IntValue != nil:
+		return strconv.FormatInt(*a.IntValue, 10), true
+	case a.VersionValue != nil:
+		return *a.VersionValue, true
+	case a.BoolValue != nil:
+		return strconv.FormatBool(*a.BoolValue), true
+	}
+	return "", false
 }

@@ -1,8 +1,6 @@
 package devicemodel
 
 import (
-	"strconv"
-
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 )
@@ -56,20 +54,4 @@ func DriverResources(poolName string, devices []resourceapi.Device) resourceslic
 			poolName: {Slices: Slices(devices)},
 		},
 	}
-}
-
-// AttributeText renders an attribute's value as text, for people and
-// tests; ok is false when no value is set.
-func AttributeText(a resourceapi.DeviceAttribute) (text string, ok bool) {
-	switch {
-	case a.StringValue != nil:
-		return *a.StringValue, true
-	case a.IntValue != nil:
-		return strconv.FormatInt(*a.IntValue, 10), true
-	case a.VersionValue != nil:
-		return *a.VersionValue, true
-	case a.BoolValue != nil:
-		return strconv.FormatBool(*a.BoolValue), true
-	}
-	return "", false
 }

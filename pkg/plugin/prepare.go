@@ -236,11 +236,7 @@ func (d *Driver) intentOf(claim *resourceapi.ResourceClaim) (claimstate.Intent, 
 	if claim.Status.Allocation == nil {
 		return intent, fmt.Errorf("claim is not allocated")
 	}
-	for _, ref := range claim.Status.ReservedFor {
-		if ref.Resource == "pods" && ref.APIGroup == "" {
-			intent.Consumers = append(intent.Consumers, claimstate.Consumer{Name: ref.Name, UID: string(ref.UID)})
-		}
-	}
+	intent.Consumers = consumersOf(claim)
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != d.cfg.DriverName {
 			continue
@@ -366,4 +362,15 @@ func (d *Driver) fault(step Step, claimUID string) error {
 		return fmt.Errorf("injected fault at %s: %w", step, err)
 	}
 	return nil
+}
+
+// consumersOf returns the pods a claim is reserved for.
+func consumersOf(claim *resourceapi.ResourceClaim) []claimstate.Consumer {
+	var out []claimstate.Consumer
+	for _, ref := range claim.Status.ReservedFor {
+		if ref.Resource == "pods" && ref.APIGroup == "" {
+			out = append(out, claimstate.Consumer{Name: ref.Name, UID: string(ref.UID)})
+		}
+	}
+	return out
 }

@@ -96,12 +96,7 @@ func (d *Driver) nameAdopted(ctx context.Context, state *claimstate.State, looku
 		if !ok {
 			continue
 		}
-		var consumers []claimstate.Consumer
-		for _, ref := range claim.Status.ReservedFor {
-			if ref.Resource == "pods" && ref.APIGroup == "" {
-				consumers = append(consumers, claimstate.Consumer{Name: ref.Name, UID: string(ref.UID)})
-			}
-		}
+		consumers := consumersOf(claim)
 		err := d.store.Update(ctx, func(s *claimstate.State) error {
 			if rec := s.Claims[uid]; rec != nil && rec.Adopted && rec.Name == "" {
 				named := rec.Clone()
