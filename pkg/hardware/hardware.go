@@ -10,6 +10,7 @@ package hardware
 import (
 	"context"
 	"errors"
+	"fmt"
 )
 
 // Hardware discovers the GPUs of one node.
@@ -110,6 +111,98 @@ type GPU struct {
 	// MIGDevices are the MIG devices that exist now, ordered by
 	// (GIProfileID, PlacementStart).
 	MIGDevices []MIGDevice `json:"migDevices,omitempty"`
+	// MIGMemorySlices is the number of MIG memory slices of the GPU (8 on
+	// A100, H100 and H200); 0 when the GPU is not MIG-capable.
+	MIGMemorySlices int `json:"migMemorySlices,omitempty"`
+	// MIGProfiles are the GPU instance profiles the GPU supports, with
+	// their possible placements, in NVML profile index order. NVML answers
+	// these queries with MIG mode off too, so they are filled in for every
+	// MIG-capable GPU. Empty when the GPU is not MIG-capable.
+	MIGProfiles []MIGProfile `json:"migProfiles,omitempty"`
+}
+
+// MIGProfile is one GPU instance profile of a GPU, with the compute
+// instance profile that spans a whole instance of it, as NVML reports them
+// (nvidia-smi mig -lgip and -lgipp show the same figures).
+type MIGProfile struct {
+	// Name is the NVIDIA profile name, e.g. "1g.10gb" or "1g.10gb+me".
+	Name string `json:"name"`
+	// GIProfileID is the NVML_GPU_INSTANCE_PROFILE_* index.
+	GIProfileID int `json:"giProfileID"`
+	// ProfileID is the profile's own ID (nvmlGpuInstanceProfileInfo_t.id,
+	// the "ID" column of nvidia-smi mig -lgip); device names use it.
+	ProfileID int `json:"profileID"`
+	// CIProfileID and CIEngProfileID are the NVML compute instance profile
+	// and engine profile indexes of the compute instance spanning a whole
+	// GPU instance of this profile.
+	CIProfileID    int `json:"ciProfileID"`
+	CIEngProfileID int `json:"ciEngProfileID"`
+	// Slices is the number of compute slices (the "g" in the name).
+	Slices int `json:"slices"`
+	// Instances is how many instances of the profile fit on the GPU.
+	Instances int `json:"instances"`
+	// MemoryBytes of one instance.
+	MemoryBytes uint64 `json:"memoryBytes"`
+	// Engine counts of one instance.
+	Multiprocessors int `json:"multiprocessors"`
+	CopyEngines     int `json:"copyEngines"`
+	Decoders        int `json:"decoders"`
+	Encoders        int `json:"encoders"`
+	JPEGEngines     int `json:"jpegEngines"`
+	OFAEngines      int `json:"ofaEngines"`
+	// PlacementSize is the size of every placement, in memory slices.
+	PlacementSize int `json:"placementSize"`
+	// PlacementStarts are the possible placement starts, in memory slices,
+	// ascending.
+	PlacementStarts []int `json:"placementStarts"`
+}
+
+// MIGPlacement names one place for a MIG device: a GPU instance profile at
+// a placement start on a parent GPU. The scheduler hands out places; two
+// GPU instances never share one.
+type MIGPlacement struct {
+	// ParentUUID is the UUID of the GPU.
+	ParentUUID string `json:"parentUUID"`
+	// ProfileID is the GPU instance profile's own ID ([MIGProfile.ProfileID]).
+	ProfileID int `json:"profileID"`
+	// Start is the placement start in memory slices.
+	Start int `json:"start"`
+}
+
+// String renders p for logs and errors: "GPU-...:19@3".
+func (p MIGPlacement) String() string {
+	return fmt.Sprintf("%s:%d@%d", p.ParentUUID, p.ProfileID, p.Start)
+}
+
+// MIGManager creates and destroys MIG devices on GPUs whose MIG mode is
+// on. Implementations are safe for concurrent use.
+type MIGManager interface {
+	// CreateMIGDevice creates a GPU instance of p's profile at p's start
+	// and one compute instance spanning it, and returns the new MIG device
+	// as Discover would report it. If a step fails, it destroys what it
+	// created before returning, and the error names the step and the
+	// NVML error. A placement that overlaps an existing GPU instance
+	// fails with an error wrapping [ErrPlacementInUse].
+	CreateMIGDevice(ctx context.Context, p MIGPlacement) (MIGDevice, error)
+	// DestroyMIGDevice destroys the compute instances of the GPU instance
+	// at p, then the GPU instance. It returns nil when no GPU instance of
+	// that profile is at that start (already destroyed), so callers may
+	// retry it. The caller decides whether the instance is its to destroy.
+	DestroyMIGDevice(ctx context.Context, p MIGPlacement) error
+}
+
+// ErrPlacementInUse marks a MIG placement that overlaps an existing GPU
+// instance (NVML answers NVML_ERROR_INSUFFICIENT_RESOURCES).
+var ErrPlacementInUse = errors.New("MIG placement overlaps an existing GPU instance")
+
+// MIGModeSwitcher turns MIG mode on or off (Hopper and newer can do it
+// without a node reboot).
+type MIGModeSwitcher interface {
+	// SetMIGMode turns MIG mode of the GPU with the given UUID on or off.
+	// The driver refuses while any client holds the GPU or, to turn it off,
+	// while GPU instances exist; the GPU may be reset and come back with
+	// another minor number, so callers re-discover after a switch.
+	SetMIGMode(ctx context.Context, gpuUUID string, enabled bool) error
 }
 
 // MIGDevice is one existing MIG device (a GPU instance with one compute
