@@ -63,8 +63,26 @@ type Device struct {
 	API resourceapi.Device
 	// GPU is the full GPU, or the parent GPU of a MIG device.
 	GPU hardware.GPU
-	// MIG is set for MIG devices.
+	// MIG is set for MIG devices that exist: static MIG devices, and
+	// dynamic ones whose GPU instance exists now.
 	MIG *hardware.MIGDevice
+	// Placement is set for dynamic MIG devices (see [WithDynamicMIG]):
+	// where Prepare creates the MIG device.
+	Placement *Placement
+}
+
+// Placement is where a dynamic MIG device goes: a GPU instance profile of
+// the parent GPU at a placement start.
+type Placement struct {
+	// Profile is the GPU instance profile.
+	Profile hardware.MIGProfile
+	// Start is the placement start in memory slices.
+	Start int
+}
+
+// MIGPlacement returns the placement in the hardware's terms.
+func (d *Device) MIGPlacement() hardware.MIGPlacement {
+	return hardware.MIGPlacement{ParentUUID: d.GPU.UUID, ProfileID: d.Placement.Profile.ProfileID, Start: d.Placement.Start}
 }
 
 // Name returns the published device name.
