@@ -48,7 +48,7 @@ func benchState() *claimstate.State {
 }
 
 func BenchmarkWriteFileAtomic(b *testing.B) {
-	data, err := encodeV2("3ee9bf4e-2bc3-4adb-a604-5bd7215f0766", benchState())
+	data, err := encode("3ee9bf4e-2bc3-4adb-a604-5bd7215f0766", benchState())
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -120,7 +120,7 @@ func (r *request) apply(base *claimstate.State) (next *claimstate.State, ok bool
 
 // persist writes next, unless the file already holds exactly it.
 func (s *Store) persist(next *claimstate.State) error {
-	data, err := encodeV2(s.bootID, next)
+	data, err := encode(s.bootID, next)
 	if err != nil {
 		return fmt.Errorf("encode checkpoint: %w", err)
 	}

@@ -44,15 +44,15 @@ type decoded struct {
 // *newerVersionError for a later version; any other error means the content
 // is unreadable. Unknown fields are ignored in every version.
 func decode(data []byte) (decoded, error) {
-	// v2 is the common case: parse once.
-	var f fileV2
+	// v3, or v2 (v3 without dynamicMIG), is the common case: parse once.
+	var f fileV3
 	err := json.Unmarshal(data, &f)
-	if err == nil && f.Version == versionV2 {
-		st, err := fromV2(&f)
-		return decoded{state: st, bootID: f.BootID, from: versionV2}, err
+	if err == nil && (f.Version == versionV3 || f.Version == versionV2) {
+		st, err := fromV3(&f)
+		return decoded{state: st, bootID: f.BootID, from: f.Version}, err
 	}
 	// Something else: find the version alone, since a newer version may
-	// not even parse as v2.
+	// not even parse as v3.
 	var env struct {
 		Version string `json:"version"`
 	}
@@ -69,9 +69,9 @@ func decode(data []byte) (decoded, error) {
 		if err != nil {
 			return decoded{}, fmt.Errorf("migrate from v1: %w", err)
 		}
-		st, err := fromV2(f2)
+		st, err := fromV3(f2)
 		return decoded{state: st, from: versionV1}, err
-	case versionV2:
+	case versionV2, versionV3:
 		return decoded{}, err
 	}
 	if n, ok := versionNumber(env.Version); ok && n > latestKnown {

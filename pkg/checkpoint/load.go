@@ -129,7 +129,7 @@ func (s *Store) load() (loaded, error) {
 			l.corrupt = &CorruptFile{Path: dst, Err: err}
 		}
 	default:
-		if d.from != currentVersion {
+		if !written(d.from) {
 			l.migrated = d.from
 		}
 		sameBoot := d.bootID == s.bootID
@@ -140,7 +140,7 @@ func (s *Store) load() (loaded, error) {
 		case !sameBoot:
 			l.bootReset, l.discardedClaims = true, len(d.state.Claims)
 			l.state, l.rewrite = claimstate.New(), true
-		case d.from == currentVersion:
+		case written(d.from):
 			l.state, l.data = d.state, data
 		default:
 			l.state, l.rewrite = d.state, true

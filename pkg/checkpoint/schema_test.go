@@ -200,7 +200,7 @@ func TestBootIDChangeResets(t *testing.T) {
 // matter (a clock stepped back after boot must not reset state).
 func TestBootIDBeatsMtime(t *testing.T) {
 	e := newTestEnv(t)
-	data, err := encodeV2("boot-a", &claimstate.State{Claims: map[string]*claimstate.Claim{"u": testClaim("u")}})
+	data, err := encode("boot-a", &claimstate.State{Claims: map[string]*claimstate.Claim{"u": testClaim("u")}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,8 +216,8 @@ func TestBootIDBeatsMtime(t *testing.T) {
 
 func TestNewerVersionIsNotOverwritten(t *testing.T) {
 	tests := []struct{ name, content, version string }{
-		{"v3", `{"version":"v3","bootID":"boot-a","claims":{"u":{"uid":"u","phase":"PrepareQueued"}},"quota":7}`, "v3"},
-		{"v3 unlike v2", `{"version":"v3","claims":[{"uid":"u"}]}`, "v3"},
+		{"v4", `{"version":"v4","bootID":"boot-a","claims":{"u":{"uid":"u","phase":"PrepareQueued"}},"quota":7}`, "v4"},
+		{"v4 unlike v3", `{"version":"v4","claims":[{"uid":"u"}]}`, "v4"},
 		{"v10", `{"version":"v10"}`, "v10"},
 	}
 	for _, tt := range tests {
@@ -256,11 +256,11 @@ func TestNewerVersionIsNotOverwritten(t *testing.T) {
 	}
 }
 
-// TestUnknownFieldsTolerated: a v2 file from a newer plugin that added
+// TestUnknownFieldsTolerated: a v3 file from a newer plugin that added
 // optional fields is read; the fields are dropped on rewrite.
 func TestUnknownFieldsTolerated(t *testing.T) {
 	e := newTestEnv(t)
-	e.writeCheckpoint(t, `{"version":"v2","bootID":"boot-a","nodeName":"n1","claims":{"u":{"uid":"u","namespace":"n",`+
+	e.writeCheckpoint(t, `{"version":"v3","bootID":"boot-a","nodeName":"n1","claims":{"u":{"uid":"u","namespace":"n",`+
 		`"name":"c","phase":"PrepareStarted","startedAt":"2026-01-01T00:00:00Z","retries":3,`+
 		`"devices":[{"requests":["r"],"pool":"p","name":"gpu-0","health":"ok"}]}}}`, false)
 	s, report := e.open(t)
@@ -292,7 +292,7 @@ func TestFileReplacedUnderRunningStore(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	data, err := encodeV2("boot-a", &claimstate.State{Claims: map[string]*claimstate.Claim{"theirs": testClaim("theirs")}})
+	data, err := encode("boot-a", &claimstate.State{Claims: map[string]*claimstate.Claim{"theirs": testClaim("theirs")}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -169,7 +169,7 @@ func (s *Store) open(ctx context.Context) (OpenReport, error) {
 	}
 	s.adopt(l)
 	if l.rewrite {
-		data, err := encodeV2(s.bootID, s.cur.state)
+		data, err := encode(s.bootID, s.cur.state)
 		if err == nil {
 			err = s.replace(data)
 		}

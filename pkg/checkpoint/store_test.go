@@ -45,7 +45,7 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(raw) != 3 || string(raw["version"]) != `"v2"` || string(raw["bootID"]) != `"boot-a"` || raw["claims"] == nil {
-		t.Errorf("file has top-level fields %v, want exactly version v2, bootID boot-a, claims", raw)
+		t.Errorf("file has top-level fields %v, want exactly version v2 (no dynamic MIG), bootID boot-a, claims", raw)
 	}
 
 	s2, report := e.open(t)
@@ -64,22 +64,24 @@ func TestRoundTrip(t *testing.T) {
 	}
 }
 
-// TestV2WireFormat pins the field names of v2: changing one breaks every
+// TestV3WireFormat pins the field names of v3: changing one breaks every
 // existing file and needs a new version.
-func TestV2WireFormat(t *testing.T) {
+func TestV3WireFormat(t *testing.T) {
 	c := testClaim("u")
 	c.Devices = c.Devices[1:]
+	c.Devices[0].DynamicMIG = &claimstate.DynamicMIG{Profile: "1g.10gb", ProfileID: 19, Start: 0, Size: 1, GIID: 7, CIID: 0}
 	st := &claimstate.State{Claims: map[string]*claimstate.Claim{"u": c}}
-	data, err := encodeV2("boot-x", st)
+	data, err := encode("boot-x", st)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `{"version":"v2","bootID":"boot-x","claims":{"u":{"uid":"u","namespace":"ns-u","name":"claim-u",` +
+	want := `{"version":"v3","bootID":"boot-x","claims":{"u":{"uid":"u","namespace":"ns-u","name":"claim-u",` +
 		`"phase":"PrepareCompleted","startedAt":"2026-11-22T10:30:00.123456789Z",` +
 		`"consumers":[{"name":"pod-u","uid":"pod-uid-u"}],"devices":[{"requests":["mig/small"],"pool":"node-1",` +
 		`"name":"gpu-1-mig-1g10gb-19-0","shareID":"share-1","adminAccess":true,` +
 		`"uuid":"MIG-11111111-2222-3333-4444-555555555555","parentUUID":"GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",` +
-		`"cdiDeviceIDs":["k8s.gpu.nvidia.com/claim=u-mig"]}]}}}` + "\n"
+		`"cdiDeviceIDs":["k8s.gpu.nvidia.com/claim=u-mig"],` +
+		`"dynamicMIG":{"profile":"1g.10gb","profileID":19,"start":0,"size":1,"giID":7}}]}}}` + "\n"
 	if string(data) != want {
 		t.Errorf("encoded\n%s\nwant\n%s", data, want)
 	}
@@ -87,8 +89,49 @@ func TestV2WireFormat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.from != versionV2 || d.bootID != "boot-x" || !reflect.DeepEqual(d.state, st) {
-		t.Errorf("decode = %+v, want v2 boot-x %+v", d, st)
+	if d.from != versionV3 || d.bootID != "boot-x" || !reflect.DeepEqual(d.state, st) {
+		t.Errorf("decode = %+v, want v3 boot-x %+v", d, st)
+	}
+}
+
+// TestWrittenVersion: the Store writes v2 until a claim holds a dynamic MIG
+// device, so an older plugin keeps reading nodes that never used it; a v2
+// file is read without migration.
+func TestWrittenVersion(t *testing.T) {
+	e := newTestEnv(t)
+	s, _ := e.open(t)
+	ctx := t.Context()
+	plain := testClaim("plain")
+	if err := s.Update(ctx, addClaim(plain)); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, e.path()); !strings.HasPrefix(got, `{"version":"v2"`) {
+		t.Errorf("file without dynamic MIG = %s, want v2", got)
+	}
+	mig := testClaim("mig")
+	mig.Devices = mig.Devices[1:]
+	mig.Devices[0].DynamicMIG = &claimstate.DynamicMIG{Profile: "1g.10gb", ProfileID: 19, Start: 3, Size: 1}
+	if err := s.Update(ctx, addClaim(mig)); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, e.path()); !strings.HasPrefix(got, `{"version":"v3"`) {
+		t.Errorf("file with dynamic MIG = %s, want v3", got)
+	}
+	if err := s.Update(ctx, func(st *claimstate.State) error { st.Remove("mig"); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, e.path()); !strings.HasPrefix(got, `{"version":"v2"`) {
+		t.Errorf("file once the dynamic MIG claim is gone = %s, want v2 again", got)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2, report := e.open(t)
+	if report != (OpenReport{}) {
+		t.Errorf("reopening a v2 file: report = %+v, want zero", report)
+	}
+	if got := mustRead(t, s2); !reflect.DeepEqual(got.Claims["plain"], plain) {
+		t.Errorf("after reopen = %+v, want %+v", got.Claims["plain"], plain)
 	}
 }
 

@@ -28,8 +28,8 @@ const (
 // StartedAt zero (unknown), no Consumers, and devices without pool,
 // requests, UUIDs or CDI device IDs (a v1 plugin only prepared devices of
 // its own node's pool).
-func migrateV1(f *fileV1) (*fileV2, error) {
-	out := &fileV2{Version: versionV2, Claims: make(map[string]*claimV2, len(f.PreparedClaims))}
+func migrateV1(f *fileV1) (*fileV3, error) {
+	out := &fileV3{Version: versionV2, Claims: make(map[string]*claimV3, len(f.PreparedClaims))}
 	for uid, c := range f.PreparedClaims {
 		if c == nil {
 			return nil, fmt.Errorf("claim %q: null entry", uid)
@@ -37,17 +37,17 @@ func migrateV1(f *fileV1) (*fileV2, error) {
 		var phase string
 		switch c.Status {
 		case statusV1Started:
-			phase = phaseV2Started
+			phase = phaseStarted
 		case statusV1Completed:
-			phase = phaseV2Completed
+			phase = phaseCompleted
 		default:
 			return nil, fmt.Errorf("claim %q: unknown status %q (allowed: %s, %s)", uid, c.Status, statusV1Started, statusV1Completed)
 		}
-		devices := make([]deviceV2, len(c.Devices))
+		devices := make([]deviceV3, len(c.Devices))
 		for i, name := range c.Devices {
-			devices[i] = deviceV2{Name: name}
+			devices[i] = deviceV3{Name: name}
 		}
-		out.Claims[uid] = &claimV2{
+		out.Claims[uid] = &claimV3{
 			UID:       uid,
 			Namespace: c.Namespace,
 			Name:      c.Name,

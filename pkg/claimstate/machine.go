@@ -185,15 +185,21 @@ func (s *State) checkConflicts(in Intent) error {
 	return nil
 }
 
-// overlaps reports whether two devices share hardware.
+// overlaps reports whether two devices share hardware: the same name, the
+// same GPU or MIG device, a GPU and a MIG device on it, or two dynamic MIG
+// placements on one GPU that share a memory slice. A dynamic MIG device has
+// no UUID before it is created, but its parent is always known.
 func overlaps(a, b Device) bool {
 	if a.Pool == b.Pool && a.Name == b.Name {
 		return true
 	}
-	if a.UUID == "" || b.UUID == "" {
-		return false
+	if a.DynamicMIG != nil && b.DynamicMIG != nil && a.ParentUUID != "" && a.ParentUUID == b.ParentUUID {
+		return a.DynamicMIG.Overlaps(b.DynamicMIG)
 	}
-	return a.UUID == b.UUID || a.ParentUUID == b.UUID || b.ParentUUID == a.UUID
+	if a.UUID != "" && a.UUID == b.UUID {
+		return true
+	}
+	return (a.UUID != "" && b.ParentUUID == a.UUID) || (b.UUID != "" && a.ParentUUID == b.UUID)
 }
 
 func (in Intent) claim(phase Phase, startedAt time.Time) *Claim {

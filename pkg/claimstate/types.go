@@ -71,6 +71,33 @@ type Device struct {
 	ParentUUID string `json:"parentUUID,omitempty"`
 	// CDIDeviceIDs handed to the kubelet for this device.
 	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
+	// DynamicMIG is set for a MIG device that gpudra creates at Prepare and
+	// destroys at Unprepare. It is what makes the instance gpudra's own: a
+	// started record names the placement before anything is created, so a
+	// crash midway never leaves an instance nobody owns; a completed record
+	// also says what was created (UUID holds the MIG device's UUID).
+	DynamicMIG *DynamicMIG `json:"dynamicMIG,omitempty"`
+}
+
+// DynamicMIG is the MIG instance gpudra creates for a device, on the GPU
+// named by the device's ParentUUID.
+type DynamicMIG struct {
+	// Profile is the GPU instance profile's name, for logs ("1g.10gb").
+	Profile string `json:"profile"`
+	// ProfileID is the profile's own ID (nvidia-smi mig -lgip "ID").
+	ProfileID int `json:"profileID"`
+	// Start and Size are the placement in memory slices.
+	Start int `json:"start"`
+	Size  int `json:"size"`
+	// GIID and CIID are the created GPU and compute instance IDs; set in
+	// completed records only.
+	GIID int `json:"giID,omitempty"`
+	CIID int `json:"ciID,omitempty"`
+}
+
+// Overlaps reports whether two placements on one GPU share a memory slice.
+func (m *DynamicMIG) Overlaps(o *DynamicMIG) bool {
+	return m.Start < o.Start+o.Size && o.Start < m.Start+m.Size
 }
 
 // New returns an empty State.
@@ -95,6 +122,10 @@ func (c *Claim) Clone() *Claim {
 	for i, d := range c.Devices {
 		d.Requests = append([]string(nil), d.Requests...)
 		d.CDIDeviceIDs = append([]string(nil), d.CDIDeviceIDs...)
+		if d.DynamicMIG != nil {
+			m := *d.DynamicMIG
+			d.DynamicMIG = &m
+		}
 		out.Devices[i] = d
 	}
 	return &out

@@ -15,47 +15,56 @@ import (
 // add only optional fields that an older reader of the same version may drop
 // on rewrite without harm (docs/checkpoint.md).
 
+//
+// v3 is v2 plus devices[].dynamicMIG, the MIG instances gpudra creates. It
+// is a new version, not an optional v2 field, because a v2 reader would drop
+// the field on rewrite and so lose the ownership of those instances; an
+// older plugin leaves a v3 file alone instead. A v2 file is a v3 file
+// without that field, so one set of wire types reads both, and the Store
+// writes v2 as long as no claim holds a dynamic MIG device: a rollback to a
+// v2 plugin keeps working on nodes that never used dynamic MIG.
 const (
 	versionV1 = "v1"
 	versionV2 = "v2"
-	// currentVersion is the version Store writes.
-	currentVersion = versionV2
+	versionV3 = "v3"
+	// currentVersion is the newest version Store writes (see versionFor).
+	currentVersion = versionV3
 	// latestKnown is the number of the newest version this package reads;
 	// a file with a higher number is left alone.
-	latestKnown = 2
+	latestKnown = 3
 )
 
-// Phases as v2 spells them.
+// Phases as v2 and v3 spell them.
 const (
-	phaseV2Started   = "PrepareStarted"
-	phaseV2Completed = "PrepareCompleted"
+	phaseStarted   = "PrepareStarted"
+	phaseCompleted = "PrepareCompleted"
 )
 
-// fileV2 is the current schema of checkpoint.json.
-type fileV2 struct {
+// fileV3 is the current schema of checkpoint.json (and of v2).
+type fileV3 struct {
 	Version string `json:"version"`
 	// BootID is the boot the state belongs to; state of another boot is void.
 	BootID string              `json:"bootID"`
-	Claims map[string]*claimV2 `json:"claims"`
+	Claims map[string]*claimV3 `json:"claims"`
 }
 
-type claimV2 struct {
+type claimV3 struct {
 	UID       string       `json:"uid"`
 	Namespace string       `json:"namespace"`
 	Name      string       `json:"name"`
 	Phase     string       `json:"phase"`
 	StartedAt time.Time    `json:"startedAt"`
-	Consumers []consumerV2 `json:"consumers,omitempty"`
-	Devices   []deviceV2   `json:"devices"`
+	Consumers []consumerV3 `json:"consumers,omitempty"`
+	Devices   []deviceV3   `json:"devices"`
 	Adopted   bool         `json:"adopted,omitempty"`
 }
 
-type consumerV2 struct {
+type consumerV3 struct {
 	Name string `json:"name"`
 	UID  string `json:"uid"`
 }
 
-type deviceV2 struct {
+type deviceV3 struct {
 	Requests     []string `json:"requests"`
 	Pool         string   `json:"pool"`
 	Name         string   `json:"name"`
@@ -64,13 +73,24 @@ type deviceV2 struct {
 	UUID         string   `json:"uuid,omitempty"`
 	ParentUUID   string   `json:"parentUUID,omitempty"`
 	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
+	// DynamicMIG is new in v3.
+	DynamicMIG *dynamicMIGV3 `json:"dynamicMIG,omitempty"`
 }
 
-// encodeV2 returns the file content for st, which must pass [validate].
+type dynamicMIGV3 struct {
+	Profile   string `json:"profile"`
+	ProfileID int    `json:"profileID"`
+	Start     int    `json:"start"`
+	Size      int    `json:"size"`
+	GIID      int    `json:"giID,omitempty"`
+	CIID      int    `json:"ciID,omitempty"`
+}
+
+// encode returns the file content for st, which must pass [validate].
 // The output is deterministic (map keys sorted), so equal states give equal
 // bytes.
-func encodeV2(bootID string, st *claimstate.State) ([]byte, error) {
-	f, err := toV2(bootID, st)
+func encode(bootID string, st *claimstate.State) ([]byte, error) {
+	f, err := toV3(bootID, st)
 	if err != nil {
 		return nil, err
 	}
@@ -81,32 +101,48 @@ func encodeV2(bootID string, st *claimstate.State) ([]byte, error) {
 	return append(data, '\n'), nil
 }
 
-func toV2(bootID string, st *claimstate.State) (*fileV2, error) {
-	f := &fileV2{Version: versionV2, BootID: bootID, Claims: make(map[string]*claimV2, len(st.Claims))}
+// versionFor is the version a state is written in: the oldest that holds it.
+func versionFor(st *claimstate.State) string {
+	for _, c := range st.Claims {
+		for _, d := range c.Devices {
+			if d.DynamicMIG != nil {
+				return versionV3
+			}
+		}
+	}
+	return versionV2
+}
+
+// written reports whether a file of version v is in a version the Store
+// writes, so that reading it needs no migration.
+func written(v string) bool { return v == versionV2 || v == versionV3 }
+
+func toV3(bootID string, st *claimstate.State) (*fileV3, error) {
+	f := &fileV3{Version: versionFor(st), BootID: bootID, Claims: make(map[string]*claimV3, len(st.Claims))}
 	for uid, c := range st.Claims {
 		var phase string
 		switch c.Phase {
 		case claimstate.PrepareStarted:
-			phase = phaseV2Started
+			phase = phaseStarted
 		case claimstate.PrepareCompleted:
-			phase = phaseV2Completed
+			phase = phaseCompleted
 		default:
 			return nil, fmt.Errorf("claim %q: unknown phase %q", uid, c.Phase)
 		}
-		out := &claimV2{
+		out := &claimV3{
 			UID:       c.UID,
 			Namespace: c.Namespace,
 			Name:      c.Name,
 			Phase:     phase,
 			StartedAt: c.StartedAt,
-			Devices:   make([]deviceV2, len(c.Devices)),
+			Devices:   make([]deviceV3, len(c.Devices)),
 			Adopted:   c.Adopted,
 		}
 		for _, p := range c.Consumers {
-			out.Consumers = append(out.Consumers, consumerV2{Name: p.Name, UID: p.UID})
+			out.Consumers = append(out.Consumers, consumerV3{Name: p.Name, UID: p.UID})
 		}
 		for i, d := range c.Devices {
-			out.Devices[i] = deviceV2{
+			out.Devices[i] = deviceV3{
 				Requests:     d.Requests,
 				Pool:         d.Pool,
 				Name:         d.Name,
@@ -116,15 +152,18 @@ func toV2(bootID string, st *claimstate.State) (*fileV2, error) {
 				ParentUUID:   d.ParentUUID,
 				CDIDeviceIDs: d.CDIDeviceIDs,
 			}
+			if m := d.DynamicMIG; m != nil {
+				out.Devices[i].DynamicMIG = &dynamicMIGV3{Profile: m.Profile, ProfileID: m.ProfileID, Start: m.Start, Size: m.Size, GIID: m.GIID, CIID: m.CIID}
+			}
 		}
 		f.Claims[uid] = out
 	}
 	return f, nil
 }
 
-// fromV2 converts a decoded v2 file into a State, copying every slice so
+// fromV3 converts a decoded v3 (or v2) file into a State, copying every slice so
 // that the result shares nothing with f, and validates it.
-func fromV2(f *fileV2) (*claimstate.State, error) {
+func fromV3(f *fileV3) (*claimstate.State, error) {
 	st := claimstate.New()
 	for key, c := range f.Claims {
 		if c == nil {
@@ -132,12 +171,12 @@ func fromV2(f *fileV2) (*claimstate.State, error) {
 		}
 		var phase claimstate.Phase
 		switch c.Phase {
-		case phaseV2Started:
+		case phaseStarted:
 			phase = claimstate.PrepareStarted
-		case phaseV2Completed:
+		case phaseCompleted:
 			phase = claimstate.PrepareCompleted
 		default:
-			return nil, fmt.Errorf("claim %q: unknown phase %q (allowed: %s, %s)", key, c.Phase, phaseV2Started, phaseV2Completed)
+			return nil, fmt.Errorf("claim %q: unknown phase %q (allowed: %s, %s)", key, c.Phase, phaseStarted, phaseCompleted)
 		}
 		out := &claimstate.Claim{
 			UID:       c.UID,
@@ -161,6 +200,9 @@ func fromV2(f *fileV2) (*claimstate.State, error) {
 				UUID:         d.UUID,
 				ParentUUID:   d.ParentUUID,
 				CDIDeviceIDs: append([]string(nil), d.CDIDeviceIDs...),
+			}
+			if m := d.DynamicMIG; m != nil {
+				out.Devices[i].DynamicMIG = &claimstate.DynamicMIG{Profile: m.Profile, ProfileID: m.ProfileID, Start: m.Start, Size: m.Size, GIID: m.GIID, CIID: m.CIID}
 			}
 		}
 		st.Claims[key] = out
