@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -44,6 +45,7 @@ type kubeletPluginOptions struct {
 	discoveryEvery time.Duration
 	sweepEvery     time.Duration
 	callTimeout    time.Duration
+	migMode        string
 	logging        *logsapi.LoggingConfiguration
 }
 
@@ -72,6 +74,7 @@ func newKubeletPluginCommand() *cobra.Command {
 	fs.DurationVar(&o.discoveryEvery, "discovery-interval", plugin.DefaultDiscoveryInterval, "how often GPUs are discovered again (sooner while discovery fails)")
 	fs.DurationVar(&o.sweepEvery, "sweep-interval", plugin.DefaultSweepInterval, "how often stale prepared claims and orphaned CDI specs are cleaned up")
 	fs.DurationVar(&o.callTimeout, "kubelet-call-timeout", plugin.DefaultCallTimeout, "the kubelet's timeout for one DRA call; older unfinished preparations are rolled back")
+	fs.StringVar(&o.migMode, "mig-mode", string(plugin.MIGModeDynamic), fmt.Sprintf("how GPUs with MIG mode on are offered, one of %v: dynamic publishes every profile at every placement and creates the MIG device at Prepare; static publishes the MIG devices that exist and never creates or destroys one", plugin.MIGModes))
 	logsapi.AddFlags(o.logging, fs)
 	return cmd
 }
@@ -82,6 +85,9 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 	}
 	if o.nodeName == "" {
 		return fmt.Errorf("--node-name (or env NODE_NAME) is required")
+	}
+	if !slices.Contains(plugin.MIGModes, plugin.MIGMode(o.migMode)) {
+		return fmt.Errorf("--mig-mode %q: must be one of %v", o.migMode, plugin.MIGModes)
 	}
 	if err := o.hw.validate(); err != nil {
 		return err
@@ -120,6 +126,7 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 		DiscoveryInterval: o.discoveryEvery,
 		CallTimeout:       o.callTimeout,
 		SweepInterval:     o.sweepEvery,
+		MIGMode:           plugin.MIGMode(o.migMode),
 	})
 	if err != nil {
 		return err

@@ -2,14 +2,20 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/checkpoint"
 	"github.com/gpudra/gpudra/pkg/claimstate"
+	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/hardware"
 )
 
 // onCorruptCheckpoint is called by the checkpoint store, on its own
@@ -76,4 +82,102 @@ func (d *Driver) adoptSpecs(ctx context.Context) error {
 		klog.FromContext(ctx).Info("Adopted claims prepared on this node that the checkpoint no longer knew", "claimUIDs", adopted)
 	}
 	return nil
+}
+
+// rebuildMIGOwnership runs after the checkpoint was lost, in dynamic MIG
+// mode: it finds which existing MIG instances are gpudra's from what
+// survives elsewhere, so that they are neither destroyed nor mistaken for
+// an operator's. An instance is gpudra's when a claim allocated from this
+// node's pool (in the API server) or a claim's CDI spec on the node names
+// the dynamic MIG device at exactly its profile and placement; the claim is
+// then adopted with that instance. Anything else stays unknown: kept, and
+// its GPU left out (see [Driver.buildModel]).
+func (d *Driver) rebuildMIGOwnership(ctx context.Context, inv *hardware.Inventory) error {
+	logger := klog.FromContext(ctx)
+	full, err := devicemodel.Build(inv, devicemodel.WithDynamicMIG())
+	if err != nil {
+		return fmt.Errorf("build device model: %w", err)
+	}
+	// dynamicDevice resolves a device name to its record, if it is a
+	// dynamic MIG device whose instance exists.
+	dynamicDevice := func(cd *claimstate.Device) bool {
+		dev, ok := full.Lookup(cd.Name)
+		if !ok || dev.Placement == nil {
+			return false
+		}
+		cd.ParentUUID = dev.GPU.UUID
+		cd.DynamicMIG = dynamicRecord(dev)
+		m := instanceAt(inv, recordKey(cd))
+		if m == nil {
+			cd.DynamicMIG = nil
+			return false
+		}
+		fillCreated(cd, m)
+		return true
+	}
+
+	var fromAPI []*resourceapi.ResourceClaim
+	callCtx, cancel := context.WithTimeout(ctx, apiCallTimeout)
+	list, listErr := d.cfg.KubeClient.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(callCtx, metav1.ListOptions{})
+	cancel()
+	if listErr != nil {
+		listErr = fmt.Errorf("list ResourceClaims: %w", listErr)
+	} else {
+		for i := range list.Items {
+			if list.Items[i].Status.Allocation != nil {
+				fromAPI = append(fromAPI, &list.Items[i])
+			}
+		}
+	}
+
+	now := d.now()
+	var adopted []string
+	err = d.store.Update(ctx, func(s *claimstate.State) error {
+		adopted = adopted[:0]
+		// Claims adopted from their CDI specs know their devices by name.
+		for uid, c := range s.Claims {
+			if !c.Adopted || hasDynamicMIG(c.Devices) {
+				continue
+			}
+			rec := c.Clone()
+			found := false
+			for i := range rec.Devices {
+				found = dynamicDevice(&rec.Devices[i]) || found
+			}
+			if found {
+				s.Claims[uid] = rec
+				adopted = append(adopted, uid)
+			}
+		}
+		// Claims the API server has allocated from this pool.
+		for _, claim := range fromAPI {
+			uid := string(claim.UID)
+			if s.Claims[uid] != nil {
+				continue
+			}
+			intent, err := d.intentOf(claim)
+			if err != nil {
+				continue
+			}
+			found := false
+			for i := range intent.Devices {
+				found = dynamicDevice(&intent.Devices[i]) || found
+			}
+			if !found || !s.Adopt(uid, intent.Devices, now) {
+				continue
+			}
+			rec := s.Claims[uid]
+			rec.Namespace, rec.Name, rec.Consumers = claim.Namespace, claim.Name, intent.Consumers
+			adopted = append(adopted, uid)
+		}
+		return nil
+	})
+	if err != nil {
+		return errors.Join(listErr, fmt.Errorf("record adopted MIG instances: %w", err))
+	}
+	if len(adopted) > 0 {
+		slices.Sort(adopted)
+		logger.Info("Adopted claims holding MIG instances gpudra created before the checkpoint was lost", "claimUIDs", adopted)
+	}
+	return listErr
 }

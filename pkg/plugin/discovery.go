@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/klog/v2"
 
-	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
 )
 
@@ -29,12 +28,22 @@ func (d *Driver) discover(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	model, err := devicemodel.Build(inv)
+	return d.install(ctx, inv)
+}
+
+// install derives the devices from an inventory and makes them current.
+func (d *Driver) install(ctx context.Context, inv *hardware.Inventory) error {
+	model, unknown, err := d.buildModel(ctx, inv)
 	if err != nil {
 		return fmt.Errorf("build device model: %w", err)
 	}
-	previous := d.state.Swap(&nodeState{inv: inv, model: model})
+	previous := d.state.Swap(&nodeState{inv: inv, model: model, unknownMIG: unknown})
 	d.reportProblems(ctx, previous, inv)
+	var before map[string][]string
+	if previous != nil {
+		before = previous.unknownMIG
+	}
+	d.reportUnknownMIG(ctx, before, unknown)
 	return nil
 }
 
@@ -67,7 +76,7 @@ func (d *Driver) reportProblems(ctx context.Context, previous *nodeState, inv *h
 
 // publish hands the current devices to the ResourceSlice controller.
 func (d *Driver) publish(ctx context.Context) error {
-	res := devicemodel.DriverResources(d.cfg.NodeName, d.current().model.APIDevices())
+	res := d.current().model.DriverResources(d.cfg.NodeName)
 	if err := d.helper.PublishResources(ctx, res); err != nil {
 		return fmt.Errorf("publish ResourceSlices: %w", err)
 	}
@@ -90,12 +99,15 @@ func (d *Driver) discoveryLoop(ctx context.Context, lastErr error) {
 		if lastErr != nil {
 			wait = delay
 		}
+		rebuild := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(wait):
+		case <-d.rebuild:
+			rebuild = true
 		}
-		before := d.current().model.APIDevices()
+		before := d.current().model.DriverResources(d.cfg.NodeName)
 		err := d.discover(ctx)
 		if err != nil {
 			if lastErr == nil {
@@ -112,8 +124,8 @@ func (d *Driver) discoveryLoop(ctx context.Context, lastErr error) {
 			d.event(corev1.EventTypeNormal, "GPUDiscoveryRecovered", fmt.Sprintf("GPU discovery works again: %d devices", len(d.current().model.Devices)))
 		}
 		lastErr = nil
-		if after := d.current().model.APIDevices(); !equality.Semantic.DeepEqual(before, after) {
-			logger.Info("Devices changed; republishing", "before", len(before), "after", len(after))
+		if after := d.current().model.DriverResources(d.cfg.NodeName); rebuild || !equality.Semantic.DeepEqual(before, after) {
+			logger.Info("Devices changed; republishing", "devices", len(d.current().model.Devices))
 			if err := d.publish(ctx); err != nil {
 				logger.Error(err, "Republishing devices")
 			}

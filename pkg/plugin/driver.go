@@ -8,6 +8,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -40,6 +43,13 @@ type Config struct {
 	KubeClient kubernetes.Interface
 	// Hardware discovers the node's GPUs.
 	Hardware hardware.Hardware
+	// MIGMode is how GPUs with MIG mode on are offered; empty means
+	// MIGModeDynamic.
+	MIGMode MIGMode
+	// MIG creates and destroys MIG devices in dynamic mode; nil means
+	// Hardware, if it implements [hardware.MIGManager]. Without one, the
+	// node runs in static mode.
+	MIG hardware.MIGManager
 	// DriverEdits supplies the driver files for CDI specs.
 	DriverEdits cdi.DriverEdits
 
@@ -90,6 +100,9 @@ const claimLockBuckets = 4096
 type nodeState struct {
 	inv   *hardware.Inventory
 	model *devicemodel.Model
+	// unknownMIG lists, by GPU UUID, the MIG instances of unknown
+	// ownership that kept a GPU out of the dynamic MIG devices.
+	unknownMIG map[string][]string
 }
 
 // Driver is gpudra's kubelet plugin. It implements [kubeletplugin.DRAPlugin].
@@ -103,6 +116,13 @@ type Driver struct {
 	nodeRef  *corev1.ObjectReference
 
 	state atomic.Pointer[nodeState]
+	// mig creates and destroys MIG devices; dynamicMIG says whether the
+	// node publishes dynamic MIG devices now (it stops when the API server
+	// lacks partitionable devices).
+	mig        hardware.MIGManager
+	dynamicMIG atomic.Bool
+	// rebuild asks the discovery loop to rebuild and republish the devices.
+	rebuild chan struct{}
 	// claimLocks serializes Prepare and Unprepare per claim UID inside this
 	// process; different claims proceed in parallel.
 	claimLocks keymutex.KeyMutex
@@ -140,6 +160,7 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 		claimLocks: keymutex.NewHashed(claimLockBuckets),
 		cancel:     cancel,
 		adoptNow:   make(chan struct{}, 1),
+		rebuild:    make(chan struct{}, 1),
 		goneOnce:   map[string]bool{},
 		nodeRef:    &corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: cfg.NodeName},
 	}
@@ -149,11 +170,14 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 		}
 	}()
 	d.startEvents()
+	d.setUpMIGMode()
 
 	opts := []checkpoint.Option{checkpoint.WithCorruptHandler(d.onCorruptCheckpoint)}
 	if cfg.BootIDPath != "" {
 		opts = append(opts, checkpoint.WithBootIDPath(cfg.BootIDPath))
 	}
+	_, statErr := os.Stat(filepath.Join(cfg.PluginDataDir, checkpoint.FileName))
+	checkpointMissing := errors.Is(statErr, fs.ErrNotExist)
 	store, report, err := checkpoint.Open(ctx, cfg.PluginDataDir, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("open checkpoint: %w", err)
@@ -164,18 +188,27 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 	if d.cdi, err = cdi.NewWriter(cfg.CDIDir, cfg.DriverName); err != nil {
 		return nil, err
 	}
-	if report.Corrupt != nil {
-		if err := d.adoptSpecs(ctx); err != nil {
-			return nil, fmt.Errorf("adopt claims after losing the checkpoint: %w", err)
-		}
-	}
-	d.removeOrphanSpecs(ctx)
-
 	// The first discovery happens before registration, so that the kubelet
 	// never calls Prepare on a plugin that does not know its devices yet.
 	// A failure is not fatal: the pool is published empty and discovery
 	// keeps trying in the background.
-	discoverErr := d.discover(ctx)
+	inv, discoverErr := cfg.Hardware.Discover(ctx)
+	if lost := report.Corrupt != nil || checkpointMissing; lost {
+		// Specs on the node may belong to running pods, and MIG instances
+		// to their claims: adopt them before anything is removed.
+		if err := d.adoptSpecs(ctx); err != nil {
+			return nil, fmt.Errorf("adopt claims after losing the checkpoint: %w", err)
+		}
+		if discoverErr == nil && d.dynamicMIG.Load() {
+			if err := d.rebuildMIGOwnership(ctx, inv); err != nil {
+				logger.Error(err, "Rebuilding the ownership of MIG instances after losing the checkpoint; instances not accounted for are kept and their GPUs left out")
+			}
+		}
+	}
+	d.removeOrphanSpecs(ctx)
+	if discoverErr == nil {
+		discoverErr = d.install(ctx, inv)
+	}
 
 	helperOpts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(cfg.DriverName),
@@ -244,6 +277,9 @@ func (d *Driver) Devices() []resourceapi.Device {
 }
 
 func (c *Config) validate() error {
+	if c.MIGMode != "" && !slices.Contains(MIGModes, c.MIGMode) {
+		return fmt.Errorf("plugin config: MIGMode %q is not one of %v", c.MIGMode, MIGModes)
+	}
 	var missing []string
 	for name, empty := range map[string]bool{
 		"DriverName": c.DriverName == "", "NodeName": c.NodeName == "", "KubeClient": c.KubeClient == nil,
@@ -278,6 +314,25 @@ func (c *Config) setDefaults() {
 	if c.Clock == nil {
 		c.Clock = time.Now
 	}
+	if c.MIGMode == "" {
+		c.MIGMode = MIGModeDynamic
+	}
+	if c.MIG == nil {
+		c.MIG, _ = c.Hardware.(hardware.MIGManager)
+	}
+}
+
+// setUpMIGMode decides whether the node starts in dynamic MIG mode.
+func (d *Driver) setUpMIGMode() {
+	d.mig = d.cfg.MIG
+	switch {
+	case d.cfg.MIGMode != MIGModeDynamic:
+		d.logger.Info("Static MIG: publishing the MIG devices that exist; none is created or destroyed")
+	case d.mig == nil:
+		d.logger.Info("Static MIG: this hardware cannot create MIG devices")
+	default:
+		d.dynamicMIG.Store(true)
+	}
 }
 
 func (d *Driver) now() time.Time { return d.cfg.Clock() }
@@ -295,9 +350,23 @@ func (d *Driver) current() *nodeState {
 func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 	var dropped *resourceslice.DroppedFieldsError
 	if errors.As(err, &dropped) {
+		disabled := dropped.DisabledFeatures()
+		if slices.Contains(disabled, "DRAPartitionableDevices") && d.dynamicMIG.Swap(false) {
+			// Counter-less dynamic devices would let the scheduler hand
+			// out overlapping placements: never publish them.
+			klog.FromContext(ctx).Error(err, "The API server lacks partitionable devices (DRAPartitionableDevices): falling back to static MIG, publishing the MIG devices that exist",
+				"pool", dropped.PoolName, "sliceIndex", dropped.SliceIndex, "disabledFeatures", disabled)
+			d.event(corev1.EventTypeWarning, "DynamicMIGUnavailable",
+				"The API server dropped the shared counters of the dynamic MIG devices (DRAPartitionableDevices off): gpudra falls back to static MIG and publishes the MIG devices that exist")
+			select {
+			case d.rebuild <- struct{}{}:
+			default:
+			}
+			return
+		}
 		klog.FromContext(ctx).Error(err, "The API server dropped fields of a ResourceSlice; it lacks features gpudra uses",
-			"pool", dropped.PoolName, "sliceIndex", dropped.SliceIndex, "disabledFeatures", dropped.DisabledFeatures())
-		d.event(corev1.EventTypeWarning, "ResourceSliceFieldsDropped", fmt.Sprintf("API server dropped ResourceSlice fields; disabled features: %v", dropped.DisabledFeatures()))
+			"pool", dropped.PoolName, "sliceIndex", dropped.SliceIndex, "disabledFeatures", disabled)
+		d.event(corev1.EventTypeWarning, "ResourceSliceFieldsDropped", fmt.Sprintf("API server dropped ResourceSlice fields; disabled features: %v", disabled))
 		return
 	}
 	utilruntime.HandleErrorWithContext(ctx, err, msg)

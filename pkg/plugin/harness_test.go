@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
@@ -103,12 +104,27 @@ func newHarnessIn(tb testing.TB, dir string, mutate ...func(*plugin.Config)) *ha
 	if client, ok := h.cfg.KubeClient.(*fake.Clientset); ok {
 		h.client = client // an earlier harness's API server
 	} else {
-		h.client = fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: h.cfg.NodeName, UID: "node-uid"}})
+		h.client = newFakeClient(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: h.cfg.NodeName, UID: "node-uid"}})
 		h.cfg.KubeClient = h.client
 	}
 	h.start()
 	tb.Cleanup(h.stop)
 	return h
+}
+
+// newFakeClient is a fake clientset that, like the API server, names
+// objects created with generateName: a pool of several ResourceSlices needs
+// it.
+func newFakeClient(objects ...runtime.Object) *fake.Clientset {
+	client := fake.NewClientset(objects...)
+	var n atomic.Int64
+	client.PrependReactor("create", "*", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		if obj, ok := action.(k8stesting.CreateAction).GetObject().(metav1.Object); ok && obj.GetName() == "" && obj.GetGenerateName() != "" {
+			obj.SetName(fmt.Sprintf("%s%05d", obj.GetGenerateName(), n.Add(1)))
+		}
+		return false, nil, nil
+	})
+	return client
 }
 
 // withFleet runs the plugin on a node of another fleet: a built-in name

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -15,6 +16,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/hardware"
 )
 
 // Step names a point in the preparation of a claim at which the crash
@@ -23,6 +25,9 @@ type Step string
 
 // The steps of one preparation, in order.
 const (
+	// StepCreateMIG comes before each MIG device is created (dynamic MIG),
+	// after the start of the preparation is recorded.
+	StepCreateMIG       Step = "CreateMIG"
 	StepWriteCDISpec    Step = "WriteCDISpec"
 	StepRecordCompleted Step = "RecordCompleted"
 )
@@ -115,12 +120,13 @@ func (d *Driver) prepared(ctx context.Context, claim *resourceapi.ResourceClaim)
 		return nil, err
 	}
 	if action == claimstate.ActionReturnRecorded {
-		if err := d.repairSpec(ctx, claim, intent); err != nil {
+		if err := d.repairSpec(ctx, claim, existing); err != nil {
 			return nil, err
 		}
 		return kubeletDevices(existing.Devices), nil
 	}
-	plan, err := d.planClaim(ctx, claim, intent, d.current())
+	node := d.current()
+	plan, err := d.planClaim(ctx, claim, intent, node)
 	if err != nil {
 		return nil, err
 	}
@@ -130,23 +136,66 @@ func (d *Driver) prepared(ctx context.Context, claim *resourceapi.ResourceClaim)
 			return nil, err
 		}
 	}
+	if existing != nil && existing.Adopted {
+		// Instances an adopted record holds may serve running containers:
+		// use them rather than create them again.
+		plan.reuse = adoptedInstances(plan.node.inv, existing)
+		plan.previous = existing
+	}
 	if err := d.execute(ctx, plan); err != nil {
 		return nil, err
 	}
 	return kubeletDevices(plan.intent.Devices), nil
 }
 
-// execute carries out a plan: write the CDI spec, record completion. On
-// failure it undoes what it did.
+// adoptedInstances maps the dynamic MIG devices of an adopted record to the
+// instances that exist for them.
+func adoptedInstances(inv *hardware.Inventory, c *claimstate.Claim) map[placementKey]*hardware.MIGDevice {
+	reuse := map[placementKey]*hardware.MIGDevice{}
+	for i := range c.Devices {
+		cd := &c.Devices[i]
+		if cd.DynamicMIG == nil {
+			continue
+		}
+		if m := instanceAt(inv, recordKey(cd)); m != nil && (cd.UUID == "" || cd.UUID == m.UUID) {
+			reuse[recordKey(cd)] = m
+		}
+	}
+	return reuse
+}
+
+// execute carries out a plan: create the dynamic MIG devices, write the CDI
+// spec, record completion. On failure it undoes what it did.
 //
-// No start record is written first. It would cost a checkpoint write per
-// claim, and nothing here needs it: the per-claim CDI spec is named after
-// the claim UID, so it can always be found again, and specs without a
-// completed record are removed at start and by the sweep. Device setup
-// (MIG instances, VFIO, sharing daemons) will record its start with
-// [claimstate.State.RecordStarted] before touching the device.
+// A claim without dynamic MIG devices gets no start record. It would cost
+// a checkpoint write per claim, and nothing needs it: the per-claim CDI spec
+// is named after the claim UID, so it can always be found again, and specs
+// without a completed record are removed at start and by the sweep. A MIG
+// device, though, is created only after a start record names its
+// placement, so that gpudra never holds an instance no record owns.
 func (d *Driver) execute(ctx context.Context, plan *claimPlan) (finalErr error) {
-	if err := d.fault(StepWriteCDISpec, plan.intent.UID); err != nil {
+	uid := plan.intent.UID
+	var created map[string]*hardware.MIGDevice
+	if hasDynamicMIG(plan.intent.Devices) {
+		startedAt := d.now()
+		if err := d.store.Update(ctx, func(s *claimstate.State) error { return s.RecordStarted(plan.intent, startedAt) }); err != nil {
+			var conflict *claimstate.ConflictError
+			if errors.As(err, &conflict) {
+				return err
+			}
+			return fmt.Errorf("record start in checkpoint: %w", err)
+		}
+		var err error
+		if created, err = d.setUpMIG(ctx, &plan.intent, plan.reuse); err != nil {
+			return errors.Join(err, d.abandon(ctx, plan, startedAt, nil))
+		}
+		defer func() {
+			if finalErr != nil {
+				finalErr = errors.Join(finalErr, d.abandon(ctx, plan, startedAt, created))
+			}
+		}()
+	}
+	if err := d.fault(StepWriteCDISpec, uid); err != nil {
 		return err
 	}
 	defer func() {
@@ -154,14 +203,18 @@ func (d *Driver) execute(ctx context.Context, plan *claimPlan) (finalErr error) 
 			return
 		}
 		// A failed write may have left the file behind; remove it either way.
-		if err := d.cdi.Remove(plan.intent.UID); err != nil {
+		if err := d.cdi.Remove(uid); err != nil {
 			finalErr = errors.Join(finalErr, fmt.Errorf("roll back: %w", err))
 		}
 	}()
-	if err := d.cdi.Write(plan.intent.UID, plan.spec); err != nil {
+	spec, err := d.specFor(plan, created)
+	if err != nil {
 		return err
 	}
-	if err := d.fault(StepRecordCompleted, plan.intent.UID); err != nil {
+	if err := d.cdi.Write(uid, spec); err != nil {
+		return err
+	}
+	if err := d.fault(StepRecordCompleted, uid); err != nil {
 		return err
 	}
 	now := d.now()
@@ -175,9 +228,48 @@ func (d *Driver) execute(ctx context.Context, plan *claimPlan) (finalErr error) 
 	return nil
 }
 
-// rollBack undoes the work of a (partial) preparation: the CDI spec and,
-// when forget is set, the claim's record.
+// abandon undoes a preparation that recorded its start: it destroys the MIG
+// devices created for it (not those reused from an adopted record, which
+// may serve running containers) and then drops the start record, or puts
+// the adopted record back. If destroying fails, the start record stays, so
+// that the next Prepare, Unprepare or sweep tries again.
+func (d *Driver) abandon(ctx context.Context, plan *claimPlan, startedAt time.Time, created map[string]*hardware.MIGDevice) error {
+	var mine []*claimstate.Device
+	for i := range plan.intent.Devices {
+		cd := &plan.intent.Devices[i]
+		if cd.DynamicMIG != nil && plan.reuse[recordKey(cd)] == nil && (created == nil || created[cd.Name] != nil) {
+			mine = append(mine, cd)
+		}
+	}
+	if created != nil {
+		if err := d.tearDownMIG(ctx, mine); err != nil {
+			return fmt.Errorf("roll back (kept the start record; retried later): %w", err)
+		}
+	}
+	err := d.store.Update(ctx, func(s *claimstate.State) error {
+		if c := s.Claims[plan.intent.UID]; c != nil && c.Phase == claimstate.PrepareStarted && c.StartedAt.Equal(startedAt) {
+			if plan.previous != nil {
+				s.Claims[plan.intent.UID] = plan.previous.Clone()
+			} else {
+				s.Remove(plan.intent.UID)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("roll back: drop the start record: %w", err)
+	}
+	return nil
+}
+
+// rollBack undoes the work of a (partial) preparation: the MIG devices its
+// record owns, the CDI spec and, when forget is set, the claim's record.
+// Nothing after a failed step is undone, so the record keeps owning what
+// is left and a retry finishes the job.
 func (d *Driver) rollBack(ctx context.Context, c *claimstate.Claim, forget bool) error {
+	if err := d.tearDownRecord(ctx, c); err != nil {
+		return err
+	}
 	if err := d.cdi.Remove(c.UID); err != nil {
 		return err
 	}
@@ -226,7 +318,15 @@ func (d *Driver) unprepareClaim(ctx context.Context, claim kubeletplugin.Namespa
 // any side effect.
 type claimPlan struct {
 	intent claimstate.Intent
-	spec   *cdispec.Spec
+	// node is the discovery result the plan was made against, devices the
+	// model devices of intent.Devices (same order).
+	node    *nodeState
+	devices []*devicemodel.Device
+	common  *cdispec.ContainerEdits
+	// reuse and previous are set when preparing over an adopted record:
+	// its existing MIG instances, and the record to restore on failure.
+	reuse    map[placementKey]*hardware.MIGDevice
+	previous *claimstate.Claim
 }
 
 // intentOf reads what the claim asks of this driver from its allocation:
@@ -262,20 +362,62 @@ func (d *Driver) intentOf(claim *resourceapi.ResourceClaim) (claimstate.Intent, 
 // repairSpec writes the CDI spec of a prepared claim again if it went
 // missing (someone cleaned /var/run/cdi): the kubelet asks again exactly
 // when a container of the claim is about to start and needs it.
-func (d *Driver) repairSpec(ctx context.Context, claim *resourceapi.ResourceClaim, intent claimstate.Intent) error {
-	if d.cdi.Exists(intent.UID) {
+func (d *Driver) repairSpec(ctx context.Context, claim *resourceapi.ResourceClaim, record *claimstate.Claim) error {
+	if d.cdi.Exists(record.UID) {
 		return nil
 	}
 	klog.FromContext(ctx).Info("CDI spec of a prepared claim is missing; writing it again")
+	intent := claimstate.Intent{UID: record.UID, Namespace: record.Namespace, Name: record.Name, Devices: record.Clone().Devices}
 	plan, err := d.planClaim(ctx, claim, intent, d.current())
 	if err != nil {
 		return fmt.Errorf("write the missing CDI spec again: %w", err)
 	}
-	return d.cdi.Write(intent.UID, plan.spec)
+	created := map[string]*hardware.MIGDevice{}
+	for _, cd := range record.Devices {
+		if cd.DynamicMIG == nil {
+			continue
+		}
+		_, m := migDeviceByUUID(plan.node.inv, cd.UUID)
+		if m == nil {
+			return fmt.Errorf("write the missing CDI spec again: MIG device %s (%s) of the claim no longer exists", cd.Name, cd.UUID)
+		}
+		created[cd.Name] = m
+	}
+	spec, err := d.specFor(plan, created)
+	if err != nil {
+		return fmt.Errorf("write the missing CDI spec again: %w", err)
+	}
+	return d.cdi.Write(record.UID, spec)
+}
+
+// specFor builds the claim's CDI spec; created holds the MIG devices made
+// for its dynamic MIG devices, by device name.
+func (d *Driver) specFor(plan *claimPlan, created map[string]*hardware.MIGDevice) (*cdispec.Spec, error) {
+	devices := make([]*devicemodel.Device, len(plan.devices))
+	for i, dev := range plan.devices {
+		devices[i] = dev
+		if dev.Placement == nil {
+			continue
+		}
+		m := created[dev.Name()]
+		if m == nil {
+			return nil, fmt.Errorf("device %s: MIG device was not created", dev.Name())
+		}
+		withMIG := *dev
+		withMIG.MIG = m
+		devices[i] = &withMIG
+	}
+	return cdi.BuildSpec(cdi.SpecInput{
+		DriverName: d.cfg.DriverName,
+		ClaimUID:   plan.intent.UID,
+		Majors:     plan.node.inv.Majors,
+		Devices:    uniqueDevices(devices),
+		Common:     plan.common,
+	})
 }
 
 // planClaim checks the intent against this node's devices, resolves the
-// claim's configuration and builds its CDI spec. It has no side effects,
+// claim's configuration and gathers what its CDI spec needs. It has no side effects,
 // except that it discovers the GPUs again when the nvidia-uvm module was
 // not loaded at the last discovery.
 func (d *Driver) planClaim(ctx context.Context, claim *resourceapi.ResourceClaim, intent claimstate.Intent, node *nodeState) (*claimPlan, error) {
@@ -297,9 +439,15 @@ func (d *Driver) planClaim(ctx context.Context, claim *resourceapi.ResourceClaim
 			return nil, fmt.Errorf("request %s: device %s is not a device of node %s (it has %d devices)", cd.Requests[0], cd.Name, d.cfg.NodeName, len(node.model.Devices))
 		}
 		devices = append(devices, dev)
-		cd.UUID = dev.UUID()
-		if dev.MIG != nil {
-			cd.ParentUUID = dev.GPU.UUID
+		switch {
+		case dev.Placement != nil:
+			// Created at Prepare: its UUID is known only then.
+			cd.UUID, cd.ParentUUID = "", dev.GPU.UUID
+			cd.DynamicMIG = dynamicRecord(dev)
+		case dev.MIG != nil:
+			cd.UUID, cd.ParentUUID = dev.UUID(), dev.GPU.UUID
+		default:
+			cd.UUID = dev.UUID()
 		}
 	}
 	if err := d.checkConfigs(claim, node); err != nil {
@@ -309,17 +457,14 @@ func (d *Driver) planClaim(ctx context.Context, claim *resourceapi.ResourceClaim
 	if err != nil {
 		return nil, fmt.Errorf("driver files for CDI: %w", err)
 	}
-	spec, err := cdi.BuildSpec(cdi.SpecInput{
-		DriverName: d.cfg.DriverName,
-		ClaimUID:   string(claim.UID),
-		Majors:     node.inv.Majors,
-		Devices:    uniqueDevices(devices),
-		Common:     common,
-	})
-	if err != nil {
-		return nil, err
+	plan := &claimPlan{intent: intent, node: node, devices: devices, common: common}
+	if !hasDynamicMIG(intent.Devices) {
+		// Catch what would make the spec fail before anything is set up.
+		if _, err := d.specFor(plan, nil); err != nil {
+			return nil, err
+		}
 	}
-	return &claimPlan{intent: intent, spec: spec}, nil
+	return plan, nil
 }
 
 // uniqueDevices drops repeats: one device allocated for two requests (admin

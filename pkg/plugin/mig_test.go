@@ -1,0 +1,408 @@
+package plugin_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/hardware"
+	"github.com/gpudra/gpudra/pkg/plugin"
+)
+
+// migFleet has two H100s in MIG mode with no MIG device yet and one H100
+// with MIG mode off.
+const migFleet = `
+nodes:
+- name: mig-0
+  gpus:
+  - {model: H100-SXM5-80GB, migEnabled: true}
+  - {model: H100-SXM5-80GB, migEnabled: true}
+  - {model: H100-SXM5-80GB}
+`
+
+func newMIGHarness(t *testing.T, mutate ...func(*plugin.Config)) *harness {
+	t.Helper()
+	return newHarnessIn(t, shortTempDir(t), append([]func(*plugin.Config){withFleet(t, migFleet, "mig-0")}, mutate...)...)
+}
+
+// inventory discovers the simulated node's hardware as it is now.
+func (h *harness) inventory() *hardware.Inventory {
+	h.tb.Helper()
+	inv, err := h.cfg.Hardware.Discover(context.Background())
+	if err != nil {
+		h.tb.Fatal(err)
+	}
+	return inv
+}
+
+// migDevices lists the MIG devices that exist on GPU index i.
+func (h *harness) migDevices(i int) []hardware.MIGDevice {
+	return h.inventory().GPUs[i].MIGDevices
+}
+
+// migName is the device name of a dynamic MIG device on GPU index i.
+func (h *harness) migName(i int, profile string, start int) string {
+	h.tb.Helper()
+	gpu := h.inventory().GPUs[i]
+	for _, p := range gpu.MIGProfiles {
+		if p.Name == profile {
+			return devicemodel.MIGName(gpu.Minor, p.Name, p.ProfileID, start)
+		}
+	}
+	h.tb.Fatalf("GPU %d has no profile %s", i, profile)
+	return ""
+}
+
+func (h *harness) published(name string) bool {
+	return slices.ContainsFunc(h.driver.Devices(), func(d resourceapi.Device) bool { return d.Name == name })
+}
+
+func TestDynamicMIGPublishesPlacementsWithCounters(t *testing.T) {
+	h := newMIGHarness(t)
+	for _, name := range []string{h.migName(0, "1g.10gb", 6), h.migName(1, "7g.80gb", 0), h.migName(0, "3g.40gb", 4)} {
+		if !h.published(name) {
+			t.Errorf("dynamic MIG device %s not published", name)
+		}
+	}
+	gpu2 := devicemodel.GPUName(h.inventory().GPUs[2].Minor)
+	gpu0 := devicemodel.GPUName(h.inventory().GPUs[0].Minor)
+	if !h.published(gpu2) || h.published(gpu0) {
+		t.Errorf("full GPUs: want %s (MIG off) published and %s (MIG on) not", gpu2, gpu0)
+	}
+	slices, err := h.client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counterSets, consumers := 0, 0
+	for _, s := range slices.Items {
+		if len(s.Spec.SharedCounters) > 0 && len(s.Spec.Devices) > 0 {
+			t.Errorf("slice %s has both devices and shared counters", s.Name)
+		}
+		counterSets += len(s.Spec.SharedCounters)
+		for _, d := range s.Spec.Devices {
+			if len(d.ConsumesCounters) > 0 {
+				consumers++
+			}
+		}
+	}
+	if counterSets != 3 || consumers == 0 {
+		t.Errorf("published %d counter sets and %d consuming devices; want one set per MIG-capable GPU (3) and consumers", counterSets, consumers)
+	}
+}
+
+func TestDynamicMIGPrepareCreatesAndUnprepareDestroys(t *testing.T) {
+	h := newMIGHarness(t)
+	name := h.migName(0, "3g.40gb", 4)
+	claim := h.claim(name)
+	resp := h.mustPrepare(claim)
+
+	migs := h.migDevices(0)
+	if len(migs) != 1 || migs[0].Profile != "3g.40gb" || migs[0].PlacementStart != 4 {
+		t.Fatalf("MIG devices after prepare = %+v, want one 3g.40gb at 4", migs)
+	}
+	spec := ociEdits(t, h.cfg.CDIDir, resp.Devices[0].CdiDeviceIds)
+	var caps []string
+	for _, n := range deviceNodes(spec) {
+		if strings.HasPrefix(n.path, "/dev/nvidia-caps/") {
+			caps = append(caps, n.path)
+		}
+	}
+	if len(caps) != 2 || !slices.Contains(caps, capPath(migs[0].GICapMinor)) || !slices.Contains(caps, capPath(migs[0].CICapMinor)) {
+		t.Errorf("MIG access nodes %v, want those of GI %d and CI %d", caps, migs[0].GICapMinor, migs[0].CICapMinor)
+	}
+	cp := h.checkpoint()
+	if !strings.Contains(cp, `"dynamicMIG":{"profile":"3g.40gb"`) || !strings.Contains(cp, migs[0].UUID) || !strings.HasPrefix(cp, `{"version":"v3"`) {
+		t.Errorf("checkpoint does not record the created instance %s:\n%s", migs[0].UUID, cp)
+	}
+
+	// Prepare is idempotent: no second instance.
+	h.mustPrepare(claim)
+	if n := len(h.migDevices(0)); n != 1 {
+		t.Errorf("second prepare left %d MIG devices, want 1", n)
+	}
+
+	h.mustUnprepare(claim)
+	if migs := h.migDevices(0); len(migs) != 0 {
+		t.Errorf("MIG devices after unprepare = %+v, want none", migs)
+	}
+	if files := h.specFiles(); len(files) != 0 {
+		t.Errorf("CDI specs after unprepare: %v", files)
+	}
+	if strings.Contains(h.checkpoint(), string(claim.UID)) {
+		t.Errorf("checkpoint still names the claim:\n%s", h.checkpoint())
+	}
+	// The placement is free again.
+	again := h.claim(h.migName(0, "4g.40gb", 4))
+	h.mustPrepare(again)
+}
+
+func capPath(minor int) string { return "/dev/nvidia-caps/nvidia-cap" + strconv.Itoa(minor) }
+
+func TestDynamicMIGOverlappingClaimsRefused(t *testing.T) {
+	h := newMIGHarness(t)
+	first := h.claim(h.migName(0, "4g.40gb", 0))
+	h.mustPrepare(first)
+	// The scheduler would never allocate this (shared counters); the driver
+	// is the last guard all the same.
+	second := h.claim(h.migName(0, "1g.10gb", 2))
+	r := h.prepare(second).Claims[string(second.UID)]
+	if r.Error == "" || !strings.Contains(r.Error, "already prepared for claim") {
+		t.Errorf("overlapping placement prepared: %+v", r)
+	}
+	if migs := h.migDevices(0); len(migs) != 1 {
+		t.Errorf("MIG devices = %+v, want only the first claim's", migs)
+	}
+	// A full GPU and a MIG device of it are one device too.
+	full := h.claim(h.migName(1, "7g.80gb", 0), h.migName(1, "1g.10gb", 0))
+	if r := h.prepare(full).Claims[string(full.UID)]; r.Error == "" {
+		t.Errorf("claim with two overlapping placements prepared")
+	}
+	if migs := h.migDevices(1); len(migs) != 0 {
+		t.Errorf("refused claim left MIG devices %+v", migs)
+	}
+}
+
+// failingMIG fails CreateMIGDevice on the n-th call.
+type failingMIG struct {
+	hardware.MIGManager
+	failOn int64
+	calls  atomic.Int64
+}
+
+func (f *failingMIG) CreateMIGDevice(ctx context.Context, p hardware.MIGPlacement) (hardware.MIGDevice, error) {
+	if f.calls.Add(1) == f.failOn {
+		return hardware.MIGDevice{}, errors.New("injected: NVML_ERROR_UNKNOWN")
+	}
+	return f.MIGManager.CreateMIGDevice(ctx, p)
+}
+
+func TestDynamicMIGRollbackOnFailure(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		failOn int64
+		step   plugin.Step
+	}{
+		{"second MIG device", 2, ""},
+		{"CDI spec", 0, plugin.StepWriteCDISpec},
+		{"completion record", 0, plugin.StepRecordCompleted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var fail atomic.Bool
+			fail.Store(true)
+			h := newMIGHarness(t, func(cfg *plugin.Config) {
+				cfg.MIG = &failingMIG{MIGManager: cfg.Hardware.(hardware.MIGManager), failOn: tc.failOn}
+				cfg.Faults = func(step plugin.Step, _ string) error {
+					if step == tc.step && fail.Load() {
+						return errors.New("injected")
+					}
+					return nil
+				}
+			})
+			claim := h.claim(h.migName(0, "2g.20gb", 0), h.migName(0, "2g.20gb", 2))
+			r := h.prepare(claim).Claims[string(claim.UID)]
+			if r.Error == "" {
+				t.Fatal("prepare succeeded despite the injected failure")
+			}
+			if migs := h.migDevices(0); len(migs) != 0 {
+				t.Errorf("MIG devices after the failed prepare = %+v, want none", migs)
+			}
+			if files := h.specFiles(); len(files) != 0 {
+				t.Errorf("CDI specs after the failed prepare: %v", files)
+			}
+			if strings.Contains(h.checkpoint(), string(claim.UID)) {
+				t.Errorf("checkpoint keeps the failed claim:\n%s", h.checkpoint())
+			}
+			fail.Store(false)
+			h.mustPrepare(claim) // the kubelet retries (failOn is past)
+			if n := len(h.migDevices(0)); n != 2 {
+				t.Errorf("retry created %d MIG devices, want 2", n)
+			}
+		})
+	}
+}
+
+// operatorInstance creates a MIG device behind gpudra's back.
+func (h *harness) operatorInstance(gpu int, profile string, start int) hardware.MIGDevice {
+	h.tb.Helper()
+	inv := h.inventory()
+	var id int
+	for _, p := range inv.GPUs[gpu].MIGProfiles {
+		if p.Name == profile {
+			id = p.ProfileID
+		}
+	}
+	m, err := h.cfg.Hardware.(hardware.MIGManager).CreateMIGDevice(context.Background(), hardware.MIGPlacement{ParentUUID: inv.GPUs[gpu].UUID, ProfileID: id, Start: start})
+	if err != nil {
+		h.tb.Fatal(err)
+	}
+	return m
+}
+
+func TestMIGOwnershipRebuiltAfterCheckpointLoss(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		damage  func(path string) error
+		dropCDI bool
+	}{
+		{"deleted", os.Remove, false},
+		{"corrupt", func(p string) error { return os.WriteFile(p, []byte(`{"version":"v3","claims":{`), 0o644) }, false},
+		{"deleted with the CDI specs", os.Remove, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newMIGHarness(t)
+			ours := h.claim(h.migName(0, "3g.40gb", 0))
+			h.mustPrepare(ours)
+			mine := h.migDevices(0)[0]
+			foreign := h.operatorInstance(1, "1g.10gb", 3)
+
+			h.stop()
+			if err := tc.damage(filepath.Join(h.cfg.PluginDataDir, "checkpoint.json")); err != nil {
+				t.Fatal(err)
+			}
+			if tc.dropCDI {
+				if err := os.RemoveAll(h.cfg.CDIDir); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.MkdirAll(h.cfg.CDIDir, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h.start()
+
+			// Both instances survive the restart.
+			if migs := h.migDevices(0); len(migs) != 1 || migs[0].UUID != mine.UUID {
+				t.Errorf("GPU 0 MIG devices after restart = %+v, want our %s", migs, mine.UUID)
+			}
+			if migs := h.migDevices(1); len(migs) != 1 || migs[0].UUID != foreign.UUID {
+				t.Errorf("GPU 1 MIG devices after restart = %+v, want the operator's %s", migs, foreign.UUID)
+			}
+			// GPU 0 is ours again; GPU 1 is left out, with an event.
+			if !h.published(h.migName(0, "1g.10gb", 5)) {
+				t.Errorf("GPU 0 not offered after its instance was adopted")
+			}
+			if h.published(h.migName(1, "1g.10gb", 0)) {
+				t.Errorf("GPU 1, holding an instance of unknown ownership, is still offered")
+			}
+			msg, err := h.waitForEvent("MIGOwnershipUnknown")
+			if err != nil || !strings.Contains(msg, foreign.UUID) {
+				t.Errorf("MIGOwnershipUnknown event = %q, %v; want one naming %s", msg, err, foreign.UUID)
+			}
+
+			// Unprepare destroys ours and only ours.
+			h.mustUnprepare(ours)
+			if migs := h.migDevices(0); len(migs) != 0 {
+				t.Errorf("our instance survived unprepare: %+v", migs)
+			}
+			if migs := h.migDevices(1); len(migs) != 1 {
+				t.Errorf("operator's instance destroyed: %+v", migs)
+			}
+			// A sweep never destroys the unknown one either.
+			h.driver.Sweep(context.Background())
+			if migs := h.migDevices(1); len(migs) != 1 {
+				t.Errorf("sweep destroyed the operator's instance")
+			}
+		})
+	}
+}
+
+func TestStaticMIGModeNeverCreates(t *testing.T) {
+	h := newMIGHarness(t, func(cfg *plugin.Config) { cfg.MIGMode = plugin.MIGModeStatic })
+	h.operatorInstance(0, "2g.20gb", 2)
+	h.driver.Sweep(context.Background())
+	h.restart()
+	for _, d := range h.driver.Devices() {
+		if strings.Contains(d.Name, "-mig-") && d.Name != h.migName(0, "2g.20gb", 2) {
+			t.Errorf("static mode publishes %s, which does not exist", d.Name)
+		}
+		if len(d.ConsumesCounters) > 0 {
+			t.Errorf("static mode publishes %s with counters", d.Name)
+		}
+	}
+	claim := h.claim(h.migName(0, "2g.20gb", 2))
+	h.mustPrepare(claim)
+	h.mustUnprepare(claim)
+	if n := len(h.migDevices(0)); n != 1 {
+		t.Errorf("static mode destroyed the operator's MIG device (%d left)", n)
+	}
+}
+
+// dropCounters makes the fake API server behave like one without
+// partitionable devices: it drops shared counters and counter consumption.
+func dropCounters(client *fake.Clientset) {
+	strip := func(action k8stesting.Action) (bool, runtime.Object, error) {
+		var obj runtime.Object
+		switch a := action.(type) {
+		case k8stesting.CreateAction:
+			obj = a.GetObject()
+		case k8stesting.UpdateAction:
+			obj = a.GetObject()
+		}
+		if s, ok := obj.(*resourceapi.ResourceSlice); ok {
+			s.Spec.SharedCounters = nil
+			for i := range s.Spec.Devices {
+				s.Spec.Devices[i].ConsumesCounters = nil
+			}
+		}
+		return false, nil, nil
+	}
+	client.PrependReactor("create", "resourceslices", strip)
+	client.PrependReactor("update", "resourceslices", strip)
+}
+
+func TestDynamicMIGFallsBackWithoutPartitionableDevices(t *testing.T) {
+	client := newFakeClient()
+	dropCounters(client)
+	h := newMIGHarness(t, func(cfg *plugin.Config) { cfg.KubeClient = client })
+	if _, err := h.waitForEvent("DynamicMIGUnavailable"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		for _, d := range h.driver.Devices() {
+			if d.ConsumesCounters != nil || strings.Contains(d.Name, "-mig-") {
+				return false
+			}
+		}
+		return true
+	})
+	// Nothing with counters is left in the API server either.
+	waitFor(t, func() bool {
+		slices, err := client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		for _, s := range slices.Items {
+			for _, d := range s.Spec.Devices {
+				if strings.Contains(d.Name, "-mig-") {
+					return false
+				}
+			}
+		}
+		return len(slices.Items) > 0
+	})
+}
+
+// waitFor polls cond for up to ten seconds.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
