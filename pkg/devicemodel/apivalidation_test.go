@@ -1,12 +1,14 @@
 package devicemodel_test
 
 import (
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 )
 
 // semverRE is the API server's check of version attributes
@@ -111,4 +113,120 @@ func validateQualifiedName(name resourceapi.QualifiedName) []string {
 	}
 	msgs = append(msgs, validation.IsCIdentifier(id)...)
 	return msgs
+}
+
+// validatePool applies the API server's rules for the slices of one pool
+// that a driver can get wrong, those of [validateDevice] for every device,
+// and the allocator's checks of a pool as a whole (k8s.io/dynamic-resource-
+// allocation/structured: unique device and counter set names, consumed
+// counters that exist). Slices are numbered from 0 in the errors.
+func validatePool(slices []resourceslice.Slice) []error {
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if len(slices) == 0 {
+		add("pool has no slices")
+	}
+	sets := map[string]map[string]resourceapi.Counter{}
+	devices := map[string]bool{}
+	for i, s := range slices {
+		if s.Devices != nil && s.SharedCounters != nil {
+			add("slice %d: only one of devices and sharedCounters may be set", i)
+		}
+		limit := resourceapi.ResourceSliceMaxDevices
+		for _, d := range s.Devices {
+			if len(d.Taints) > 0 || len(d.ConsumesCounters) > 0 || hasListAttribute(d) {
+				limit = resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures
+			}
+		}
+		if len(s.Devices) > limit {
+			add("slice %d: %d devices, more than %d", i, len(s.Devices), limit)
+		}
+		if len(s.SharedCounters) > resourceapi.ResourceSliceMaxCounterSets {
+			add("slice %d: %d counter sets, more than %d", i, len(s.SharedCounters), resourceapi.ResourceSliceMaxCounterSets)
+		}
+		for _, cs := range s.SharedCounters {
+			for _, msg := range validation.IsDNS1123Label(cs.Name) {
+				add("slice %d: counter set %q: name: %s", i, cs.Name, msg)
+			}
+			if _, dup := sets[cs.Name]; dup {
+				add("slice %d: counter set %q twice in the pool", i, cs.Name)
+			}
+			sets[cs.Name] = cs.Counters
+			for _, err := range validateCounters(cs.Counters) {
+				add("slice %d: counter set %q: %v", i, cs.Name, err)
+			}
+		}
+		for _, d := range s.Devices {
+			if devices[d.Name] {
+				add("slice %d: device %q twice in the pool", i, d.Name)
+			}
+			devices[d.Name] = true
+			errs = append(errs, validateDevice(d)...)
+			if n := len(d.ConsumesCounters); n > resourceapi.ResourceSliceMaxDeviceCounterConsumptionsPerDevice {
+				add("device %q: %d counter consumptions, more than %d", d.Name, n, resourceapi.ResourceSliceMaxDeviceCounterConsumptionsPerDevice)
+			}
+			seen := map[string]bool{}
+			for _, c := range d.ConsumesCounters {
+				for _, msg := range validation.IsDNS1123Label(c.CounterSet) {
+					add("device %q: counter set %q: name: %s", d.Name, c.CounterSet, msg)
+				}
+				if seen[c.CounterSet] {
+					add("device %q: consumes from counter set %q twice", d.Name, c.CounterSet)
+				}
+				seen[c.CounterSet] = true
+				for _, err := range validateCounters(c.Counters) {
+					add("device %q: consumption from %q: %v", d.Name, c.CounterSet, err)
+				}
+			}
+		}
+	}
+	// The allocator's checks need all counter sets, so they come last.
+	for _, s := range slices {
+		for _, d := range s.Devices {
+			for _, c := range d.ConsumesCounters {
+				set, ok := sets[c.CounterSet]
+				if !ok {
+					add("device %q: counter set %q is not in the pool", d.Name, c.CounterSet)
+					continue
+				}
+				for name := range c.Counters {
+					if _, ok := set[name]; !ok {
+						add("device %q: counter %q is not in counter set %q", d.Name, name, c.CounterSet)
+					}
+				}
+			}
+		}
+	}
+	return errs
+}
+
+// validateCounters checks the counters of a counter set or of a device's
+// consumption: at most 32 (both limits are 32), DNS labels, and, our own
+// rule, no negative values.
+func validateCounters(counters map[string]resourceapi.Counter) []error {
+	var errs []error
+	if len(counters) == 0 {
+		errs = append(errs, errors.New("no counters"))
+	}
+	if n := len(counters); n > resourceapi.ResourceSliceMaxCountersPerCounterSet || n > resourceapi.ResourceSliceMaxCountersPerDeviceCounterConsumption {
+		errs = append(errs, fmt.Errorf("%d counters, more than %d", n, min(resourceapi.ResourceSliceMaxCountersPerCounterSet, resourceapi.ResourceSliceMaxCountersPerDeviceCounterConsumption)))
+	}
+	for name, c := range counters {
+		for _, msg := range validation.IsDNS1123Label(name) {
+			errs = append(errs, fmt.Errorf("counter %q: %s", name, msg))
+		}
+		if c.Value.Sign() < 0 {
+			errs = append(errs, fmt.Errorf("counter %q: negative value %s", name, c.Value.String()))
+		}
+	}
+	return errs
+}
+
+func hasListAttribute(d resourceapi.Device) bool {
+	for _, a := range d.Attributes {
+		if a.IntValues != nil || a.BoolValues != nil || a.StringValues != nil || a.VersionValues != nil {
+			return true
+		}
+	}
+	return false
 }

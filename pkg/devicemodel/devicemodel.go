@@ -96,10 +96,15 @@ func (d *Device) UUID() string {
 	return d.GPU.UUID
 }
 
-// Model is the set of devices of one node, in publishing order.
+// Model is the set of devices of one node, in publishing order, with the
+// shared counters they consume.
 type Model struct {
 	Devices []Device
-	byName  map[string]int
+	// CounterSets are the counter sets the devices consume from (see
+	// [WithDynamicMIG]), one per MIG-capable GPU, in inventory order.
+	// Empty without dynamic MIG.
+	CounterSets []resourceapi.CounterSet
+	byName      map[string]int
 }
 
 // Lookup returns the device with the given name.
@@ -120,76 +125,143 @@ func (m *Model) APIDevices() []resourceapi.Device {
 	return out
 }
 
+// Option configures [Build].
+type Option func(*buildOptions)
+
+type buildOptions struct {
+	dynamicMIG bool
+}
+
+// WithDynamicMIG publishes MIG-capable GPUs as partitionable devices
+// (KEP-4815) instead of their current MIG devices, so that the scheduler
+// picks a place for a MIG device and Prepare creates it there.
+//
+// Each MIG-capable GPU (one with MIG profiles and memory slices) gets a
+// counter set, [CounterSetName], holding its memory, its engines (as much
+// as the profile spanning the whole GPU has) and one counter per memory
+// slice ([MemorySliceCounter]). A GPU with MIG mode on is published as one
+// MIG device per profile and placement start, named as NVIDIA's driver
+// names the MIG device it would become, consuming the memory, engines and
+// memory slices of that placement; overlapping placements then exclude
+// each other through the memory-slice counters. A GPU with MIG mode off is
+// published as the full GPU, consuming all of its counters. GPUs that are
+// not MIG-capable are published as without this option.
+func WithDynamicMIG() Option {
+	return func(o *buildOptions) { o.dynamicMIG = true }
+}
+
 // Build derives the devices of a node from its inventory. A GPU with MIG
 // mode on is published through its MIG devices only, as NVIDIA's driver
-// does: the full GPU cannot be handed out while it is partitioned.
-func Build(inv *hardware.Inventory) (*Model, error) {
+// does: the full GPU cannot be handed out while it is partitioned. Without
+// options, those are the MIG devices that exist now (static MIG); see
+// [WithDynamicMIG] for MIG devices created on demand.
+func Build(inv *hardware.Inventory, opts ...Option) (*Model, error) {
+	var o buildOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	common, err := commonAttributes(inv)
 	if err != nil {
 		return nil, err
 	}
 	m := &Model{byName: map[string]int{}}
-	add := func(d Device) error {
-		if _, dup := m.byName[d.API.Name]; dup {
-			return fmt.Errorf("device name %q is not unique", d.API.Name)
-		}
-		m.byName[d.API.Name] = len(m.Devices)
-		m.Devices = append(m.Devices, d)
-		return nil
-	}
 	for _, gpu := range inv.GPUs {
 		gpuAttrs, err := gpuAttributes(gpu, common)
 		if err != nil {
 			return nil, fmt.Errorf("GPU %d (%s): %w", gpu.Index, gpu.UUID, err)
 		}
-		if !gpu.MIGEnabled {
-			api := resourceapi.Device{
-				Name: GPUName(gpu.Minor),
-				Attributes: withAttrs(gpuAttrs, map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-					AttrType:  str(string(KindGPU)),
-					AttrIndex: {IntValue: ptr.To(int64(gpu.Index))},
-					AttrMinor: {IntValue: ptr.To(int64(gpu.Minor))},
-				}),
-				Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{CapMemory: bytesCapacity(gpu.MemoryBytes)},
-			}
-			if err := add(Device{Kind: KindGPU, API: api, GPU: gpu}); err != nil {
-				return nil, err
-			}
-			continue
+		switch {
+		case o.dynamicMIG && isDynamicMIGCapable(&gpu):
+			err = m.addDynamicMIGGPU(gpu, gpuAttrs)
+		case !gpu.MIGEnabled:
+			err = m.add(Device{Kind: KindGPU, API: fullGPUDevice(&gpu, gpuAttrs), GPU: gpu})
+		default:
+			err = m.addStaticMIGDevices(gpu, gpuAttrs)
 		}
-		for i := range gpu.MIGDevices {
-			mig := gpu.MIGDevices[i]
-			api := resourceapi.Device{
-				Name: MIGName(gpu.Minor, mig.Profile, mig.ProfileID, mig.PlacementStart),
-				Attributes: withAttrs(gpuAttrs, map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-					AttrType:       str(string(KindMIG)),
-					AttrUUID:       str(mig.UUID),
-					AttrParentUUID: str(gpu.UUID),
-					AttrProfile:    str(mig.Profile),
-				}),
-				Capacity: migCapacity(&mig),
-			}
-			if err := add(Device{Kind: KindMIG, API: api, GPU: gpu, MIG: &mig}); err != nil {
-				return nil, err
-			}
+		if err != nil {
+			return nil, err
 		}
 	}
 	return m, nil
 }
 
+// add appends d, keeping device names unique.
+func (m *Model) add(d Device) error {
+	if _, dup := m.byName[d.API.Name]; dup {
+		return fmt.Errorf("device name %q is not unique", d.API.Name)
+	}
+	m.byName[d.API.Name] = len(m.Devices)
+	m.Devices = append(m.Devices, d)
+	return nil
+}
+
+// fullGPUDevice is the published full GPU.
+func fullGPUDevice(gpu *hardware.GPU, gpuAttrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute) resourceapi.Device {
+	return resourceapi.Device{
+		Name: GPUName(gpu.Minor),
+		Attributes: withAttrs(gpuAttrs, map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+			AttrType:  str(string(KindGPU)),
+			AttrIndex: {IntValue: ptr.To(int64(gpu.Index))},
+			AttrMinor: {IntValue: ptr.To(int64(gpu.Minor))},
+		}),
+		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{CapMemory: bytesCapacity(gpu.MemoryBytes)},
+	}
+}
+
+// addStaticMIGDevices publishes the MIG devices that exist on gpu.
+func (m *Model) addStaticMIGDevices(gpu hardware.GPU, gpuAttrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute) error {
+	for i := range gpu.MIGDevices {
+		mig := gpu.MIGDevices[i]
+		api := resourceapi.Device{
+			Name:       MIGName(gpu.Minor, mig.Profile, mig.ProfileID, mig.PlacementStart),
+			Attributes: migAttributes(&gpu, mig.Profile, gpuAttrs),
+			Capacity:   migCapacity(deviceResources(&mig), mig.PlacementStart, mig.PlacementSize),
+		}
+		api.Attributes[AttrUUID] = str(mig.UUID)
+		if err := m.add(Device{Kind: KindMIG, API: api, GPU: gpu, MIG: &mig}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// migAttributes are a MIG device's attributes less its own uuid: those of
+// its parent GPU without the parent's uuid, which would mislead, plus type,
+// parentUUID and profile.
+func migAttributes(gpu *hardware.GPU, profile string, gpuAttrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+	attrs := withAttrs(gpuAttrs, map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+		AttrType:       str(string(KindMIG)),
+		AttrParentUUID: str(gpu.UUID),
+		AttrProfile:    str(profile),
+	})
+	delete(attrs, AttrUUID)
+	return attrs
+}
+
+// migResources are the memory and engines of one MIG device or profile.
+type migResources struct {
+	memoryBytes                                                               uint64
+	multiprocessors, copyEngines, decoders, encoders, jpegEngines, ofaEngines int
+}
+
+// deviceResources are the memory and engines of an existing MIG device.
+func deviceResources(mig *hardware.MIGDevice) migResources {
+	return migResources{mig.MemoryBytes, mig.Multiprocessors, mig.CopyEngines, mig.Decoders, mig.Encoders, mig.JPEGEngines, mig.OFAEngines}
+}
+
 // migCapacity is a MIG device's capacity: memory, engines, and, as NVIDIA's
 // driver publishes them, one "memorySlice<N>" per memory slice it occupies.
-func migCapacity(mig *hardware.MIGDevice) map[resourceapi.QualifiedName]resourceapi.DeviceCapacity {
+func migCapacity(r migResources, start, size int) map[resourceapi.QualifiedName]resourceapi.DeviceCapacity {
 	c := map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
-		CapMemory:          bytesCapacity(mig.MemoryBytes),
-		CapMultiprocessors: countCapacity(mig.Multiprocessors),
-		CapCopyEngines:     countCapacity(mig.CopyEngines),
-		CapDecoders:        countCapacity(mig.Decoders),
-		CapEncoders:        countCapacity(mig.Encoders),
-		CapJPEGEngines:     countCapacity(mig.JPEGEngines),
-		CapOFAEngines:      countCapacity(mig.OFAEngines),
+		CapMemory:          bytesCapacity(r.memoryBytes),
+		CapMultiprocessors: countCapacity(r.multiprocessors),
+		CapCopyEngines:     countCapacity(r.copyEngines),
+		CapDecoders:        countCapacity(r.decoders),
+		CapEncoders:        countCapacity(r.encoders),
+		CapJPEGEngines:     countCapacity(r.jpegEngines),
+		CapOFAEngines:      countCapacity(r.ofaEngines),
 	}
-	for i := mig.PlacementStart; i < mig.PlacementStart+mig.PlacementSize; i++ {
+	for i := start; i < start+size; i++ {
 		c[MemorySliceCapacity(i)] = countCapacity(1)
 	}
 	return c

@@ -46,12 +46,52 @@ func Slices(devices []resourceapi.Device) []resourceslice.Slice {
 	return out
 }
 
+// CounterSetSlices puts counter sets, in order, into slices of their own,
+// at most [resourceapi.ResourceSliceMaxCounterSets] in each: a slice may
+// hold devices or counter sets, not both. Devices in other slices of the
+// same pool consume from them.
+func CounterSetSlices(sets []resourceapi.CounterSet) []resourceslice.Slice {
+	var out []resourceslice.Slice
+	for start := 0; start < len(sets); start += resourceapi.ResourceSliceMaxCounterSets {
+		end := min(start+resourceapi.ResourceSliceMaxCounterSets, len(sets))
+		out = append(out, resourceslice.Slice{SharedCounters: sets[start:end:end]})
+	}
+	return out
+}
+
+// PoolSlices returns the slices of one pool: the counter sets first, then
+// the devices chunked by [Slices]. A pool with neither is one empty slice.
+func PoolSlices(sets []resourceapi.CounterSet, devices []resourceapi.Device) []resourceslice.Slice {
+	out := CounterSetSlices(sets)
+	if len(devices) == 0 && len(out) > 0 {
+		return out
+	}
+	return append(out, Slices(devices)...)
+}
+
+// Slices returns the slices of the model's pool, see [PoolSlices].
+func (m *Model) Slices() []resourceslice.Slice {
+	return PoolSlices(m.CounterSets, m.APIDevices())
+}
+
 // DriverResources is the one pool, named after the node, that a node's
-// kubelet plugin publishes.
+// kubelet plugin publishes: its counter sets and devices.
+func (m *Model) DriverResources(poolName string) resourceslice.DriverResources {
+	return resourceslice.DriverResources{
+		Pools: map[string]resourceslice.Pool{
+			poolName: {Slices: m.Slices()},
+		},
+	}
+}
+
+// DriverResources is the one pool, named after the node, that a node's
+// kubelet plugin publishes, for devices that consume no counters: it has
+// no counter sets. Use [Model.DriverResources] for a model built with
+// [WithDynamicMIG].
 func DriverResources(poolName string, devices []resourceapi.Device) resourceslice.DriverResources {
 	return resourceslice.DriverResources{
 		Pools: map[string]resourceslice.Pool{
-			poolName: {Slices: Slices(devices)},
+			poolName: {Slices: PoolSlices(nil, devices)},
 		},
 	}
 }

@@ -69,17 +69,18 @@ func Write(w io.Writer, format, driverName string, nodes []Node) error {
 // objects. Their names follow the helper's scheme (slice index, driver,
 // node) so that applying them looks like what the plugin would create.
 func ResourceSlices(driverName string, n Node) []resourceapi.ResourceSlice {
-	chunks := devicemodel.Slices(n.Model.APIDevices())
+	chunks := n.Model.Slices()
 	out := make([]resourceapi.ResourceSlice, len(chunks))
 	for i, c := range chunks {
 		out[i] = resourceapi.ResourceSlice{
 			TypeMeta:   metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceSlice"},
 			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%x-%s-%s", i, driverName, n.Name)},
 			Spec: resourceapi.ResourceSliceSpec{
-				Driver:   driverName,
-				Pool:     resourceapi.ResourcePool{Name: n.Name, Generation: 1, ResourceSliceCount: int64(len(chunks))},
-				NodeName: &n.Name,
-				Devices:  c.Devices,
+				Driver:         driverName,
+				Pool:           resourceapi.ResourcePool{Name: n.Name, Generation: 1, ResourceSliceCount: int64(len(chunks))},
+				NodeName:       &n.Name,
+				Devices:        c.Devices,
+				SharedCounters: c.SharedCounters,
 			},
 		}
 	}
@@ -113,7 +114,7 @@ func WriteTable(w io.Writer, nodes []Node) error {
 	for _, n := range nodes {
 		inv := n.Inventory
 		fmt.Fprintf(w, "\n%s: %d GPUs, %d devices, driver %s, CUDA %s, %d ResourceSlice(s)\n",
-			n.Name, len(inv.GPUs), len(n.Model.Devices), inv.DriverVersion, inv.CUDADriverVersion, len(devicemodel.Slices(n.Model.APIDevices())))
+			n.Name, len(inv.GPUs), len(n.Model.Devices), inv.DriverVersion, inv.CUDADriverVersion, len(n.Model.Slices()))
 	}
 	return nil
 }

@@ -67,9 +67,16 @@ func ownedPlacements(s *claimstate.State) map[placementKey]bool {
 // unknownInstances returns, per GPU UUID, the MIG devices on GPUs with MIG
 // mode on whose ownership gpudra does not know. In dynamic mode such a GPU
 // is left out: gpudra must not destroy an instance it did not create, nor
-// offer placements that overlap it.
+// offer placements that overlap it. MIG devices discovery could not read
+// (split compute instances, say) are unknown too: they occupy memory slices
+// the counters would otherwise call free.
 func unknownInstances(inv *hardware.Inventory, owned map[placementKey]bool) map[string][]string {
 	unknown := map[string][]string{}
+	for _, p := range inv.Problems {
+		if p.MIGDevice != "" && p.UUID != "" {
+			unknown[p.UUID] = append(unknown[p.UUID], fmt.Sprintf("%s (unreadable: %s)", p.MIGDevice, p.Err))
+		}
+	}
 	for gi := range inv.GPUs {
 		gpu := &inv.GPUs[gi]
 		if !gpu.MIGEnabled {
