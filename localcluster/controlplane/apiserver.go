@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -41,8 +42,9 @@ type apiServer struct {
 // k8s.io/kubernetes/cmd/kube-apiserver/app/testing.StartTestServer minus
 // what needs a *testing.T (ktesting's signal handlers, fixture
 // certificates found through runtime.Caller, metric invariants), so that
-// gpudra-sim can run it as an ordinary program.
-func startAPIServer(ctx context.Context, dir, etcdURL string) (_ *apiServer, finalErr error) {
+// gpudra-sim can run it as an ordinary program. authzModes, if not empty,
+// replace the default authorization mode (AlwaysAllow).
+func startAPIServer(ctx context.Context, dir, etcdURL string, authzModes []string) (_ *apiServer, finalErr error) {
 	certDir := filepath.Join(dir, "apiserver")
 	if err := os.MkdirAll(certDir, 0o700); err != nil {
 		return nil, err
@@ -92,6 +94,9 @@ func startAPIServer(ctx context.Context, dir, etcdURL string) (_ *apiServer, fin
 	// local cluster runs no node-lifecycle controller (its nodes never
 	// stop heartbeating), so the plugin is off.
 	s.Admission.GenericAdmission.DisablePlugins = []string{"TaintNodesByCondition"}
+	if len(authzModes) > 0 {
+		s.Authorization.Modes = slices.Clone(authzModes)
+	}
 
 	completed, err := s.Complete(ctx)
 	if err != nil {

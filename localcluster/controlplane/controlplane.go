@@ -40,6 +40,11 @@ type Options struct {
 	ControllerBurst int
 	// Progress, if set, is told about each component as it comes up.
 	Progress func(component string, took time.Duration)
+	// AuthorizationModes are kube-apiserver's --authorization-mode values,
+	// e.g. {"Node", "RBAC"} for tests of the RBAC gpudra ships. Empty:
+	// AlwaysAllow, as before; the control plane's own components use a
+	// privileged loopback token, so they work under any mode.
+	AuthorizationModes []string
 }
 
 // Default client limits. kube-scheduler's and kube-controller-manager's
@@ -112,7 +117,7 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, finalErr error) 
 		c.listening = append(c.listening, p.Addr().String())
 	}
 	if err := step("kube-apiserver", func() (err error) {
-		c.api, err = startAPIServer(klog.NewContext(runCtx, klog.FromContext(ctx).WithName("kube-apiserver")), c.dir, etcdURL)
+		c.api, err = startAPIServer(klog.NewContext(runCtx, klog.FromContext(ctx).WithName("kube-apiserver")), c.dir, etcdURL, opts.AuthorizationModes)
 		return err
 	}); err != nil {
 		return nil, err
