@@ -1,4 +1,5 @@
-// Package nvmlhw discovers a node's GPUs through NVML.
+// Package nvmlhw discovers a node's GPUs through NVML, and creates and
+// destroys their MIG devices.
 //
 // The same discovery code runs over the real libnvidia-ml.so (NewReal) and
 // over any other nvml.Interface (NewFromInterface), which is how the
@@ -36,11 +37,13 @@ var libraryDirs = []string{
 	"lib",
 }
 
-// Discoverer implements [hardware.Hardware] over NVML.
+// Discoverer implements [hardware.Hardware], [hardware.MIGManager] and
+// [hardware.MIGModeSwitcher] over NVML.
 //
-// Discover calls are serialized: NVML initialization and go-nvml's library
-// loading keep process-wide state, and discovery is rare enough that
-// running one at a time costs nothing.
+// Its calls are serialized, Discover with MIG operations: NVML
+// initialization and go-nvml's library loading keep process-wide state,
+// discovery and MIG reconfiguration are rare enough that running one at a
+// time costs little, and a Discover never sees a MIG device half made.
 type Discoverer struct {
 	mu   sync.Mutex
 	open func() (nvml.Interface, string, error)
@@ -78,9 +81,9 @@ func WithProcRoot(root string) Option {
 }
 
 // NewReal returns a Discoverer over the node's real NVML library. It does
-// not touch the library: each Discover looks it up, initializes NVML and
-// shuts it down again, so a driver that comes up after the plugin is found
-// on a later call.
+// not touch the library: each call (Discover or a MIG operation) looks it
+// up, initializes NVML and shuts it down again, so a driver that comes up
+// after the plugin is found on a later call.
 func NewReal(opts ...Option) *Discoverer {
 	o := options{driverRoot: "/", sysfsRoot: "/sys", procRoot: "/proc"}
 	for _, opt := range opts {

@@ -70,7 +70,11 @@ func newMockLib(devices ...*mock.Device) *mockLib {
 }
 
 func (m *mockLib) discover(sys nvmlhw.SystemInfo) (*hardware.Inventory, error) {
-	return nvmlhw.NewFromInterface(m.lib, m.topo, sys).Discover(context.Background())
+	return m.hardware(sys).Discover(context.Background())
+}
+
+func (m *mockLib) hardware(sys nvmlhw.SystemInfo) *nvmlhw.Discoverer {
+	return nvmlhw.NewFromInterface(m.lib, m.topo, sys)
 }
 
 // newMockGPU returns an H100 without MIG support at index i.

@@ -1,6 +1,7 @@
 package nvmlhw
 
 import (
+	"errors"
 	"fmt"
 
 	nvdev "github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
@@ -155,8 +156,28 @@ func (g *gpuReader) read(i int) (gpu hardware.GPU, ok bool, problems []hardware.
 		return fail("nvmlDeviceGetMemoryInfo", ret)
 	}
 
+	if !gpu.MIGCapable {
+		return gpu, true, nil
+	}
+	profiles, err := giProfiles(dev)
+	if err != nil {
+		return fail("MIG profiles", err)
+	}
+	// What could be created stays unknown to unprivileged callers, as
+	// nvml.h documents: placements need privileges, and the profile names
+	// derive from the GPU's total memory, which NVML hides from them in
+	// MIG mode. The GPU itself is still published.
+	if memErr == nil {
+		gpu.MIGProfiles, gpu.MIGMemorySlices, err = migProfiles(g.devlib, dev, profiles, gpu.MemoryBytes)
+		switch {
+		case errors.Is(err, nvml.ERROR_NO_PERMISSION):
+			gpu.MIGProfiles, gpu.MIGMemorySlices = nil, 0
+		case err != nil:
+			return fail("MIG profiles", err)
+		}
+	}
 	if gpu.MIGEnabled {
-		migs, problems, err := g.readMIGDevices(dev, gpu, memErr)
+		migs, problems, err := g.readMIGDevices(dev, gpu, profiles, memErr)
 		if err != nil {
 			return fail("MIG devices", err)
 		}

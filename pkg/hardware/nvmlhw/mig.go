@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
-	nvdev "github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/gpudra/gpudra/pkg/hardware"
@@ -24,15 +24,39 @@ type giProfile struct {
 	info  nvml.GpuInstanceProfileInfo
 }
 
-// giProfiles returns the GPU's instance profiles keyed by their profile ID,
-// the number GpuInstanceInfo.ProfileId refers to.
-func giProfiles(dev nvml.Device) (map[uint32]giProfile, error) {
-	profiles := map[uint32]giProfile{}
+// giProfileList is a GPU's instance profiles in NVML profile index order.
+type giProfileList []giProfile
+
+// byID returns the profile whose ID (the number GpuInstanceInfo.ProfileId
+// and nvidia-smi refer to) is id.
+func (l giProfileList) byID(id uint32) (giProfile, bool) {
+	for _, p := range l {
+		if p.info.Id == id {
+			return p, true
+		}
+	}
+	return giProfile{}, false
+}
+
+// ids lists the profile IDs for error messages.
+func (l giProfileList) ids() string {
+	s := make([]string, len(l))
+	for i, p := range l {
+		s[i] = fmt.Sprint(p.info.Id)
+	}
+	return strings.Join(s, ", ")
+}
+
+// giProfiles returns the GPU's instance profiles. NVML answers with MIG
+// mode off too. Profiles the GPU does not support are skipped; any other
+// failure is an error.
+func giProfiles(dev nvml.Device) (giProfileList, error) {
+	var profiles giProfileList
 	for i := 0; i < nvml.GPU_INSTANCE_PROFILE_COUNT; i++ {
 		info, ret := dev.GetGpuInstanceProfileInfo(i)
 		switch ret {
 		case nvml.SUCCESS:
-			profiles[info.Id] = giProfile{index: i, info: info}
+			profiles = append(profiles, giProfile{index: i, info: info})
 		case nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_INVALID_ARGUMENT:
 		default:
 			return nil, fmt.Errorf("nvmlDeviceGetGpuInstanceProfileInfo(%d): %w", i, ret)
@@ -71,11 +95,7 @@ func ciProfileOf(gi nvml.GpuInstance, id uint32) (ciProfile, error) {
 // ordered by (GIProfileID, PlacementStart), and a problem for each one left
 // out. memErr, if set, says why the GPU's total memory is unknown. An error
 // means that the GPU's MIG devices cannot be listed at all.
-func (g *gpuReader) readMIGDevices(dev nvdev.Device, gpu hardware.GPU, memErr error) ([]hardware.MIGDevice, []hardware.Problem, error) {
-	profiles, err := giProfiles(dev)
-	if err != nil {
-		return nil, nil, err
-	}
+func (g *gpuReader) readMIGDevices(dev nvml.Device, gpu hardware.GPU, profiles giProfileList, memErr error) ([]hardware.MIGDevice, []hardware.Problem, error) {
 	maxCount, ret := dev.GetMaxMigDeviceCount()
 	if ret != nvml.SUCCESS {
 		return nil, nil, fmt.Errorf("nvmlDeviceGetMaxMigDeviceCount: %w", ret)
@@ -114,7 +134,7 @@ func (g *gpuReader) readMIGDevices(dev nvdev.Device, gpu hardware.GPU, memErr er
 }
 
 // readMIGDevice reads the MIG device behind handle, all but its UUID.
-func (g *gpuReader) readMIGDevice(parent nvdev.Device, gpu hardware.GPU, profiles map[uint32]giProfile, handle nvml.Device, memErr error) (hardware.MIGDevice, error) {
+func (g *gpuReader) readMIGDevice(parent nvml.Device, gpu hardware.GPU, profiles giProfileList, handle nvml.Device, memErr error) (hardware.MIGDevice, error) {
 	fail := func(call string, err error) (hardware.MIGDevice, error) {
 		return hardware.MIGDevice{}, fmt.Errorf("%s: %w", call, err)
 	}
@@ -142,7 +162,7 @@ func (g *gpuReader) readMIGDevice(parent nvdev.Device, gpu hardware.GPU, profile
 	if ret != nvml.SUCCESS {
 		return fail(fmt.Sprintf("nvmlComputeInstanceGetInfo(GI %d, CI %d)", giID, ciID), ret)
 	}
-	profile, ok := profiles[giInfo.ProfileId]
+	profile, ok := profiles.byID(giInfo.ProfileId)
 	if !ok {
 		return fail("GPU instance profile", fmt.Errorf("GI %d has profile ID %d, which the GPU does not list", giID, giInfo.ProfileId))
 	}

@@ -30,6 +30,13 @@ var (
 		nvml.GPU_INSTANCE_PROFILE_2_SLICE: 2,
 		nvml.GPU_INSTANCE_PROFILE_7_SLICE: 8,
 	}
+	// mockPlacementStarts are the profiles' possible placements as
+	// `nvidia-smi mig -lgipp` lists them, in an order of NVML's choosing.
+	mockPlacementStarts = map[int][]uint32{
+		nvml.GPU_INSTANCE_PROFILE_1_SLICE: {6, 5, 4, 3, 2, 1, 0},
+		nvml.GPU_INSTANCE_PROFILE_2_SLICE: {0, 2, 4},
+		nvml.GPU_INSTANCE_PROFILE_7_SLICE: {0},
+	}
 	// mockCIProfiles maps compute slices to NVML_COMPUTE_INSTANCE_PROFILE_*,
 	// which is also the profile's ID.
 	mockCIProfiles = map[uint32]int{
@@ -124,6 +131,19 @@ func newMIGMock(specs ...migSpec) *migMock {
 		}
 		return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_NOT_SUPPORTED
 	}
+	m.gpu.GetGpuInstancePossiblePlacementsFunc = func(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return) {
+		for p, prof := range mockGIProfiles {
+			if prof.Id != info.Id {
+				continue
+			}
+			var out []nvml.GpuInstancePlacement
+			for _, s := range mockPlacementStarts[p] {
+				out = append(out, nvml.GpuInstancePlacement{Start: s, Size: mockPlacementSize[p]})
+			}
+			return out, nvml.SUCCESS
+		}
+		return nil, nvml.ERROR_INVALID_ARGUMENT
+	}
 	m.gpu.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 7, nvml.SUCCESS }
 	m.gpu.GetMigDeviceHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
 		if i < len(m.migs) {
@@ -182,6 +202,126 @@ func TestDiscoverMIGMock(t *testing.T) {
 	}
 	if g.MIGDevices[0] != want {
 		t.Errorf("got  %+v\nwant %+v", g.MIGDevices[0], want)
+	}
+	if !reflect.DeepEqual(g.MIGProfiles, mockMIGProfiles) || g.MIGMemorySlices != 8 {
+		t.Errorf("MIG profiles, %d memory slices:\n got %+v\nwant %+v", g.MIGMemorySlices, g.MIGProfiles, mockMIGProfiles)
+	}
+}
+
+// mockMIGProfiles are the profiles discovery reports for the mock GPU, in
+// NVML profile index order, with sorted placement starts.
+var mockMIGProfiles = []hardware.MIGProfile{
+	{Name: "1g.10gb", GIProfileID: nvml.GPU_INSTANCE_PROFILE_1_SLICE, ProfileID: 19, CIProfileID: nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE,
+		Slices: 1, Instances: 7, MemoryBytes: 9984 << 20, Multiprocessors: 16, CopyEngines: 1, Decoders: 1, JPEGEngines: 1,
+		PlacementSize: 1, PlacementStarts: []int{0, 1, 2, 3, 4, 5, 6}},
+	{Name: "2g.20gb", GIProfileID: nvml.GPU_INSTANCE_PROFILE_2_SLICE, ProfileID: 14, CIProfileID: nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE,
+		Slices: 2, Instances: 3, MemoryBytes: 20096 << 20, Multiprocessors: 32, CopyEngines: 2, Decoders: 2, JPEGEngines: 2,
+		PlacementSize: 2, PlacementStarts: []int{0, 2, 4}},
+	{Name: "7g.80gb", GIProfileID: nvml.GPU_INSTANCE_PROFILE_7_SLICE, ProfileID: 0, CIProfileID: nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE,
+		Slices: 7, Instances: 1, MemoryBytes: 81152 << 20, Multiprocessors: 132, CopyEngines: 8, Decoders: 7, JPEGEngines: 7, OFAEngines: 1,
+		PlacementSize: 8, PlacementStarts: []int{0}},
+}
+
+// NVML answers the profile queries with MIG mode off, so a GPU that could
+// be switched to MIG carries its profiles; its MIG devices are not listed.
+func TestDiscoverMIGProfilesWithMIGOff(t *testing.T) {
+	m := newMIGMock()
+	m.gpu.GetMigModeFunc = func() (int, int, nvml.Return) {
+		return nvml.DEVICE_MIG_DISABLE, nvml.DEVICE_MIG_DISABLE, nvml.SUCCESS
+	}
+	m.gpu.GetMaxMigDeviceCountFunc = nil // the moq type panics if it is called
+	inv, err := newMockLib(m.gpu).discover(standard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(inv.GPUs) != 1 || inv.Problems != nil {
+		t.Fatalf("got GPUs %+v, problems %+v", inv.GPUs, inv.Problems)
+	}
+	g := inv.GPUs[0]
+	if !g.MIGCapable || g.MIGEnabled || g.MIGDevices != nil {
+		t.Errorf("got %+v, want MIG capable, off, without MIG devices", g)
+	}
+	if !reflect.DeepEqual(g.MIGProfiles, mockMIGProfiles) || g.MIGMemorySlices != 8 {
+		t.Errorf("MIG profiles, %d memory slices:\n got %+v\nwant %+v", g.MIGMemorySlices, g.MIGProfiles, mockMIGProfiles)
+	}
+}
+
+// An unprivileged caller learns no placements, nor, in MIG mode, the GPU's
+// memory that profile names derive from: the GPU is published without
+// profiles.
+func TestDiscoverMIGProfilesUnprivileged(t *testing.T) {
+	tests := []struct {
+		name    string
+		breakIt func(m *migMock)
+	}{
+		{"placements", func(m *migMock) {
+			m.gpu.GetGpuInstancePossiblePlacementsFunc = func(*nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return) {
+				return nil, nvml.ERROR_NO_PERMISSION
+			}
+		}},
+		{"memory", func(m *migMock) {
+			m.gpu.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) { return nvml.Memory{}, nvml.ERROR_NO_PERMISSION }
+			m.gpu.GetGpuInstancePossiblePlacementsFunc = nil // the moq type panics if it is called
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := newMIGMock()
+			tt.breakIt(m)
+			inv, err := newMockLib(m.gpu).discover(standard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(inv.GPUs) != 1 || inv.Problems != nil {
+				t.Fatalf("got GPUs %+v, problems %+v", inv.GPUs, inv.Problems)
+			}
+			if g := inv.GPUs[0]; !g.MIGEnabled || g.MIGProfiles != nil || g.MIGMemorySlices != 0 {
+				t.Errorf("got %+v, want a MIG-enabled GPU without profiles", g)
+			}
+		})
+	}
+}
+
+// Profiles that NVML describes oddly leave the GPU out rather than
+// publish MIG devices that cannot be made.
+func TestDiscoverMIGProfileErrors(t *testing.T) {
+	tests := []struct {
+		name    string
+		breakIt func(m *migMock)
+		want    string
+	}{
+		{"mixed placement sizes", func(m *migMock) {
+			m.gpu.GetGpuInstancePossiblePlacementsFunc = func(*nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return) {
+				return []nvml.GpuInstancePlacement{{Start: 0, Size: 1}, {Start: 2, Size: 2}}, nvml.SUCCESS
+			}
+		}, "GPU instance profile 19 has placements of sizes 1 and 2"},
+		{"no spanning compute instance", func(m *migMock) {
+			get := m.gpu.GetGpuInstanceProfileInfoFunc
+			m.gpu.GetGpuInstanceProfileInfoFunc = func(p int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
+				info, ret := get(p)
+				if p == nvml.GPU_INSTANCE_PROFILE_2_SLICE {
+					info.SliceCount = 5
+				}
+				return info, ret
+			}
+		}, "GPU instance profile 14 has 5 compute slices, which no compute instance profile spans"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := newMIGMock(mig1gAt0)
+			tt.breakIt(m)
+			inv, err := newMockLib(m.gpu, newMockGPU(1)).discover(standard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := gpuUUIDs(inv); !reflect.DeepEqual(got, []string{"GPU-1"}) {
+				t.Errorf("discovered %v, want only GPU-1", got)
+			}
+			want := "GPU 0 (GPU-0): MIG profiles: " + tt.want
+			if len(inv.Problems) != 1 || inv.Problems[0].Err != want {
+				t.Errorf("problems %+v, want one saying %q", inv.Problems, want)
+			}
+		})
 	}
 }
 
@@ -281,16 +421,21 @@ func TestDiscoverMIGListErrors(t *testing.T) {
 			m.gpu.GetGpuInstanceProfileInfoFunc = func(int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
 				return nvml.GpuInstanceProfileInfo{}, fail
 			}
-		}, "nvmlDeviceGetGpuInstanceProfileInfo(0)"},
+		}, "MIG profiles: nvmlDeviceGetGpuInstanceProfileInfo(0)"},
+		{"placements", func(m *migMock) {
+			m.gpu.GetGpuInstancePossiblePlacementsFunc = func(*nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return) {
+				return nil, fail
+			}
+		}, "MIG profiles: nvmlDeviceGetGpuInstancePossiblePlacements(profile 19)"},
 		{"max count", func(m *migMock) {
 			m.gpu.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 0, fail }
-		}, "nvmlDeviceGetMaxMigDeviceCount"},
+		}, "MIG devices: nvmlDeviceGetMaxMigDeviceCount"},
 		{"handle", func(m *migMock) {
 			m.gpu.GetMigDeviceHandleByIndexFunc = func(int) (nvml.Device, nvml.Return) { return nil, fail }
-		}, "nvmlDeviceGetMigDeviceHandleByIndex(0)"},
+		}, "MIG devices: nvmlDeviceGetMigDeviceHandleByIndex(0)"},
 		{"MIG UUID", func(m *migMock) {
 			m.migs[1].dev.GetUUIDFunc = func() (string, nvml.Return) { return "", fail }
-		}, "MIG device 1: nvmlDeviceGetUUID"},
+		}, "MIG devices: MIG device 1: nvmlDeviceGetUUID"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -307,7 +452,7 @@ func TestDiscoverMIGListErrors(t *testing.T) {
 				t.Fatalf("problems %+v, want one", inv.Problems)
 			}
 			p := inv.Problems[0]
-			want := "GPU 0 (GPU-0): MIG devices: " + tt.want
+			want := "GPU 0 (GPU-0): " + tt.want
 			if p.Index != 0 || p.UUID != "GPU-0" || p.MIGDevice != "" || !strings.HasPrefix(p.Err, want) || !strings.HasSuffix(p.Err, fail.Error()) {
 				t.Errorf("problem %+v, want the GPU's, saying %q...%v", p, want, fail)
 			}

@@ -24,16 +24,51 @@ const (
 // nvidia-caps [CapsMajor], and the driver's standard MIG capability minors
 // (see [nvmlhw.StandardMIGCapMinors]).
 //
+// The result also implements [hardware.MIGManager] and
+// [hardware.MIGModeSwitcher], through nvmlhw's code over the same fake:
+// MIG devices created or destroyed, and MIG modes switched, are what later
+// Discover calls see. Each call of Hardware starts from the node's
+// description; the node itself never changes.
+//
 // The result is safe for concurrent use. A node that did not come from
-// [Load] or [Parse] is resolved first; if that fails, Discover reports why.
-func (n *Node) Hardware() hardware.Hardware {
+// [Load] or [Parse] is resolved first; if that fails, every method reports
+// why.
+func (n *Node) Hardware(opts ...HardwareOption) hardware.Hardware {
 	c := n.clone()
 	p := &problems{where: fmt.Sprintf("simulated node %q: ", n.Name)}
 	c.resolve(p)
 	if err := errors.Join(p.errs...); err != nil {
 		return brokenHardware{err: err}
 	}
-	return nvmlhw.NewFromInterface(newFakeNVML(c), newTopology(c), systemInfo{})
+	return nvmlhw.NewFromInterface(newFakeNVML(c, opts...), newTopology(c), systemInfo{})
+}
+
+// HardwareOption configures the simulated hardware of [Node.Hardware].
+type HardwareOption func(*hardwareOptions)
+
+type hardwareOptions struct {
+	faults            *Faults
+	minorsAfterSwitch map[string]int
+}
+
+// WithFaults makes the hardware's NVML calls fail as f says, and count in
+// f.
+func WithFaults(f *Faults) HardwareOption {
+	return func(o *hardwareOptions) { o.faults = f }
+}
+
+// WithMinorAfterMIGModeSwitch makes the GPU with the given UUID come back
+// with device minor minor after its MIG mode switches (on Hopper and newer,
+// which switch at once): nvmlDeviceSetMigMode may reset the GPU, and NVML
+// tells callers to read such attributes again. Without it the minor stays.
+// The simulation does not check that the new minor is free.
+func WithMinorAfterMIGModeSwitch(gpuUUID string, minor int) HardwareOption {
+	return func(o *hardwareOptions) {
+		if o.minorsAfterSwitch == nil {
+			o.minorsAfterSwitch = map[string]int{}
+		}
+		o.minorsAfterSwitch[gpuUUID] = minor
+	}
 }
 
 // clone copies the node deeply enough that resolving the copy leaves n
@@ -47,11 +82,28 @@ func (n *Node) clone() *Node {
 	return &c
 }
 
-// brokenHardware is the hardware of a node that does not validate.
+// brokenHardware is the hardware of a node that does not validate. Every
+// method returns why.
 type brokenHardware struct{ err error }
+
+var (
+	_ hardware.MIGManager      = brokenHardware{}
+	_ hardware.MIGModeSwitcher = brokenHardware{}
+)
 
 // Discover implements [hardware.Hardware].
 func (b brokenHardware) Discover(context.Context) (*hardware.Inventory, error) { return nil, b.err }
+
+// CreateMIGDevice implements [hardware.MIGManager].
+func (b brokenHardware) CreateMIGDevice(context.Context, hardware.MIGPlacement) (hardware.MIGDevice, error) {
+	return hardware.MIGDevice{}, b.err
+}
+
+// DestroyMIGDevice implements [hardware.MIGManager].
+func (b brokenHardware) DestroyMIGDevice(context.Context, hardware.MIGPlacement) error { return b.err }
+
+// SetMIGMode implements [hardware.MIGModeSwitcher].
+func (b brokenHardware) SetMIGMode(context.Context, string, bool) error { return b.err }
 
 // topology implements [nvmlhw.Topology] from the fleet description.
 type topology map[string]topologyEntry

@@ -125,7 +125,9 @@ func (l *layout) numaNode(i, count int) int {
 
 // Figures below come from `nvidia-smi mig -lgip` and `-lgipp` outputs on
 // the real GPUs (NVIDIA MIG user guide, "Supported MIG Profiles" and
-// "Getting Started"; NVIDIA/mig-parted issue #120 for H200) and from the
+// "Getting Started"; NVIDIA/mig-parted issue #120 for H200; written out
+// with their provenance and doubts in testdata/mig, which a test checks
+// these tables against) and from the
 // memory totals nvidia-smi prints (A100-SXM4-40GB 40960MiB, A100-SXM4-80GB
 // 81920MiB, H100 80GB HBM3 81559MiB, L40S 46068MiB). nvidia-smi prints
 // instance memory in GiB with two decimals; the MiB figures here are those
@@ -206,11 +208,10 @@ var models = map[string]*Model{
 		Name: "H200-SXM5-141GB", ProductName: "NVIDIA H200",
 		Architecture: nvml.DEVICE_ARCH_HOPPER, Brand: nvml.BRAND_NVIDIA, CCMajor: 9, CCMinor: 0,
 		MemoryMiB: 143771, PCIDeviceID: 0x233510DE, MemorySlices: 8, layout: dgxH100Layout,
-		// -lgip: 16.00, 16.00, 32.25, 32.25, 69.50, 69.50 GiB; 7g.141gb
-		// is not in that output, 140.00 GiB is from another H200 listing.
+		// -lgip: 16.00, 16.00, 32.25, 32.25, 69.50, 69.50, 139.75 GiB.
 		MIGProfiles: hopperProfiles(
 			[7]string{"1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"},
-			[7]uint64{16384, 16384, 33024, 33024, 71168, 71168, 143360}),
+			[7]uint64{16384, 16384, 33024, 33024, 71168, 71168, 143104}),
 	},
 	// A GPU without MIG, so that fleets can hold one.
 	"L40S": {
