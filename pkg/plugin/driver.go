@@ -30,6 +30,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/checkpoint"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/devicestatus"
 	"github.com/gpudra/gpudra/pkg/hardware"
 )
 
@@ -123,6 +124,8 @@ type Driver struct {
 	dynamicMIG atomic.Bool
 	// rebuild asks the discovery loop to rebuild and republish the devices.
 	rebuild chan struct{}
+	// status writes claims' status.devices.
+	status *devicestatus.Writer
 	// claimLocks serializes Prepare and Unprepare per claim UID inside this
 	// process; different claims proceed in parallel.
 	claimLocks keymutex.KeyMutex
@@ -171,6 +174,10 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 	}()
 	d.startEvents()
 	d.setUpMIGMode()
+	var err error
+	if d.status, err = devicestatus.NewWriter(cfg.KubeClient, cfg.DriverName, cfg.NodeName); err != nil {
+		return nil, err
+	}
 
 	opts := []checkpoint.Option{checkpoint.WithCorruptHandler(d.onCorruptCheckpoint)}
 	if cfg.BootIDPath != "" {

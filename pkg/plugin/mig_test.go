@@ -3,6 +3,7 @@ package plugin_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -83,25 +85,29 @@ func TestDynamicMIGPublishesPlacementsWithCounters(t *testing.T) {
 	if !h.published(gpu2) || h.published(gpu0) {
 		t.Errorf("full GPUs: want %s (MIG off) published and %s (MIG on) not", gpu2, gpu0)
 	}
-	slices, err := h.client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	counterSets, consumers := 0, 0
-	for _, s := range slices.Items {
-		if len(s.Spec.SharedCounters) > 0 && len(s.Spec.Devices) > 0 {
-			t.Errorf("slice %s has both devices and shared counters", s.Name)
+	// The slices are published in the background; wait for all of them.
+	var counterSets, consumers int
+	waitFor(t, func() bool {
+		slices, err := h.client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
 		}
-		counterSets += len(s.Spec.SharedCounters)
-		for _, d := range s.Spec.Devices {
-			if len(d.ConsumesCounters) > 0 {
-				consumers++
+		counterSets, consumers = 0, 0
+		for _, s := range slices.Items {
+			if len(s.Spec.SharedCounters) > 0 && len(s.Spec.Devices) > 0 {
+				t.Errorf("slice %s has both devices and shared counters", s.Name)
+			}
+			counterSets += len(s.Spec.SharedCounters)
+			for _, d := range s.Spec.Devices {
+				if len(d.ConsumesCounters) > 0 {
+					consumers++
+				}
 			}
 		}
-	}
-	if counterSets != 3 || consumers == 0 {
-		t.Errorf("published %d counter sets and %d consuming devices; want one set per MIG-capable GPU (3) and consumers", counterSets, consumers)
-	}
+		// One counter set per MIG-capable GPU; 25 placements on each of
+		// two H100s in MIG mode and the third's full GPU consume them.
+		return counterSets == 3 && consumers == 51
+	})
 }
 
 func TestDynamicMIGPrepareCreatesAndUnprepareDestroys(t *testing.T) {
@@ -146,7 +152,7 @@ func TestDynamicMIGPrepareCreatesAndUnprepareDestroys(t *testing.T) {
 		t.Errorf("checkpoint still names the claim:\n%s", h.checkpoint())
 	}
 	// The placement is free again.
-	again := h.claim(h.migName(0, "4g.40gb", 4))
+	again := h.claim(h.migName(0, "2g.20gb", 4))
 	h.mustPrepare(again)
 }
 
@@ -341,30 +347,35 @@ func TestStaticMIGModeNeverCreates(t *testing.T) {
 }
 
 // dropCounters makes the fake API server behave like one without
-// partitionable devices: it drops shared counters and counter consumption.
+// partitionable devices: it stores ResourceSlices without shared counters
+// and counter consumption, and answers with what it stored.
 func dropCounters(client *fake.Clientset) {
-	strip := func(action k8stesting.Action) (bool, runtime.Object, error) {
-		var obj runtime.Object
-		switch a := action.(type) {
-		case k8stesting.CreateAction:
-			obj = a.GetObject()
-		case k8stesting.UpdateAction:
-			obj = a.GetObject()
+	var n atomic.Int64
+	strip := func(obj runtime.Object) *resourceapi.ResourceSlice {
+		s := obj.(*resourceapi.ResourceSlice).DeepCopy()
+		s.Spec.SharedCounters = nil
+		for i := range s.Spec.Devices {
+			s.Spec.Devices[i].ConsumesCounters = nil
 		}
-		if s, ok := obj.(*resourceapi.ResourceSlice); ok {
-			s.Spec.SharedCounters = nil
-			for i := range s.Spec.Devices {
-				s.Spec.Devices[i].ConsumesCounters = nil
-			}
+		if s.Name == "" {
+			s.Name = fmt.Sprintf("%s%05d", s.GenerateName, n.Add(1))
 		}
-		return false, nil, nil
+		return s
 	}
-	client.PrependReactor("create", "resourceslices", strip)
-	client.PrependReactor("update", "resourceslices", strip)
+	client.PrependReactor("create", "resourceslices", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		a := action.(k8stesting.CreateAction)
+		s := strip(a.GetObject())
+		return true, s, client.Tracker().Create(a.GetResource(), s, "")
+	})
+	client.PrependReactor("update", "resourceslices", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		a := action.(k8stesting.UpdateAction)
+		s := strip(a.GetObject())
+		return true, s, client.Tracker().Update(a.GetResource(), s, "")
+	})
 }
 
 func TestDynamicMIGFallsBackWithoutPartitionableDevices(t *testing.T) {
-	client := newFakeClient()
+	client := newFakeClient(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "mig-0", UID: "node-uid"}})
 	dropCounters(client)
 	h := newMIGHarness(t, func(cfg *plugin.Config) { cfg.KubeClient = client })
 	if _, err := h.waitForEvent("DynamicMIGUnavailable"); err != nil {

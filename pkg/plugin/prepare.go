@@ -16,6 +16,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/devicestatus"
 	"github.com/gpudra/gpudra/pkg/hardware"
 )
 
@@ -123,6 +124,7 @@ func (d *Driver) prepared(ctx context.Context, claim *resourceapi.ResourceClaim)
 		if err := d.repairSpec(ctx, claim, existing); err != nil {
 			return nil, err
 		}
+		d.recordDeviceStatus(ctx, claim, existing.Devices)
 		return kubeletDevices(existing.Devices), nil
 	}
 	node := d.current()
@@ -145,7 +147,33 @@ func (d *Driver) prepared(ctx context.Context, claim *resourceapi.ResourceClaim)
 	if err := d.execute(ctx, plan); err != nil {
 		return nil, err
 	}
+	d.recordDeviceStatus(ctx, claim, plan.intent.Devices)
 	return kubeletDevices(plan.intent.Devices), nil
+}
+
+// recordDeviceStatus writes the claim's status.devices entries (KEP-4817)
+// when it holds dynamic MIG devices, whose UUIDs exist only now and are
+// published nowhere else; other devices carry theirs as a slice attribute,
+// so a claim without dynamic MIG costs no extra API write. A failure is
+// logged, not returned: the status serves monitoring, and an API server or
+// RBAC without it must not keep pods from starting.
+func (d *Driver) recordDeviceStatus(ctx context.Context, claim *resourceapi.ResourceClaim, devices []claimstate.Device) {
+	if !hasDynamicMIG(devices) {
+		return
+	}
+	statuses := make([]devicestatus.Device, 0, len(devices))
+	seen := map[string]bool{}
+	for _, cd := range devices {
+		key := cd.Name + "@" + cd.ShareID
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		statuses = append(statuses, devicestatus.Device{Pool: cd.Pool, Name: cd.Name, ShareID: cd.ShareID, UUID: cd.UUID, ParentUUID: cd.ParentUUID})
+	}
+	if err := d.status.Record(ctx, claim, statuses); err != nil {
+		klog.FromContext(ctx).Error(err, "Writing the claim's device status (status.devices); the devices are prepared all the same")
+	}
 }
 
 // adoptedInstances maps the dynamic MIG devices of an adopted record to the
@@ -309,6 +337,13 @@ func (d *Driver) unprepareClaim(ctx context.Context, claim kubeletplugin.Namespa
 	}
 	if err := d.rollBack(ctx, record, true); err != nil {
 		return fmt.Errorf("unprepare claim %s: %w", claim.NamespacedName, err)
+	}
+	if hasDynamicMIG(record.Devices) {
+		// The claim usually outlives its pods a moment; drop the UUIDs of
+		// MIG devices that no longer exist. Gone claims need nothing.
+		if err := d.status.Remove(ctx, claim); err != nil {
+			logger.Error(err, "Removing the claim's device status (status.devices)")
+		}
 	}
 	logger.V(2).Info("Unprepared", "devices", len(record.Devices))
 	return nil
