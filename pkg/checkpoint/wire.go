@@ -15,7 +15,6 @@ import (
 // add only optional fields that an older reader of the same version may drop
 // on rewrite without harm (docs/checkpoint.md).
 
-//
 // v3 is v2 plus devices[].dynamicMIG, the MIG instances gpudra creates. It
 // is a new version, not an optional v2 field, because a v2 reader would drop
 // the field on rewrite and so lose the ownership of those instances; an
