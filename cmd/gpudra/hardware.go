@@ -50,20 +50,21 @@ func (f *discoveryFlags) simulated() bool { return f.fleet != "" }
 
 // nodeHardware returns the hardware of one node: the fleet's node when a
 // fleet is given, NVML otherwise. NVML is loaded from the driver root as
-// this process sees it.
-func (f *discoveryFlags) nodeHardware(node string) (hardware.Hardware, error) {
+// this process sees it. migMode is the fleet node's MIG mode ("" when the
+// fleet leaves it to the flag, and for NVML).
+func (f *discoveryFlags) nodeHardware(node string) (hw hardware.Hardware, migMode string, err error) {
 	if !f.simulated() {
-		return nvmlhw.NewReal(nvmlhw.WithDriverRoot(f.containerDriverRoot), nvmlhw.WithSysfsRoot(f.sysfsRoot), nvmlhw.WithProcRoot(f.procRoot)), nil
+		return nvmlhw.NewReal(nvmlhw.WithDriverRoot(f.containerDriverRoot), nvmlhw.WithSysfsRoot(f.sysfsRoot), nvmlhw.WithProcRoot(f.procRoot)), "", nil
 	}
 	fleet, err := sim.Load(f.fleet)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	n, err := fleet.Node(node)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	return n.Hardware(), nil
+	return n.Hardware(), n.MIGMode, nil
 }
 
 // cdiFlags say what the CDI specs of the driver's files need besides the

@@ -10,6 +10,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/inspect"
+	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
 type inspectOptions struct {
@@ -17,6 +18,7 @@ type inspectOptions struct {
 	node       string
 	output     string
 	driverName string
+	migMode    string
 }
 
 func newInspectCommand() *cobra.Command {
@@ -42,12 +44,16 @@ output can be piped to kubectl.`,
 	fs.StringVar(&o.node, "node", "", "node to show: a node of the fleet (default: all of them), or the name to give this node (default: its hostname)")
 	fs.StringVarP(&o.output, "output", "o", inspect.Formats[0], "output format: "+strings.Join(inspect.Formats, "|"))
 	fs.StringVar(&o.driverName, "driver-name", "gpu.nvidia.com", "DRA driver name")
+	fs.StringVar(&o.migMode, "mig-mode", string(plugin.MIGModeDynamic), fmt.Sprintf("as for kubelet-plugin, one of %v (a simulated fleet's node may set its own); inspect does not read the plugin's checkpoint, so it shows dynamic MIG devices even on GPUs the plugin would leave out for MIG instances it did not create", plugin.MIGModes))
 	return cmd
 }
 
 func (o *inspectOptions) run(cmd *cobra.Command) error {
 	if !slices.Contains(inspect.Formats, o.output) {
 		return fmt.Errorf("--output %q: supported values: %s", o.output, strings.Join(inspect.Formats, ", "))
+	}
+	if !slices.Contains(plugin.MIGModes, plugin.MIGMode(o.migMode)) {
+		return fmt.Errorf("--mig-mode %q: must be one of %v", o.migMode, plugin.MIGModes)
 	}
 	if err := o.hw.validate(); err != nil {
 		return err
@@ -58,15 +64,23 @@ func (o *inspectOptions) run(cmd *cobra.Command) error {
 	}
 	var nodes []inspect.Node
 	for _, name := range names {
-		hw, err := o.hw.nodeHardware(name)
+		hw, fleetMIGMode, err := o.hw.nodeHardware(name)
 		if err != nil {
 			return err
+		}
+		mode := o.migMode
+		if fleetMIGMode != "" && !cmd.Flags().Changed("mig-mode") {
+			mode = fleetMIGMode
 		}
 		inv, err := hw.Discover(cmd.Context())
 		if err != nil {
 			return fmt.Errorf("node %s: discover GPUs: %w", name, err)
 		}
-		model, err := devicemodel.Build(inv)
+		var opts []devicemodel.Option
+		if plugin.MIGMode(mode) == plugin.MIGModeDynamic {
+			opts = append(opts, devicemodel.WithDynamicMIG())
+		}
+		model, err := devicemodel.Build(inv, opts...)
 		if err != nil {
 			return fmt.Errorf("node %s: %w", name, err)
 		}

@@ -107,9 +107,12 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 	if err != nil {
 		return err
 	}
-	hw, err := o.hw.nodeHardware(o.nodeName)
+	hw, fleetMIGMode, err := o.hw.nodeHardware(o.nodeName)
 	if err != nil {
 		return err
+	}
+	if fleetMIGMode != "" && !cmd.Flags().Changed("mig-mode") {
+		o.migMode = fleetMIGMode
 	}
 	ctx := cmd.Context()
 	logger := klog.FromContext(ctx)

@@ -88,10 +88,14 @@ func (d *Device) MIGPlacement() hardware.MIGPlacement {
 // Name returns the published device name.
 func (d *Device) Name() string { return d.API.Name }
 
-// UUID returns the UUID of the GPU or MIG device.
+// UUID returns the UUID of the GPU or MIG device; "" for a dynamic MIG
+// device that does not exist yet.
 func (d *Device) UUID() string {
-	if d.MIG != nil {
+	switch {
+	case d.MIG != nil:
 		return d.MIG.UUID
+	case d.Placement != nil:
+		return ""
 	}
 	return d.GPU.UUID
 }

@@ -97,15 +97,22 @@ func WriteTable(w io.Writer, nodes []Node) error {
 		}
 		for i := range n.Model.Devices {
 			d := &n.Model.Devices[i]
-			profile := "-"
-			if d.MIG != nil {
+			profile, uuid := "-", d.UUID()
+			switch {
+			case d.Placement != nil:
+				// Dynamic: the profile at its placement, created at Prepare.
+				profile = fmt.Sprintf("%s@%d", d.Placement.Profile.Name, d.Placement.Start)
+				if uuid == "" {
+					uuid = "(created at Prepare)"
+				}
+			case d.MIG != nil:
 				profile = d.MIG.Profile
 			}
 			mem := d.API.Capacity[devicemodel.CapMemory].Value
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
 				n.Name, d.Name(), d.Kind, d.GPU.ProductName, mem.String(), profile,
 				attr(d, deviceattribute.StandardDeviceAttributePCIBusID), attr(d, deviceattribute.StandardDeviceAttributePCIeRoot),
-				attr(d, deviceattribute.StandardDeviceAttributeNUMANode), d.UUID())
+				attr(d, deviceattribute.StandardDeviceAttributeNUMANode), uuid)
 		}
 	}
 	if err := tw.Flush(); err != nil {

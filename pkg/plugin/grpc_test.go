@@ -14,8 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
-
-	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
 // ociEdits resolves CDI device IDs with the CDI library, as a container
@@ -117,7 +115,7 @@ func TestPrepareUnprepareOverGRPC(t *testing.T) {
 }
 
 func TestPrepareMIGDevice(t *testing.T) {
-	h := newHarness(t, withFleet(t, "demo", "dgx-a100-0"), func(cfg *plugin.Config) { cfg.MIGMode = plugin.MIGModeStatic })
+	h := newHarness(t, withFleet(t, "demo", "dgx-a100-0"))
 	var mig string
 	for _, d := range h.driver.Devices() {
 		if strings.HasPrefix(d.Name, "gpu-1-mig-3g20gb-") {

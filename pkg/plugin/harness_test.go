@@ -145,6 +145,7 @@ func withFleet(tb testing.TB, fleetNameOrYAML, node string) func(*plugin.Config)
 		}
 		cfg.Hardware = n.Hardware()
 		cfg.NodeName = node
+		cfg.MIGMode = plugin.MIGMode(n.MIGMode)
 	}
 }
 

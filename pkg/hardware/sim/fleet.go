@@ -67,6 +67,10 @@ type Node struct {
 	DriverVersion string `json:"driverVersion,omitempty"`
 	// CUDADriverVersion is the driver's CUDA version, "major.minor".
 	CUDADriverVersion string `json:"cudaDriverVersion,omitempty"`
+	// MIGMode is the --mig-mode the node's plugin runs with, "dynamic" or
+	// "static"; empty leaves it to the plugin (dynamic). A node whose
+	// operator created MIG devices is "static".
+	MIGMode string `json:"migMode,omitempty"`
 	// GPUs in NVML index order.
 	GPUs []GPU `json:"gpus,omitempty"`
 }

@@ -62,7 +62,8 @@ func TestBuiltinFleets(t *testing.T) {
 	tests := []struct {
 		fleet string
 		nodes map[string]modelFacts
-		// migs is the number of MIG devices per GPU index, per node.
+		// migs is the number of MIG devices per GPU index, per node; -1 is
+		// MIG mode on with no MIG device.
 		migs map[string][]int
 	}{
 		{"dgx-a100", map[string]modelFacts{"dgx-a100-0": a100}, nil},
@@ -71,7 +72,7 @@ func TestBuiltinFleets(t *testing.T) {
 		{"dgx-a100-mig", map[string]modelFacts{"dgx-a100-0": a100},
 			map[string][]int{"dgx-a100-0": {7, 4, 2, 1, 0, 0, 0, 0}}},
 		{"demo", map[string]modelFacts{"dgx-h100-0": h100, "dgx-h100-1": h100, "dgx-a100-0": a100},
-			map[string][]int{"dgx-h100-0": {0, 0, 0, 0, 0, 0, 4, 7}, "dgx-a100-0": {7, 2, 0, 0, 0, 0, 0, 0}}},
+			map[string][]int{"dgx-h100-0": {0, 0, 0, 0, 0, 0, 4, 7}, "dgx-h100-1": {0, 0, 0, 0, -1, -1, -1, -1}, "dgx-a100-0": {7, 2, 0, 0, 0, 0, 0, 0}}},
 	}
 	if got, want := len(tests), len(sim.BuiltinNames()); got != want {
 		t.Errorf("test covers %d fleets, BuiltinNames has %d: %v", got, want, sim.BuiltinNames())
@@ -136,7 +137,7 @@ func TestBuiltinFleets(t *testing.T) {
 					if tt.migs[node] != nil {
 						wantMIGs = tt.migs[node][i]
 					}
-					if len(g.MIGDevices) != wantMIGs || g.MIGEnabled != (wantMIGs > 0) {
+					if len(g.MIGDevices) != max(wantMIGs, 0) || g.MIGEnabled != (wantMIGs != 0) {
 						t.Errorf("%s GPU %d: MIG enabled %v with %d devices, want %d", node, i, g.MIGEnabled, len(g.MIGDevices), wantMIGs)
 					}
 				}

@@ -93,6 +93,12 @@ func (n *Node) resolve(p *problems) {
 		p.add("cudaDriverVersion", "%q is not a CUDA version like %q", n.CUDADriverVersion, DefaultCUDADriverVersion)
 	}
 
+	switch n.MIGMode {
+	case "", "dynamic", "static":
+	default:
+		p.add("migMode", "%q: must be dynamic or static", n.MIGMode)
+	}
+
 	minors := map[int]int{}
 	busIDs := map[string]int{}
 	for i := range n.GPUs {
