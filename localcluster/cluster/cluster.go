@@ -12,18 +12,23 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/deployments/deviceclasses"
+	"github.com/gpudra/gpudra/deployments/rbac"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/plugin"
 
 	"github.com/gpudra/gpudra/localcluster/controlplane"
 	"github.com/gpudra/gpudra/localcluster/manifests"
@@ -100,6 +105,11 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, finalErr error) {
 
 	cpOpts := opts.ControlPlane
 	cpOpts.Dir = filepath.Join(c.dir, "cp")
+	if cpOpts.AuthorizationModes == nil {
+		// As on a real cluster: the plugins run as gpudra's ServiceAccount
+		// with only the permissions deployments/rbac grants.
+		cpOpts.AuthorizationModes = []string{"Node", "RBAC"}
+	}
 	if err := os.MkdirAll(cpOpts.Dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -137,6 +147,10 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, finalErr error) {
 		}
 	}
 	progress(fmt.Sprintf("%-24s installed", fmt.Sprintf("%d DeviceClasses", len(classes))))
+	if err := c.installRBAC(ctx); err != nil {
+		return nil, err
+	}
+	progress(fmt.Sprintf("%-24s installed", "kubelet plugin RBAC"))
 
 	start := time.Now()
 	if err := c.startNodes(ctx); err != nil {
@@ -179,7 +193,15 @@ func (c *Cluster) startNode(ctx context.Context, name string) (*simnode.Node, er
 	if err != nil {
 		return nil, err
 	}
-	pluginClient, err := kubernetes.NewForConfig(c.cp.RESTConfig("gpudra-kubelet-plugin/"+name, c.opts.NodeQPS, c.opts.NodeBurst))
+	pluginCfg := c.cp.RESTConfig("gpudra-kubelet-plugin/"+name, c.opts.NodeQPS, c.opts.NodeBurst)
+	// The plugin's pod-bound ServiceAccount token names its node; the
+	// status.devices permission depends on it.
+	pluginCfg.Impersonate = rest.ImpersonationConfig{
+		UserName: serviceaccount.MakeUsername(rbac.DefaultNamespace, rbac.KubeletPluginName),
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + rbac.DefaultNamespace, "system:authenticated"},
+		Extra:    map[string][]string{serviceaccount.NodeNameKey: {name}},
+	}
+	pluginClient, err := kubernetes.NewForConfig(pluginCfg)
 	if err != nil {
 		return nil, err
 	}
@@ -191,7 +213,38 @@ func (c *Cluster) startNode(ctx context.Context, name string) (*simnode.Node, er
 		KubeletClient: kubelet,
 		PluginClient:  pluginClient,
 		Workers:       c.opts.NodeWorkers,
+		MIGMode:       plugin.MIGMode(fn.MIGMode),
 	})
+}
+
+// installRBAC creates the plugin's namespace, ServiceAccount, ClusterRole
+// and ClusterRoleBinding from deployments/rbac, as the Helm chart does.
+func (c *Cluster) installRBAC(ctx context.Context) error {
+	objs, err := rbac.KubeletPlugin(rbac.DefaultNamespace, c.opts.DriverName)
+	if err != nil {
+		return err
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: rbac.DefaultNamespace}}
+	for _, create := range []func() error{
+		func() error { _, err := c.client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); return err },
+		func() error {
+			_, err := c.client.CoreV1().ServiceAccounts(rbac.DefaultNamespace).Create(ctx, objs.ServiceAccount, metav1.CreateOptions{})
+			return err
+		},
+		func() error {
+			_, err := c.client.RbacV1().ClusterRoles().Create(ctx, objs.ClusterRole, metav1.CreateOptions{})
+			return err
+		},
+		func() error {
+			_, err := c.client.RbacV1().ClusterRoleBindings().Create(ctx, objs.ClusterRoleBinding, metav1.CreateOptions{})
+			return err
+		},
+	} {
+		if err := create(); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("install the kubelet plugin's RBAC: %w", err)
+		}
+	}
+	return nil
 }
 
 // Client returns an administrator's client.

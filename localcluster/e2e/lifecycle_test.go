@@ -121,8 +121,8 @@ spec:
 	}
 }
 
-// TestDeleteReleasesDevice: the only 3g.40gb MIG device goes to the first
-// pod; the second waits. Deleting the first unprepares its claim (CDI
+// TestDeleteReleasesDevice: the only existing 3g.40gb MIG device (static
+// MIG on dgx-h100-0) goes to the first pod; the second waits. Deleting the first unprepares its claim (CDI
 // spec and checkpoint entry gone) and the device goes to the second.
 func TestDeleteReleasesDevice(t *testing.T) {
 	ctx := testContext(t, 2*time.Minute)
@@ -130,7 +130,7 @@ func TestDeleteReleasesDevice(t *testing.T) {
 	request := `        exactly:
           deviceClassName: mig.nvidia.com
           selectors:
-          - cel: {expression: "device.attributes['gpu.nvidia.com'].profile == '3g.40gb'"}`
+          - cel: {expression: "device.attributes['gpu.nvidia.com'].profile == '3g.40gb' && 'uuid' in device.attributes['gpu.nvidia.com']"}`
 	apply(t, ctx, podWithTemplate(ns, request, "", "first"))
 	first := waitForPod(t, ctx, ns, "first", "Running", running)
 	devs := devicesOf(t, ctx, first)
@@ -250,8 +250,15 @@ func nodeSlices(t *testing.T, ctx context.Context, node string) []resourceapi.Re
 	if err != nil {
 		t.Fatalf("no slices for %s: %v", node, err)
 	}
-	slices.SortFunc(specs, func(a, b resourceapi.ResourceSliceSpec) int {
-		return strings.Compare(a.Devices[0].Name, b.Devices[0].Name)
-	})
+	first := func(s resourceapi.ResourceSliceSpec) string {
+		if len(s.Devices) > 0 {
+			return "d/" + s.Devices[0].Name
+		}
+		if len(s.SharedCounters) > 0 {
+			return "c/" + s.SharedCounters[0].Name
+		}
+		return ""
+	}
+	slices.SortFunc(specs, func(a, b resourceapi.ResourceSliceSpec) int { return strings.Compare(first(a), first(b)) })
 	return specs
 }

@@ -55,6 +55,8 @@ type Config struct {
 	Workers int
 	// Labels are added to the Node.
 	Labels map[string]string
+	// MIGMode is the plugin's MIG mode (empty: its default, dynamic).
+	MIGMode plugin.MIGMode
 }
 
 // Node is a running simulated node.
@@ -186,6 +188,10 @@ func registerNode(ctx context.Context, cfg Config) (*corev1.Node, error) {
 	return updated, nil
 }
 
+// Hardware returns the node's simulated hardware, which outlives plugin
+// restarts.
+func (n *Node) Hardware() hardware.Hardware { return n.cfg.Hardware }
+
 // StartPlugin starts gpudra's kubelet plugin on the node's directories and
 // waits until the DRA manager has it registered and its ResourceSlices
 // are published.
@@ -203,6 +209,7 @@ func (n *Node) StartPlugin(ctx context.Context) error {
 		PluginDataDir: n.cfg.pluginDir(),
 		RegistrarDir:  n.cfg.registryDir(),
 		CDIDir:        n.cfg.CDIDir(),
+		MIGMode:       n.cfg.MIGMode,
 	})
 	if err != nil {
 		return fmt.Errorf("node %s: start plugin: %w", n.cfg.Name, err)

@@ -3,6 +3,7 @@ package devicemodel
 import (
 	"fmt"
 	"maps"
+	"slices"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -90,7 +91,10 @@ func (m *Model) addDynamicMIGGPU(gpu hardware.GPU, gpuAttrs map[resourceapi.Qual
 	}
 	for _, profile := range gpu.MIGProfiles {
 		r := profileResources(&profile)
-		for _, start := range profile.PlacementStarts {
+		// Highest start first: the scheduler takes the first device that
+		// fits, so small instances fill a GPU from the top and leave the
+		// low starts, the only ones 4g and 7g instances have, free longest.
+		for _, start := range slices.Backward(profile.PlacementStarts) {
 			api := resourceapi.Device{
 				Name: MIGName(gpu.Minor, profile.Name, profile.ProfileID, start),
 				// No uuid: a MIG device has none before it is created, and
