@@ -16,10 +16,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
@@ -226,7 +226,10 @@ func (c *Cluster) installRBAC(ctx context.Context) error {
 	}
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: rbac.DefaultNamespace}}
 	for _, create := range []func() error{
-		func() error { _, err := c.client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); return err },
+		func() error {
+			_, err := c.client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
+			return err
+		},
 		func() error {
 			_, err := c.client.CoreV1().ServiceAccounts(rbac.DefaultNamespace).Create(ctx, objs.ServiceAccount, metav1.CreateOptions{})
 			return err
