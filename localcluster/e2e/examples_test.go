@@ -98,6 +98,16 @@ func TestExamples(t *testing.T) {
 			}
 		}}},
 		{"gpu-config", "pod", []check{isType("gpu", 1)}},
+		{"mig-dynamic", "pod", []check{isType("mig", 2), func(t *testing.T, pod *corev1.Pod, devs []resourceapi.Device) {
+			if pod.Spec.NodeName != "dgx-h100-1" || attr(devs[0], "parentUUID") != attr(devs[1], "parentUUID") {
+				t.Errorf("devices %s and %s on %s, want two of one GPU on dgx-h100-1", devs[0].Name, devs[1].Name, pod.Spec.NodeName)
+			}
+			profiles := []string{attr(devs[0], "profile"), attr(devs[1], "profile")}
+			slices.Sort(profiles)
+			if !slices.Equal(profiles, []string{"1g.20gb", "4g.40gb"}) {
+				t.Errorf("profiles %v, want 1g.20gb and 4g.40gb", profiles)
+			}
+		}}},
 	}
 	seen := map[string]string{}
 	for _, tc := range tests {
