@@ -417,3 +417,58 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestDynamicMIGCrashBeforeCompletion: a plugin that died after recording
+// the start of a preparation and creating its MIG device leaves an
+// instance its start record owns. The next plugin keeps the GPU offered,
+// and the retry (or, once the kubelet gave up, the sweep) destroys that
+// instance before anything else.
+func TestDynamicMIGCrashBeforeCompletion(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		age   time.Duration
+		retry bool
+	}{
+		{"retried", 0, true},
+		{"swept", time.Minute, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newMIGHarness(t)
+			name := h.migName(0, "2g.20gb", 4)
+			leftover := h.operatorInstance(0, "2g.20gb", 4) // what the dead plugin created
+			parent := h.inventory().GPUs[0].UUID
+			h.stop()
+			uid := "00000000-0000-0000-0000-000000000001" // the harness's first claim
+			record := fmt.Sprintf(`{"version":"v3","bootID":"boot-1","claims":{%q:{"uid":%q,"namespace":"default","name":"claim-1",`+
+				`"phase":"PrepareStarted","startedAt":%q,"devices":[{"requests":["gpu0"],"pool":"mig-0","name":%q,"parentUUID":%q,`+
+				`"dynamicMIG":{"profile":"2g.20gb","profileID":14,"start":4,"size":2}}]}}}`,
+				uid, uid, time.Now().Add(-tc.age).UTC().Format(time.RFC3339Nano), name, parent)
+			if err := os.WriteFile(filepath.Join(h.cfg.PluginDataDir, "checkpoint.json"), []byte(record), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			h.start()
+			if h.driver.Devices() == nil || !h.published(h.migName(0, "1g.10gb", 0)) {
+				t.Fatal("GPU 0 left out although the start record owns its instance")
+			}
+			if tc.retry {
+				claim := h.claim(name)
+				h.mustPrepare(claim)
+				migs := h.migDevices(0)
+				if len(migs) != 1 || migs[0].UUID == leftover.UUID {
+					t.Errorf("after the retry: MIG devices %+v, want one new instance (the leftover %s destroyed)", migs, leftover.UUID)
+				}
+				if !strings.Contains(h.checkpoint(), `"phase":"PrepareCompleted"`) {
+					t.Errorf("retry did not complete:\n%s", h.checkpoint())
+				}
+				return
+			}
+			h.driver.Sweep(h.ctx)
+			if migs := h.migDevices(0); len(migs) != 0 {
+				t.Errorf("sweep left MIG devices %+v", migs)
+			}
+			if strings.Contains(h.checkpoint(), uid) {
+				t.Errorf("sweep kept the record:\n%s", h.checkpoint())
+			}
+		})
+	}
+}
