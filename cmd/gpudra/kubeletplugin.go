@@ -46,6 +46,7 @@ type kubeletPluginOptions struct {
 	sweepEvery     time.Duration
 	callTimeout    time.Duration
 	migMode        string
+	migSwitching   bool
 	logging        *logsapi.LoggingConfiguration
 }
 
@@ -75,6 +76,7 @@ func newKubeletPluginCommand() *cobra.Command {
 	fs.DurationVar(&o.sweepEvery, "sweep-interval", plugin.DefaultSweepInterval, "how often stale prepared claims and orphaned CDI specs are cleaned up")
 	fs.DurationVar(&o.callTimeout, "kubelet-call-timeout", plugin.DefaultCallTimeout, "the kubelet's timeout for one DRA call; older unfinished preparations are rolled back")
 	fs.StringVar(&o.migMode, "mig-mode", string(plugin.MIGModeDynamic), fmt.Sprintf("how GPUs with MIG mode on are offered, one of %v: dynamic publishes every profile at every placement and creates the MIG device at Prepare; static publishes the MIG devices that exist and never creates or destroys one", plugin.MIGModes))
+	fs.BoolVar(&o.migSwitching, "mig-mode-switching", false, "with --mig-mode=dynamic, offer Hopper and newer MIG-capable GPUs both as a full GPU and as MIG devices whatever their MIG mode, and switch the mode at Prepare as the allocated device needs")
 	logsapi.AddFlags(o.logging, fs)
 	return cmd
 }
@@ -130,6 +132,7 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 		CallTimeout:       o.callTimeout,
 		SweepInterval:     o.sweepEvery,
 		MIGMode:           plugin.MIGMode(o.migMode),
+		MIGModeSwitching:  o.migSwitching,
 	})
 	if err != nil {
 		return err

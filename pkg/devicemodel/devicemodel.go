@@ -133,7 +133,8 @@ func (m *Model) APIDevices() []resourceapi.Device {
 type Option func(*buildOptions)
 
 type buildOptions struct {
-	dynamicMIG bool
+	dynamicMIG   bool
+	modeSwitchOK func(hardware.GPU) bool
 }
 
 // WithDynamicMIG publishes MIG-capable GPUs as partitionable devices
@@ -152,6 +153,15 @@ type buildOptions struct {
 // not MIG-capable are published as without this option.
 func WithDynamicMIG() Option {
 	return func(o *buildOptions) { o.dynamicMIG = true }
+}
+
+// WithMIGModeSwitching, next to [WithDynamicMIG], publishes the GPUs for
+// which can returns true both as a full GPU and as every MIG placement,
+// whatever their MIG mode: Prepare switches the mode as the allocated
+// device needs. The shared counters keep the two apart, since the full GPU
+// consumes all of them.
+func WithMIGModeSwitching(can func(hardware.GPU) bool) Option {
+	return func(o *buildOptions) { o.modeSwitchOK = can }
 }
 
 // Build derives the devices of a node from its inventory. A GPU with MIG
@@ -176,7 +186,7 @@ func Build(inv *hardware.Inventory, opts ...Option) (*Model, error) {
 		}
 		switch {
 		case o.dynamicMIG && isDynamicMIGCapable(&gpu):
-			err = m.addDynamicMIGGPU(gpu, gpuAttrs)
+			err = m.addDynamicMIGGPU(gpu, gpuAttrs, o.modeSwitchOK != nil && o.modeSwitchOK(gpu))
 		case !gpu.MIGEnabled:
 			err = m.add(Device{Kind: KindGPU, API: fullGPUDevice(&gpu, gpuAttrs), GPU: gpu})
 		default:

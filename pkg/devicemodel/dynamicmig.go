@@ -45,8 +45,8 @@ func isDynamicMIGCapable(gpu *hardware.GPU) bool {
 
 // addDynamicMIGGPU publishes gpu's counter set, and either its full GPU
 // (MIG mode off) or one MIG device per profile and placement (MIG mode
-// on).
-func (m *Model) addDynamicMIGGPU(gpu hardware.GPU, gpuAttrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute) error {
+// on), or, when its mode may be switched, both.
+func (m *Model) addDynamicMIGGPU(gpu hardware.GPU, gpuAttrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, switchable bool) error {
 	fail := func(format string, args ...any) error {
 		return fmt.Errorf("GPU %d (%s): dynamic MIG: "+format, append([]any{gpu.Index, gpu.UUID}, args...)...)
 	}
@@ -76,10 +76,12 @@ func (m *Model) addDynamicMIGGPU(gpu hardware.GPU, gpuAttrs map[resourceapi.Qual
 	}
 	m.CounterSets = append(m.CounterSets, set)
 
-	if !gpu.MIGEnabled {
+	if !gpu.MIGEnabled || switchable {
 		api := fullGPUDevice(&gpu, gpuAttrs)
 		api.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: set.Name, Counters: nonZero(set.Counters)}}
-		return m.add(Device{Kind: KindGPU, API: api, GPU: gpu})
+		if err := m.add(Device{Kind: KindGPU, API: api, GPU: gpu}); err != nil || !switchable {
+			return err
+		}
 	}
 
 	// Existing MIG devices are the placements they occupy: Prepare uses

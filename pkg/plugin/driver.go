@@ -51,6 +51,11 @@ type Config struct {
 	// Hardware, if it implements [hardware.MIGManager]. Without one, the
 	// node runs in static mode.
 	MIG hardware.MIGManager
+	// MIGModeSwitching lets dynamic mode switch the MIG mode of Hopper and
+	// newer GPUs at Prepare: such GPUs are offered both as a full GPU and
+	// as MIG devices, whatever their mode. The switcher is Hardware, if it
+	// implements [hardware.MIGModeSwitcher].
+	MIGModeSwitching bool
 	// DriverEdits supplies the driver files for CDI specs.
 	DriverEdits cdi.DriverEdits
 
@@ -122,6 +127,8 @@ type Driver struct {
 	// lacks partitionable devices).
 	mig        hardware.MIGManager
 	dynamicMIG atomic.Bool
+	// migSwitcher switches MIG modes; nil unless MIGModeSwitching.
+	migSwitcher hardware.MIGModeSwitcher
 	// rebuild asks the discovery loop to rebuild and republish the devices.
 	rebuild chan struct{}
 	// status writes claims' status.devices.
@@ -339,6 +346,11 @@ func (d *Driver) setUpMIGMode() {
 		d.logger.Info("Static MIG: this hardware cannot create MIG devices")
 	default:
 		d.dynamicMIG.Store(true)
+		if d.cfg.MIGModeSwitching {
+			if d.migSwitcher, _ = d.cfg.Hardware.(hardware.MIGModeSwitcher); d.migSwitcher == nil {
+				d.logger.Info("MIG mode switching asked for, but this hardware cannot switch MIG modes")
+			}
+		}
 	}
 }
 

@@ -127,7 +127,11 @@ func (d *Driver) buildModel(ctx context.Context, inv *hardware.Inventory) (*devi
 		owned = map[placementKey]bool{}
 	}
 	unknown := unknownInstances(inv, owned)
-	model, err := devicemodel.Build(withoutGPUs(inv, unknown), devicemodel.WithDynamicMIG())
+	opts := []devicemodel.Option{devicemodel.WithDynamicMIG()}
+	if d.migSwitcher != nil {
+		opts = append(opts, devicemodel.WithMIGModeSwitching(canSwitchMIGMode))
+	}
+	model, err := devicemodel.Build(withoutGPUs(inv, unknown), opts...)
 	return model, unknown, err
 }
 
@@ -296,4 +300,96 @@ func instanceAt(inv *hardware.Inventory, key placementKey) *hardware.MIGDevice {
 		}
 	}
 	return nil
+}
+
+// canSwitchMIGMode reports whether gpudra may switch the GPU's MIG mode at
+// Prepare: Hopper and newer switch without a node reboot; Ampere needs a
+// GPU reset, which gpudra never does.
+func canSwitchMIGMode(gpu hardware.GPU) bool {
+	return gpu.MIGCapable && gpu.Architecture != "" && gpu.Architecture != "Ampere"
+}
+
+// modeSwitch is one MIG mode change a preparation needs.
+type modeSwitch struct {
+	gpuUUID string
+	enable  bool
+}
+
+// modeSwitches lists the MIG mode changes the plan's devices need: MIG on
+// for a dynamic MIG device of a GPU in MIG mode off, MIG off for a full
+// GPU in MIG mode on.
+func modeSwitches(plan *claimPlan) []modeSwitch {
+	var out []modeSwitch
+	seen := map[string]bool{}
+	for _, dev := range plan.devices {
+		gpu := dev.GPU
+		if seen[gpu.UUID] {
+			continue
+		}
+		switch {
+		case dev.Placement != nil && !gpu.MIGEnabled:
+			out = append(out, modeSwitch{gpuUUID: gpu.UUID, enable: true})
+		case dev.Kind == devicemodel.KindGPU && gpu.MIGEnabled:
+			out = append(out, modeSwitch{gpuUUID: gpu.UUID, enable: false})
+		default:
+			continue
+		}
+		seen[gpu.UUID] = true
+	}
+	return out
+}
+
+// switchMIGModes carries out the plan's MIG mode changes, then discovers
+// the GPUs again (a switch may reset the GPU and change its minor number),
+// republishes, and points the plan's devices at the GPUs as they are now.
+// A GPU whose switch to MIG mode fails is set back to a full GPU.
+func (d *Driver) switchMIGModes(ctx context.Context, plan *claimPlan, switches []modeSwitch) error {
+	logger := klog.FromContext(ctx)
+	for _, sw := range switches {
+		if err := d.migSwitcher.SetMIGMode(ctx, sw.gpuUUID, sw.enable); err != nil {
+			err = fmt.Errorf("switch MIG mode of GPU %s to %v: %w", sw.gpuUUID, onOff(sw.enable), err)
+			if sw.enable {
+				if back := d.migSwitcher.SetMIGMode(ctx, sw.gpuUUID, false); back != nil {
+					err = errors.Join(err, fmt.Errorf("set it back to MIG mode off: %w", back))
+				}
+			}
+			d.event(corev1.EventTypeWarning, "MIGModeSwitchFailed", err.Error()+"; the GPU stays a full GPU")
+			return errors.Join(err, d.afterModeSwitch(ctx))
+		}
+		logger.Info("Switched MIG mode", "gpu", sw.gpuUUID, "migMode", onOff(sw.enable))
+		d.event(corev1.EventTypeNormal, "MIGModeSwitched", fmt.Sprintf("MIG mode of GPU %s switched %s for a claim", sw.gpuUUID, onOff(sw.enable)))
+	}
+	if err := d.afterModeSwitch(ctx); err != nil {
+		return err
+	}
+	inv := d.current().inv
+	for i, dev := range plan.devices {
+		for gi := range inv.GPUs {
+			if inv.GPUs[gi].UUID == dev.GPU.UUID {
+				moved := *dev
+				moved.GPU = inv.GPUs[gi]
+				plan.devices[i] = &moved
+			}
+		}
+	}
+	plan.node = d.current()
+	return nil
+}
+
+// afterModeSwitch discovers the GPUs again and republishes.
+func (d *Driver) afterModeSwitch(ctx context.Context) error {
+	if err := d.discover(ctx); err != nil {
+		return fmt.Errorf("discover GPUs after a MIG mode switch: %w", err)
+	}
+	if err := d.publish(ctx); err != nil {
+		return err
+	}
+	return nil
+}
+
+func onOff(on bool) string {
+	if on {
+		return "on"
+	}
+	return "off"
 }

@@ -204,7 +204,12 @@ func adoptedInstances(inv *hardware.Inventory, c *claimstate.Claim) map[placemen
 func (d *Driver) execute(ctx context.Context, plan *claimPlan) (finalErr error) {
 	uid := plan.intent.UID
 	var created map[string]*hardware.MIGDevice
-	if hasDynamicMIG(plan.intent.Devices) {
+	var switches []modeSwitch
+	if d.migSwitcher != nil {
+		switches = modeSwitches(plan)
+	}
+	if hasDynamicMIG(plan.intent.Devices) || len(switches) > 0 {
+		// The start record also claims the GPUs before their mode changes.
 		startedAt := d.now()
 		if err := d.store.Update(ctx, func(s *claimstate.State) error { return s.RecordStarted(plan.intent, startedAt) }); err != nil {
 			var conflict *claimstate.ConflictError
@@ -212,6 +217,11 @@ func (d *Driver) execute(ctx context.Context, plan *claimPlan) (finalErr error) 
 				return err
 			}
 			return fmt.Errorf("record start in checkpoint: %w", err)
+		}
+		if len(switches) > 0 {
+			if err := d.switchMIGModes(ctx, plan, switches); err != nil {
+				return errors.Join(err, d.abandon(ctx, plan, startedAt, nil))
+			}
 		}
 		var err error
 		if created, err = d.setUpMIG(ctx, &plan.intent, plan.reuse); err != nil {
