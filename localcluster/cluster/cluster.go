@@ -53,7 +53,8 @@ type Options struct {
 	// and its plugin each have one). Default 100 and 200.
 	NodeQPS   float32
 	NodeBurst int
-	// NodeWorkers is the number of pods each node handles at once.
+	// NodeWorkers is the number of pods each node handles at once
+	// (default simnode.DefaultWorkers).
 	NodeWorkers int
 	// Progress, if set, gets one line per step of the start.
 	Progress func(msg string)
@@ -83,6 +84,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, finalErr error) {
 	}
 	if opts.NodeQPS == 0 {
 		opts.NodeQPS, opts.NodeBurst = 100, 200
+	}
+	if opts.NodeWorkers <= 0 {
+		opts.NodeWorkers = simnode.DefaultWorkers
 	}
 	progress := opts.Progress
 	if progress == nil {
@@ -249,6 +253,9 @@ func (c *Cluster) installRBAC(ctx context.Context) error {
 	}
 	return nil
 }
+
+// Options returns the options in effect, defaults filled in.
+func (c *Cluster) Options() Options { return c.opts }
 
 // Client returns an administrator's client.
 func (c *Cluster) Client() kubernetes.Interface { return c.client }

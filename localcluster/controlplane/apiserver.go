@@ -9,6 +9,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"github.com/google/uuid"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	genericapiserver "k8s.io/apiserver/pkg/server"
 	"k8s.io/apiserver/pkg/storage/storagebackend"
 	"k8s.io/apiserver/pkg/util/compatibility"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
@@ -35,6 +37,8 @@ type apiServer struct {
 	config *rest.Config
 	done   <-chan error
 	cancel context.CancelFunc
+	// requests counts the requests the server handled.
+	requests *requestCounter
 }
 
 // startAPIServer runs kube-apiserver in this process on a free loopback
@@ -112,6 +116,14 @@ func startAPIServer(ctx context.Context, dir, etcdURL string, authzModes []strin
 		ln.Close()
 		return nil, err
 	}
+	// Every request passes the aggregator's handler chain first; the
+	// counter goes innermost in it, where the verb, resource and user
+	// are known.
+	requests := newRequestCounter()
+	buildChain := config.Aggregator.GenericConfig.BuildHandlerChainFunc
+	config.Aggregator.GenericConfig.BuildHandlerChainFunc = func(apiHandler http.Handler, c *genericapiserver.Config) http.Handler {
+		return buildChain(requests.wrap(apiHandler), c)
+	}
 	completedConfig, err := config.Complete()
 	if err != nil {
 		ln.Close()
@@ -134,7 +146,7 @@ func startAPIServer(ctx context.Context, dir, etcdURL string, authzModes []strin
 		}
 		done <- prepared.Run(runCtx)
 	}()
-	a := &apiServer{done: done, cancel: cancel}
+	a := &apiServer{done: done, cancel: cancel, requests: requests}
 	defer func() {
 		if finalErr != nil {
 			a.stop()

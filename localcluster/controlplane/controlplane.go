@@ -242,3 +242,8 @@ func (c *ControlPlane) Stop() error {
 	}
 	return errors.Join(errs...)
 }
+
+// RequestCounts returns how many API requests the API server has handled
+// since it started, by client component, verb and resource. Take it
+// twice and Sub to count the requests of a period.
+func (c *ControlPlane) RequestCounts() RequestCounts { return c.api.requests.snapshot() }

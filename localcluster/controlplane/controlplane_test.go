@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2/ktesting"
 )
@@ -69,5 +70,48 @@ func TestStartSchedulesPod(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatalf("pod not bound to n1: %v", err)
+	}
+
+	// The request counter saw the test's own requests and the
+	// scheduler's binding, each under its component.
+	counts := cp.RequestCounts()
+	self := component(rest.DefaultKubernetesUserAgent())
+	for key, want := range map[RequestKey]int{
+		{Component: self, Verb: "create", Resource: "pods"}:                     1,
+		{Component: self, Verb: "create", Resource: "nodes"}:                    1,
+		{Component: self, Verb: "update", Resource: "nodes/status"}:             1,
+		{Component: "kube-scheduler", Verb: "create", Resource: "pods/binding"}: 1,
+	} {
+		if got := counts[key]; got != want {
+			t.Errorf("requests %+v: got %d, want %d", key, got, want)
+		}
+	}
+	if d := cp.RequestCounts().Sub(counts); len(d) != 0 {
+		t.Logf("requests between two snapshots: %v", d)
+	}
+}
+
+func TestComponent(t *testing.T) {
+	for _, tc := range []struct{ userAgent, want string }{
+		{"kubelet/node-000", "kubelet"},
+		{"gpudra-kubelet-plugin/node-000", "gpudra-kubelet-plugin"},
+		{"gpudra-sim/v0.0.0 (linux/amd64) kubernetes/$Format/scheduler", "kube-scheduler"},
+		{"localcluster-controller-manager", "localcluster-controller-manager"},
+		{"", "unknown"},
+	} {
+		if got := component(tc.userAgent); got != tc.want {
+			t.Errorf("component(%q) = %q, want %q", tc.userAgent, got, tc.want)
+		}
+	}
+}
+
+func TestRequestCountsSub(t *testing.T) {
+	a := RequestKey{Component: "kubelet", Verb: "get", Resource: "resourceclaims"}
+	b := RequestKey{Component: "kubelet", Verb: "update", Resource: "pods/status"}
+	before := RequestCounts{a: 2, b: 1}
+	after := RequestCounts{a: 5, b: 1}
+	got := after.Sub(before)
+	if len(got) != 1 || got[a] != 3 {
+		t.Errorf("Sub = %v, want only %v: 3", got, a)
 	}
 }

@@ -51,13 +51,18 @@ type Config struct {
 	// loop) use; PluginClient is the plugin's.
 	KubeletClient kubernetes.Interface
 	PluginClient  kubernetes.Interface
-	// Workers is how many pods the loop handles at once (default 4).
+	// Workers is how many pods the loop handles at once (default
+	// DefaultWorkers).
 	Workers int
 	// Labels are added to the Node.
 	Labels map[string]string
 	// MIGMode is the plugin's MIG mode (empty: its default, dynamic).
 	MIGMode plugin.MIGMode
 }
+
+// DefaultWorkers is how many pods a node's loop handles at once unless
+// Config.Workers says otherwise.
+const DefaultWorkers = 4
 
 // Node is a running simulated node.
 type Node struct {
@@ -92,7 +97,7 @@ func (c *Config) CDIDir() string { return filepath.Join(c.Dir, "cdi") }
 // loop starts. Everything runs until Stop.
 func Start(ctx context.Context, cfg Config) (_ *Node, finalErr error) {
 	if cfg.Workers <= 0 {
-		cfg.Workers = 4
+		cfg.Workers = DefaultWorkers
 	}
 	for _, dir := range []string{cfg.pluginDir(), cfg.registryDir(), cfg.stateDir(), cfg.CDIDir()} {
 		if err := os.MkdirAll(dir, 0o750); err != nil {

@@ -1,14 +1,20 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"io"
+	"maps"
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -34,6 +40,24 @@ const (
 	loadCreators     = 32
 )
 
+// defaultLoadDir is where the load run keeps the cluster's state: in
+// memory (/dev/shm) where there is one. A hundred simulated nodes write
+// their DRA manager checkpoints, gpudra's checkpoints and CDI specs, with
+// fsync, to what on a real cluster are a hundred disks; on one shared
+// disk the file creation and syncing of the claims round cost more CPU
+// and time than the nodes' own work, which is not what the run measures.
+// The files are still written and read back as on a real node.
+func defaultLoadDir() string {
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		if f, err := os.CreateTemp("/dev/shm", "gpudra-sim-probe-"); err == nil {
+			f.Close()
+			os.Remove(f.Name())
+			return "/dev/shm"
+		}
+	}
+	return os.TempDir()
+}
+
 // loadFleet describes n nodes of eight H100s each.
 func loadFleet(n int) (*sim.Fleet, error) {
 	var b strings.Builder
@@ -58,9 +82,18 @@ func runLoad(ctx context.Context, o options) error {
 	if gpus := 8 * o.loadNodes; o.load > gpus {
 		return fmt.Errorf("--load %d is more than the %d GPUs of %d nodes", o.load, gpus, o.loadNodes)
 	}
+	base := o.loadDir
+	if base == "" {
+		base = defaultLoadDir()
+	}
+	dir, err := os.MkdirTemp(base, "gpudra-sim-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
 	cpOpts := controlplane.Options{}
-	opts := cluster.Options{Fleet: fleet, ControlPlane: cpOpts, Progress: func(msg string) { progress("%s", msg) }}
-	progress("starting the local cluster: %d nodes of 8 H100", o.loadNodes)
+	opts := cluster.Options{Fleet: fleet, Dir: dir, ControlPlane: cpOpts, Progress: func(msg string) { progress("%s", msg) }}
+	progress("starting the local cluster: %d nodes of 8 H100, state in %s", o.loadNodes, dir)
 	start := time.Now()
 	c, err := cluster.Start(ctx, opts)
 	if err != nil {
@@ -88,71 +121,256 @@ func runLoad(ctx context.Context, o options) error {
 
 	// Plain pods first: deleting them leaves nothing behind for the
 	// nodes and controllers to clean up while the claims round runs.
-	without, err := loadRound(ctx, client, "plain", o.load, false)
+	without, err := profiled(o.cpuProfilePlain, func() (*roundResult, error) {
+		return loadRound(ctx, c, client, "plain", o.load, false)
+	})
 	if err != nil {
+		return err
+	}
+	if err := verifyLoad(ctx, c, client, "plain", o.load, false); err != nil {
 		return err
 	}
 	progress("deleting the pods")
 	if err := deleteAllPods(ctx, client); err != nil {
 		return err
 	}
-	stopProfile := func() {}
-	if o.cpuProfile != "" {
-		f, err := os.Create(o.cpuProfile)
-		if err != nil {
-			return err
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		stopProfile = func() { pprof.StopCPUProfile(); f.Close() }
-	}
-	withClaims, err := loadRound(ctx, client, "claims", o.load, true)
-	stopProfile()
+	withClaims, err := profiled(o.cpuProfile, func() (*roundResult, error) {
+		return loadRound(ctx, c, client, "claims", o.load, true)
+	})
 	if err != nil {
 		return err
 	}
+	progress("checking that every pod got its own GPU, prepared and resolved through CDI")
+	if err := verifyLoad(ctx, c, client, "claims", o.load, true); err != nil {
+		return err
+	}
 	cp := c.ControlPlane().Options()
+	co := c.Options()
 	fmt.Printf(`
 load run: %d pods on %d simulated nodes (8 H100 each), one-GPU claim templates vs no claims
-  with claims:    makespan %v  (%.1f pods/s)
-  without claims: makespan %v  (%.1f pods/s)
+  with claims:    makespan %v  (%.1f pods/s, CPU %.1f s = %.1f ms per pod); creates done after %v; create to claims made p50 %v p99 %v; to bound p50 %v p99 %v; to Running p50 %v p99 %v
+  without claims: makespan %v  (%.1f pods/s, CPU %.1f s = %.1f ms per pod); creates done after %v; create to bound p50 %v p99 %v; create to Running p50 %v p99 %v
   ratio with/without: %.2f
-  client QPS/burst: scheduler %g/%d, controllers %g/%d, each node's kubelet parts and plugin 100/200 each, pod creator %d/%d (%d goroutines)
-  peak RSS of this process: %s; GOMAXPROCS %d
+  every pod with claims Running with its own GPU prepared on its node and resolved through CDI
+  client QPS/burst: kube-scheduler %g/%d, controllers %g/%d, each node's kubelet parts %g/%d and its plugin %g/%d, pod creator %d/%d (%d goroutines); %d pod workers per node
+  peak RSS of this process: %s; GOMAXPROCS %d; state in %s
 `, o.load, o.loadNodes,
-		withClaims.Round(time.Millisecond), float64(o.load)/withClaims.Seconds(),
-		without.Round(time.Millisecond), float64(o.load)/without.Seconds(),
-		withClaims.Seconds()/without.Seconds(),
+		withClaims.makespan.Round(time.Millisecond), float64(o.load)/withClaims.makespan.Seconds(),
+		withClaims.cpu.Seconds(), float64(withClaims.cpu.Milliseconds())/float64(o.load), withClaims.created.Round(time.Millisecond),
+		percentile(withClaims.claimed, 50), percentile(withClaims.claimed, 99),
+		percentile(withClaims.bound, 50), percentile(withClaims.bound, 99), percentile(withClaims.running, 50), percentile(withClaims.running, 99),
+		without.makespan.Round(time.Millisecond), float64(o.load)/without.makespan.Seconds(),
+		without.cpu.Seconds(), float64(without.cpu.Milliseconds())/float64(o.load), without.created.Round(time.Millisecond),
+		percentile(without.bound, 50), percentile(without.bound, 99), percentile(without.running, 50), percentile(without.running, 99),
+		withClaims.makespan.Seconds()/without.makespan.Seconds(),
 		cp.SchedulerQPS, cp.SchedulerBurst, cp.ControllerQPS, cp.ControllerBurst,
-		loadCreatorQPS, loadCreatorBurst, loadCreators,
-		peakRSS(), runtime.GOMAXPROCS(0))
+		co.NodeQPS, co.NodeBurst, co.NodeQPS, co.NodeBurst,
+		loadCreatorQPS, loadCreatorBurst, loadCreators, co.NodeWorkers,
+		peakRSS(), runtime.GOMAXPROCS(0), base)
+	printRequests(os.Stdout, o.load, withClaims.requests, without.requests)
 	return nil
+}
+
+// profiled runs f under a CPU profile written to file, if file is set.
+func profiled(file string, f func() (*roundResult, error)) (*roundResult, error) {
+	if file == "" {
+		return f()
+	}
+	out, err := os.Create(file)
+	if err != nil {
+		return nil, err
+	}
+	defer out.Close()
+	if err := pprof.StartCPUProfile(out); err != nil {
+		return nil, err
+	}
+	r, err := f()
+	pprof.StopCPUProfile()
+	return r, err
+}
+
+// percentile returns the p-th percentile of ds, rounded to milliseconds.
+func percentile(ds []time.Duration, p int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	sorted := slices.Clone(ds)
+	slices.Sort(sorted)
+	i := (len(sorted)*p + 99) / 100
+	i = min(max(i-1, 0), len(sorted)-1)
+	return sorted[i].Round(time.Millisecond)
+}
+
+// printRequests prints the API requests per pod of both rounds, by
+// component, verb and resource.
+func printRequests(w io.Writer, n int, withClaims, without controlplane.RequestCounts) {
+	keys := map[controlplane.RequestKey]bool{}
+	for k := range withClaims {
+		keys[k] = true
+	}
+	for k := range without {
+		keys[k] = true
+	}
+	sorted := slices.SortedFunc(maps.Keys(keys), func(a, b controlplane.RequestKey) int {
+		return cmp.Or(cmp.Compare(a.Component, b.Component), cmp.Compare(a.Resource, b.Resource), cmp.Compare(a.Verb, b.Verb))
+	})
+	fmt.Fprintf(w, "  API requests per pod (from the first create until the last pod ran):\n")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "    component\tverb\tresource\twith claims\twithout\t")
+	var totalWith, totalWithout int
+	for _, k := range sorted {
+		totalWith += withClaims[k]
+		totalWithout += without[k]
+		fmt.Fprintf(tw, "    %s\t%s\t%s\t%.2f\t%.2f\t\n", k.Component, k.Verb, k.Resource, float64(withClaims[k])/float64(n), float64(without[k])/float64(n))
+	}
+	fmt.Fprintf(tw, "    all\t\t\t%.2f\t%.2f\t\n", float64(totalWith)/float64(n), float64(totalWithout)/float64(n))
+	_ = tw.Flush()
+}
+
+// verifyLoad checks the outcome of a round: every pod Running on a node;
+// with claims, each pod's claim allocated exactly one GPU of its own node,
+// no GPU given to two pods, and the node's DRA manager prepared that
+// device for the container, whose CDI device resolved to a device node.
+// Without claims, no pod got a device.
+func verifyLoad(ctx context.Context, c *cluster.Cluster, client kubernetes.Interface, prefix string, n int, claims bool) error {
+	pods, err := client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	claimList, err := client.ResourceV1().ResourceClaims("default").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	claimsByName := map[string]*resourceapi.ResourceClaim{}
+	for i := range claimList.Items {
+		claimsByName[claimList.Items[i].Name] = &claimList.Items[i]
+	}
+	owner := map[string]string{} // pool/device -> pod
+	checked := 0
+	var errs []error
+	for i := range pods.Items {
+		pod := &pods.Items[i]
+		if !strings.HasPrefix(pod.Name, prefix+"-") {
+			continue
+		}
+		checked++
+		if err := verifyPod(c, pod, claims, claimsByName, owner); err != nil {
+			errs = append(errs, fmt.Errorf("pod %s: %w", pod.Name, err))
+		}
+	}
+	if checked != n {
+		errs = append(errs, fmt.Errorf("%d %s pods, want %d", checked, prefix, n))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("load round %s: %d problems, the first: %w", prefix, len(errs), errs[0])
+	}
+	return nil
+}
+
+func verifyPod(c *cluster.Cluster, pod *corev1.Pod, claims bool, claimsByName map[string]*resourceapi.ResourceClaim, owner map[string]string) error {
+	if pod.Status.Phase != corev1.PodRunning {
+		return fmt.Errorf("phase %s", pod.Status.Phase)
+	}
+	node := c.Node(pod.Spec.NodeName)
+	if node == nil {
+		return fmt.Errorf("on unknown node %q", pod.Spec.NodeName)
+	}
+	ctrs, ok := node.Containers(pod)
+	if !ok {
+		return fmt.Errorf("node %s has no record of starting it", node.Name())
+	}
+	devs := ctrs["ctr"]
+	if !claims {
+		if len(devs.CDIDevices) != 0 || len(devs.Claims) != 0 {
+			return fmt.Errorf("got devices %v without a claim", devs.CDIDevices)
+		}
+		return nil
+	}
+	names := cluster.ClaimNames(pod)
+	if len(names) != 1 {
+		return fmt.Errorf("claims %v, want one", names)
+	}
+	claim := claimsByName[names[0]]
+	if claim == nil || claim.Status.Allocation == nil {
+		return fmt.Errorf("claim %s missing or not allocated", names[0])
+	}
+	results := claim.Status.Allocation.Devices.Results
+	if len(results) != 1 {
+		return fmt.Errorf("claim %s has %d devices, want 1", claim.Name, len(results))
+	}
+	res := results[0]
+	if res.Driver != cluster.DefaultDriverName || res.Pool != node.Name() {
+		return fmt.Errorf("claim %s: device %s/%s/%s, want one of node %s", claim.Name, res.Driver, res.Pool, res.Device, node.Name())
+	}
+	key := res.Pool + "/" + res.Device
+	if other, taken := owner[key]; taken {
+		return fmt.Errorf("device %s also given to pod %s", key, other)
+	}
+	owner[key] = pod.Name
+	if len(devs.Claims) != 1 || len(devs.Claims[0].Devices) != 1 {
+		return fmt.Errorf("node prepared %+v, want one claim with one device", devs.Claims)
+	}
+	if p := devs.Claims[0].Devices[0]; p.Pool != res.Pool || p.Device != res.Device {
+		return fmt.Errorf("node prepared %s/%s, claim allocated %s", p.Pool, p.Device, key)
+	}
+	if len(devs.CDIDevices) == 0 || len(devs.DeviceNodes) == 0 {
+		return fmt.Errorf("CDI devices %v resolved to device nodes %v", devs.CDIDevices, devs.DeviceNodes)
+	}
+	return nil
+}
+
+// roundResult is what one round of the load run measured.
+type roundResult struct {
+	// makespan is from the first create to the last pod Running.
+	makespan time.Duration
+	// created is from the first create to the last create's answer.
+	created time.Duration
+	// claimed, bound and running are, per pod, the time from its create
+	// to the first sight of it with its claims made (with claims only),
+	// bound to a node, and Running.
+	claimed, bound, running []time.Duration
+	// requests are the API requests made from the first create until
+	// the last pod ran.
+	requests controlplane.RequestCounts
+	// cpu is the CPU time (user and system) this process used in the
+	// same period: on a shared machine it says more about the work done
+	// than the makespan.
+	cpu time.Duration
 }
 
 // loadRound creates n pods at once and returns the time from the first
 // create to the last pod Running (Running means prepared: the pod loop
 // marks a pod Running only after the DRA manager prepared its claims).
-func loadRound(ctx context.Context, client kubernetes.Interface, prefix string, n int, claims bool) (time.Duration, error) {
+func loadRound(ctx context.Context, c *cluster.Cluster, client kubernetes.Interface, prefix string, n int, claims bool) (*roundResult, error) {
 	// An informer rather than a bare watch: it survives the watch being
 	// closed under load.
 	var mu sync.Mutex
-	running := map[string]bool{}
+	createdAt := make([]time.Time, n)
+	claimedAt := map[string]time.Time{}
+	boundAt := map[string]time.Time{}
+	runningAt := map[string]time.Time{}
 	var last time.Time
 	allRunning := make(chan struct{})
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace("default"))
 	informer := factory.Core().V1().Pods().Informer()
 	observe := func(obj any) {
 		pod, ok := obj.(*corev1.Pod)
-		if !ok || pod.Status.Phase != corev1.PodRunning || !strings.HasPrefix(pod.Name, prefix+"-") {
+		if !ok || !strings.HasPrefix(pod.Name, prefix+"-") {
 			return
 		}
+		now := time.Now()
 		mu.Lock()
 		defer mu.Unlock()
-		if !running[pod.Name] {
-			running[pod.Name] = true
-			last = time.Now()
-			if len(running) == n {
+		if _, seen := claimedAt[pod.Name]; !seen && len(pod.Status.ResourceClaimStatuses) > 0 {
+			claimedAt[pod.Name] = now
+		}
+		if _, seen := boundAt[pod.Name]; !seen && pod.Spec.NodeName != "" {
+			boundAt[pod.Name] = now
+		}
+		if _, seen := runningAt[pod.Name]; !seen && pod.Status.Phase == corev1.PodRunning {
+			runningAt[pod.Name] = now
+			last = now
+			if len(runningAt) == n {
 				close(allRunning)
 			}
 		}
@@ -164,8 +382,11 @@ func loadRound(ctx context.Context, client kubernetes.Interface, prefix string, 
 	factory.WaitForCacheSync(stop)
 
 	progress("creating %d pods (%s)", n, prefix)
+	before := c.ControlPlane().RequestCounts()
+	cpuBefore := processCPU()
 	start := time.Now()
 	var next atomic.Int64
+	var lastCreated atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, loadCreators)
 	for range loadCreators {
@@ -175,9 +396,19 @@ func loadRound(ctx context.Context, client kubernetes.Interface, prefix string, 
 				if i >= int64(n) {
 					return
 				}
-				if _, err := client.CoreV1().Pods("default").Create(ctx, loadPod(fmt.Sprintf("%s-%05d", prefix, i), claims), metav1.CreateOptions{}); err != nil {
+				t := time.Now()
+				if _, err := client.CoreV1().Pods("default").Create(ctx, loadPod(loadPodName(prefix, int(i)), claims), metav1.CreateOptions{}); err != nil {
 					errs <- err
 					return
+				}
+				mu.Lock()
+				createdAt[i] = t
+				mu.Unlock()
+				for took := int64(time.Since(start)); ; {
+					prev := lastCreated.Load()
+					if took <= prev || lastCreated.CompareAndSwap(prev, took) {
+						break
+					}
 				}
 			}
 		})
@@ -185,21 +416,38 @@ func loadRound(ctx context.Context, client kubernetes.Interface, prefix string, 
 	defer wg.Wait()
 	select {
 	case err := <-errs:
-		return 0, fmt.Errorf("create pod: %w", err)
+		return nil, fmt.Errorf("create pod: %w", err)
 	case <-allRunning:
 	case <-time.After(10 * time.Minute):
 		mu.Lock()
 		defer mu.Unlock()
-		return 0, fmt.Errorf("only %d of %d pods running after 10 minutes", len(running), n)
+		return nil, fmt.Errorf("only %d of %d pods running after 10 minutes", len(runningAt), n)
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		return nil, ctx.Err()
 	}
+	requests := c.ControlPlane().RequestCounts().Sub(before)
+	cpu := processCPU() - cpuBefore
+	wg.Wait()
 	mu.Lock()
-	makespan := last.Sub(start)
-	mu.Unlock()
-	progress("%d pods running %v after the first create", n, makespan.Round(time.Millisecond))
-	return makespan, nil
+	defer mu.Unlock()
+	r := &roundResult{makespan: last.Sub(start), created: time.Duration(lastCreated.Load()), requests: requests, cpu: cpu}
+	for i := range n {
+		// The informer may have missed an intermediate state (a relist
+		// joins updates); the next state seen then stands for it.
+		name := loadPodName(prefix, i)
+		running := runningAt[name]
+		bound := cmp.Or(boundAt[name], running)
+		if claims {
+			r.claimed = append(r.claimed, cmp.Or(claimedAt[name], bound).Sub(createdAt[i]))
+		}
+		r.bound = append(r.bound, bound.Sub(createdAt[i]))
+		r.running = append(r.running, running.Sub(createdAt[i]))
+	}
+	progress("%d pods running %v after the first create", n, r.makespan.Round(time.Millisecond))
+	return r, nil
 }
+
+func loadPodName(prefix string, i int) string { return fmt.Sprintf("%s-%05d", prefix, i) }
 
 func loadPod(name string, claims bool) *corev1.Pod {
 	pod := &corev1.Pod{
@@ -235,6 +483,15 @@ func deleteAllPods(ctx context.Context, client kubernetes.Interface) error {
 		}
 		return len(pods.Items) == 0 && len(claims.Items) == 0, nil
 	})
+}
+
+// processCPU returns the CPU time this process has used, user and system.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // peakRSS reads the process's peak resident set size.

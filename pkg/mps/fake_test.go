@@ -1,0 +1,489 @@
+package mps_test
+
+// A fake nvidia-cuda-mps-control, built into the test binary: TestMain runs
+// it when the binary is executed through a symlink of that name. It does
+// what NVIDIA documents, for real: -d forks a daemon into the background
+// (same command line, a session of its own) that takes a lock in the pipe
+// directory, listens on <pipe>/control, writes
+// <pipe>/nvidia-cuda-mps-control.pid and logs to <log>/control.log; run
+// without arguments it is a client that sends each stdin line to the daemon
+// and prints the answer. start_server spawns a real child process named
+// nvidia-cuda-mps-server. The daemon records what it was told in
+// <log>/fake-record.json; every -d invocation appends a line to
+// <log>/fake-launches.
+//
+// Knobs (environment of the daemon): FAKE_MPS_IGNORE_QUIT answers quit but
+// keeps running; FAKE_MPS_IGNORE_LIMITS accepts limit commands without
+// applying them; FAKE_MPS_FAIL_START_IF=<path> makes the daemon fail at
+// start while <path> exists.
+//
+// Every fake process exits by itself once its pipe directory is gone, so a
+// failed test leaves nothing running for long.
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpudra/gpudra/pkg/mps"
+)
+
+const (
+	fakeControlName = "nvidia-cuda-mps-control"
+	fakeServerName  = mps.ServerBinaryName
+	fakeSleeperName = "gpudra-test-sleeper"
+
+	envBackground   = "FAKE_MPS_BACKGROUND"
+	envIgnoreQuit   = "FAKE_MPS_IGNORE_QUIT"
+	envIgnoreLimits = "FAKE_MPS_IGNORE_LIMITS"
+	envFailStartIf  = "FAKE_MPS_FAIL_START_IF"
+
+	fakeRecordName   = "fake-record.json"
+	fakeLaunchesName = "fake-launches"
+	fakeMaxLifetime  = 3 * time.Minute
+)
+
+// fakeBin is the directory with the fake programs (symlinks to the test
+// binary).
+var fakeBin string
+
+func TestMain(m *testing.M) {
+	switch filepath.Base(os.Args[0]) {
+	case fakeControlName:
+		os.Exit(fakeControl(os.Args[1:]))
+	case fakeServerName:
+		os.Exit(fakeLinger(os.Getenv(mps.EnvPipeDirectory)))
+	case fakeSleeperName:
+		os.Exit(fakeLinger(""))
+	}
+	dir, err := os.MkdirTemp("", "mpsfake")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	exe, err := os.Executable()
+	if err == nil {
+		for _, name := range []string{fakeControlName, fakeServerName, fakeSleeperName} {
+			if err = os.Symlink(exe, filepath.Join(dir, name)); err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	fakeBin = dir
+	// Under the race detector every process sleeps a second before it
+	// exits; the fakes are many short processes.
+	if !strings.Contains(os.Getenv("GORACE"), "atexit_sleep_ms") {
+		_ = os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// fakeRecord is what the fake daemon was told.
+type fakeRecord struct {
+	PID                    int                `json:"pid"`
+	Args                   []string           `json:"args"`
+	MultiUser              bool               `json:"multiUser"`
+	VisibleDevices         []string           `json:"visibleDevices"`
+	ActiveThreadPercentage *float64           `json:"activeThreadPercentage"`
+	PinnedMemLimitMiB      map[string]int64   `json:"pinnedMemLimitMiB"`
+	Servers                []fakeServerRecord `json:"servers"`
+	Commands               []string           `json:"commands"`
+	servers                map[int]*fakeServerProc
+	serverByPID            map[int]*fakeServerRecord
+}
+
+type fakeServerProc struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+type fakeServerRecord struct {
+	PID                    int              `json:"pid"`
+	UID                    int              `json:"uid"`
+	ActiveThreadPercentage *float64         `json:"activeThreadPercentage"`
+	PinnedMemLimitMiB      map[string]int64 `json:"pinnedMemLimitMiB"`
+}
+
+func fakeControl(args []string) int {
+	pipe, logDir := os.Getenv(mps.EnvPipeDirectory), os.Getenv(mps.EnvLogDirectory)
+	if pipe == "" {
+		fmt.Println("CUDA_MPS_PIPE_DIRECTORY must be set to start or to communicate with MPS control daemon")
+		return 1
+	}
+	if len(args) == 0 {
+		return fakeClient(pipe)
+	}
+	for _, a := range args {
+		if a != "-d" && a != "-M" {
+			fmt.Printf("Unknown option: %s\n", a)
+			return 1
+		}
+	}
+	if !slices.Contains(args, "-d") {
+		fmt.Println("the fake only starts daemons with -d")
+		return 1
+	}
+	if logDir == "" {
+		fmt.Println("the fake needs CUDA_MPS_LOG_DIRECTORY")
+		return 1
+	}
+	if os.Getenv(envBackground) == "1" {
+		return fakeDaemon(pipe, logDir, args)
+	}
+	appendLine(filepath.Join(logDir, fakeLaunchesName), strings.Join(args, " "))
+	// Like the real -d: fork the daemon into the background and return.
+	// The child keeps the command line, so /proc shows "... -d".
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), envBackground+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		fmt.Println("fork:", err)
+		return 1
+	}
+	return 0
+}
+
+func fakeClient(pipe string) int {
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" {
+			continue
+		}
+		conn, err := net.Dial("unix", filepath.Join(pipe, mps.ControlSocketName))
+		if err != nil {
+			fmt.Println("Cannot find MPS control daemon process")
+			return 1
+		}
+		_, _ = fmt.Fprintln(conn, line)
+		_ = conn.(*net.UnixConn).CloseWrite()
+		_, _ = io.Copy(os.Stdout, conn)
+		_ = conn.Close()
+	}
+	return 0
+}
+
+func fakeDaemon(pipe, logDir string, args []string) int {
+	logf := func(format string, a ...any) {
+		appendLine(filepath.Join(logDir, mps.ControlLogName),
+			fmt.Sprintf("[%s Control %6d] ", time.Now().Format("2006-01-02 15:04:05.000"), os.Getpid())+fmt.Sprintf(format, a...))
+	}
+	lock, err := os.OpenFile(filepath.Join(pipe, "control_lock"), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		logf("open lock: %v", err)
+		return 1
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		logf("An instance of this daemon is already running with this pipe directory")
+		return 1
+	}
+	if p := os.Getenv(envFailStartIf); p != "" {
+		if _, err := os.Stat(p); err == nil {
+			logf("Failed to start control daemon: device init error (test)")
+			return 1
+		}
+	}
+	sock := filepath.Join(pipe, mps.ControlSocketName)
+	_ = os.Remove(sock)
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		logf("listen: %v", err)
+		return 1
+	}
+	d := &fakeRecord{
+		PID:               os.Getpid(),
+		Args:              args,
+		MultiUser:         slices.Contains(args, "-M"),
+		VisibleDevices:    strings.Split(os.Getenv(mps.EnvVisibleDevices), ","),
+		PinnedMemLimitMiB: map[string]int64{},
+		servers:           map[int]*fakeServerProc{},
+		serverByPID:       map[int]*fakeServerRecord{},
+	}
+	var mu sync.Mutex
+	save := func() {
+		d.Servers = d.Servers[:0]
+		for _, pid := range slices.Sorted(maps.Keys(d.serverByPID)) {
+			d.Servers = append(d.Servers, *d.serverByPID[pid])
+		}
+		data, _ := json.MarshalIndent(d, "", "  ")
+		writeAtomic(filepath.Join(logDir, fakeRecordName), data)
+	}
+	mu.Lock()
+	save()
+	mu.Unlock()
+	writeAtomic(filepath.Join(pipe, mps.PIDFileName), []byte(strconv.Itoa(os.Getpid())+"\n"))
+	logf("Starting control daemon using socket %s", sock)
+	logf("To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY=%s", pipe)
+
+	stopServers := func() {
+		for pid, p := range d.servers {
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-p.done:
+			case <-time.After(5 * time.Second):
+			}
+			delete(d.servers, pid)
+			delete(d.serverByPID, pid)
+		}
+	}
+	go func() {
+		born := time.Now()
+		for range time.Tick(100 * time.Millisecond) {
+			if _, err := os.Stat(pipe); err != nil || time.Since(born) > fakeMaxLifetime {
+				mu.Lock()
+				stopServers()
+				os.Exit(0)
+			}
+		}
+	}()
+
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			logf("accept: %v", err)
+			return 1
+		}
+		line, _ := bufio.NewReader(conn).ReadString('\n')
+		line = strings.TrimSpace(line)
+		mu.Lock()
+		logf("Cmd:%s", line)
+		d.Commands = append(d.Commands, line)
+		reply, quit := d.handle(line, stopServers, &mu, save)
+		save()
+		mu.Unlock()
+		if reply != "" {
+			_, _ = fmt.Fprintln(conn, reply)
+		}
+		_ = conn.Close()
+		if quit {
+			_ = os.Remove(filepath.Join(pipe, mps.PIDFileName))
+			_ = os.Remove(sock)
+			logf("Exit")
+			return 0
+		}
+	}
+}
+
+var memValue = regexp.MustCompile(`^([0-9]+)([MG])$`)
+
+// handle runs one command; mu is held.
+func (d *fakeRecord) handle(line string, stopServers func(), mu *sync.Mutex, save func()) (reply string, quit bool) {
+	f := strings.Fields(line)
+	if len(f) == 0 {
+		return "", false
+	}
+	ignoreLimits := os.Getenv(envIgnoreLimits) == "1"
+	switch {
+	case f[0] == "quit" && len(f) == 1:
+		if os.Getenv(envIgnoreQuit) == "1" {
+			return "", false
+		}
+		stopServers()
+		return "", true
+	case f[0] == "get_server_list" && len(f) == 1:
+		var pids []string
+		for _, pid := range slices.Sorted(maps.Keys(d.serverByPID)) {
+			pids = append(pids, strconv.Itoa(pid))
+		}
+		return strings.Join(pids, "\n"), false
+	case f[0] == "start_server" && len(f) == 3 && f[1] == "-uid":
+		uid, err := strconv.Atoi(f[2])
+		if err != nil {
+			return "Invalid user id " + f[2], false
+		}
+		for _, s := range d.serverByPID {
+			if s.UID != uid && !d.MultiUser {
+				return fmt.Sprintf("A server for user %d is running: user %d must wait for it to exit", s.UID, uid), false
+			}
+		}
+		cmd := exec.Command(filepath.Join(filepath.Dir(os.Args[0]), fakeServerName))
+		if err := cmd.Start(); err != nil {
+			return "start server: " + err.Error(), false
+		}
+		pid := cmd.Process.Pid
+		p := &fakeServerProc{cmd: cmd, done: make(chan struct{})}
+		d.servers[pid] = p
+		d.serverByPID[pid] = &fakeServerRecord{PID: pid, UID: uid, ActiveThreadPercentage: clonePtr(d.ActiveThreadPercentage), PinnedMemLimitMiB: maps.Clone(d.PinnedMemLimitMiB)}
+		go func() {
+			_ = cmd.Wait()
+			close(p.done)
+			mu.Lock()
+			if d.servers[pid] == p {
+				delete(d.servers, pid)
+				delete(d.serverByPID, pid)
+				save()
+			}
+			mu.Unlock()
+		}()
+		return "", false
+	case f[0] == "set_default_active_thread_percentage" && len(f) == 2:
+		p, err := strconv.ParseFloat(f[1], 64)
+		if err != nil || p <= 0 || p > 100 {
+			return "Invalid percentage " + f[1], false
+		}
+		if !ignoreLimits {
+			d.ActiveThreadPercentage = &p
+		}
+		return "", false
+	case f[0] == "get_default_active_thread_percentage" && len(f) == 1:
+		return showPct(d.ActiveThreadPercentage), false
+	case f[0] == "set_default_device_pinned_mem_limit" && len(f) == 3:
+		dev, ok := d.device(f[1])
+		mib, vok := parseMem(f[2])
+		if !ok || !vok {
+			return fmt.Sprintf("Invalid device or value: %s %s", f[1], f[2]), false
+		}
+		if !ignoreLimits {
+			d.PinnedMemLimitMiB[dev] = mib
+		}
+		return "", false
+	case f[0] == "get_default_device_pinned_mem_limit" && len(f) == 2:
+		dev, ok := d.device(f[1])
+		if !ok {
+			return "Invalid device " + f[1], false
+		}
+		return showMem(d.PinnedMemLimitMiB[dev]), false
+	case f[0] == "set_active_thread_percentage" && len(f) == 3:
+		s, ok := d.server(f[1])
+		p, err := strconv.ParseFloat(f[2], 64)
+		if !ok || err != nil || p <= 0 || p > 100 {
+			return fmt.Sprintf("Invalid server or percentage: %s %s", f[1], f[2]), false
+		}
+		if !ignoreLimits {
+			s.ActiveThreadPercentage = &p
+		}
+		return "", false
+	case f[0] == "set_device_pinned_mem_limit" && len(f) == 4:
+		s, ok := d.server(f[1])
+		dev, dok := d.device(f[2])
+		mib, vok := parseMem(f[3])
+		if !ok || !dok || !vok {
+			return fmt.Sprintf("Invalid server, device or value: %s %s %s", f[1], f[2], f[3]), false
+		}
+		if !ignoreLimits {
+			s.PinnedMemLimitMiB[dev] = mib
+		}
+		return "", false
+	}
+	return "Unknown command: " + line, false
+}
+
+// device resolves a device given by UUID or by index among the visible
+// devices.
+func (d *fakeRecord) device(s string) (string, bool) {
+	if i, err := strconv.Atoi(s); err == nil {
+		if i >= 0 && i < len(d.VisibleDevices) {
+			return d.VisibleDevices[i], true
+		}
+		return "", false
+	}
+	return s, slices.Contains(d.VisibleDevices, s)
+}
+
+func (d *fakeRecord) server(s string) (*fakeServerRecord, bool) {
+	pid, err := strconv.Atoi(s)
+	if err != nil {
+		return nil, false
+	}
+	r, ok := d.serverByPID[pid]
+	return r, ok
+}
+
+func parseMem(s string) (int64, bool) {
+	m := memValue.FindStringSubmatch(s)
+	if m == nil {
+		return 0, false
+	}
+	n, _ := strconv.ParseInt(m[1], 10, 64)
+	if m[2] == "G" {
+		n *= 1024
+	}
+	return n, n > 0
+}
+
+// showMem answers like a real driver was seen to: whole G, rounded down,
+// from 1 GiB up.
+func showMem(mib int64) string {
+	if mib >= 1024 {
+		return fmt.Sprintf("%dG", mib/1024)
+	}
+	return fmt.Sprintf("%dM", mib)
+}
+
+func showPct(p *float64) string {
+	if p == nil {
+		return "100.0"
+	}
+	return strconv.FormatFloat(*p, 'f', 1, 64)
+}
+
+// fakeLinger is a process that waits to be killed: an MPS server, or an
+// unrelated program. It exits by itself on SIGTERM, when dir (if given)
+// disappears, or after fakeMaxLifetime.
+func fakeLinger(dir string) int {
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, syscall.SIGTERM)
+	born := time.Now()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-term:
+			return 0
+		case <-tick.C:
+			if time.Since(born) > fakeMaxLifetime {
+				return 0
+			}
+			if dir != "" {
+				if _, err := os.Stat(dir); err != nil {
+					return 0
+				}
+			}
+		}
+	}
+}
+
+func appendLine(path, line string) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return
+	}
+	_, _ = fmt.Fprintln(f, line)
+	_ = f.Close()
+}
+
+func writeAtomic(path string, data []byte) {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err == nil {
+		_ = os.Rename(tmp, path)
+	}
+}
+
+func clonePtr(p *float64) *float64 {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
+}

@@ -1,0 +1,256 @@
+package mps_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/gpudra/gpudra/pkg/mps"
+)
+
+const (
+	gpu0 = "GPU-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+	gpu1 = "GPU-11112222-3333-4444-5555-666677778888"
+	mig0 = "MIG-5c7f0a2e-9d41-5b8e-a0c3-2f6e1d9b8a70"
+
+	testStopTimeout = 1500 * time.Millisecond
+)
+
+func intp(n int) *int { return &n }
+
+// eventLog collects a Manager's events.
+type eventLog struct {
+	mu     sync.Mutex
+	events []mps.Event
+}
+
+func (l *eventLog) add(e mps.Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, e)
+}
+
+// types returns the types of id's events, oldest first.
+func (l *eventLog) types(id string) []mps.EventType {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []mps.EventType
+	for _, e := range l.events {
+		if e.ID == id {
+			out = append(out, e.Type)
+		}
+	}
+	return out
+}
+
+func (l *eventLog) last(id string) mps.Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := len(l.events) - 1; i >= 0; i-- {
+		if l.events[i].ID == id {
+			return l.events[i]
+		}
+	}
+	return mps.Event{}
+}
+
+// newRoot returns a short root directory (socket paths must stay under 108
+// bytes). Removing it at the end makes every fake process left exit.
+func newRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "mps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
+}
+
+func testContext(t *testing.T) context.Context {
+	_, ctx := ktesting.NewTestContext(t)
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// newManager returns a Manager on root that runs the fake control binary.
+func newManager(t *testing.T, root string, events *eventLog, extra ...mps.Option) *mps.Manager {
+	t.Helper()
+	opts := []mps.Option{
+		mps.WithControlBinary(filepath.Join(fakeBin, fakeControlName)),
+		mps.WithTimeouts(10*time.Second, testStopTimeout, 10*time.Second),
+		mps.WithPollInterval(5 * time.Millisecond),
+	}
+	if events != nil {
+		opts = append(opts, mps.WithEventHandler(events.add))
+	}
+	m, err := mps.New(root, append(opts, extra...)...)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return m
+}
+
+// record returns what the fake daemon of dirs was told.
+func record(t *testing.T, dirs mps.Dirs) fakeRecord {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dirs.Log, fakeRecordName))
+	if err != nil {
+		t.Fatalf("fake record: %v", err)
+	}
+	var r fakeRecord
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatalf("fake record: %v", err)
+	}
+	return r
+}
+
+// launches counts the -d invocations for dirs.
+func launches(t *testing.T, dirs mps.Dirs) int {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dirs.Log, fakeLaunchesName))
+	if os.IsNotExist(err) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(string(data), "\n")
+}
+
+// alive reports whether pid runs (a zombie does not).
+func alive(pid int) bool {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	s := string(data)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
+}
+
+func waitDead(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for alive(pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("pid %d still alive", pid)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// crash kills pid as a crash would.
+func crash(t *testing.T, pid int) {
+	t.Helper()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill -9 %d: %v", pid, err)
+	}
+	waitDead(t, pid)
+}
+
+// client sends one command to the daemon of dirs, as a person would.
+func client(t *testing.T, dirs mps.Dirs, command string) string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(fakeBin, fakeControlName))
+	cmd.Env = append(os.Environ(), mps.EnvPipeDirectory+"="+dirs.Pipe, mps.EnvLogDirectory+"="+dirs.Log)
+	cmd.Stdin = strings.NewReader(command + "\n")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%q: %v: %s", command, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// sleeper starts an unrelated long-running process.
+func sleeper(t *testing.T) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(fakeBin, fakeSleeperName))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return cmd
+}
+
+// deadPID returns the PID of a process that has exited and been reaped.
+func deadPID(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(fakeBin, fakeSleeperName))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	return cmd.Process.Pid
+}
+
+func writePIDFile(t *testing.T, dirs mps.Dirs, content string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dirs.Pipe, mps.PIDFileName), []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// forgetDaemon removes the daemon's process from gpudra's record, as when
+// a plugin died between starting the daemon and recording it.
+func forgetDaemon(t *testing.T, dirs mps.Dirs) {
+	t.Helper()
+	path := filepath.Join(dirs.Root, "daemon.json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec map[string]any
+	if err := json.Unmarshal(data, &rec); err != nil {
+		t.Fatal(err)
+	}
+	delete(rec, "daemon")
+	delete(rec, "bootID")
+	data, _ = json.Marshal(rec)
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// wantLimits checks that the fake daemon holds spec's limits as defaults.
+func wantLimits(t *testing.T, r fakeRecord, spec mps.Spec) {
+	t.Helper()
+	if spec.ActiveThreadPercentage == nil {
+		if r.ActiveThreadPercentage != nil {
+			t.Errorf("active thread percentage = %v, want unset", *r.ActiveThreadPercentage)
+		}
+	} else if r.ActiveThreadPercentage == nil || *r.ActiveThreadPercentage != float64(*spec.ActiveThreadPercentage) {
+		t.Errorf("active thread percentage = %v, want %d", fmtPct(r.ActiveThreadPercentage), *spec.ActiveThreadPercentage)
+	}
+	want := map[string]int64{}
+	for u, b := range spec.PinnedMemoryLimits {
+		want[u] = b / mps.MiB
+	}
+	if len(want) != len(r.PinnedMemLimitMiB) {
+		t.Errorf("pinned memory limits (MiB) = %v, want %v", r.PinnedMemLimitMiB, want)
+		return
+	}
+	for u, mib := range want {
+		if r.PinnedMemLimitMiB[u] != mib {
+			t.Errorf("pinned memory limits (MiB) = %v, want %v", r.PinnedMemLimitMiB, want)
+		}
+	}
+}
+
+func fmtPct(p *float64) string {
+	if p == nil {
+		return "unset"
+	}
+	return strconv.FormatFloat(*p, 'f', -1, 64)
+}

@@ -1,0 +1,198 @@
+package mps
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// find returns the running control daemon of dirs. The pid file is only
+// believed when the process it names is a live control daemon (-d) that is
+// either the very process recorded (same start time in the same boot) or,
+// without a usable record, one serving this pipe directory: a PID reused by
+// another program, or by another claim's daemon, is not taken for it.
+func (m *Manager) find(dirs Dirs, st *state) (procRef, bool) {
+	pid, err := readPIDFile(dirs)
+	if err != nil {
+		return procRef{}, false
+	}
+	ps, ok := m.proc.alive(pid)
+	if !ok || !m.proc.isCommand(pid, filepath.Base(m.opts.binary), "-d") {
+		return procRef{}, false
+	}
+	ref := procRef{PID: pid, StartTime: ps.startTime}
+	if st != nil && st.Daemon != nil && st.Daemon.PID == pid && st.BootID != "" && st.BootID == m.bootID {
+		return ref, st.Daemon.StartTime == ps.startTime
+	}
+	pipe, found := m.proc.environ(pid, EnvPipeDirectory)
+	return ref, found && filepath.Clean(pipe) == dirs.Pipe
+}
+
+// startedAs checks what can be checked of a running daemon against spec:
+// the limits can be applied again, but the devices and -M are fixed at
+// start.
+func (m *Manager) startedAs(ref procRef, spec Spec) error {
+	argv, err := m.proc.cmdline(ref.PID)
+	if err != nil {
+		return err
+	}
+	if multi := slices.Contains(argv[1:], "-M"); multi != spec.MultiUser {
+		return fmt.Errorf("runs with multi-user %v, want %v", multi, spec.MultiUser)
+	}
+	devices, _ := m.proc.environ(ref.PID, EnvVisibleDevices)
+	if want := strings.Join(spec.DeviceUUIDs, ","); devices != want {
+		return fmt.Errorf("serves devices %q, want %q", devices, want)
+	}
+	return nil
+}
+
+// launch starts the daemon of spec and applies its limits. restart says
+// that it ran before and died.
+func (m *Manager) launch(ctx context.Context, spec Spec, dirs Dirs, prev *state, restart bool) (Daemon, error) {
+	if err := ctx.Err(); err != nil {
+		return Daemon{}, err
+	}
+	if err := checkExecutable(m.opts.binary); err != nil {
+		return Daemon{}, err
+	}
+	if err := dirs.create(); err != nil {
+		return Daemon{}, err
+	}
+	st := &state{Spec: spec}
+	if prev != nil {
+		st.Restarts = prev.Restarts
+	}
+	if restart {
+		st.Restarts++
+	}
+	// The spec goes to disk before the daemon exists, so that whatever
+	// happens next, the directory says what it is for.
+	if err := writeState(dirs, st); err != nil {
+		return Daemon{}, fmt.Errorf("record daemon: %w", err)
+	}
+	// Never a second daemon on one pipe directory (it would not start, and
+	// removing the pid file below would hide the first).
+	if ref, ok := m.find(dirs, nil); ok {
+		return Daemon{}, fmt.Errorf("a daemon already serves %s (pid %d) that gpudra's record does not name", dirs.Pipe, ref.PID)
+	}
+	if prev != nil && prev.Daemon != nil {
+		m.waitExited(ctx, *prev.Daemon)
+	}
+	// The old pid file names a process that is not a daemon of this
+	// directory; without it, the first pid file that appears is the new
+	// daemon's.
+	if err := os.Remove(filepath.Join(dirs.Pipe, PIDFileName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return Daemon{}, err
+	}
+	argv := []string{m.opts.binary, "-d"}
+	if spec.MultiUser {
+		argv = append(argv, "-M")
+	}
+	env := mergeEnv(m.opts.daemonEnv, []string{
+		EnvPipeDirectory + "=" + dirs.Pipe,
+		EnvLogDirectory + "=" + dirs.Log,
+		EnvVisibleDevices + "=" + strings.Join(spec.DeviceUUIDs, ","),
+	})
+	if err := m.opts.launcher.Launch(ctx, LaunchRequest{ID: spec.ID, Argv: argv, Env: env, Dirs: dirs}); err != nil {
+		return Daemon{}, err
+	}
+	ref, err := m.waitReady(ctx, dirs, strings.Join(argv, " "))
+	if err != nil {
+		// A daemon that comes up after all, late, would run without its
+		// limits: it must not be left behind.
+		if late, ok := m.find(dirs, nil); ok {
+			m.kill(ctx, dirs, late)
+		}
+		return Daemon{}, err
+	}
+	st.Daemon, st.BootID = &ref, m.bootID
+	if err := writeState(dirs, st); err != nil {
+		m.kill(ctx, dirs, ref)
+		return Daemon{}, fmt.Errorf("record daemon: %w", err)
+	}
+	if err := m.applyLimits(ctx, spec, dirs); err != nil {
+		// A daemon without its limits must serve no one.
+		m.kill(ctx, dirs, ref)
+		return Daemon{}, err
+	}
+	return Daemon{Spec: spec.clone(), Dirs: dirs, PID: ref.PID, Restarts: st.Restarts}, nil
+}
+
+// kill ends a daemon at once, with its servers, and waits (up to the stop
+// timeout, even if ctx has ended) until they are gone.
+func (m *Manager) kill(ctx context.Context, dirs Dirs, ref procRef) {
+	refs := append([]procRef{ref}, m.proc.serversOf(dirs.Pipe, ref.PID)...)
+	m.killAll(context.WithoutCancel(ctx), refs)
+	_ = os.Remove(filepath.Join(dirs.Pipe, PIDFileName))
+}
+
+// waitReady waits for the daemon just launched to write its pid file and
+// open its control socket.
+func (m *Manager) waitReady(ctx context.Context, dirs Dirs, command string) (procRef, error) {
+	ctx, cancel := context.WithTimeout(ctx, m.opts.startTimeout)
+	defer cancel()
+	base := filepath.Base(m.opts.binary)
+	for {
+		if pid, err := readPIDFile(dirs); err == nil {
+			ps, alive := m.proc.alive(pid)
+			if !alive {
+				return procRef{}, fmt.Errorf("%s: daemon pid %d exited: %s", command, pid, m.daemonOutput(dirs))
+			}
+			if !m.proc.isCommand(pid, base, "-d") {
+				return procRef{}, fmt.Errorf("%s: %s names pid %d, which is not %s -d", command, PIDFileName, pid, base)
+			}
+			if _, err := os.Stat(filepath.Join(dirs.Pipe, ControlSocketName)); err == nil {
+				return procRef{PID: pid, StartTime: ps.startTime}, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return procRef{}, fmt.Errorf("%s: daemon not up after %v (%w): %s", command, m.opts.startTimeout, ctx.Err(), m.daemonOutput(dirs))
+		case <-time.After(m.opts.pollInterval):
+		}
+	}
+}
+
+// daemonOutput is what the daemon said about its start, for errors.
+func (m *Manager) daemonOutput(dirs Dirs) string {
+	return fmt.Sprintf("%s: %q; %s: %q",
+		ControlLogName, tail(filepath.Join(dirs.Log, ControlLogName), 2048),
+		launchOutName, tail(filepath.Join(dirs.Log, launchOutName), 1024))
+}
+
+// waitExited waits, up to the start timeout, until the last thread of a
+// daemon that died has exited and released the pipe directory's lock. A
+// daemon killed a moment ago may still be exiting; one that is long gone
+// costs nothing here.
+func (m *Manager) waitExited(ctx context.Context, ref procRef) {
+	deadline := time.Now().Add(m.opts.startTimeout)
+	for m.proc.exiting(ref) && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(m.opts.pollInterval):
+		}
+	}
+}
+
+// waitGone waits up to timeout for ref to exit.
+func (m *Manager) waitGone(ctx context.Context, ref procRef, timeout time.Duration) bool {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for m.proc.same(ref) {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-deadline.C:
+			return !m.proc.same(ref)
+		case <-time.After(m.opts.pollInterval):
+		}
+	}
+	return true
+}
