@@ -33,6 +33,7 @@ const (
 type kubeletPluginOptions struct {
 	hw             discoveryFlags
 	cdi            cdiFlags
+	sharing        sharingFlags
 	driverName     string
 	nodeName       string
 	kubeconfig     string
@@ -63,6 +64,7 @@ func newKubeletPluginCommand() *cobra.Command {
 	fs := cmd.Flags()
 	o.hw.addFlags(fs)
 	o.cdi.addFlags(fs)
+	o.sharing.addFlags(fs)
 	fs.StringVar(&o.driverName, "driver-name", "gpu.nvidia.com", "DRA driver name; NVIDIA's DRA driver uses gpu.nvidia.com")
 	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node, also the pool name (env NODE_NAME)")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file; in-cluster config when empty (env KUBECONFIG)")
@@ -97,6 +99,9 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 	if err := o.cdi.validate(); err != nil {
 		return err
 	}
+	if err := o.sharing.validate(); err != nil {
+		return err
+	}
 	if o.pluginDataDir == "" {
 		o.pluginDataDir = filepath.Join(kubeletplugin.KubeletPluginsDir, o.driverName)
 	}
@@ -118,7 +123,18 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 	}
 	ctx := cmd.Context()
 	logger := klog.FromContext(ctx)
+	timeSlicer := o.sharing.timeSlicer(&o.hw)
+	mpsManager, mpsUnavailable := o.sharing.mpsManager(&o.hw)
+	if timeSlicer == nil {
+		logger.Info("Time-slicing is not available: nvidia-smi not found; claims asking for it are refused", "nvidiaSMIPath", o.sharing.nvidiaSMI)
+	}
+	if mpsManager == nil {
+		logger.Info("MPS is not available; claims asking for it are refused", "reason", mpsUnavailable)
+	}
 	driver, err := plugin.Start(ctx, plugin.Config{
+		TimeSlicer:        timeSlicer,
+		MPS:               mpsManager,
+		MPSUnavailable:    mpsUnavailable,
 		DriverName:        o.driverName,
 		NodeName:          o.nodeName,
 		KubeClient:        client,

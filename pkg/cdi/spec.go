@@ -45,12 +45,44 @@ func DeviceID(driverName, claimUID, deviceName string) string {
 	return Kind(driverName) + "=" + DeviceName(claimUID, deviceName)
 }
 
+// ShareName is the name, within a claim, of one share of a shareable
+// device (a fractional GPU): the device name and the share ID, so that two
+// shares of one device in a claim get CDI devices of their own.
+func ShareName(deviceName, shareID string) string {
+	if shareID == "" {
+		return deviceName
+	}
+	return deviceName + "-" + shareID
+}
+
+// SpecDevice is one CDI device of a claim: an allocated device, or one
+// share of it.
+type SpecDevice struct {
+	Device *devicemodel.Device
+	// ShareID is set for a share of a shareable device; the CDI device is
+	// then named [ShareName](device, ShareID).
+	ShareID string
+	// Edits, if set, are added to the device's own edits: the directories
+	// and environment of the MPS daemon that serves it.
+	Edits *cdispec.ContainerEdits
+}
+
+// Whole returns the SpecDevices of devices allocated whole, with no edits
+// of their own.
+func Whole(devices ...*devicemodel.Device) []SpecDevice {
+	out := make([]SpecDevice, len(devices))
+	for i, d := range devices {
+		out[i] = SpecDevice{Device: d}
+	}
+	return out
+}
+
 // SpecInput is everything the spec of one claim is built from.
 type SpecInput struct {
 	DriverName string
 	ClaimUID   string
 	Majors     hardware.Majors
-	Devices    []*devicemodel.Device
+	Devices    []SpecDevice
 	// Common are container edits every device of the claim needs besides
 	// the device nodes: driver libraries, hooks (from nvcdi on real nodes).
 	// May be nil.
@@ -82,7 +114,8 @@ func BuildSpec(in SpecInput) (*cdispec.Spec, error) {
 		Kind:           Kind(in.DriverName),
 		ContainerEdits: common,
 	}
-	for _, d := range in.Devices {
+	for _, sd := range in.Devices {
+		d := sd.Device
 		nodes := []*cdispec.DeviceNode{charNode(fmt.Sprintf("/dev/nvidia%d", d.GPU.Minor), in.Majors.NVIDIA, d.GPU.Minor)}
 		if d.MIG != nil {
 			if in.Majors.Caps == 0 {
@@ -93,9 +126,16 @@ func BuildSpec(in SpecInput) (*cdispec.Spec, error) {
 				charNode(fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", d.MIG.CICapMinor), in.Majors.Caps, d.MIG.CICapMinor),
 			)
 		}
+		edits := cdispec.ContainerEdits{DeviceNodes: nodes}
+		if e := sd.Edits; e != nil {
+			edits.Env = append(edits.Env, e.Env...)
+			edits.DeviceNodes = append(edits.DeviceNodes, e.DeviceNodes...)
+			edits.Mounts = append(edits.Mounts, e.Mounts...)
+			edits.Hooks = append(edits.Hooks, e.Hooks...)
+		}
 		spec.Devices = append(spec.Devices, cdispec.Device{
-			Name:           DeviceName(in.ClaimUID, d.Name()),
-			ContainerEdits: cdispec.ContainerEdits{DeviceNodes: nodes},
+			Name:           DeviceName(in.ClaimUID, ShareName(d.Name(), sd.ShareID)),
+			ContainerEdits: edits,
 		})
 	}
 	v, err := cdispec.MinimumRequiredVersion(spec)

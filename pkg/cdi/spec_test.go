@@ -172,7 +172,7 @@ func TestBuildSpec(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			devs := n.devices(t, tt.devices...)
-			spec, err := cdi.BuildSpec(cdi.SpecInput{DriverName: driver, ClaimUID: claimUID, Majors: majors, Devices: devs})
+			spec, err := cdi.BuildSpec(cdi.SpecInput{DriverName: driver, ClaimUID: claimUID, Majors: majors, Devices: cdi.Whole(devs...)})
 			if err != nil {
 				t.Fatalf("BuildSpec: %v", err)
 			}
@@ -231,7 +231,7 @@ func TestBuildSpecCommonEdits(t *testing.T) {
 	}
 	common := commonEdits()
 	pristine := commonEdits()
-	in := cdi.SpecInput{DriverName: driver, ClaimUID: claimUID, Majors: n.inv.Majors, Devices: n.devices(t, "gpu-4"), Common: common}
+	in := cdi.SpecInput{DriverName: driver, ClaimUID: claimUID, Majors: n.inv.Majors, Devices: cdi.Whole(n.devices(t, "gpu-4")...), Common: common}
 
 	spec1, err := cdi.BuildSpec(in)
 	if err != nil {
@@ -291,7 +291,7 @@ func TestBuildSpecErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			spec, err := cdi.BuildSpec(cdi.SpecInput{DriverName: driver, ClaimUID: claimUID, Majors: tt.majors, Devices: tt.devices})
+			spec, err := cdi.BuildSpec(cdi.SpecInput{DriverName: driver, ClaimUID: claimUID, Majors: tt.majors, Devices: cdi.Whole(tt.devices...)})
 			if tt.wantErr == "" {
 				if err != nil || spec == nil {
 					t.Fatalf("BuildSpec = %v, %v", spec, err)

@@ -30,7 +30,7 @@ func newWriter(t *testing.T, dir string) *cdi.Writer {
 
 func buildSpec(t *testing.T, n node, uid string, common *cdispec.ContainerEdits, names ...string) *cdispec.Spec {
 	t.Helper()
-	spec, err := cdi.BuildSpec(cdi.SpecInput{DriverName: driver, ClaimUID: uid, Majors: n.inv.Majors, Devices: n.devices(t, names...), Common: common})
+	spec, err := cdi.BuildSpec(cdi.SpecInput{DriverName: driver, ClaimUID: uid, Majors: n.inv.Majors, Devices: cdi.Whole(n.devices(t, names...)...), Common: common})
 	if err != nil {
 		t.Fatalf("BuildSpec: %v", err)
 	}

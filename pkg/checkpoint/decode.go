@@ -44,10 +44,11 @@ type decoded struct {
 // *newerVersionError for a later version; any other error means the content
 // is unreadable. Unknown fields are ignored in every version.
 func decode(data []byte) (decoded, error) {
-	// v3, or v2 (v3 without dynamicMIG), is the common case: parse once.
+	// v4, v3 (v4 without sharing) or v2 (v3 without dynamicMIG) is the
+	// common case: parse once.
 	var f fileV3
 	err := json.Unmarshal(data, &f)
-	if err == nil && (f.Version == versionV3 || f.Version == versionV2) {
+	if err == nil && written(f.Version) {
 		st, err := fromV3(&f)
 		return decoded{state: st, bootID: f.BootID, from: f.Version}, err
 	}
@@ -71,7 +72,7 @@ func decode(data []byte) (decoded, error) {
 		}
 		st, err := fromV3(f2)
 		return decoded{state: st, from: versionV1}, err
-	case versionV2, versionV3:
+	case versionV2, versionV3, versionV4:
 		return decoded{}, err
 	}
 	if n, ok := versionNumber(env.Version); ok && n > latestKnown {

@@ -216,8 +216,8 @@ func TestBootIDBeatsMtime(t *testing.T) {
 
 func TestNewerVersionIsNotOverwritten(t *testing.T) {
 	tests := []struct{ name, content, version string }{
-		{"v4", `{"version":"v4","bootID":"boot-a","claims":{"u":{"uid":"u","phase":"PrepareQueued"}},"quota":7}`, "v4"},
-		{"v4 unlike v3", `{"version":"v4","claims":[{"uid":"u"}]}`, "v4"},
+		{"v5", `{"version":"v5","bootID":"boot-a","claims":{"u":{"uid":"u","phase":"PrepareQueued"}},"quota":7}`, "v5"},
+		{"v5 unlike v4", `{"version":"v5","claims":[{"uid":"u"}]}`, "v5"},
 		{"v10", `{"version":"v10"}`, "v10"},
 	}
 	for _, tt := range tests {

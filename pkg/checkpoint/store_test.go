@@ -94,9 +94,31 @@ func TestV3WireFormat(t *testing.T) {
 	}
 }
 
+// TestV4WireFormat pins the field names v4 adds: devices[].sharing.
+func TestV4WireFormat(t *testing.T) {
+	c := testClaim("u")
+	c.Devices = c.Devices[:1]
+	c.Devices[0].Sharing = &claimstate.Sharing{TimeSlice: "Long", MPSDaemon: "u"}
+	st := &claimstate.State{Claims: map[string]*claimstate.Claim{"u": c}}
+	data, err := encode("boot-x", st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(data), `{"version":"v4",`) || !strings.Contains(string(data), `"sharing":{"timeSlice":"Long","mpsDaemon":"u"}`) {
+		t.Errorf("encoded %s, want v4 with devices[].sharing", data)
+	}
+	d, err := decode(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.from != versionV4 || !reflect.DeepEqual(d.state, st) {
+		t.Errorf("decode = %+v, want v4 %+v", d, st)
+	}
+}
+
 // TestWrittenVersion: the Store writes v2 until a claim holds a dynamic MIG
-// device, so an older plugin keeps reading nodes that never used it; a v2
-// file is read without migration.
+// device (v3) or a shared device (v4), so an older plugin keeps reading
+// nodes that never used them; a v2 file is read without migration.
 func TestWrittenVersion(t *testing.T) {
 	e := newTestEnv(t)
 	s, _ := e.open(t)
@@ -116,6 +138,21 @@ func TestWrittenVersion(t *testing.T) {
 	}
 	if got := readFile(t, e.path()); !strings.HasPrefix(got, `{"version":"v3"`) {
 		t.Errorf("file with dynamic MIG = %s, want v3", got)
+	}
+	shared := testClaim("shared")
+	shared.Devices = shared.Devices[:1]
+	shared.Devices[0].Sharing = &claimstate.Sharing{MPSDaemon: "shared"}
+	if err := s.Update(ctx, addClaim(shared)); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, e.path()); !strings.HasPrefix(got, `{"version":"v4"`) {
+		t.Errorf("file with a shared device = %s, want v4", got)
+	}
+	if err := s.Update(ctx, func(st *claimstate.State) error { st.Remove("shared"); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, e.path()); !strings.HasPrefix(got, `{"version":"v3"`) {
+		t.Errorf("file once the shared claim is gone = %s, want v3 again", got)
 	}
 	if err := s.Update(ctx, func(st *claimstate.State) error { st.Remove("mig"); return nil }); err != nil {
 		t.Fatal(err)

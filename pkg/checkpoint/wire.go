@@ -22,15 +22,21 @@ import (
 // without that field, so one set of wire types reads both, and the Store
 // writes v2 as long as no claim holds a dynamic MIG device: a rollback to a
 // v2 plugin keeps working on nodes that never used dynamic MIG.
+//
+// v4 is v3 plus devices[].sharing, the time-slice intervals and MPS daemons
+// gpudra set up for shared devices, for the same reason: a v3 reader would
+// drop them on rewrite and then never reset the GPU's interval or stop the
+// daemon. The Store writes v4 only while a claim holds a shared device.
 const (
 	versionV1 = "v1"
 	versionV2 = "v2"
 	versionV3 = "v3"
+	versionV4 = "v4"
 	// currentVersion is the newest version Store writes (see versionFor).
-	currentVersion = versionV3
+	currentVersion = versionV4
 	// latestKnown is the number of the newest version this package reads;
 	// a file with a higher number is left alone.
-	latestKnown = 3
+	latestKnown = 4
 )
 
 // Phases as v2 and v3 spell them.
@@ -74,6 +80,13 @@ type deviceV3 struct {
 	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
 	// DynamicMIG is new in v3.
 	DynamicMIG *dynamicMIGV3 `json:"dynamicMIG,omitempty"`
+	// Sharing is new in v4.
+	Sharing *sharingV4 `json:"sharing,omitempty"`
+}
+
+type sharingV4 struct {
+	TimeSlice string `json:"timeSlice,omitempty"`
+	MPSDaemon string `json:"mpsDaemon,omitempty"`
 }
 
 type dynamicMIGV3 struct {
@@ -102,19 +115,23 @@ func encode(bootID string, st *claimstate.State) ([]byte, error) {
 
 // versionFor is the version a state is written in: the oldest that holds it.
 func versionFor(st *claimstate.State) string {
+	v := versionV2
 	for _, c := range st.Claims {
 		for _, d := range c.Devices {
+			if d.Sharing != nil {
+				return versionV4
+			}
 			if d.DynamicMIG != nil {
-				return versionV3
+				v = versionV3
 			}
 		}
 	}
-	return versionV2
+	return v
 }
 
 // written reports whether a file of version v is in a version the Store
 // writes, so that reading it needs no migration.
-func written(v string) bool { return v == versionV2 || v == versionV3 }
+func written(v string) bool { return v == versionV2 || v == versionV3 || v == versionV4 }
 
 func toV3(bootID string, st *claimstate.State) (*fileV3, error) {
 	f := &fileV3{Version: versionFor(st), BootID: bootID, Claims: make(map[string]*claimV3, len(st.Claims))}
@@ -153,6 +170,9 @@ func toV3(bootID string, st *claimstate.State) (*fileV3, error) {
 			}
 			if m := d.DynamicMIG; m != nil {
 				out.Devices[i].DynamicMIG = &dynamicMIGV3{Profile: m.Profile, ProfileID: m.ProfileID, Start: m.Start, Size: m.Size, GIID: m.GIID, CIID: m.CIID}
+			}
+			if sh := d.Sharing; sh != nil {
+				out.Devices[i].Sharing = &sharingV4{TimeSlice: sh.TimeSlice, MPSDaemon: sh.MPSDaemon}
 			}
 		}
 		f.Claims[uid] = out
@@ -202,6 +222,9 @@ func fromV3(f *fileV3) (*claimstate.State, error) {
 			}
 			if m := d.DynamicMIG; m != nil {
 				out.Devices[i].DynamicMIG = &claimstate.DynamicMIG{Profile: m.Profile, ProfileID: m.ProfileID, Start: m.Start, Size: m.Size, GIID: m.GIID, CIID: m.CIID}
+			}
+			if sh := d.Sharing; sh != nil {
+				out.Devices[i].Sharing = &claimstate.Sharing{TimeSlice: sh.TimeSlice, MPSDaemon: sh.MPSDaemon}
 			}
 		}
 		st.Claims[key] = out

@@ -77,6 +77,21 @@ type Device struct {
 	// crash midway never leaves an instance nobody owns; a completed record
 	// also says what was created (UUID holds the MIG device's UUID).
 	DynamicMIG *DynamicMIG `json:"dynamicMIG,omitempty"`
+	// Sharing is set for a device shared through time-slicing or an MPS
+	// daemon: what gpudra set up for it and must undo at Unprepare. A
+	// started record names it before anything is set up.
+	Sharing *Sharing `json:"sharing,omitempty"`
+}
+
+// Sharing is how a device of a claim is shared.
+type Sharing struct {
+	// TimeSlice is the time-slice interval the claim holds on the GPU
+	// (v1beta1.TimeSliceInterval: Default, Short, Medium, Long); the GPU is
+	// the device's UUID. Empty when the device is not time-sliced.
+	TimeSlice string `json:"timeSlice,omitempty"`
+	// MPSDaemon is the ID of the MPS control daemon that serves the
+	// device (the claim UID, or the share ID of a fractional share).
+	MPSDaemon string `json:"mpsDaemon,omitempty"`
 }
 
 // DynamicMIG is the MIG instance gpudra creates for a device, on the GPU
@@ -125,6 +140,10 @@ func (c *Claim) Clone() *Claim {
 		if d.DynamicMIG != nil {
 			m := *d.DynamicMIG
 			d.DynamicMIG = &m
+		}
+		if d.Sharing != nil {
+			sh := *d.Sharing
+			d.Sharing = &sh
 		}
 		out.Devices[i] = d
 	}

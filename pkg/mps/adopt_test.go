@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/gpudra/gpudra/pkg/mps"
+	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
 
 func TestNewManagerAdoptsRunningDaemon(t *testing.T) {
@@ -87,7 +88,7 @@ func TestAdoptReappliesLimitsChangedBehindItsBack(t *testing.T) {
 		t.Fatalf("servers = %+v", r.Servers)
 	}
 	s := r.Servers[0]
-	wantLimits(t, fakeRecord{ActiveThreadPercentage: s.ActiveThreadPercentage, PinnedMemLimitMiB: s.PinnedMemLimitMiB}, spec)
+	wantLimits(t, mpsfake.Record{ActiveThreadPercentage: s.ActiveThreadPercentage, PinnedMemLimitMiB: s.PinnedMemLimitMiB}, spec)
 }
 
 func TestStalePIDFileIsNotAdopted(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/gpudra/gpudra/pkg/mps"
+	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
 
 const (
@@ -87,7 +88,7 @@ func testContext(t *testing.T) context.Context {
 func newManager(t *testing.T, root string, events *eventLog, extra ...mps.Option) *mps.Manager {
 	t.Helper()
 	opts := []mps.Option{
-		mps.WithControlBinary(filepath.Join(fakeBin, fakeControlName)),
+		mps.WithControlBinary(filepath.Join(fakeBin, mpsfake.ControlName)),
 		mps.WithTimeouts(10*time.Second, testStopTimeout, 10*time.Second),
 		mps.WithPollInterval(5 * time.Millisecond),
 	}
@@ -102,14 +103,10 @@ func newManager(t *testing.T, root string, events *eventLog, extra ...mps.Option
 }
 
 // record returns what the fake daemon of dirs was told.
-func record(t *testing.T, dirs mps.Dirs) fakeRecord {
+func record(t *testing.T, dirs mps.Dirs) mpsfake.Record {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(dirs.Log, fakeRecordName))
+	r, err := mpsfake.ReadRecord(dirs.Log)
 	if err != nil {
-		t.Fatalf("fake record: %v", err)
-	}
-	var r fakeRecord
-	if err := json.Unmarshal(data, &r); err != nil {
 		t.Fatalf("fake record: %v", err)
 	}
 	return r
@@ -118,7 +115,7 @@ func record(t *testing.T, dirs mps.Dirs) fakeRecord {
 // launches counts the -d invocations for dirs.
 func launches(t *testing.T, dirs mps.Dirs) int {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(dirs.Log, fakeLaunchesName))
+	data, err := os.ReadFile(filepath.Join(dirs.Log, mpsfake.LaunchesName))
 	if os.IsNotExist(err) {
 		return 0
 	}
@@ -162,7 +159,7 @@ func crash(t *testing.T, pid int) {
 // client sends one command to the daemon of dirs, as a person would.
 func client(t *testing.T, dirs mps.Dirs, command string) string {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(fakeBin, fakeControlName))
+	cmd := exec.Command(filepath.Join(fakeBin, mpsfake.ControlName))
 	cmd.Env = append(os.Environ(), mps.EnvPipeDirectory+"="+dirs.Pipe, mps.EnvLogDirectory+"="+dirs.Log)
 	cmd.Stdin = strings.NewReader(command + "\n")
 	out, err := cmd.CombinedOutput()
@@ -175,7 +172,7 @@ func client(t *testing.T, dirs mps.Dirs, command string) string {
 // sleeper starts an unrelated long-running process.
 func sleeper(t *testing.T) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(fakeBin, fakeSleeperName))
+	cmd := exec.Command(filepath.Join(fakeBin, mpsfake.SleeperName))
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +183,7 @@ func sleeper(t *testing.T) *exec.Cmd {
 // deadPID returns the PID of a process that has exited and been reaped.
 func deadPID(t *testing.T) int {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(fakeBin, fakeSleeperName))
+	cmd := exec.Command(filepath.Join(fakeBin, mpsfake.SleeperName))
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +221,7 @@ func forgetDaemon(t *testing.T, dirs mps.Dirs) {
 }
 
 // wantLimits checks that the fake daemon holds spec's limits as defaults.
-func wantLimits(t *testing.T, r fakeRecord, spec mps.Spec) {
+func wantLimits(t *testing.T, r mpsfake.Record, spec mps.Spec) {
 	t.Helper()
 	if spec.ActiveThreadPercentage == nil {
 		if r.ActiveThreadPercentage != nil {

@@ -79,6 +79,10 @@ type Status struct {
 	Err error
 }
 
+// Dirs returns the directories of the daemon with the given ID, whether
+// or not it runs.
+func (m *Manager) Dirs(id string) Dirs { return dirsFor(m.root, id) }
+
 // New returns a Manager that keeps its daemons' directories under root,
 // which must be an absolute path; it is created if missing. Every parent of
 // root must be searchable by all users: MPS servers run under their

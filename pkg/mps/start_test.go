@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gpudra/gpudra/pkg/mps"
+	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
 
 func TestStartAppliesLimits(t *testing.T) {
@@ -76,7 +77,7 @@ func TestStartAppliesLimits(t *testing.T) {
 			if len(r.Servers) != 1 {
 				t.Fatalf("servers = %+v, want 1", r.Servers)
 			}
-			wantLimits(t, fakeRecord{ActiveThreadPercentage: r.Servers[0].ActiveThreadPercentage, PinnedMemLimitMiB: r.Servers[0].PinnedMemLimitMiB}, tc.spec)
+			wantLimits(t, mpsfake.Record{ActiveThreadPercentage: r.Servers[0].ActiveThreadPercentage, PinnedMemLimitMiB: r.Servers[0].PinnedMemLimitMiB}, tc.spec)
 			if got := events.types(tc.spec.ID); !slices.Equal(got, []mps.EventType{mps.EventStarted}) {
 				t.Errorf("events = %v, want [Started]", got)
 			}
@@ -251,13 +252,13 @@ func TestStartFailures(t *testing.T) {
 			name: "daemon fails at start",
 			daemonEnv: func(root string) []string {
 				_ = os.WriteFile(filepath.Join(root, "fail"), nil, 0o644)
-				return []string{envFailStartIf + "=" + filepath.Join(root, "fail")}
+				return []string{mpsfake.EnvFailStartIf + "=" + filepath.Join(root, "fail")}
 			},
 			want: []string{"claim", "nvidia-cuda-mps-control -d", "device init error (test)"},
 		},
 		{
 			name:      "daemon does not take the limits",
-			daemonEnv: func(string) []string { return []string{envIgnoreLimits + "=1"} },
+			daemonEnv: func(string) []string { return []string{mpsfake.EnvIgnoreLimits + "=1"} },
 			want:      []string{"claim", "set_default_active_thread_percentage 40", "did not take", `"100.0"`},
 		},
 	}
@@ -279,8 +280,8 @@ func TestStartFailures(t *testing.T) {
 			}
 			// Nothing serves clients without its limits.
 			dirs := mps.Dirs{Log: filepath.Join(root, "claim", "log")}
-			if data, err := os.ReadFile(filepath.Join(dirs.Log, fakeRecordName)); err == nil {
-				var r fakeRecord
+			if data, err := os.ReadFile(filepath.Join(dirs.Log, mpsfake.RecordName)); err == nil {
+				var r mpsfake.Record
 				_ = json.Unmarshal(data, &r)
 				waitDead(t, r.PID)
 			}
@@ -359,16 +360,16 @@ func TestMissingBinary(t *testing.T) {
 	if _, err := mps.New(root, mps.WithControlBinary("nvidia-cuda-mps-control")); err == nil || !strings.Contains(err.Error(), "absolute") {
 		t.Errorf("New with a relative binary: %v", err)
 	}
-	if _, err := mps.New("relative/root", mps.WithControlBinary(filepath.Join(fakeBin, fakeControlName))); err == nil {
+	if _, err := mps.New("relative/root", mps.WithControlBinary(filepath.Join(fakeBin, mpsfake.ControlName))); err == nil {
 		t.Error("New with a relative root succeeded")
 	}
 
 	// The binary disappears after New (a driver upgrade in progress).
-	bin := filepath.Join(root, "bin", fakeControlName)
+	bin := filepath.Join(root, "bin", mpsfake.ControlName)
 	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink(filepath.Join(fakeBin, fakeControlName), bin); err != nil {
+	if err := os.Symlink(filepath.Join(fakeBin, mpsfake.ControlName), bin); err != nil {
 		t.Fatal(err)
 	}
 	m, err := mps.New(root, mps.WithControlBinary(bin))

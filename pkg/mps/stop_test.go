@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gpudra/gpudra/pkg/mps"
+	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
 
 func TestStop(t *testing.T) {
@@ -18,7 +19,7 @@ func TestStop(t *testing.T) {
 		wantEvents []mps.EventType
 	}{
 		{name: "graceful", wantEvents: []mps.EventType{mps.EventStarted, mps.EventStopped}},
-		{name: "forced: quit is ignored", daemonEnv: []string{envIgnoreQuit + "=1"},
+		{name: "forced: quit is ignored", daemonEnv: []string{mpsfake.EnvIgnoreQuit + "=1"},
 			wantEvents: []mps.EventType{mps.EventStarted, mps.EventKilled, mps.EventStopped}},
 		{name: "daemon already crashed", crashFirst: true, wantEvents: []mps.EventType{mps.EventStarted, mps.EventStopped}},
 	}

@@ -12,6 +12,7 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/gpudra/gpudra/pkg/mps"
+	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
 
 func TestSuperviseRestartsACrashedDaemonWithItsLimits(t *testing.T) {
@@ -108,7 +109,7 @@ func TestFailedRestartBacksOff(t *testing.T) {
 	m := newManager(t, root, events,
 		mps.WithClock(clk),
 		mps.WithRestartBackoff(10*time.Second, time.Minute),
-		mps.WithDaemonEnv(envFailStartIf+"="+failFile),
+		mps.WithDaemonEnv(mpsfake.EnvFailStartIf+"="+failFile),
 		mps.WithTimeouts(500*time.Millisecond, testStopTimeout, 10*time.Second))
 	d, err := m.Start(ctx, mps.Spec{ID: "claim", DeviceUUIDs: []string{gpu0}})
 	if err != nil {

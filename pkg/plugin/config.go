@@ -1,7 +1,6 @@
 package plugin
 
 import (
-	"errors"
 	"fmt"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -13,17 +12,12 @@ import (
 
 // configFeatures is what the opaque configs are validated against: every
 // value the API defines is checked, so a typo is reported as such, before
-// checkConfigs says which settings this version can carry out.
+// planSharing says which settings this node can carry out.
 var configFeatures = v1beta1.Features{TimeSlicingSettings: true, MPSSupport: true}
 
-// errSharingNotSupported is returned for any sharing setting until GPU
-// sharing is implemented; silently giving a pod an exclusive GPU it asked
-// to share (or the reverse) would be worse than refusing.
-var errSharingNotSupported = errors.New("GPU sharing (time-slicing, MPS) is not supported yet by gpudra; remove the sharing setting to get the device exclusively")
-
-// checkConfigs resolves the claim's opaque configs for this driver's
-// devices and refuses what gpudra cannot carry out yet.
-func (d *Driver) checkConfigs(claim *resourceapi.ResourceClaim, node *nodeState) error {
+// resolveConfigs resolves the claim's opaque configs for this driver's
+// devices, in the order of the intent's devices.
+func (d *Driver) resolveConfigs(claim *resourceapi.ResourceClaim, node *nodeState) ([]config.Device, error) {
 	kindOf := func(r resourceapi.DeviceRequestAllocationResult) (config.DeviceKind, error) {
 		dev, ok := node.model.Lookup(r.Device)
 		if !ok {
@@ -34,29 +28,5 @@ func (d *Driver) checkConfigs(claim *resourceapi.ResourceClaim, node *nodeState)
 		}
 		return config.GPU, nil
 	}
-	resolved, err := config.Resolve(d.cfg.DriverName, claim, kindOf, configFeatures)
-	if err != nil {
-		return err
-	}
-	for _, dev := range resolved {
-		if sharingOf(dev.Config) != nil {
-			return fmt.Errorf("device %s: %s: %w", dev.Result.Device, dev.Origin, errSharingNotSupported)
-		}
-	}
-	return nil
-}
-
-// sharingOf returns the sharing setting of a resolved config, or nil.
-func sharingOf(c v1beta1.Config) any {
-	switch c := c.(type) {
-	case *v1beta1.GpuConfig:
-		if c.Sharing != nil {
-			return c.Sharing
-		}
-	case *v1beta1.MigDeviceConfig:
-		if c.Sharing != nil {
-			return c.Sharing
-		}
-	}
-	return nil
+	return config.Resolve(d.cfg.DriverName, claim, kindOf, configFeatures)
 }

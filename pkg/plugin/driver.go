@@ -32,6 +32,8 @@ import (
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/devicestatus"
 	"github.com/gpudra/gpudra/pkg/hardware"
+	"github.com/gpudra/gpudra/pkg/mps"
+	"github.com/gpudra/gpudra/pkg/timeslice"
 )
 
 // Config is what the kubelet plugin needs to run on one node.
@@ -58,6 +60,16 @@ type Config struct {
 	MIGModeSwitching bool
 	// DriverEdits supplies the driver files for CDI specs.
 	DriverEdits cdi.DriverEdits
+	// TimeSlicer sets the time-slice interval of full GPUs for claims with
+	// sharing strategy TimeSlicing; nil refuses that strategy.
+	TimeSlicer timeslice.Setter
+	// MPS runs the MPS control daemons of claims with sharing strategy
+	// MPS; nil refuses that strategy, with MPSUnavailable as the reason.
+	MPS            *mps.Manager
+	MPSUnavailable string
+	// MPSSuperviseInterval is how often MPS daemons are checked and
+	// restarted if they died.
+	MPSSuperviseInterval time.Duration
 
 	// PluginDataDir holds the DRA socket and the checkpoint.
 	PluginDataDir string
@@ -94,6 +106,8 @@ const (
 	// DefaultCallTimeout matches the kubelet's timeout for DRA gRPC calls.
 	DefaultCallTimeout   = 45 * time.Second
 	DefaultSweepInterval = 60 * time.Second
+	// DefaultMPSSuperviseInterval: a dead daemon is noticed within this.
+	DefaultMPSSuperviseInterval = 5 * time.Second
 )
 
 // claimLockBuckets is the number of per-claim locks. The default of
@@ -136,6 +150,8 @@ type Driver struct {
 	// claimLocks serializes Prepare and Unprepare per claim UID inside this
 	// process; different claims proceed in parallel.
 	claimLocks keymutex.KeyMutex
+	// gpuLocks serializes changes of one GPU's time slice (by GPU UUID).
+	gpuLocks keymutex.KeyMutex
 	// adoptPending is set when the checkpoint was found unreadable while
 	// running; adoptNow wakes the sweep to adopt the claims on the node.
 	adoptPending atomic.Bool
@@ -168,6 +184,7 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 		cfg:        cfg,
 		logger:     logger,
 		claimLocks: keymutex.NewHashed(claimLockBuckets),
+		gpuLocks:   keymutex.NewHashed(claimLockBuckets),
 		cancel:     cancel,
 		adoptNow:   make(chan struct{}, 1),
 		rebuild:    make(chan struct{}, 1),
@@ -220,6 +237,7 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 		}
 	}
 	d.removeOrphanSpecs(ctx)
+	d.restoreSharing(ctx)
 	if discoverErr == nil {
 		discoverErr = d.install(ctx, inv)
 	}
@@ -247,6 +265,13 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 		return nil, err
 	}
 
+	if cfg.MPS != nil {
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			cfg.MPS.Supervise(ctx, cfg.MPSSuperviseInterval)
+		}()
+	}
 	d.wg.Add(2)
 	go func() {
 		defer d.wg.Done()
@@ -324,6 +349,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.SweepInterval <= 0 {
 		c.SweepInterval = DefaultSweepInterval
+	}
+	if c.MPSSuperviseInterval <= 0 {
+		c.MPSSuperviseInterval = DefaultMPSSuperviseInterval
 	}
 	if c.Clock == nil {
 		c.Clock = time.Now

@@ -183,7 +183,7 @@ func TestPrepareRefusals(t *testing.T) {
 		{"device held by another claim", h.claim("gpu-1"), []string{"gpu-1", "already prepared for claim default/" + holder.Name}},
 		{"device of another pool", otherPool, []string{"pool \"some-other-node\"", nodeName}},
 		{"device this node lacks", h.claim("gpu-9"), []string{"gpu-9 is not a device of node"}},
-		{"sharing not supported yet", sharing, []string{"not supported yet", "claim config #0"}},
+		{"time-slicing without nvidia-smi", sharing, []string{"sharing.strategy TimeSlicing", "cannot set time slices", "claim config #0"}},
 		{"unknown field", typo, []string{"stratgy"}},
 		{"unknown strategy", badValue, []string{"sharing.strategy", "Spatial", "MPS", "TimeSlicing"}},
 	} {

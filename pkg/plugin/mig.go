@@ -237,8 +237,14 @@ func (d *Driver) tearDownMIG(ctx context.Context, devices []*claimstate.Device) 
 	return errors.Join(errs...)
 }
 
-// tearDownRecord destroys the MIG instances a record owns.
+// tearDownRecord undoes what a record owns: first the sharing set up for
+// its devices (an MPS daemon holds the device it serves), then its MIG
+// instances. Nothing after a failed step is undone, so the record keeps
+// owning what is left.
 func (d *Driver) tearDownRecord(ctx context.Context, c *claimstate.Claim) error {
+	if err := d.tearDownSharing(ctx, c); err != nil {
+		return err
+	}
 	devices := make([]*claimstate.Device, 0, len(c.Devices))
 	for i := range c.Devices {
 		devices = append(devices, &c.Devices[i])

@@ -18,6 +18,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/devicestatus"
 	"github.com/gpudra/gpudra/pkg/hardware"
+	"github.com/gpudra/gpudra/pkg/timeslice"
 )
 
 // Step names a point in the preparation of a claim at which the crash
@@ -204,19 +205,20 @@ func adoptedInstances(inv *hardware.Inventory, c *claimstate.Claim) map[placemen
 func (d *Driver) execute(ctx context.Context, plan *claimPlan) (finalErr error) {
 	uid := plan.intent.UID
 	var created map[string]*hardware.MIGDevice
+	var edits map[int]*cdispec.ContainerEdits
 	var switches []modeSwitch
 	if d.migSwitcher != nil {
 		switches = modeSwitches(plan)
 	}
-	if hasDynamicMIG(plan.intent.Devices) || len(switches) > 0 {
-		// The start record also claims the GPUs before their mode changes.
+	if hasDynamicMIG(plan.intent.Devices) || len(switches) > 0 || hasSharing(plan.intent.Devices) {
+		// The start record also claims the GPUs before their mode changes,
+		// and names the time slices and the MPS daemon before they exist.
 		startedAt := d.now()
-		if err := d.store.Update(ctx, func(s *claimstate.State) error { return s.RecordStarted(plan.intent, startedAt) }); err != nil {
-			var conflict *claimstate.ConflictError
-			if errors.As(err, &conflict) {
-				return err
+		if recorded, err := d.recordStart(ctx, plan, startedAt); err != nil {
+			if recorded {
+				err = errors.Join(err, d.abandon(ctx, plan, startedAt, nil))
 			}
-			return fmt.Errorf("record start in checkpoint: %w", err)
+			return err
 		}
 		if len(switches) > 0 {
 			if err := d.switchMIGModes(ctx, plan, switches); err != nil {
@@ -232,6 +234,12 @@ func (d *Driver) execute(ctx context.Context, plan *claimPlan) (finalErr error) 
 				finalErr = errors.Join(finalErr, d.abandon(ctx, plan, startedAt, created))
 			}
 		}()
+		if plan.sharing.daemon != nil {
+			// After the MIG devices exist: the daemon serves them by UUID.
+			if edits, err = d.startMPS(ctx, plan.sharing.daemon, &plan.intent); err != nil {
+				return fmt.Errorf("start the claim's MPS daemon: %w", err)
+			}
+		}
 	}
 	if err := d.fault(StepWriteCDISpec, uid); err != nil {
 		return err
@@ -245,7 +253,7 @@ func (d *Driver) execute(ctx context.Context, plan *claimPlan) (finalErr error) 
 			finalErr = errors.Join(finalErr, fmt.Errorf("roll back: %w", err))
 		}
 	}()
-	spec, err := d.specFor(plan, created)
+	spec, err := d.specFor(plan, created, edits)
 	if err != nil {
 		return err
 	}
@@ -266,6 +274,40 @@ func (d *Driver) execute(ctx context.Context, plan *claimPlan) (finalErr error) 
 	return nil
 }
 
+// recordStart records the start of a preparation and sets the claim's time
+// slices, under the locks of their GPUs; recorded says whether the start
+// record was written (and so must be abandoned on error). A time slice
+// that another claim holds with another interval is refused before
+// anything is recorded.
+func (d *Driver) recordStart(ctx context.Context, plan *claimPlan, startedAt time.Time) (recorded bool, _ error) {
+	claim := &claimstate.Claim{UID: plan.intent.UID, Devices: plan.intent.Devices}
+	unlock := d.lockTimeSlices(claim)
+	defer unlock()
+	err := d.store.Update(ctx, func(s *claimstate.State) error {
+		if err := checkTimeSlices(s, plan.intent); err != nil {
+			return err
+		}
+		if err := checkMPSConsumers(s, plan.intent); err != nil {
+			return err
+		}
+		return s.RecordStarted(plan.intent, startedAt)
+	})
+	if err != nil {
+		var conflict *claimstate.ConflictError
+		var tsConflict *timeslice.ConflictError
+		if errors.As(err, &conflict) || errors.As(err, &tsConflict) || errors.Is(err, errMPSConsumer) {
+			return false, err
+		}
+		return false, fmt.Errorf("record start in checkpoint: %w", err)
+	}
+	if len(timeSliceHolds(claim)) > 0 {
+		if err := d.setTimeSlices(ctx, claim); err != nil {
+			return true, err
+		}
+	}
+	return true, nil
+}
+
 // abandon undoes a preparation that recorded its start: it destroys the MIG
 // devices created for it (not those reused from an adopted record, which
 // may serve running containers) and then drops the start record, or puts
@@ -278,6 +320,9 @@ func (d *Driver) abandon(ctx context.Context, plan *claimPlan, startedAt time.Ti
 		if cd.DynamicMIG != nil && plan.reuse[recordKey(cd)] == nil && (created == nil || created[cd.Name] != nil) {
 			mine = append(mine, cd)
 		}
+	}
+	if err := d.tearDownSharing(ctx, &claimstate.Claim{UID: plan.intent.UID, Devices: plan.intent.Devices}); err != nil {
+		return fmt.Errorf("roll back (kept the start record; retried later): %w", err)
 	}
 	if created != nil {
 		if err := d.tearDownMIG(ctx, mine); err != nil {
@@ -368,6 +413,8 @@ type claimPlan struct {
 	node    *nodeState
 	devices []*devicemodel.Device
 	common  *cdispec.ContainerEdits
+	// sharing is how the devices are shared (time-slicing, MPS).
+	sharing *sharingPlan
 	// reuse and previous are set when preparing over an adopted record:
 	// its existing MIG instances, and the record to restore on failure.
 	reuse    map[placementKey]*hardware.MIGDevice
@@ -390,15 +437,15 @@ func (d *Driver) intentOf(claim *resourceapi.ResourceClaim) (claimstate.Intent, 
 			return intent, fmt.Errorf("request %s: device %s is from pool %q, but this node's pool is %q", r.Request, r.Device, r.Pool, d.cfg.NodeName)
 		}
 		cd := claimstate.Device{
-			Requests:     []string{r.Request},
-			Pool:         r.Pool,
-			Name:         r.Device,
-			AdminAccess:  r.AdminAccess != nil && *r.AdminAccess,
-			CDIDeviceIDs: []string{cdi.DeviceID(d.cfg.DriverName, string(claim.UID), r.Device)},
+			Requests:    []string{r.Request},
+			Pool:        r.Pool,
+			Name:        r.Device,
+			AdminAccess: r.AdminAccess != nil && *r.AdminAccess,
 		}
 		if r.ShareID != nil {
 			cd.ShareID = string(*r.ShareID)
 		}
+		cd.CDIDeviceIDs = []string{cdi.DeviceID(d.cfg.DriverName, string(claim.UID), cdi.ShareName(r.Device, cd.ShareID))}
 		intent.Devices = append(intent.Devices, cd)
 	}
 	return intent, nil
@@ -428,7 +475,11 @@ func (d *Driver) repairSpec(ctx context.Context, claim *resourceapi.ResourceClai
 		}
 		created[cd.Name] = m
 	}
-	spec, err := d.specFor(plan, created)
+	edits, err := d.mpsEdits(record)
+	if err != nil {
+		return fmt.Errorf("write the missing CDI spec again: %w", err)
+	}
+	spec, err := d.specFor(plan, created, edits)
 	if err != nil {
 		return fmt.Errorf("write the missing CDI spec again: %w", err)
 	}
@@ -436,27 +487,36 @@ func (d *Driver) repairSpec(ctx context.Context, claim *resourceapi.ResourceClai
 }
 
 // specFor builds the claim's CDI spec; created holds the MIG devices made
-// for its dynamic MIG devices, by device name.
-func (d *Driver) specFor(plan *claimPlan, created map[string]*hardware.MIGDevice) (*cdispec.Spec, error) {
-	devices := make([]*devicemodel.Device, len(plan.devices))
+// for its dynamic MIG devices, by device name, and edits the MPS edits of
+// its devices, by index in the intent.
+func (d *Driver) specFor(plan *claimPlan, created map[string]*hardware.MIGDevice, edits map[int]*cdispec.ContainerEdits) (*cdispec.Spec, error) {
+	devices := make([]cdi.SpecDevice, 0, len(plan.devices))
+	seen := map[string]bool{}
 	for i, dev := range plan.devices {
-		devices[i] = dev
-		if dev.Placement == nil {
+		shareID := plan.intent.Devices[i].ShareID
+		// One device allocated for two requests (admin access) needs one
+		// CDI device; each share gets its own.
+		if name := cdi.ShareName(dev.Name(), shareID); seen[name] {
 			continue
+		} else {
+			seen[name] = true
 		}
-		m := created[dev.Name()]
-		if m == nil {
-			return nil, fmt.Errorf("device %s: MIG device was not created", dev.Name())
+		if dev.Placement != nil {
+			m := created[dev.Name()]
+			if m == nil {
+				return nil, fmt.Errorf("device %s: MIG device was not created", dev.Name())
+			}
+			withMIG := *dev
+			withMIG.MIG = m
+			dev = &withMIG
 		}
-		withMIG := *dev
-		withMIG.MIG = m
-		devices[i] = &withMIG
+		devices = append(devices, cdi.SpecDevice{Device: dev, ShareID: shareID, Edits: edits[i]})
 	}
 	return cdi.BuildSpec(cdi.SpecInput{
 		DriverName: d.cfg.DriverName,
 		ClaimUID:   plan.intent.UID,
 		Majors:     plan.node.inv.Majors,
-		Devices:    uniqueDevices(devices),
+		Devices:    devices,
 		Common:     plan.common,
 	})
 }
@@ -495,35 +555,26 @@ func (d *Driver) planClaim(ctx context.Context, claim *resourceapi.ResourceClaim
 			cd.UUID = dev.UUID()
 		}
 	}
-	if err := d.checkConfigs(claim, node); err != nil {
+	resolved, err := d.resolveConfigs(claim, node)
+	if err != nil {
+		return nil, err
+	}
+	sharing, err := d.planSharing(&intent, resolved)
+	if err != nil {
 		return nil, err
 	}
 	common, err := d.cfg.DriverEdits.CommonEdits(ctx, node.inv.DriverVersion)
 	if err != nil {
 		return nil, fmt.Errorf("driver files for CDI: %w", err)
 	}
-	plan := &claimPlan{intent: intent, node: node, devices: devices, common: common}
+	plan := &claimPlan{intent: intent, node: node, devices: devices, common: common, sharing: sharing}
 	if !hasDynamicMIG(intent.Devices) {
 		// Catch what would make the spec fail before anything is set up.
-		if _, err := d.specFor(plan, nil); err != nil {
+		if _, err := d.specFor(plan, nil, nil); err != nil {
 			return nil, err
 		}
 	}
 	return plan, nil
-}
-
-// uniqueDevices drops repeats: one device allocated for two requests (admin
-// access, shares) needs one CDI device.
-func uniqueDevices(devices []*devicemodel.Device) []*devicemodel.Device {
-	seen := map[string]bool{}
-	var out []*devicemodel.Device
-	for _, d := range devices {
-		if !seen[d.Name()] {
-			seen[d.Name()] = true
-			out = append(out, d)
-		}
-	}
-	return out
 }
 
 func kubeletDevices(devices []claimstate.Device) []kubeletplugin.Device {

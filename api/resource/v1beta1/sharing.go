@@ -99,6 +99,10 @@ type MpsConfig struct {
 	// keyed by the device's index among the devices the config applies to
 	// ("0", "1", ...) or by its UUID.
 	DefaultPerDevicePinnedMemoryLimit MpsPerDevicePinnedMemoryLimit `json:"defaultPerDevicePinnedMemoryLimit,omitempty"`
+	// MultiUser runs the MPS control daemon in multi-user mode (-M), so
+	// that clients running under different user IDs share one MPS server
+	// instead of waiting for each other's server to exit.
+	MultiUser bool `json:"multiUser,omitempty"`
 }
 
 // MpsPerDevicePinnedMemoryLimit maps a device index or UUID to a pinned

@@ -1,7 +1,7 @@
-package mps_test
-
-// A fake nvidia-cuda-mps-control, built into the test binary: TestMain runs
-// it when the binary is executed through a symlink of that name. It does
+// Package mpsfake is a fake nvidia-cuda-mps-control for tests and the local
+// cluster, built into the program that uses it: [Main] runs it when the
+// program is executed through a symlink of that name ([Install] makes the
+// symlinks). It does
 // what NVIDIA documents, for real: -d forks a daemon into the background
 // (same command line, a session of its own) that takes a lock in the pipe
 // directory, listens on <pipe>/control, writes
@@ -17,12 +17,15 @@ package mps_test
 // applying them; FAKE_MPS_FAIL_START_IF=<path> makes the daemon fail at
 // start while <path> exists.
 //
-// Every fake process exits by itself once its pipe directory is gone, so a
-// failed test leaves nothing running for long.
+// Every fake process exits by itself once its pipe directory is gone, or
+// after a maximum lifetime (3 minutes, or $GPUDRA_FAKE_MPS_MAX_LIFETIME as a
+// Go duration, 0 for none), so a failed test leaves nothing running for long.
+package mpsfake
 
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -37,102 +40,146 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 
 	"github.com/gpudra/gpudra/pkg/mps"
 )
 
+// Names of the fake programs, and the files the fake daemon writes to its
+// log directory.
 const (
-	fakeControlName = "nvidia-cuda-mps-control"
-	fakeServerName  = mps.ServerBinaryName
-	fakeSleeperName = "gpudra-test-sleeper"
+	// ControlName is the control binary's name.
+	ControlName = "nvidia-cuda-mps-control"
+	// ServerName is the name of the server processes start_server spawns.
+	ServerName = mps.ServerBinaryName
+	// SleeperName is an unrelated long-running program, for tests of PID
+	// reuse.
+	SleeperName = "gpudra-test-sleeper"
 
-	envBackground   = "FAKE_MPS_BACKGROUND"
-	envIgnoreQuit   = "FAKE_MPS_IGNORE_QUIT"
-	envIgnoreLimits = "FAKE_MPS_IGNORE_LIMITS"
-	envFailStartIf  = "FAKE_MPS_FAIL_START_IF"
-
-	fakeRecordName   = "fake-record.json"
-	fakeLaunchesName = "fake-launches"
-	fakeMaxLifetime  = 3 * time.Minute
+	// RecordName is the JSON [Record] of what the daemon was told.
+	RecordName = "fake-record.json"
+	// LaunchesName gets one line per -d invocation.
+	LaunchesName = "fake-launches"
 )
 
-// fakeBin is the directory with the fake programs (symlinks to the test
-// binary).
-var fakeBin string
+// Knobs, set in the daemon's environment.
+const (
+	// EnvIgnoreQuit makes the daemon answer quit but keep running ("1").
+	EnvIgnoreQuit = "FAKE_MPS_IGNORE_QUIT"
+	// EnvIgnoreLimits makes it accept limit commands without applying
+	// them ("1").
+	EnvIgnoreLimits = "FAKE_MPS_IGNORE_LIMITS"
+	// EnvFailStartIf=<path> makes it fail at start while <path> exists.
+	EnvFailStartIf = "FAKE_MPS_FAIL_START_IF"
+	// EnvMaxLifetime bounds how long a fake process lives (a Go duration;
+	// 0 for no bound).
+	EnvMaxLifetime = "GPUDRA_FAKE_MPS_MAX_LIFETIME"
 
-func TestMain(m *testing.M) {
+	envBackground      = "FAKE_MPS_BACKGROUND"
+	defaultMaxLifetime = 3 * time.Minute
+)
+
+// Main runs the fake program named by the base name of os.Args[0], if it
+// is one of the fakes, and returns its exit code with ok true; otherwise
+// it returns ok false and the caller goes on as itself. Call it first in
+// main or TestMain.
+func Main() (code int, ok bool) {
 	switch filepath.Base(os.Args[0]) {
-	case fakeControlName:
-		os.Exit(fakeControl(os.Args[1:]))
-	case fakeServerName:
-		os.Exit(fakeLinger(os.Getenv(mps.EnvPipeDirectory)))
-	case fakeSleeperName:
-		os.Exit(fakeLinger(""))
+	case ControlName:
+		return control(os.Args[1:]), true
+	case ServerName:
+		return linger(os.Getenv(mps.EnvPipeDirectory)), true
+	case SleeperName:
+		return linger(""), true
 	}
-	dir, err := os.MkdirTemp("", "mpsfake")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
+	return 0, false
+}
+
+// Install makes dir hold the fake programs: symlinks, under their names,
+// to the running executable, which must call [Main] first.
+func Install(dir string) error {
 	exe, err := os.Executable()
-	if err == nil {
-		for _, name := range []string{fakeControlName, fakeServerName, fakeSleeperName} {
-			if err = os.Symlink(exe, filepath.Join(dir, name)); err != nil {
-				break
-			}
+	if err != nil {
+		return err
+	}
+	for _, name := range []string{ControlName, ServerName, SleeperName} {
+		link := filepath.Join(dir, name)
+		if err := os.Remove(link); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		if err := os.Symlink(exe, link); err != nil {
+			return err
 		}
 	}
+	return nil
+}
+
+// ReadRecord reads what the daemon with log directory logDir was told.
+func ReadRecord(logDir string) (Record, error) {
+	var r Record
+	data, err := os.ReadFile(filepath.Join(logDir, RecordName))
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
+		return r, err
 	}
-	fakeBin = dir
-	// Under the race detector every process sleeps a second before it
-	// exits; the fakes are many short processes.
-	if !strings.Contains(os.Getenv("GORACE"), "atexit_sleep_ms") {
-		_ = os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	if err := json.Unmarshal(data, &r); err != nil {
+		return r, fmt.Errorf("%s: %w", RecordName, err)
 	}
-	code := m.Run()
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
+	return r, nil
 }
 
-// fakeRecord is what the fake daemon was told.
-type fakeRecord struct {
-	PID                    int                `json:"pid"`
-	Args                   []string           `json:"args"`
-	MultiUser              bool               `json:"multiUser"`
-	VisibleDevices         []string           `json:"visibleDevices"`
-	ActiveThreadPercentage *float64           `json:"activeThreadPercentage"`
-	PinnedMemLimitMiB      map[string]int64   `json:"pinnedMemLimitMiB"`
-	Servers                []fakeServerRecord `json:"servers"`
-	Commands               []string           `json:"commands"`
-	servers                map[int]*fakeServerProc
-	serverByPID            map[int]*fakeServerRecord
+// maxLifetime is how long a fake process may live.
+func maxLifetime() time.Duration {
+	if v := os.Getenv(EnvMaxLifetime); v != "" {
+		if d, err := time.ParseDuration(v); err == nil {
+			return d
+		}
+	}
+	return defaultMaxLifetime
 }
 
-type fakeServerProc struct {
+// expired reports whether a process born at born has lived too long.
+func expired(born time.Time) bool {
+	max := maxLifetime()
+	return max > 0 && time.Since(born) > max
+}
+
+// Record is what the fake daemon was told.
+type Record struct {
+	PID                    int              `json:"pid"`
+	Args                   []string         `json:"args"`
+	MultiUser              bool             `json:"multiUser"`
+	VisibleDevices         []string         `json:"visibleDevices"`
+	ActiveThreadPercentage *float64         `json:"activeThreadPercentage"`
+	PinnedMemLimitMiB      map[string]int64 `json:"pinnedMemLimitMiB"`
+	Servers                []ServerRecord   `json:"servers"`
+	Commands               []string         `json:"commands"`
+	servers                map[int]*serverProc
+	serverByPID            map[int]*ServerRecord
+}
+
+// serverProc is a running server process.
+type serverProc struct {
 	cmd  *exec.Cmd
 	done chan struct{}
 }
 
-type fakeServerRecord struct {
+// ServerRecord is one server the fake daemon started, with the limits it
+// was given.
+type ServerRecord struct {
 	PID                    int              `json:"pid"`
 	UID                    int              `json:"uid"`
 	ActiveThreadPercentage *float64         `json:"activeThreadPercentage"`
 	PinnedMemLimitMiB      map[string]int64 `json:"pinnedMemLimitMiB"`
 }
 
-func fakeControl(args []string) int {
+func control(args []string) int {
 	pipe, logDir := os.Getenv(mps.EnvPipeDirectory), os.Getenv(mps.EnvLogDirectory)
 	if pipe == "" {
 		fmt.Println("CUDA_MPS_PIPE_DIRECTORY must be set to start or to communicate with MPS control daemon")
 		return 1
 	}
 	if len(args) == 0 {
-		return fakeClient(pipe)
+		return client(pipe)
 	}
 	for _, a := range args {
 		if a != "-d" && a != "-M" {
@@ -149,9 +196,9 @@ func fakeControl(args []string) int {
 		return 1
 	}
 	if os.Getenv(envBackground) == "1" {
-		return fakeDaemon(pipe, logDir, args)
+		return daemon(pipe, logDir, args)
 	}
-	appendLine(filepath.Join(logDir, fakeLaunchesName), strings.Join(args, " "))
+	appendLine(filepath.Join(logDir, LaunchesName), strings.Join(args, " "))
 	// Like the real -d: fork the daemon into the background and return.
 	// The child keeps the command line, so /proc shows "... -d".
 	cmd := exec.Command(os.Args[0], args...)
@@ -164,7 +211,7 @@ func fakeControl(args []string) int {
 	return 0
 }
 
-func fakeClient(pipe string) int {
+func client(pipe string) int {
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
@@ -184,7 +231,7 @@ func fakeClient(pipe string) int {
 	return 0
 }
 
-func fakeDaemon(pipe, logDir string, args []string) int {
+func daemon(pipe, logDir string, args []string) int {
 	logf := func(format string, a ...any) {
 		appendLine(filepath.Join(logDir, mps.ControlLogName),
 			fmt.Sprintf("[%s Control %6d] ", time.Now().Format("2006-01-02 15:04:05.000"), os.Getpid())+fmt.Sprintf(format, a...))
@@ -198,7 +245,7 @@ func fakeDaemon(pipe, logDir string, args []string) int {
 		logf("An instance of this daemon is already running with this pipe directory")
 		return 1
 	}
-	if p := os.Getenv(envFailStartIf); p != "" {
+	if p := os.Getenv(EnvFailStartIf); p != "" {
 		if _, err := os.Stat(p); err == nil {
 			logf("Failed to start control daemon: device init error (test)")
 			return 1
@@ -211,14 +258,14 @@ func fakeDaemon(pipe, logDir string, args []string) int {
 		logf("listen: %v", err)
 		return 1
 	}
-	d := &fakeRecord{
+	d := &Record{
 		PID:               os.Getpid(),
 		Args:              args,
 		MultiUser:         slices.Contains(args, "-M"),
 		VisibleDevices:    strings.Split(os.Getenv(mps.EnvVisibleDevices), ","),
 		PinnedMemLimitMiB: map[string]int64{},
-		servers:           map[int]*fakeServerProc{},
-		serverByPID:       map[int]*fakeServerRecord{},
+		servers:           map[int]*serverProc{},
+		serverByPID:       map[int]*ServerRecord{},
 	}
 	var mu sync.Mutex
 	save := func() {
@@ -227,7 +274,7 @@ func fakeDaemon(pipe, logDir string, args []string) int {
 			d.Servers = append(d.Servers, *d.serverByPID[pid])
 		}
 		data, _ := json.MarshalIndent(d, "", "  ")
-		writeAtomic(filepath.Join(logDir, fakeRecordName), data)
+		writeAtomic(filepath.Join(logDir, RecordName), data)
 	}
 	mu.Lock()
 	save()
@@ -250,7 +297,7 @@ func fakeDaemon(pipe, logDir string, args []string) int {
 	go func() {
 		born := time.Now()
 		for range time.Tick(100 * time.Millisecond) {
-			if _, err := os.Stat(pipe); err != nil || time.Since(born) > fakeMaxLifetime {
+			if _, err := os.Stat(pipe); err != nil || expired(born) {
 				mu.Lock()
 				stopServers()
 				os.Exit(0)
@@ -288,15 +335,15 @@ func fakeDaemon(pipe, logDir string, args []string) int {
 var memValue = regexp.MustCompile(`^([0-9]+)([MG])$`)
 
 // handle runs one command; mu is held.
-func (d *fakeRecord) handle(line string, stopServers func(), mu *sync.Mutex, save func()) (reply string, quit bool) {
+func (d *Record) handle(line string, stopServers func(), mu *sync.Mutex, save func()) (reply string, quit bool) {
 	f := strings.Fields(line)
 	if len(f) == 0 {
 		return "", false
 	}
-	ignoreLimits := os.Getenv(envIgnoreLimits) == "1"
+	ignoreLimits := os.Getenv(EnvIgnoreLimits) == "1"
 	switch {
 	case f[0] == "quit" && len(f) == 1:
-		if os.Getenv(envIgnoreQuit) == "1" {
+		if os.Getenv(EnvIgnoreQuit) == "1" {
 			return "", false
 		}
 		stopServers()
@@ -317,14 +364,14 @@ func (d *fakeRecord) handle(line string, stopServers func(), mu *sync.Mutex, sav
 				return fmt.Sprintf("A server for user %d is running: user %d must wait for it to exit", s.UID, uid), false
 			}
 		}
-		cmd := exec.Command(filepath.Join(filepath.Dir(os.Args[0]), fakeServerName))
+		cmd := exec.Command(filepath.Join(filepath.Dir(os.Args[0]), ServerName))
 		if err := cmd.Start(); err != nil {
 			return "start server: " + err.Error(), false
 		}
 		pid := cmd.Process.Pid
-		p := &fakeServerProc{cmd: cmd, done: make(chan struct{})}
+		p := &serverProc{cmd: cmd, done: make(chan struct{})}
 		d.servers[pid] = p
-		d.serverByPID[pid] = &fakeServerRecord{PID: pid, UID: uid, ActiveThreadPercentage: clonePtr(d.ActiveThreadPercentage), PinnedMemLimitMiB: maps.Clone(d.PinnedMemLimitMiB)}
+		d.serverByPID[pid] = &ServerRecord{PID: pid, UID: uid, ActiveThreadPercentage: clonePtr(d.ActiveThreadPercentage), PinnedMemLimitMiB: maps.Clone(d.PinnedMemLimitMiB)}
 		go func() {
 			_ = cmd.Wait()
 			close(p.done)
@@ -391,7 +438,7 @@ func (d *fakeRecord) handle(line string, stopServers func(), mu *sync.Mutex, sav
 
 // device resolves a device given by UUID or by index among the visible
 // devices.
-func (d *fakeRecord) device(s string) (string, bool) {
+func (d *Record) device(s string) (string, bool) {
 	if i, err := strconv.Atoi(s); err == nil {
 		if i >= 0 && i < len(d.VisibleDevices) {
 			return d.VisibleDevices[i], true
@@ -401,7 +448,7 @@ func (d *fakeRecord) device(s string) (string, bool) {
 	return s, slices.Contains(d.VisibleDevices, s)
 }
 
-func (d *fakeRecord) server(s string) (*fakeServerRecord, bool) {
+func (d *Record) server(s string) (*ServerRecord, bool) {
 	pid, err := strconv.Atoi(s)
 	if err != nil {
 		return nil, false
@@ -440,8 +487,8 @@ func showPct(p *float64) string {
 
 // fakeLinger is a process that waits to be killed: an MPS server, or an
 // unrelated program. It exits by itself on SIGTERM, when dir (if given)
-// disappears, or after fakeMaxLifetime.
-func fakeLinger(dir string) int {
+// disappears, or when its lifetime is over.
+func linger(dir string) int {
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM)
 	born := time.Now()
@@ -452,7 +499,7 @@ func fakeLinger(dir string) int {
 		case <-term:
 			return 0
 		case <-tick.C:
-			if time.Since(born) > fakeMaxLifetime {
+			if expired(born) {
 				return 0
 			}
 			if dir != "" {

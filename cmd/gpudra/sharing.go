@@ -1,0 +1,99 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/pflag"
+
+	"github.com/gpudra/gpudra/pkg/mps"
+	"github.com/gpudra/gpudra/pkg/timeslice"
+)
+
+// MPS launchers --mps-launcher accepts.
+const (
+	launcherProcess    = "process"
+	launcherSystemdRun = "systemd-run"
+)
+
+// sharingFlags configure time-slicing and MPS.
+type sharingFlags struct {
+	nvidiaSMI       string
+	mpsRoot         string
+	mpsControl      string
+	mpsLauncher     string
+	nsenterPath     string
+	systemdRunPath  string
+	fakeTimeSlicing bool
+}
+
+func (f *sharingFlags) addFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&f.nvidiaSMI, "nvidia-smi-path", "", "nvidia-smi, as this process sees it, for time-slicing (default: usr/bin/nvidia-smi under --container-driver-root); time-slicing is refused when it is missing")
+	fs.StringVar(&f.mpsRoot, "mps-root", "/run/gpudra/mps", "directory of the MPS daemons' pipe, log and shm directories, on tmpfs and at the same path on the host and in the plugin's container (see docs/mps.md)")
+	fs.StringVar(&f.mpsControl, "mps-control-binary", "", "nvidia-cuda-mps-control, as this process sees it (default: usr/bin/nvidia-cuda-mps-control under --container-driver-root); MPS is refused when it is missing")
+	fs.StringVar(&f.mpsLauncher, "mps-launcher", launcherProcess, fmt.Sprintf("how MPS daemons are started, one of [%s %s]: %s forks them from this process (a plugin on the host); %s starts each as a transient unit of the host's systemd, so it outlives a plugin container", launcherProcess, launcherSystemdRun, launcherProcess, launcherSystemdRun))
+	fs.StringVar(&f.nsenterPath, "nsenter-path", "/usr/bin/nsenter", "with --mps-launcher=systemd-run: nsenter in the plugin's container, to reach the host's systemd (empty when the plugin runs on the host)")
+	fs.StringVar(&f.systemdRunPath, "systemd-run-path", "/usr/bin/systemd-run", "with --mps-launcher=systemd-run: systemd-run as the host sees it")
+}
+
+func (f *sharingFlags) validate() error {
+	if f.mpsLauncher != launcherProcess && f.mpsLauncher != launcherSystemdRun {
+		return fmt.Errorf("--mps-launcher %q: must be one of [%s %s]", f.mpsLauncher, launcherProcess, launcherSystemdRun)
+	}
+	if !filepath.IsAbs(f.mpsRoot) {
+		return fmt.Errorf("--mps-root %q: must be an absolute path", f.mpsRoot)
+	}
+	return nil
+}
+
+// timeSlicer returns the setter for time slices, or nil when nvidia-smi is
+// missing. Simulated GPUs (a fleet) keep their time slices in memory.
+func (f *sharingFlags) timeSlicer(hw *discoveryFlags) timeslice.Setter {
+	if hw.fleet != "" {
+		return &timeslice.Memory{}
+	}
+	path := f.nvidiaSMI
+	if path == "" {
+		path = filepath.Join(hw.containerDriverRoot, "usr/bin/nvidia-smi")
+	}
+	if _, err := os.Stat(path); err != nil {
+		return nil
+	}
+	var opts []timeslice.Option
+	if hw.containerDriverRoot != "/" {
+		for _, lib := range []string{"usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "usr/lib64/libnvidia-ml.so.1", "usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1"} {
+			if p := filepath.Join(hw.containerDriverRoot, lib); fileExists(p) {
+				opts = append(opts, timeslice.WithNVMLLibrary(p))
+				break
+			}
+		}
+	}
+	return timeslice.NewNvidiaSMI(path, opts...)
+}
+
+// mpsManager returns the MPS manager, or nil with the reason MPS is not
+// available.
+func (f *sharingFlags) mpsManager(hw *discoveryFlags) (*mps.Manager, string) {
+	path := f.mpsControl
+	if path == "" {
+		path = filepath.Join(hw.containerDriverRoot, "usr/bin", mps.DefaultControlBinary)
+	}
+	if !fileExists(path) {
+		return nil, fmt.Sprintf("%s not found; see --mps-control-binary", path)
+	}
+	opts := []mps.Option{mps.WithControlBinary(path)}
+	if f.mpsLauncher == launcherSystemdRun {
+		opts = append(opts, mps.WithLauncher(mps.ProcessLauncher{Wrap: mps.SystemdRun(mps.SystemdRunOptions{NsenterPath: f.nsenterPath, SystemdRunPath: f.systemdRunPath})}))
+	}
+	m, err := mps.New(f.mpsRoot, opts...)
+	if err != nil {
+		return nil, err.Error()
+	}
+	return m, ""
+}
+
+func fileExists(path string) bool {
+	st, err := os.Stat(path)
+	return err == nil && st.Mode().IsRegular()
+}
