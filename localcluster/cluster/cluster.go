@@ -58,6 +58,9 @@ type Options struct {
 	NodeWorkers int
 	// Progress, if set, gets one line per step of the start.
 	Progress func(msg string)
+	// MPSControlBinary, if set, is the (fake) nvidia-cuda-mps-control the
+	// nodes run MPS daemons with; without it nodes refuse MPS claims.
+	MPSControlBinary string
 }
 
 // Cluster is a running local cluster.
@@ -218,6 +221,8 @@ func (c *Cluster) startNode(ctx context.Context, name string) (*simnode.Node, er
 		PluginClient:  pluginClient,
 		Workers:       c.opts.NodeWorkers,
 		MIGMode:       plugin.MIGMode(fn.MIGMode),
+
+		MPSControlBinary: c.opts.MPSControlBinary,
 	})
 }
 

@@ -94,7 +94,7 @@ spec:
         parameters:
           apiVersion: resource.nvidia.com/v1beta1
           kind: GpuConfig
-          sharing: {strategy: TimeSlicing}
+          sharing: {strategy: MPS, mpsConfig: {defaultActiveThreadPercentage: 0}}
 ---
 apiVersion: v1
 kind: Pod
@@ -113,8 +113,8 @@ spec:
 	if pod.Status.Phase != corev1.PodPending || pod.Spec.NodeName == "" {
 		t.Fatalf("pod is %s on %q, want Pending on a node", pod.Status.Phase, pod.Spec.NodeName)
 	}
-	if r := reasonOf(pod); !strings.Contains(r, "sharing") || !strings.Contains(r, "not supported") {
-		t.Errorf("reason %q is not the plugin's refusal of the sharing setting", r)
+	if r := reasonOf(pod); !strings.Contains(r, "sharing.mpsConfig.defaultActiveThreadPercentage") || !strings.Contains(r, "1 to 100") {
+		t.Errorf("reason %q is not the plugin's refusal of the MPS setting", r)
 	}
 	if err := demo.Client().CoreV1().Pods("prepare-error").Delete(ctx, "pod", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 )
@@ -33,6 +34,10 @@ func examplesDir() string {
 }
 
 func TestMain(m *testing.M) {
+	// Started as nvidia-cuda-mps-control: the nodes' simulated MPS daemons.
+	if code, ok := mpsfake.Main(); ok {
+		os.Exit(code)
+	}
 	klog.InitFlags(nil)
 	flag.Parse()
 	if !testing.Verbose() {
@@ -75,8 +80,14 @@ func run(m *testing.M) int {
 		return 1
 	}
 	start := time.Now()
-	demo, err = cluster.Start(ctx, cluster.Options{Fleet: fleet})
+	mpsControl, removeMPS, err := cluster.FakeMPS()
 	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	demo, err = cluster.Start(ctx, cluster.Options{Fleet: fleet, MPSControlBinary: mpsControl})
+	if err != nil {
+		removeMPS()
 		fmt.Fprintln(os.Stderr, "start local cluster:", err)
 		return 1
 	}
@@ -86,6 +97,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "stop local cluster:", err)
 		code = 1
 	}
+	removeMPS()
 	if left := newEntries(tmpBefore, tempEntries()); len(left) != 0 {
 		fmt.Fprintf(os.Stderr, "left in %s after the local cluster stopped: %v\n", os.TempDir(), left)
 		code = 1

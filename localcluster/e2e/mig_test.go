@@ -62,8 +62,16 @@ spec:
 `, ns, strings.Split(profile, ".")[0], profile, gpuUUID)
 	}
 	for _, p := range pods {
-		tmpl := p[strings.Index(p, "-")+1:]
-		fmt.Fprintf(&b, `---
+		b.WriteString(migPod(ns, p))
+	}
+	return b.String()
+}
+
+// migPod is a pod named <x>-<template> with a claim from that template of
+// migPods.
+func migPod(ns, name string) string {
+	tmpl := name[strings.Index(name, "-")+1:]
+	return fmt.Sprintf(`---
 apiVersion: v1
 kind: Pod
 metadata: {namespace: %s, name: %s}
@@ -76,9 +84,7 @@ spec:
   resourceClaims:
   - name: mig
     resourceClaimTemplateName: %s
-`, ns, p, tmpl)
-	}
-	return b.String()
+`, ns, name, tmpl)
 }
 
 // memorySlices are the memory slices a MIG device occupies, from its
@@ -129,9 +135,13 @@ func TestDynamicMIGFillsAGPU(t *testing.T) {
 	const ns = "mig-fill"
 	gpu := emptyMIGGPU(t, ctx)
 	full := []string{"a-3g", "b-2g", "c-1g", "d-1g"}
-	apply(t, ctx, migPods(ns, gpu, full...))
+	apply(t, ctx, migPods(ns, gpu))
 	used := map[int]string{}
 	for _, name := range full {
+		// One after the other, largest first: the scheduler takes the
+		// first free placement for each pod, it does not pack a batch, so
+		// two 1g pods scheduled before the 3g could leave no 3g+2g room.
+		apply(t, ctx, migPod(ns, name))
 		pod := waitForPod(t, ctx, ns, name, "Running", running)
 		devs := devicesOf(t, ctx, pod)
 		if len(devs) != 1 || pod.Spec.NodeName != migNode || attr(devs[0], "parentUUID") != gpu {

@@ -31,8 +31,11 @@ import (
 	draplugin "k8s.io/kubernetes/pkg/kubelet/cm/dra/plugin"
 	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
 
+	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/hardware"
+	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/plugin"
+	"github.com/gpudra/gpudra/pkg/timeslice"
 )
 
 // Config describes one simulated node.
@@ -58,6 +61,10 @@ type Config struct {
 	Labels map[string]string
 	// MIGMode is the plugin's MIG mode (empty: its default, dynamic).
 	MIGMode plugin.MIGMode
+	// MPSControlBinary, if set, is the nvidia-cuda-mps-control the node's
+	// plugin runs MPS daemons with (a fake: see pkg/mps/mpsfake); without
+	// it the node refuses MPS claims.
+	MPSControlBinary string
 }
 
 // DefaultWorkers is how many pods a node's loop handles at once unless
@@ -81,6 +88,11 @@ type Node struct {
 
 	pluginMu sync.Mutex
 	plugin   *plugin.Driver
+
+	// timeSlices holds the simulated GPUs' time-slice intervals; mpsRoot
+	// the node's MPS daemon directories (short: sockets live there).
+	timeSlices *timeslice.Memory
+	mpsRoot    string
 }
 
 // Directories of a node.
@@ -106,7 +118,16 @@ func Start(ctx context.Context, cfg Config) (_ *Node, finalErr error) {
 	}
 	logger := klog.FromContext(ctx).WithName("node").WithValues("node", cfg.Name)
 	runCtx, cancel := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), logger))
-	n := &Node{cfg: cfg, logger: logger, ctx: runCtx, cancel: cancel}
+	n := &Node{cfg: cfg, logger: logger, ctx: runCtx, cancel: cancel, timeSlices: &timeslice.Memory{}}
+	if cfg.MPSControlBinary != "" {
+		// Not under Dir: the daemons' sockets must stay under 108 bytes.
+		dir, err := os.MkdirTemp("/tmp", "gpudra-mps-")
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		n.mpsRoot = dir
+	}
 	defer func() {
 		if finalErr != nil {
 			n.Stop()
@@ -206,16 +227,28 @@ func (n *Node) StartPlugin(ctx context.Context) error {
 	if n.plugin != nil {
 		return errors.New("plugin already running")
 	}
-	d, err := plugin.Start(n.ctx, plugin.Config{
-		DriverName:    n.cfg.DriverName,
-		NodeName:      n.cfg.Name,
-		KubeClient:    n.cfg.PluginClient,
-		Hardware:      n.cfg.Hardware,
-		PluginDataDir: n.cfg.pluginDir(),
-		RegistrarDir:  n.cfg.registryDir(),
-		CDIDir:        n.cfg.CDIDir(),
-		MIGMode:       n.cfg.MIGMode,
-	})
+	cfg := plugin.Config{
+		DriverName:     n.cfg.DriverName,
+		NodeName:       n.cfg.Name,
+		KubeClient:     n.cfg.PluginClient,
+		Hardware:       n.cfg.Hardware,
+		PluginDataDir:  n.cfg.pluginDir(),
+		RegistrarDir:   n.cfg.registryDir(),
+		CDIDir:         n.cfg.CDIDir(),
+		MIGMode:        n.cfg.MIGMode,
+		TimeSlicer:     n.timeSlices,
+		MPSUnavailable: "the simulated node has no MPS control binary",
+	}
+	if n.cfg.MPSControlBinary != "" {
+		// A new manager per plugin start, as a restarted plugin process
+		// would have: it adopts the daemons its predecessor started.
+		m, err := mps.New(n.mpsRoot, mps.WithControlBinary(n.cfg.MPSControlBinary))
+		if err != nil {
+			return fmt.Errorf("node %s: MPS: %w", n.cfg.Name, err)
+		}
+		cfg.MPS, cfg.MPSUnavailable = m, ""
+	}
+	d, err := plugin.Start(n.ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("node %s: start plugin: %w", n.cfg.Name, err)
 	}
@@ -306,4 +339,21 @@ func (n *Node) Stop() {
 	if n.stopRec != nil {
 		n.stopRec()
 	}
+	// The fake MPS daemons of claims still prepared exit once their
+	// directories are gone.
+	if n.mpsRoot != "" {
+		_ = os.RemoveAll(n.mpsRoot)
+	}
+}
+
+// TimeSlice returns the time-slice interval last set on the simulated GPU
+// with the given UUID, and false if none was set.
+func (n *Node) TimeSlice(gpuUUID string) (v1beta1.TimeSliceInterval, bool) {
+	return n.timeSlices.Interval(gpuUUID)
+}
+
+// MPSDirs returns the directories of the node's MPS daemon with the given
+// ID (a claim UID).
+func (n *Node) MPSDirs(id string) mps.Dirs {
+	return mps.DirsOf(n.mpsRoot, id)
 }

@@ -50,18 +50,23 @@ const (
 	GPU DeviceKind = "gpu"
 	// MIG is a MIG device, configured by a v1beta1.MigDeviceConfig.
 	MIG DeviceKind = "mig"
+	// VFIO is a GPU passed through with VFIO, configured by a
+	// v1beta1.VfioDeviceConfig.
+	VFIO DeviceKind = "vfio"
 )
 
 // configKind is the config kind each device kind takes.
 var configKind = map[DeviceKind]string{
-	GPU: v1beta1.GpuConfigKind,
-	MIG: v1beta1.MigDeviceConfigKind,
+	GPU:  v1beta1.GpuConfigKind,
+	MIG:  v1beta1.MigDeviceConfigKind,
+	VFIO: v1beta1.VfioDeviceConfigKind,
 }
 
 // deviceKindName names a device kind in messages.
 var deviceKindName = map[DeviceKind]string{
-	GPU: "a full GPU",
-	MIG: "a MIG device",
+	GPU:  "a full GPU",
+	MIG:  "a MIG device",
+	VFIO: "a VFIO passthrough GPU",
 }
 
 // fits reports whether config can configure a device of kind.
@@ -71,6 +76,8 @@ func fits(config v1beta1.Config, kind DeviceKind) bool {
 		return kind == GPU
 	case *v1beta1.MigDeviceConfig:
 		return kind == MIG
+	case *v1beta1.VfioDeviceConfig:
+		return kind == VFIO
 	}
 	return false
 }
@@ -82,6 +89,8 @@ func defaultConfig(kind DeviceKind) v1beta1.Config {
 		return v1beta1.DefaultGpuConfig()
 	case MIG:
 		return v1beta1.DefaultMigDeviceConfig()
+	case VFIO:
+		return v1beta1.DefaultVfioDeviceConfig()
 	}
 	return nil
 }

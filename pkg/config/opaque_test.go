@@ -67,6 +67,9 @@ var fuzzSeeds = []string{
 	`{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 1.5}}}`,
 	`{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "-1"}}}`,
 	`{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "Gpuconfig"}`,
+	`{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig", "iommu": {"backendPolicy": "PreferIommuFD", "enableAPIDevice": false}}`,
+	`{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "VfioDeviceConfig", "iommu": {"backendPolicy": "Iommufd"}}`,
+	`{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {"multiUser": true}}}`,
 	`{"apiVersion": "resource.nvidia.com/v1", "kind": "GpuConfig", "Sharing": {}}`,
 	`{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}`,
 }

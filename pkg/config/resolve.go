@@ -22,8 +22,9 @@ type Device struct {
 	Result resourceapi.DeviceRequestAllocationResult
 	// Kind is the kind of the device.
 	Kind DeviceKind
-	// Config is a *v1beta1.GpuConfig for a GPU and a *v1beta1.MigDeviceConfig
-	// for a MIG device, normalized and valid. Devices that got the same
+	// Config is a *v1beta1.GpuConfig for a GPU, a *v1beta1.MigDeviceConfig
+	// for a MIG device and a *v1beta1.VfioDeviceConfig for a VFIO device,
+	// normalized and valid. Devices that got the same
 	// config share one object, because one setting (such as one MPS daemon)
 	// serves them together; treat it as read-only.
 	Config v1beta1.Config

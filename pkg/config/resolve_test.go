@@ -246,11 +246,11 @@ func TestResolveErrors(t *testing.T) {
 		},
 		"missing kind": {
 			configs: configs{claimCfg(`{"apiVersion": "resource.nvidia.com/v1beta1"}`)},
-			want:    `claim config #0 (all requests): kind: Required value: supported kinds in resource.nvidia.com/v1beta1: "GpuConfig", "MigDeviceConfig"`,
+			want:    `claim config #0 (all requests): kind: Required value: supported kinds in resource.nvidia.com/v1beta1: "GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"`,
 		},
 		"unknown kind": {
 			configs: configs{claimCfg(`{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig"}`)},
-			want:    `claim config #0 (all requests): kind: Unsupported value: "ComputeDomainChannelConfig": supported kinds in resource.nvidia.com/v1beta1: "GpuConfig", "MigDeviceConfig"`,
+			want:    `claim config #0 (all requests): kind: Unsupported value: "ComputeDomainChannelConfig": supported kinds in resource.nvidia.com/v1beta1: "GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"`,
 		},
 		"bad apiVersion": {
 			configs: configs{claimCfg(`{"apiVersion": "resource.nvidia.com/v1", "kind": "GpuConfig"}`)},
@@ -351,9 +351,9 @@ func TestResolveOtherErrors(t *testing.T) {
 		t.Errorf("a device lookup failure is reported as a config error: %v", err)
 	}
 
-	vfio := func(resourceapi.DeviceRequestAllocationResult) (DeviceKind, error) { return "vfio", nil }
-	_, err = Resolve(driver, newClaim(nil, result("gpu=gpu-0")), vfio, allFeatures)
-	if want := `device "gpu-0" (request "gpu"): unsupported device kind "vfio"`; err == nil || err.Error() != want {
+	imex := func(resourceapi.DeviceRequestAllocationResult) (DeviceKind, error) { return "imex-channel", nil }
+	_, err = Resolve(driver, newClaim(nil, result("gpu=gpu-0")), imex, allFeatures)
+	if want := `device "gpu-0" (request "gpu"): unsupported device kind "imex-channel"`; err == nil || err.Error() != want {
 		t.Errorf("Resolve with an unsupported kind = %v, want %s", err, want)
 	}
 }

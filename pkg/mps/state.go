@@ -46,6 +46,10 @@ type Dirs struct {
 	Shm string
 }
 
+// DirsOf returns the directories of the daemon with the given ID under a
+// Manager's root.
+func DirsOf(root, id string) Dirs { return dirsFor(root, id) }
+
 func dirsFor(root, id string) Dirs {
 	r := filepath.Join(root, id)
 	return Dirs{Root: r, Pipe: filepath.Join(r, "pipe"), Log: filepath.Join(r, "log"), Shm: filepath.Join(r, "shm")}

@@ -15,7 +15,8 @@ import (
 
 // Decode decodes one opaque parameters document, as found in
 // OpaqueDeviceConfiguration.Parameters, into a new object of its kind
-// (*GpuConfig or *MigDeviceConfig). It neither normalizes nor validates.
+// (*GpuConfig, *MigDeviceConfig or *VfioDeviceConfig). It neither
+// normalizes nor validates.
 //
 // Decoding is strict and reports every problem it finds, each naming its
 // field path: unknown fields (`unknown field "sharing.timeSlicingConfig.intervall"`),

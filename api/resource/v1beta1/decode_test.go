@@ -1,6 +1,7 @@
 package v1beta1
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -24,10 +25,29 @@ func TestDecode(t *testing.T) {
 	mig := func(s *MigDeviceSharing) *MigDeviceConfig {
 		return &MigDeviceConfig{TypeMeta: typeMeta(MigDeviceConfigKind), Sharing: s}
 	}
+	vfio := func(c *IOMMUConfig) *VfioDeviceConfig {
+		return &VfioDeviceConfig{TypeMeta: typeMeta(VfioDeviceConfigKind), IOMMU: c}
+	}
 	tests := map[string]struct {
 		in   string
 		want runtime.Object
 	}{
+		"vfio, defaults": {
+			in:   doc("VfioDeviceConfig", ""),
+			want: vfio(nil),
+		},
+		"vfio, every field": {
+			in:   doc("VfioDeviceConfig", `"iommu": {"backendPolicy": "PreferIommuFD", "enableAPIDevice": false}`),
+			want: vfio(&IOMMUConfig{BackendPolicy: PreferIOMMUFDBackend, EnableAPIDevice: ptr.To(false)}),
+		},
+		"vfio, API device only": {
+			in:   doc("VfioDeviceConfig", `"iommu": {"enableAPIDevice": true}`),
+			want: vfio(&IOMMUConfig{EnableAPIDevice: ptr.To(true)}),
+		},
+		"vfio, unknown policy decodes; validation rejects it": {
+			in:   doc("VfioDeviceConfig", `"iommu": {"backendPolicy": "IommuFDOnly"}`),
+			want: vfio(&IOMMUConfig{BackendPolicy: "IommuFDOnly"}),
+		},
 		"gpu, exclusive": {
 			in:   doc("GpuConfig", ""),
 			want: gpu(nil),
@@ -113,19 +133,19 @@ func TestDecodeErrors(t *testing.T) {
 		},
 		"missing apiVersion and kind": {
 			in:   `{}`,
-			want: `[apiVersion: Required value: must be "resource.nvidia.com/v1beta1", kind: Required value: supported kinds in resource.nvidia.com/v1beta1: "GpuConfig", "MigDeviceConfig"]`,
+			want: `[apiVersion: Required value: must be "resource.nvidia.com/v1beta1", kind: Required value: supported kinds in resource.nvidia.com/v1beta1: "GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"]`,
 		},
 		"missing kind": {
 			in:   `{"apiVersion": "resource.nvidia.com/v1beta1"}`,
-			want: `kind: Required value: supported kinds in resource.nvidia.com/v1beta1: "GpuConfig", "MigDeviceConfig"`,
+			want: `kind: Required value: supported kinds in resource.nvidia.com/v1beta1: "GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"`,
 		},
 		"unknown kind": {
-			in:   doc("VfioDeviceConfig", ""),
-			want: `kind: Unsupported value: "VfioDeviceConfig": supported kinds in resource.nvidia.com/v1beta1: "GpuConfig", "MigDeviceConfig"`,
+			in:   doc("ComputeDomainChannelConfig", ""),
+			want: `kind: Unsupported value: "ComputeDomainChannelConfig": supported kinds in resource.nvidia.com/v1beta1: "GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"`,
 		},
 		"kind is case-sensitive": {
 			in:   doc("gpuConfig", ""),
-			want: `kind: Unsupported value: "gpuConfig": supported kinds in resource.nvidia.com/v1beta1: "GpuConfig", "MigDeviceConfig"`,
+			want: `kind: Unsupported value: "gpuConfig": supported kinds in resource.nvidia.com/v1beta1: "GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"`,
 		},
 		"other version": {
 			in:   `{"apiVersion": "resource.nvidia.com/v1alpha1", "kind": "GpuConfig"}`,
@@ -195,6 +215,26 @@ func TestDecodeErrors(t *testing.T) {
 			in:   doc("GpuConfig", `"sharing": {"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"1": true}}}`),
 			want: `sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[1]: invalid quantity true: expected a number with an optional suffix, such as "512Mi" or "2Gi"`,
 		},
+		"vfio, unknown field": {
+			in:   doc("VfioDeviceConfig", `"iommu": {"backendPolicy": "LegacyOnly", "backend": "LegacyOnly"}`),
+			want: `unknown field "iommu.backend"`,
+		},
+		"vfio, field names are case-sensitive": {
+			in:   doc("VfioDeviceConfig", `"iommu": {"BackendPolicy": "LegacyOnly"}`),
+			want: `unknown field "iommu.BackendPolicy"`,
+		},
+		"vfio, bool given as string": {
+			in:   doc("VfioDeviceConfig", `"iommu": {"enableAPIDevice": "true"}`),
+			want: `iommu.enableAPIDevice: expected boolean, got string`,
+		},
+		"vfio, policy given as number, sharing on a VFIO device": {
+			in:   doc("VfioDeviceConfig", `"iommu": {"backendPolicy": 1}, "sharing": {"strategy": "MPS"}`),
+			want: `[iommu.backendPolicy: expected string, got number 1, unknown field "sharing"]`,
+		},
+		"vfio, duplicate field": {
+			in:   doc("VfioDeviceConfig", `"iommu": {"enableAPIDevice": true, "enableAPIDevice": false}`),
+			want: `duplicate field "iommu.enableAPIDevice"`,
+		},
 		"every problem at once": {
 			in: doc("GpuConfig", `"sharing": {"strategy": 1, "mpsConfig": {"defaultActiveThreadPercentage": true}}, "shareing": {}`),
 			want: `[sharing.strategy: expected string, got number 1, ` +
@@ -238,7 +278,7 @@ func TestDecodeLenient(t *testing.T) {
 
 func TestKinds(t *testing.T) {
 	got := strings.Join(Kinds(), ",")
-	if want := "GpuConfig,MigDeviceConfig"; got != want {
+	if want := "GpuConfig,MigDeviceConfig,VfioDeviceConfig"; got != want {
 		t.Errorf("Kinds() = %s, want %s", got, want)
 	}
 	for _, kind := range Kinds() {
@@ -251,6 +291,37 @@ func TestKinds(t *testing.T) {
 		}
 		if gvk := obj.GetObjectKind().GroupVersionKind(); gvk != SchemeGroupVersion.WithKind(kind) {
 			t.Errorf("decoded %s has GroupVersionKind %v", kind, gvk)
+		}
+	}
+}
+
+// TestNormalizedRoundTrip checks that a normalized config survives JSON
+// unchanged, as configs stored in a checkpoint must.
+func TestNormalizedRoundTrip(t *testing.T) {
+	for _, in := range []string{
+		doc("GpuConfig", `"sharing": {"strategy": "TimeSlicing"}`),
+		doc("MigDeviceConfig", `"sharing": {"strategy": "MPS"}`),
+		doc("VfioDeviceConfig", ""),
+		doc("VfioDeviceConfig", `"iommu": {"backendPolicy": "PreferIommuFD", "enableAPIDevice": false}`),
+		doc("VfioDeviceConfig", `"iommu": {"enableAPIDevice": false}`),
+	} {
+		obj, err := Decode([]byte(in))
+		if err != nil {
+			t.Fatalf("Decode %s: %v", in, err)
+		}
+		config := obj.(Config)
+		config.Normalize()
+		out, err := json.Marshal(config)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := Decode(out)
+		if err != nil {
+			t.Fatalf("Decode of the normalized %s: %v", out, err)
+		}
+		again.(Config).Normalize()
+		if !equality.Semantic.DeepEqual(again, config) {
+			t.Errorf("%s normalized to %s, which decodes to %#v", in, out, again)
 		}
 	}
 }

@@ -149,3 +149,47 @@ func (m MpsPerDevicePinnedMemoryLimit) DeepCopy() MpsPerDevicePinnedMemoryLimit 
 	}
 	return out
 }
+
+// DeepCopyInto copies c into out, sharing nothing.
+func (c *VfioDeviceConfig) DeepCopyInto(out *VfioDeviceConfig) {
+	*out = *c
+	out.TypeMeta = c.TypeMeta
+	out.IOMMU = c.IOMMU.DeepCopy()
+}
+
+// DeepCopy returns a copy of c that shares nothing with it.
+func (c *VfioDeviceConfig) DeepCopy() *VfioDeviceConfig {
+	if c == nil {
+		return nil
+	}
+	out := new(VfioDeviceConfig)
+	c.DeepCopyInto(out)
+	return out
+}
+
+// DeepCopyObject implements [runtime.Object].
+func (c *VfioDeviceConfig) DeepCopyObject() runtime.Object {
+	if c := c.DeepCopy(); c != nil {
+		return c
+	}
+	return nil
+}
+
+// DeepCopyInto copies c into out, sharing nothing.
+func (c *IOMMUConfig) DeepCopyInto(out *IOMMUConfig) {
+	*out = *c
+	if c.EnableAPIDevice != nil {
+		enable := *c.EnableAPIDevice
+		out.EnableAPIDevice = &enable
+	}
+}
+
+// DeepCopy returns a copy of c that shares nothing with it.
+func (c *IOMMUConfig) DeepCopy() *IOMMUConfig {
+	if c == nil {
+		return nil
+	}
+	out := new(IOMMUConfig)
+	c.DeepCopyInto(out)
+	return out
+}

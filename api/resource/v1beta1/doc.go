@@ -32,14 +32,20 @@
 //   - a timeSlicingConfig next to strategy MPS, or an mpsConfig next to
 //     strategy TimeSlicing, on a GpuConfig;
 //   - a timeSlicingConfig without an interval is accepted and means Default
-//     (that driver fails on it).
+//     (that driver fails on it);
+//   - a VfioDeviceConfig whose iommu section lacks backendPolicy is accepted
+//     and means LegacyOnly (that driver fails on it).
+//
+// A VfioDeviceConfig defaults to backendPolicy LegacyOnly with
+// enableAPIDevice true, as that driver does since its PR #1481 (released
+// with v0.6.0; v0.5.0 defaulted enableAPIDevice to false).
 //
 // Validation never reads process-global feature gates: the caller passes
 // [Features]. Its zero value, like that driver's default gates, serves no
 // sharing strategy.
 //
 // Additions of gpudra will be new optional fields; existing fields keep their
-// names and meaning. More kinds of the same group (VfioDeviceConfig,
-// ComputeDomainChannelConfig, ComputeDomainDaemonConfig) are added to the
+// names and meaning. More kinds of the same group
+// (ComputeDomainChannelConfig, ComputeDomainDaemonConfig) are added to the
 // same scheme as they are implemented.
 package v1beta1

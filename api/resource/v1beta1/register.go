@@ -19,6 +19,8 @@ const (
 	GpuConfigKind = "GpuConfig"
 	// MigDeviceConfigKind is the kind of [MigDeviceConfig].
 	MigDeviceConfigKind = "MigDeviceConfig"
+	// VfioDeviceConfigKind is the kind of [VfioDeviceConfig].
+	VfioDeviceConfigKind = "VfioDeviceConfig"
 )
 
 // SchemeGroupVersion is the group and version of every kind in this package.
@@ -35,6 +37,7 @@ func addKnownTypes(s *runtime.Scheme) error {
 	s.AddKnownTypes(SchemeGroupVersion,
 		&GpuConfig{},
 		&MigDeviceConfig{},
+		&VfioDeviceConfig{},
 	)
 	return nil
 }

@@ -19,8 +19,12 @@ func migSharing(s *MigDeviceSharing) *MigDeviceConfig {
 	return &MigDeviceConfig{TypeMeta: typeMeta(MigDeviceConfigKind), Sharing: s}
 }
 
+func vfioIOMMU(c *IOMMUConfig) *VfioDeviceConfig {
+	return &VfioDeviceConfig{TypeMeta: typeMeta(VfioDeviceConfigKind), IOMMU: c}
+}
+
 func TestDefaults(t *testing.T) {
-	for _, c := range []Config{DefaultGpuConfig(), DefaultMigDeviceConfig()} {
+	for _, c := range []Config{DefaultGpuConfig(), DefaultMigDeviceConfig(), DefaultVfioDeviceConfig()} {
 		if err := c.Validate(Features{}); err != nil {
 			t.Errorf("default %T is invalid without features: %v", c, err)
 		}
@@ -38,6 +42,34 @@ func TestDefaults(t *testing.T) {
 	}
 	if got := DefaultGpuConfig().GetObjectKind().GroupVersionKind(); got != SchemeGroupVersion.WithKind(GpuConfigKind) {
 		t.Errorf("DefaultGpuConfig kind = %v", got)
+	}
+	// NVIDIA's driver defaults to the legacy backend and, since PR #1481
+	// (v0.6.0), to the API device, which KubeVirt needs.
+	want := vfioIOMMU(&IOMMUConfig{BackendPolicy: LegacyOnlyIOMMUBackend, EnableAPIDevice: ptr.To(true)})
+	if got := DefaultVfioDeviceConfig(); !equality.Semantic.DeepEqual(got, want) {
+		t.Errorf("DefaultVfioDeviceConfig = %#v, want %#v", got, want)
+	}
+}
+
+func TestIOMMUConfigAccessors(t *testing.T) {
+	tests := map[string]struct {
+		in                    *IOMMUConfig
+		preferIOMMUFD, apiDev bool
+	}{
+		"nil":                   {in: nil, apiDev: true},
+		"empty":                 {in: &IOMMUConfig{}, apiDev: true},
+		"iommufd, API device":   {in: &IOMMUConfig{BackendPolicy: PreferIOMMUFDBackend, EnableAPIDevice: ptr.To(true)}, preferIOMMUFD: true, apiDev: true},
+		"legacy, no API device": {in: &IOMMUConfig{BackendPolicy: LegacyOnlyIOMMUBackend, EnableAPIDevice: ptr.To(false)}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			if got := tc.in.PreferIOMMUFD(); got != tc.preferIOMMUFD {
+				t.Errorf("PreferIOMMUFD() = %t, want %t", got, tc.preferIOMMUFD)
+			}
+			if got := tc.in.APIDevice(); got != tc.apiDev {
+				t.Errorf("APIDevice() = %t, want %t", got, tc.apiDev)
+			}
+		})
 	}
 }
 
@@ -82,6 +114,26 @@ func TestNormalize(t *testing.T) {
 		"mig time-slicing untouched": {
 			in:   migSharing(&MigDeviceSharing{Strategy: TimeSlicingStrategy}),
 			want: migSharing(&MigDeviceSharing{Strategy: TimeSlicingStrategy}),
+		},
+		"vfio without iommu gets the defaults": {
+			in:   vfioIOMMU(nil),
+			want: vfioIOMMU(&IOMMUConfig{BackendPolicy: LegacyOnlyIOMMUBackend, EnableAPIDevice: ptr.To(true)}),
+		},
+		"vfio empty iommu gets the defaults": {
+			in:   vfioIOMMU(&IOMMUConfig{}),
+			want: vfioIOMMU(&IOMMUConfig{BackendPolicy: LegacyOnlyIOMMUBackend, EnableAPIDevice: ptr.To(true)}),
+		},
+		"vfio API device off is kept": {
+			in:   vfioIOMMU(&IOMMUConfig{EnableAPIDevice: ptr.To(false)}),
+			want: vfioIOMMU(&IOMMUConfig{BackendPolicy: LegacyOnlyIOMMUBackend, EnableAPIDevice: ptr.To(false)}),
+		},
+		"vfio iommufd gets the API device": {
+			in:   vfioIOMMU(&IOMMUConfig{BackendPolicy: PreferIOMMUFDBackend}),
+			want: vfioIOMMU(&IOMMUConfig{BackendPolicy: PreferIOMMUFDBackend, EnableAPIDevice: ptr.To(true)}),
+		},
+		"vfio unknown policy untouched": {
+			in:   vfioIOMMU(&IOMMUConfig{BackendPolicy: "Other", EnableAPIDevice: ptr.To(false)}),
+			want: vfioIOMMU(&IOMMUConfig{BackendPolicy: "Other", EnableAPIDevice: ptr.To(false)}),
 		},
 	}
 	for name, tc := range tests {
@@ -220,6 +272,23 @@ func TestValidate(t *testing.T) {
 			config: migSharing(&MigDeviceSharing{Strategy: MpsStrategy}),
 			want:   `sharing.strategy: Forbidden: strategy "MPS" requires the MPSSupport feature gate, which is disabled`,
 		},
+		"vfio defaults, no features":       {config: vfioIOMMU(nil)},
+		"vfio empty iommu, not normalized": {config: vfioIOMMU(&IOMMUConfig{})},
+		"vfio legacy": {
+			config: vfioIOMMU(&IOMMUConfig{BackendPolicy: LegacyOnlyIOMMUBackend, EnableAPIDevice: ptr.To(false)}),
+		},
+		"vfio iommufd": {
+			config: vfioIOMMU(&IOMMUConfig{BackendPolicy: PreferIOMMUFDBackend, EnableAPIDevice: ptr.To(true)}),
+		},
+		"vfio policy unknown": {
+			config:   vfioIOMMU(&IOMMUConfig{BackendPolicy: "IommuFDOnly"}),
+			features: allFeatures,
+			want:     `iommu.backendPolicy: Unsupported value: "IommuFDOnly": supported values: "LegacyOnly", "PreferIommuFD"`,
+		},
+		"vfio policy is case-sensitive": {
+			config: vfioIOMMU(&IOMMUConfig{BackendPolicy: "PreferIOMMUFD"}),
+			want:   `iommu.backendPolicy: Unsupported value: "PreferIOMMUFD": supported values: "LegacyOnly", "PreferIommuFD"`,
+		},
 		"mig MPS bad config": {
 			config:   migSharing(&MigDeviceSharing{Strategy: MpsStrategy, MpsConfig: &MpsConfig{DefaultPinnedDeviceMemoryLimit: ptr.To(resource.MustParse("0"))}}),
 			features: allFeatures,
@@ -259,6 +328,7 @@ func TestDeepCopy(t *testing.T) {
 			DefaultActiveThreadPercentage:     ptr.To(20),
 			DefaultPinnedDeviceMemoryLimit:    ptr.To(resource.MustParse("1Gi")),
 			DefaultPerDevicePinnedMemoryLimit: MpsPerDevicePinnedMemoryLimit{"0": resource.MustParse("2Gi")},
+			MultiUser:                         true,
 		},
 	})
 	assertEveryFieldSet(t, reflect.ValueOf(gpu), "GpuConfig")
@@ -284,6 +354,7 @@ func TestDeepCopy(t *testing.T) {
 		DefaultActiveThreadPercentage:     ptr.To(5),
 		DefaultPinnedDeviceMemoryLimit:    ptr.To(resource.MustParse("1Gi")),
 		DefaultPerDevicePinnedMemoryLimit: MpsPerDevicePinnedMemoryLimit{"MIG-1": resource.MustParse("2Gi")},
+		MultiUser:                         true,
 	}})
 	assertEveryFieldSet(t, reflect.ValueOf(mig), "MigDeviceConfig")
 	mcp := mig.DeepCopyObject().(*MigDeviceConfig)
@@ -295,7 +366,20 @@ func TestDeepCopy(t *testing.T) {
 		t.Errorf("changing the copy changed the original")
 	}
 
-	if (*GpuConfig)(nil).DeepCopyObject() != nil || (*MigDeviceConfig)(nil).DeepCopyObject() != nil {
+	vfio := vfioIOMMU(&IOMMUConfig{BackendPolicy: PreferIOMMUFDBackend, EnableAPIDevice: ptr.To(true)})
+	assertEveryFieldSet(t, reflect.ValueOf(vfio), "VfioDeviceConfig")
+	vcp := vfio.DeepCopyObject().(*VfioDeviceConfig)
+	if !equality.Semantic.DeepEqual(vcp, vfio) {
+		t.Fatalf("copy differs: %#v", vcp)
+	}
+	*vcp.IOMMU.EnableAPIDevice = false
+	vcp.IOMMU.BackendPolicy = LegacyOnlyIOMMUBackend
+	if !*vfio.IOMMU.EnableAPIDevice || vfio.IOMMU.BackendPolicy != PreferIOMMUFDBackend {
+		t.Errorf("changing the copy changed the original: %#v", vfio.IOMMU)
+	}
+
+	if (*GpuConfig)(nil).DeepCopyObject() != nil || (*MigDeviceConfig)(nil).DeepCopyObject() != nil ||
+		(*VfioDeviceConfig)(nil).DeepCopyObject() != nil {
 		t.Errorf("copy of a nil config is not nil")
 	}
 }

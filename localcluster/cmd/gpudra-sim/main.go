@@ -24,6 +24,7 @@ import (
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/manifests"
+	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
 
 type options struct {
@@ -45,6 +46,11 @@ type options struct {
 }
 
 func main() {
+	// Started as nvidia-cuda-mps-control (a symlink to this program, see
+	// cluster.FakeMPS): run as the simulated MPS control daemon.
+	if code, ok := mpsfake.Main(); ok {
+		os.Exit(code)
+	}
 	var o options
 	fs := flag.NewFlagSet("gpudra-sim", flag.ExitOnError)
 	fs.Usage = func() {
@@ -164,9 +170,18 @@ func run(ctx context.Context, o options) (finalErr error) {
 		return err
 	}
 
+	mpsControl, removeMPS, err := cluster.FakeMPS()
+	if err != nil {
+		return fmt.Errorf("simulated MPS control binary: %w", err)
+	}
+	defer removeMPS()
+	// The simulated daemons live as long as their claims (they exit when
+	// the node removes their directories), not the fake's default bound.
+	_ = os.Setenv(mpsfake.EnvMaxLifetime, "0")
+
 	progress("starting the local cluster: fleet %s, %d nodes", o.fleet, len(fleet.Nodes))
 	start := time.Now()
-	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, Progress: func(msg string) { progress("%s", msg) }})
+	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, MPSControlBinary: mpsControl, Progress: func(msg string) { progress("%s", msg) }})
 	if err != nil {
 		return fmt.Errorf("start the local cluster: %w", err)
 	}

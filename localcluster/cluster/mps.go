@@ -1,0 +1,26 @@
+package cluster
+
+import (
+	"os"
+	"path/filepath"
+
+	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
+)
+
+// FakeMPS makes the running program the nvidia-cuda-mps-control of the
+// simulated nodes: it installs symlinks to the program's executable in a
+// new temporary directory and returns the control binary's path, for
+// Options.MPSControlBinary, and a function that removes the directory. The
+// program must call mpsfake.Main first thing in main (or TestMain), so
+// that it runs as the fake when started through a symlink.
+func FakeMPS() (controlBinary string, remove func(), err error) {
+	dir, err := os.MkdirTemp("", "gpudra-mpsbin-")
+	if err != nil {
+		return "", nil, err
+	}
+	if err := mpsfake.Install(dir); err != nil {
+		_ = os.RemoveAll(dir)
+		return "", nil, err
+	}
+	return filepath.Join(dir, mpsfake.ControlName), func() { _ = os.RemoveAll(dir) }, nil
+}
