@@ -67,6 +67,18 @@ func (f *discoveryFlags) nodeHardware(node string) (hw hardware.Hardware, migMod
 	return n.Hardware(), n.MIGMode, nil
 }
 
+// fleetNode returns the simulated node, or nil when NVML is used.
+func (f *discoveryFlags) fleetNode(node string) (*sim.Node, error) {
+	if !f.simulated() {
+		return nil, nil
+	}
+	fleet, err := sim.Load(f.fleet)
+	if err != nil {
+		return nil, err
+	}
+	return fleet.Node(node)
+}
+
 // cdiFlags say what the CDI specs of the driver's files need besides the
 // driver roots. Only the kubelet plugin writes CDI specs.
 type cdiFlags struct {

@@ -34,6 +34,7 @@ type kubeletPluginOptions struct {
 	hw             discoveryFlags
 	cdi            cdiFlags
 	sharing        sharingFlags
+	vfio           vfioFlags
 	driverName     string
 	nodeName       string
 	kubeconfig     string
@@ -65,6 +66,7 @@ func newKubeletPluginCommand() *cobra.Command {
 	o.hw.addFlags(fs)
 	o.cdi.addFlags(fs)
 	o.sharing.addFlags(fs)
+	o.vfio.addFlags(fs)
 	fs.StringVar(&o.driverName, "driver-name", "gpu.nvidia.com", "DRA driver name; NVIDIA's DRA driver uses gpu.nvidia.com")
 	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node, also the pool name (env NODE_NAME)")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file; in-cluster config when empty (env KUBECONFIG)")
@@ -102,6 +104,9 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 	if err := o.sharing.validate(); err != nil {
 		return err
 	}
+	if err := o.vfio.validate(); err != nil {
+		return err
+	}
 	if o.pluginDataDir == "" {
 		o.pluginDataDir = filepath.Join(kubeletplugin.KubeletPluginsDir, o.driverName)
 	}
@@ -123,6 +128,14 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 	}
 	ctx := cmd.Context()
 	logger := klog.FromContext(ctx)
+	fleetNode, err := o.hw.fleetNode(o.nodeName)
+	if err != nil {
+		return err
+	}
+	vfioConfig, err := o.vfio.config(&o.hw, fleetNode)
+	if err != nil {
+		return err
+	}
 	timeSlicer := o.sharing.timeSlicer(&o.hw)
 	mpsManager, mpsUnavailable := o.sharing.mpsManager(&o.hw)
 	if timeSlicer == nil {
@@ -132,6 +145,7 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 		logger.Info("MPS is not available; claims asking for it are refused", "reason", mpsUnavailable)
 	}
 	driver, err := plugin.Start(ctx, plugin.Config{
+		VFIO:              vfioConfig,
 		TimeSlicer:        timeSlicer,
 		MPS:               mpsManager,
 		MPSUnavailable:    mpsUnavailable,

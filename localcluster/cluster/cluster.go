@@ -212,7 +212,12 @@ func (c *Cluster) startNode(ctx context.Context, name string) (*simnode.Node, er
 	if err != nil {
 		return nil, err
 	}
+	sysfs, err := fn.Sysfs()
+	if err != nil {
+		return nil, err
+	}
 	return simnode.Start(klog.NewContext(ctx, klog.FromContext(ctx)), simnode.Config{
+		Sysfs:         sysfs,
 		Name:          name,
 		DriverName:    c.opts.DriverName,
 		Hardware:      fn.Hardware(),

@@ -32,10 +32,12 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
+	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/timeslice"
+	"github.com/gpudra/gpudra/pkg/vfio/fakesysfs"
 )
 
 // Config describes one simulated node.
@@ -61,6 +63,10 @@ type Config struct {
 	Labels map[string]string
 	// MIGMode is the plugin's MIG mode (empty: its default, dynamic).
 	MIGMode plugin.MIGMode
+	// Sysfs, if set, is the node's PCI side for VFIO passthrough (a fake
+	// that models the kernel); the plugin then offers the GPUs for
+	// passthrough beside their CUDA devices.
+	Sysfs *fakesysfs.Sysfs
 	// MPSControlBinary, if set, is the nvidia-cuda-mps-control the node's
 	// plugin runs MPS daemons with (a fake: see pkg/mps/mpsfake); without
 	// it the node refuses MPS claims.
@@ -237,6 +243,7 @@ func (n *Node) StartPlugin(ctx context.Context) error {
 		CDIDir:         n.cfg.CDIDir(),
 		MIGMode:        n.cfg.MIGMode,
 		TimeSlicer:     n.timeSlices,
+		VFIO:           n.vfioConfig(),
 		MPSUnavailable: "the simulated node has no MPS control binary",
 	}
 	if n.cfg.MPSControlBinary != "" {
@@ -345,6 +352,18 @@ func (n *Node) Stop() {
 		_ = os.RemoveAll(n.mpsRoot)
 	}
 }
+
+// vfioConfig is the plugin's passthrough config, nil without a sysfs.
+func (n *Node) vfioConfig() *plugin.VFIOConfig {
+	s := n.cfg.Sysfs
+	if s == nil {
+		return nil
+	}
+	return &plugin.VFIOConfig{Mode: devicemodel.VFIOBeside, FS: s, Busy: s, Modules: s}
+}
+
+// Sysfs returns the node's fake sysfs, nil if it has none.
+func (n *Node) Sysfs() *fakesysfs.Sysfs { return n.cfg.Sysfs }
 
 // TimeSlice returns the time-slice interval last set on the simulated GPU
 // with the given UUID, and false if none was set.

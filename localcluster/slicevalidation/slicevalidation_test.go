@@ -48,6 +48,9 @@ func TestResourceSlicesValidate(t *testing.T) {
 	}{
 		{"static", nil},
 		{"dynamic", []devicemodel.Option{devicemodel.WithDynamicMIG()}},
+		{"static+vfio", []devicemodel.Option{vfioEverywhere(devicemodel.VFIOBeside)}},
+		{"dynamic+vfio", []devicemodel.Option{devicemodel.WithDynamicMIG(), vfioEverywhere(devicemodel.VFIOBeside)}},
+		{"vfio-only", []devicemodel.Option{vfioEverywhere(devicemodel.VFIOOnly)}},
 	}
 	for _, n := range nodes {
 		for _, mode := range modes {
@@ -68,12 +71,19 @@ func TestResourceSlicesValidate(t *testing.T) {
 				if sets != len(m.CounterSets) || devices != len(m.Devices) {
 					t.Errorf("%d counter sets and %d devices published, the model has %d and %d", sets, devices, len(m.CounterSets), len(m.Devices))
 				}
-				if mode.name == "dynamic" && hasMIGCapable(n.inv) && sets == 0 {
+				if strings.HasPrefix(mode.name, "dynamic") && hasMIGCapable(n.inv) && sets == 0 {
 					t.Error("dynamic MIG published no counter sets for a node with MIG-capable GPUs")
 				}
 			})
 		}
 	}
+}
+
+// vfioEverywhere offers every GPU for passthrough.
+func vfioEverywhere(mode devicemodel.VFIOMode) devicemodel.Option {
+	return devicemodel.WithVFIO(mode, func(g hardware.GPU) (devicemodel.VFIOInfo, bool) {
+		return devicemodel.VFIOInfo{VendorID: "0x10de", DeviceID: "0x2330", IOMMUGroup: 20 + g.Index}, true
+	})
 }
 
 // TestValidationRejects makes sure the validation above can fail, on the

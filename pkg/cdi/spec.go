@@ -10,6 +10,7 @@ package cdi
 
 import (
 	"fmt"
+	"slices"
 
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
@@ -89,8 +90,15 @@ type SpecInput struct {
 	Common *cdispec.ContainerEdits
 }
 
-// BuildSpec builds the CDI spec of one claim. It is pure.
+// BuildSpec builds the CDI spec of one claim. It is pure. A VFIO device
+// gets only the nodes its Edits name: its container drives the GPU through
+// VFIO, not through NVIDIA's driver, so a claim of VFIO devices only gets
+// none of the driver's nodes and files either.
 func BuildSpec(in SpecInput) (*cdispec.Spec, error) {
+	vfioOnly := len(in.Devices) > 0 && !slices.ContainsFunc(in.Devices, func(d SpecDevice) bool { return d.Device.Kind != devicemodel.KindVFIO })
+	if vfioOnly {
+		return buildSpec(in, cdispec.ContainerEdits{})
+	}
 	if in.Majors.NVIDIA == 0 || in.Majors.UVM == 0 {
 		return nil, fmt.Errorf("device majors unknown (nvidia=%d, nvidia-uvm=%d): cannot describe device nodes", in.Majors.NVIDIA, in.Majors.UVM)
 	}
@@ -110,13 +118,20 @@ func BuildSpec(in SpecInput) (*cdispec.Spec, error) {
 		charNode("/dev/nvidia-uvm", in.Majors.UVM, uvmMinor),
 		charNode("/dev/nvidia-uvm-tools", in.Majors.UVM, uvmToolsMinor),
 	)
+	return buildSpec(in, common)
+}
+
+func buildSpec(in SpecInput, common cdispec.ContainerEdits) (*cdispec.Spec, error) {
 	spec := &cdispec.Spec{
 		Kind:           Kind(in.DriverName),
 		ContainerEdits: common,
 	}
 	for _, sd := range in.Devices {
 		d := sd.Device
-		nodes := []*cdispec.DeviceNode{charNode(fmt.Sprintf("/dev/nvidia%d", d.GPU.Minor), in.Majors.NVIDIA, d.GPU.Minor)}
+		var nodes []*cdispec.DeviceNode
+		if d.Kind != devicemodel.KindVFIO {
+			nodes = append(nodes, charNode(fmt.Sprintf("/dev/nvidia%d", d.GPU.Minor), in.Majors.NVIDIA, d.GPU.Minor))
+		}
 		if d.MIG != nil {
 			if in.Majors.Caps == 0 {
 				return nil, fmt.Errorf("device %s: nvidia-caps major unknown: cannot describe MIG access nodes", d.Name())

@@ -307,3 +307,41 @@ func TestBuildSpecErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestBuildSpecSharesAndVFIO: each share of a device gets a CDI device of
+// its own, named with the share ID, with its edits; a claim of VFIO devices
+// only gets the nodes its edits name and none of the NVIDIA driver's.
+func TestBuildSpecSharesAndVFIO(t *testing.T) {
+	n := loadNode(t)
+	gpu := n.devices(t, "gpu-4")[0]
+	mps := &cdispec.ContainerEdits{Env: []string{"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"}}
+	spec, err := cdi.BuildSpec(cdi.SpecInput{DriverName: driver, ClaimUID: claimUID, Majors: n.inv.Majors, Devices: []cdi.SpecDevice{
+		{Device: gpu, ShareID: "share-a", Edits: mps},
+		{Device: gpu, ShareID: "share-b"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(spec.Devices) != 2 || spec.Devices[0].Name != cdi.DeviceName(claimUID, "gpu-4-share-a") || spec.Devices[1].Name != cdi.DeviceName(claimUID, "gpu-4-share-b") {
+		t.Fatalf("devices %+v, want one per share", spec.Devices)
+	}
+	if env := spec.Devices[0].ContainerEdits.Env; len(env) != 1 || env[0] != mps.Env[0] || len(spec.Devices[1].ContainerEdits.Env) != 0 {
+		t.Errorf("share edits: %v and %v, want the MPS env on share-a only", env, spec.Devices[1].ContainerEdits.Env)
+	}
+
+	vfioDev := *gpu
+	vfioDev.Kind = devicemodel.KindVFIO
+	vfioDev.API.Name = "gpu-vfio-4"
+	group := &cdispec.ContainerEdits{DeviceNodes: []*cdispec.DeviceNode{{Path: "/dev/vfio/23", Type: "c", Major: 243, Minor: 0}}}
+	spec, err = cdi.BuildSpec(cdi.SpecInput{DriverName: driver, ClaimUID: claimUID, Devices: []cdi.SpecDevice{{Device: &vfioDev, Edits: group}}})
+	if err != nil {
+		t.Fatalf("VFIO claim without NVIDIA majors: %v", err)
+	}
+	var paths []string
+	for _, d := range append(spec.ContainerEdits.DeviceNodes, spec.Devices[0].ContainerEdits.DeviceNodes...) {
+		paths = append(paths, d.Path)
+	}
+	if len(paths) != 1 || paths[0] != "/dev/vfio/23" || len(spec.ContainerEdits.Env) != 0 {
+		t.Errorf("VFIO claim's nodes %v, env %v; want only /dev/vfio/23", paths, spec.ContainerEdits.Env)
+	}
+}

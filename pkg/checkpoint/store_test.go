@@ -99,13 +99,15 @@ func TestV4WireFormat(t *testing.T) {
 	c := testClaim("u")
 	c.Devices = c.Devices[:1]
 	c.Devices[0].Sharing = &claimstate.Sharing{TimeSlice: "Long", MPSDaemon: "u"}
+	c.Devices[0].VFIO = &claimstate.VFIO{GPU: "0000:1b:00.0", IOMMUGroup: 20, Functions: []claimstate.VFIOFunction{{BusID: "0000:1b:00.0", Driver: "vfio-pci", OriginalDriver: "nvidia"}}}
 	st := &claimstate.State{Claims: map[string]*claimstate.Claim{"u": c}}
 	data, err := encode("boot-x", st)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(string(data), `{"version":"v4",`) || !strings.Contains(string(data), `"sharing":{"timeSlice":"Long","mpsDaemon":"u"}`) {
-		t.Errorf("encoded %s, want v4 with devices[].sharing", data)
+	if !strings.HasPrefix(string(data), `{"version":"v4",`) || !strings.Contains(string(data), `"sharing":{"timeSlice":"Long","mpsDaemon":"u"}`) ||
+		!strings.Contains(string(data), `"vfio":{"gpu":"0000:1b:00.0","iommuGroup":20,"functions":[{"busID":"0000:1b:00.0","driver":"vfio-pci","originalDriver":"nvidia"}]}`) {
+		t.Errorf("encoded %s, want v4 with devices[].sharing and devices[].vfio", data)
 	}
 	d, err := decode(data)
 	if err != nil {

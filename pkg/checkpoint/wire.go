@@ -24,9 +24,11 @@ import (
 // v2 plugin keeps working on nodes that never used dynamic MIG.
 //
 // v4 is v3 plus devices[].sharing, the time-slice intervals and MPS daemons
-// gpudra set up for shared devices, for the same reason: a v3 reader would
-// drop them on rewrite and then never reset the GPU's interval or stop the
-// daemon. The Store writes v4 only while a claim holds a shared device.
+// gpudra set up for shared devices, and devices[].vfio, the IOMMU groups it
+// bound to VFIO, for the same reason: a v3 reader would drop them on
+// rewrite and then never reset the GPU's interval, stop the daemon or give
+// the GPU back to its driver. The Store writes v4 only while a claim holds
+// a shared or passed-through device.
 const (
 	versionV1 = "v1"
 	versionV2 = "v2"
@@ -80,8 +82,22 @@ type deviceV3 struct {
 	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
 	// DynamicMIG is new in v3.
 	DynamicMIG *dynamicMIGV3 `json:"dynamicMIG,omitempty"`
-	// Sharing is new in v4.
+	// Sharing and VFIO are new in v4.
 	Sharing *sharingV4 `json:"sharing,omitempty"`
+	VFIO    *vfioV4    `json:"vfio,omitempty"`
+}
+
+type vfioV4 struct {
+	GPU        string           `json:"gpu"`
+	IOMMUGroup int              `json:"iommuGroup"`
+	Functions  []vfioFunctionV4 `json:"functions"`
+}
+
+type vfioFunctionV4 struct {
+	BusID                  string `json:"busID"`
+	Driver                 string `json:"driver"`
+	OriginalDriver         string `json:"originalDriver,omitempty"`
+	OriginalDriverOverride string `json:"originalDriverOverride,omitempty"`
 }
 
 type sharingV4 struct {
@@ -118,7 +134,7 @@ func versionFor(st *claimstate.State) string {
 	v := versionV2
 	for _, c := range st.Claims {
 		for _, d := range c.Devices {
-			if d.Sharing != nil {
+			if d.Sharing != nil || d.VFIO != nil {
 				return versionV4
 			}
 			if d.DynamicMIG != nil {
@@ -174,6 +190,13 @@ func toV3(bootID string, st *claimstate.State) (*fileV3, error) {
 			if sh := d.Sharing; sh != nil {
 				out.Devices[i].Sharing = &sharingV4{TimeSlice: sh.TimeSlice, MPSDaemon: sh.MPSDaemon}
 			}
+			if v := d.VFIO; v != nil {
+				w := &vfioV4{GPU: v.GPU, IOMMUGroup: v.IOMMUGroup}
+				for _, f := range v.Functions {
+					w.Functions = append(w.Functions, vfioFunctionV4(f))
+				}
+				out.Devices[i].VFIO = w
+			}
 		}
 		f.Claims[uid] = out
 	}
@@ -225,6 +248,13 @@ func fromV3(f *fileV3) (*claimstate.State, error) {
 			}
 			if sh := d.Sharing; sh != nil {
 				out.Devices[i].Sharing = &claimstate.Sharing{TimeSlice: sh.TimeSlice, MPSDaemon: sh.MPSDaemon}
+			}
+			if w := d.VFIO; w != nil {
+				v := &claimstate.VFIO{GPU: w.GPU, IOMMUGroup: w.IOMMUGroup}
+				for _, f := range w.Functions {
+					v.Functions = append(v.Functions, claimstate.VFIOFunction(f))
+				}
+				out.Devices[i].VFIO = v
 			}
 		}
 		st.Claims[key] = out

@@ -81,6 +81,29 @@ type Device struct {
 	// daemon: what gpudra set up for it and must undo at Unprepare. A
 	// started record names it before anything is set up.
 	Sharing *Sharing `json:"sharing,omitempty"`
+	// VFIO is set for a GPU passed through with VFIO: the PCI functions of
+	// its IOMMU group and the drivers to give them back. A started record
+	// names them before any is unbound.
+	VFIO *VFIO `json:"vfio,omitempty"`
+}
+
+// VFIO is what binding a GPU's IOMMU group to VFIO changes.
+type VFIO struct {
+	// GPU is the GPU's PCI bus ID.
+	GPU        string `json:"gpu"`
+	IOMMUGroup int    `json:"iommuGroup"`
+	// Functions are the functions of the group moved to a VFIO driver.
+	Functions []VFIOFunction `json:"functions"`
+}
+
+// VFIOFunction is one PCI function of a bound IOMMU group.
+type VFIOFunction struct {
+	BusID string `json:"busID"`
+	// Driver is the VFIO driver it is bound to.
+	Driver string `json:"driver"`
+	// OriginalDriver and OriginalDriverOverride are what it had before.
+	OriginalDriver         string `json:"originalDriver,omitempty"`
+	OriginalDriverOverride string `json:"originalDriverOverride,omitempty"`
 }
 
 // Sharing is how a device of a claim is shared.
@@ -144,6 +167,11 @@ func (c *Claim) Clone() *Claim {
 		if d.Sharing != nil {
 			sh := *d.Sharing
 			d.Sharing = &sh
+		}
+		if d.VFIO != nil {
+			v := *d.VFIO
+			v.Functions = append([]VFIOFunction(nil), d.VFIO.Functions...)
+			d.VFIO = &v
 		}
 		out.Devices[i] = d
 	}

@@ -82,14 +82,27 @@ func newAllocNode(t *testing.T, rng *rand.Rand) *allocNode {
 		n.gpus = append(n.gpus, simGPU(t, i, model, rng.IntN(3) > 0))
 		n.models = append(n.models, model)
 	}
-	n.model = buildDynamic(t, inventoryOf(n.gpus...))
+	// Every GPU is also offered for passthrough: the VFIO device must
+	// exclude the full GPU and the MIG devices of its GPU like they
+	// exclude each other.
+	vfio := devicemodel.WithVFIO(devicemodel.VFIOBeside, func(g hardware.GPU) (devicemodel.VFIOInfo, bool) {
+		return devicemodel.VFIOInfo{VendorID: "0x10de", DeviceID: "0x2330", IOMMUGroup: 20 + g.Index}, true
+	})
+	model, err := devicemodel.Build(inventoryOf(n.gpus...), devicemodel.WithDynamicMIG(), vfio)
+	if err != nil {
+		t.Fatalf("Build: %v", err)
+	}
+	n.model = model
 	n.slices = resourceSlices(n.name, n.model.DriverResources(n.name))
 	return n
 }
 
 // unit is one device a claim asks for: a MIG device of a profile, or
-// (profile "") a full GPU.
+// (profile "") a full GPU, or (profile vfioUnit) a GPU for passthrough.
 type unit struct{ profile string }
+
+// vfioUnit is the profile of a unit that asks for a VFIO device.
+const vfioUnit = "vfio"
 
 // occupancy is what live allocations hold on one GPU, by the simulator's
 // profile table: memory slices, instances per profile, the full GPU.
@@ -113,9 +126,9 @@ func (n *allocNode) occupancies(t *testing.T, devices []string) ([]occupancy, er
 			return nil, fmt.Errorf("allocated device %s is not published", name)
 		}
 		o := &occ[d.GPU.Index]
-		if d.Kind == devicemodel.KindGPU {
+		if d.Kind == devicemodel.KindGPU || d.Kind == devicemodel.KindVFIO {
 			if o.full || o.slices != 0 {
-				return nil, fmt.Errorf("%s: full GPU allocated twice or next to a MIG device", name)
+				return nil, fmt.Errorf("%s: whole GPU (full or VFIO) allocated twice or next to a MIG device", name)
 			}
 			o.full = true
 			o.slices = ^uint64(0)
@@ -158,7 +171,7 @@ func (n *allocNode) fits(t *testing.T, occ []occupancy, units []unit) bool {
 	u, rest := units[0], units[1:]
 	for i, model := range n.models {
 		o, migEnabled := &occ[i], n.gpus[i].MIGEnabled
-		if u.profile == "" {
+		if u.profile == "" || u.profile == vfioUnit {
 			if migEnabled || o.full {
 				continue
 			}
@@ -217,9 +230,13 @@ func randomClaim(rng *rand.Rand, seq int, nodeProfiles, allProfiles []string) (*
 		}
 		req := resourceapi.ExactDeviceRequest{AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: count}
 		var u unit
-		if rng.IntN(4) == 0 {
+		switch r := rng.IntN(8); {
+		case r < 2:
 			req.DeviceClassName = deviceclasses.GPU
-		} else {
+		case r < 3:
+			req.DeviceClassName = deviceclasses.VFIO
+			u.profile = vfioUnit
+		default:
 			profiles := nodeProfiles
 			if len(profiles) == 0 || rng.IntN(10) == 0 {
 				profiles = allProfiles
@@ -267,15 +284,18 @@ func TestDynamicMIGAllocation(t *testing.T) {
 		t.Run(impl, func(t *testing.T) {
 			structured.EnableAllocators(impl)
 			t.Cleanup(func() { structured.EnableAllocators() })
-			var allocated, noFit int
+			var allocated, noFit, passedThrough int
 			for seed := range uint64(seeds) {
-				a, n := runAllocationSequence(t, seed, steps, classLister(classes), celCache, profiles)
-				allocated, noFit = allocated+a, noFit+n
+				a, n, v := runAllocationSequence(t, seed, steps, classLister(classes), celCache, profiles)
+				allocated, noFit, passedThrough = allocated+a, noFit+n, passedThrough+v
 				if t.Failed() {
 					t.Fatalf("seed %d failed", seed)
 				}
 			}
-			t.Logf("%d claims allocated, %d found no fit", allocated, noFit)
+			t.Logf("%d claims allocated (%d VFIO devices among them), %d found no fit", allocated, passedThrough, noFit)
+			if passedThrough == 0 {
+				t.Error("no VFIO device was ever allocated: the test checks nothing about passthrough")
+			}
 			// A test that never allocates, or never runs out of room,
 			// checks little.
 			if allocated < seeds*steps/5 || noFit < seeds*steps/20 {
@@ -286,8 +306,9 @@ func TestDynamicMIGAllocation(t *testing.T) {
 }
 
 // runAllocationSequence runs one seed's node and claims; it reports how
-// many claims were allocated and how many found no fit.
-func runAllocationSequence(t *testing.T, seed uint64, steps int, classes classLister, celCache *cel.Cache, profiles []string) (allocated, noFit int) {
+// many claims were allocated, how many found no fit, and how many VFIO
+// devices were allocated.
+func runAllocationSequence(t *testing.T, seed uint64, steps int, classes classLister, celCache *cel.Cache, profiles []string) (allocated, noFit, passedThrough int) {
 	t.Helper()
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(seed, 0x677075647261))
@@ -368,8 +389,12 @@ func runAllocationSequence(t *testing.T, seed uint64, steps int, classes classLi
 			req := claim.Spec.Devices.Requests[slices.IndexFunc(claim.Spec.Devices.Requests, func(q resourceapi.DeviceRequest) bool { return q.Name == r.Request })]
 			switch {
 			case req.Exactly.DeviceClassName == deviceclasses.GPU && d.Kind != devicemodel.KindGPU,
+				req.Exactly.DeviceClassName == deviceclasses.VFIO && d.Kind != devicemodel.KindVFIO,
 				req.Exactly.DeviceClassName == deviceclasses.MIG && (d.Kind != devicemodel.KindMIG || !strings.Contains(req.Exactly.Selectors[0].CEL.Expression, fmt.Sprintf("%q", d.Placement.Profile.Name))):
 				fail("%s: request %s got %s", claim.Name, r.Request, r.Device)
+			}
+			if d.Kind == devicemodel.KindVFIO {
+				passedThrough++
 			}
 			got = append(got, r.Device)
 		}
@@ -384,5 +409,5 @@ func runAllocationSequence(t *testing.T, seed uint64, steps int, classes classLi
 		live[claim.Name] = got
 		order = append(order, claim.Name)
 	}
-	return allocated, noFit
+	return allocated, noFit, passedThrough
 }

@@ -135,6 +135,8 @@ type Option func(*buildOptions)
 type buildOptions struct {
 	dynamicMIG   bool
 	modeSwitchOK func(hardware.GPU) bool
+	vfioMode     VFIOMode
+	vfioInfo     VFIOInfoFunc
 }
 
 // WithDynamicMIG publishes MIG-capable GPUs as partitionable devices
@@ -184,13 +186,29 @@ func Build(inv *hardware.Inventory, opts ...Option) (*Model, error) {
 		if err != nil {
 			return nil, fmt.Errorf("GPU %d (%s): %w", gpu.Index, gpu.UUID, err)
 		}
+		var vfio VFIOInfo
+		passthrough := false
+		if o.vfioInfo != nil {
+			vfio, passthrough = o.vfioInfo(gpu)
+		}
+		switchable := o.dynamicMIG && isDynamicMIGCapable(&gpu) && o.modeSwitchOK != nil && o.modeSwitchOK(gpu)
+		whole := !gpu.MIGEnabled || switchable
+		if passthrough && whole && o.vfioMode == VFIOOnly {
+			if err := m.add(Device{Kind: KindVFIO, API: vfioDevice(&gpu, gpuAttrs, vfio), GPU: gpu}); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		switch {
 		case o.dynamicMIG && isDynamicMIGCapable(&gpu):
-			err = m.addDynamicMIGGPU(gpu, gpuAttrs, o.modeSwitchOK != nil && o.modeSwitchOK(gpu))
+			err = m.addDynamicMIGGPU(gpu, gpuAttrs, switchable)
 		case !gpu.MIGEnabled:
 			err = m.add(Device{Kind: KindGPU, API: fullGPUDevice(&gpu, gpuAttrs), GPU: gpu})
 		default:
 			err = m.addStaticMIGDevices(gpu, gpuAttrs)
+		}
+		if err == nil && passthrough && whole && o.vfioMode == VFIOBeside {
+			err = m.addVFIOBeside(gpu, gpuAttrs, vfio)
 		}
 		if err != nil {
 			return nil, err

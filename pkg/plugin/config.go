@@ -7,7 +7,6 @@ import (
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/config"
-	"github.com/gpudra/gpudra/pkg/devicemodel"
 )
 
 // configFeatures is what the opaque configs are validated against: every
@@ -23,10 +22,7 @@ func (d *Driver) resolveConfigs(claim *resourceapi.ResourceClaim, node *nodeStat
 		if !ok {
 			return "", fmt.Errorf("device %s is not a device of this node", r.Device)
 		}
-		if dev.Kind == devicemodel.KindMIG {
-			return config.MIG, nil
-		}
-		return config.GPU, nil
+		return configKind(dev), nil
 	}
 	return config.Resolve(d.cfg.DriverName, claim, kindOf, configFeatures)
 }

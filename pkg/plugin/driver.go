@@ -34,6 +34,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/timeslice"
+	"github.com/gpudra/gpudra/pkg/vfio"
 )
 
 // Config is what the kubelet plugin needs to run on one node.
@@ -70,6 +71,8 @@ type Config struct {
 	// MPSSuperviseInterval is how often MPS daemons are checked and
 	// restarted if they died.
 	MPSSuperviseInterval time.Duration
+	// VFIO, if set, offers GPUs for VFIO passthrough.
+	VFIO *VFIOConfig
 
 	// PluginDataDir holds the DRA socket and the checkpoint.
 	PluginDataDir string
@@ -152,6 +155,11 @@ type Driver struct {
 	claimLocks keymutex.KeyMutex
 	// gpuLocks serializes changes of one GPU's time slice (by GPU UUID).
 	gpuLocks keymutex.KeyMutex
+	// vfio binds GPUs to VFIO; nil without Config.VFIO. vfioBeside says
+	// whether VFIO devices are published beside CUDA devices now (it
+	// stops when the API server lacks partitionable devices).
+	vfio       *vfio.Binder
+	vfioBeside atomic.Bool
 	// adoptPending is set when the checkpoint was found unreadable while
 	// running; adoptNow wakes the sweep to adopt the claims on the node.
 	adoptPending atomic.Bool
@@ -198,6 +206,9 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 	}()
 	d.startEvents()
 	d.setUpMIGMode()
+	if err := d.setUpVFIO(); err != nil {
+		return nil, err
+	}
 	var err error
 	if d.status, err = devicestatus.NewWriter(cfg.KubeClient, cfg.DriverName, cfg.NodeName); err != nil {
 		return nil, err
@@ -398,6 +409,19 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 	var dropped *resourceslice.DroppedFieldsError
 	if errors.As(err, &dropped) {
 		disabled := dropped.DisabledFeatures()
+		if slices.Contains(disabled, "DRAPartitionableDevices") && d.vfioBeside.Swap(false) {
+			klog.FromContext(ctx).Error(err, "The API server lacks partitionable devices (DRAPartitionableDevices): VFIO devices are no longer published beside the CUDA devices; run with --vfio=only to offer GPUs for passthrough without shared counters",
+				"pool", dropped.PoolName, "sliceIndex", dropped.SliceIndex, "disabledFeatures", disabled)
+			d.event(corev1.EventTypeWarning, "VFIOUnavailable",
+				"The API server dropped the shared counters that keep VFIO and CUDA devices of one GPU apart (DRAPartitionableDevices off): gpudra stops publishing VFIO devices; --vfio=only offers GPUs for passthrough without counters")
+			select {
+			case d.rebuild <- struct{}{}:
+			default:
+			}
+			if !d.dynamicMIG.Load() {
+				return
+			}
+		}
 		if slices.Contains(disabled, "DRAPartitionableDevices") && d.dynamicMIG.Swap(false) {
 			// Counter-less dynamic devices would let the scheduler hand
 			// out overlapping placements: never publish them.

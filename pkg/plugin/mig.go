@@ -112,8 +112,12 @@ func withoutGPUs(inv *hardware.Inventory, leave map[string][]string) *hardware.I
 // mode without the GPUs that hold MIG instances of unknown ownership, which
 // it returns too.
 func (d *Driver) buildModel(ctx context.Context, inv *hardware.Inventory) (*devicemodel.Model, map[string][]string, error) {
+	var opts []devicemodel.Option
+	if o := d.vfioOption(); o != nil {
+		opts = append(opts, o)
+	}
 	if !d.dynamicMIG.Load() {
-		model, err := devicemodel.Build(inv)
+		model, err := devicemodel.Build(inv, opts...)
 		return model, nil, err
 	}
 	var owned map[placementKey]bool
@@ -127,7 +131,7 @@ func (d *Driver) buildModel(ctx context.Context, inv *hardware.Inventory) (*devi
 		owned = map[placementKey]bool{}
 	}
 	unknown := unknownInstances(inv, owned)
-	opts := []devicemodel.Option{devicemodel.WithDynamicMIG()}
+	opts = append(opts, devicemodel.WithDynamicMIG())
 	if d.migSwitcher != nil {
 		opts = append(opts, devicemodel.WithMIGModeSwitching(canSwitchMIGMode))
 	}
@@ -238,11 +242,14 @@ func (d *Driver) tearDownMIG(ctx context.Context, devices []*claimstate.Device) 
 }
 
 // tearDownRecord undoes what a record owns: first the sharing set up for
-// its devices (an MPS daemon holds the device it serves), then its MIG
-// instances. Nothing after a failed step is undone, so the record keeps
+// its devices (an MPS daemon holds the device it serves), then the GPUs it
+// passed through, then its MIG instances. Nothing after a failed step is undone, so the record keeps
 // owning what is left.
 func (d *Driver) tearDownRecord(ctx context.Context, c *claimstate.Claim) error {
 	if err := d.tearDownSharing(ctx, c); err != nil {
+		return err
+	}
+	if err := d.restoreVFIO(ctx, c); err != nil {
 		return err
 	}
 	devices := make([]*claimstate.Device, 0, len(c.Devices))

@@ -13,6 +13,7 @@ import (
 	"k8s.io/klog/v2"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
@@ -210,7 +211,7 @@ func (d *Driver) execute(ctx context.Context, plan *claimPlan) (finalErr error) 
 	if d.migSwitcher != nil {
 		switches = modeSwitches(plan)
 	}
-	if hasDynamicMIG(plan.intent.Devices) || len(switches) > 0 || hasSharing(plan.intent.Devices) {
+	if hasDynamicMIG(plan.intent.Devices) || len(switches) > 0 || hasSharing(plan.intent.Devices) || hasVFIO(plan.intent.Devices) {
 		// The start record also claims the GPUs before their mode changes,
 		// and names the time slices and the MPS daemon before they exist.
 		startedAt := d.now()
@@ -234,11 +235,21 @@ func (d *Driver) execute(ctx context.Context, plan *claimPlan) (finalErr error) 
 				finalErr = errors.Join(finalErr, d.abandon(ctx, plan, startedAt, created))
 			}
 		}()
+		if err := d.bindVFIO(ctx, &plan.intent); err != nil {
+			return err
+		}
+		vfioEdits, err := d.vfioEdits(plan)
+		if err != nil {
+			return err
+		}
+		edits = vfioEdits
 		if plan.sharing.daemon != nil {
 			// After the MIG devices exist: the daemon serves them by UUID.
-			if edits, err = d.startMPS(ctx, plan.sharing.daemon, &plan.intent); err != nil {
+			mpsEdits, err := d.startMPS(ctx, plan.sharing.daemon, &plan.intent)
+			if err != nil {
 				return fmt.Errorf("start the claim's MPS daemon: %w", err)
 			}
+			edits = mergeEdits(edits, mpsEdits)
 		}
 	}
 	if err := d.fault(StepWriteCDISpec, uid); err != nil {
@@ -321,7 +332,11 @@ func (d *Driver) abandon(ctx context.Context, plan *claimPlan, startedAt time.Ti
 			mine = append(mine, cd)
 		}
 	}
-	if err := d.tearDownSharing(ctx, &claimstate.Claim{UID: plan.intent.UID, Devices: plan.intent.Devices}); err != nil {
+	started := &claimstate.Claim{UID: plan.intent.UID, Devices: plan.intent.Devices}
+	if err := d.tearDownSharing(ctx, started); err != nil {
+		return fmt.Errorf("roll back (kept the start record; retried later): %w", err)
+	}
+	if err := d.restoreVFIO(ctx, started); err != nil {
 		return fmt.Errorf("roll back (kept the start record; retried later): %w", err)
 	}
 	if created != nil {
@@ -415,6 +430,8 @@ type claimPlan struct {
 	common  *cdispec.ContainerEdits
 	// sharing is how the devices are shared (time-slicing, MPS).
 	sharing *sharingPlan
+	// configs are the devices' resolved configs (same order).
+	configs []v1beta1.Config
 	// reuse and previous are set when preparing over an adopted record:
 	// its existing MIG instances, and the record to restore on failure.
 	reuse    map[placementKey]*hardware.MIGDevice
@@ -479,6 +496,11 @@ func (d *Driver) repairSpec(ctx context.Context, claim *resourceapi.ResourceClai
 	if err != nil {
 		return fmt.Errorf("write the missing CDI spec again: %w", err)
 	}
+	vfioEdits, err := d.vfioEdits(plan)
+	if err != nil {
+		return fmt.Errorf("write the missing CDI spec again: %w", err)
+	}
+	edits = mergeEdits(vfioEdits, edits)
 	spec, err := d.specFor(plan, created, edits)
 	if err != nil {
 		return fmt.Errorf("write the missing CDI spec again: %w", err)
@@ -545,6 +567,11 @@ func (d *Driver) planClaim(ctx context.Context, claim *resourceapi.ResourceClaim
 		}
 		devices = append(devices, dev)
 		switch {
+		case dev.Kind == devicemodel.KindVFIO:
+			cd.UUID = dev.GPU.UUID
+			if err := d.planVFIO(cd, dev); err != nil {
+				return nil, err
+			}
 		case dev.Placement != nil:
 			// Created at Prepare: its UUID is known only then.
 			cd.UUID, cd.ParentUUID = "", dev.GPU.UUID
@@ -568,7 +595,10 @@ func (d *Driver) planClaim(ctx context.Context, claim *resourceapi.ResourceClaim
 		return nil, fmt.Errorf("driver files for CDI: %w", err)
 	}
 	plan := &claimPlan{intent: intent, node: node, devices: devices, common: common, sharing: sharing}
-	if !hasDynamicMIG(intent.Devices) {
+	for _, rd := range resolved {
+		plan.configs = append(plan.configs, rd.Config)
+	}
+	if !hasDynamicMIG(intent.Devices) && !hasVFIO(intent.Devices) {
 		// Catch what would make the spec fail before anything is set up.
 		if _, err := d.specFor(plan, nil, nil); err != nil {
 			return nil, err

@@ -1,0 +1,62 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/spf13/pflag"
+
+	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/plugin"
+	"github.com/gpudra/gpudra/pkg/vfio"
+)
+
+// Values of --vfio.
+const (
+	vfioBeside = string(devicemodel.VFIOBeside)
+	vfioOnly   = string(devicemodel.VFIOOnly)
+	vfioOff    = "off"
+)
+
+// vfioFlags configure VFIO passthrough.
+type vfioFlags struct {
+	mode   string
+	gpus   []int
+	driver string
+}
+
+func (f *vfioFlags) addFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&f.mode, "vfio", vfioBeside, fmt.Sprintf("VFIO passthrough of GPUs with an IOMMU group, one of [%s %s %s]: %s publishes gpu-vfio-<minor> devices beside the CUDA devices, kept apart by shared counters (needs partitionable devices; without them no VFIO device is published); %s offers the GPUs of --vfio-gpus only for passthrough; %s publishes none", vfioBeside, vfioOnly, vfioOff, vfioBeside, vfioOnly, vfioOff))
+	fs.IntSliceVar(&f.gpus, "vfio-gpus", nil, "minors of the GPUs offered for passthrough (default: every GPU with an IOMMU group)")
+	fs.StringVar(&f.driver, "vfio-driver", vfio.VFIOPCI, fmt.Sprintf("the VFIO driver GPUs are bound to, one of [%s %s] (the latter on Grace Hopper and Grace Blackwell)", vfio.VFIOPCI, vfio.NVGraceGPUVFIOPCI))
+}
+
+func (f *vfioFlags) validate() error {
+	if !slices.Contains([]string{vfioBeside, vfioOnly, vfioOff}, f.mode) {
+		return fmt.Errorf("--vfio %q: must be one of [%s %s %s]", f.mode, vfioBeside, vfioOnly, vfioOff)
+	}
+	if f.driver != vfio.VFIOPCI && f.driver != vfio.NVGraceGPUVFIOPCI {
+		return fmt.Errorf("--vfio-driver %q: must be one of [%s %s]", f.driver, vfio.VFIOPCI, vfio.NVGraceGPUVFIOPCI)
+	}
+	return nil
+}
+
+// config returns the plugin's VFIO config: real sysfs, procfs and modprobe,
+// or for a simulated fleet's node a fake sysfs that models the kernel.
+func (f *vfioFlags) config(hw *discoveryFlags, fleetNode *sim.Node) (*plugin.VFIOConfig, error) {
+	if f.mode == vfioOff {
+		return nil, nil
+	}
+	c := &plugin.VFIOConfig{Mode: devicemodel.VFIOMode(f.mode), GPUDriver: f.driver, GPUs: f.gpus}
+	if fleetNode != nil {
+		fake, err := fleetNode.Sysfs()
+		if err != nil {
+			return nil, err
+		}
+		c.FS, c.Busy, c.Modules = fake, fake, fake
+		return c, nil
+	}
+	c.FS, c.Busy, c.Modules = vfio.Dir(hw.sysfsRoot), vfio.ProcHolders{Root: hw.procRoot}, vfio.Modprobe{}
+	return c, nil
+}

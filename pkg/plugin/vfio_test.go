@@ -1,0 +1,159 @@
+package plugin_test
+
+import (
+	"strings"
+	"syscall"
+	"testing"
+
+	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/plugin"
+	"github.com/gpudra/gpudra/pkg/vfio/fakesysfs"
+)
+
+// withVFIO runs the plugin with passthrough over the node's fake sysfs.
+func withVFIO(tb testing.TB, mode devicemodel.VFIOMode, fake **fakesysfs.Sysfs) func(*plugin.Config) {
+	return func(cfg *plugin.Config) {
+		tb.Helper()
+		fleet, err := sim.Load("dgx-h100")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		n, err := fleet.Node(nodeName)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		s, err := n.Sysfs()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		*fake = s
+		cfg.VFIO = &plugin.VFIOConfig{Mode: mode, FS: s, Busy: s, Modules: s}
+	}
+}
+
+func (h *harness) device(name string) resourceapi.Device {
+	h.tb.Helper()
+	for _, d := range h.driver.Devices() {
+		if d.Name == name {
+			return d
+		}
+	}
+	h.tb.Fatalf("no device %s", name)
+	return resourceapi.Device{}
+}
+
+func TestVFIODevicesBesideCUDA(t *testing.T) {
+	var fake *fakesysfs.Sysfs
+	h := newHarness(t, withVFIO(t, devicemodel.VFIOBeside, &fake))
+	v := h.device("gpu-vfio-3")
+	if got := *v.Attributes[devicemodel.AttrType].StringValue; got != "vfio" {
+		t.Errorf("type %q, want vfio", got)
+	}
+	if got := *v.Attributes[devicemodel.AttrVendorID].StringValue; got != "0x10de" {
+		t.Errorf("vendorID %q", got)
+	}
+	if g := v.Attributes[devicemodel.AttrIOMMUGroup].IntValue; g == nil || *g != 23 {
+		t.Errorf("iommuGroup %v, want 23", g)
+	}
+	full := h.device("gpu-3")
+	if len(v.ConsumesCounters) != 1 || len(full.ConsumesCounters) != 1 || v.ConsumesCounters[0].CounterSet != full.ConsumesCounters[0].CounterSet {
+		t.Fatalf("VFIO device consumes %v, full GPU %v: want the same whole counter set", v.ConsumesCounters, full.ConsumesCounters)
+	}
+
+	bdf := *v.Attributes["resource.kubernetes.io/pciBusID"].StringValue
+	claim := h.claim("gpu-vfio-3")
+	h.mustPrepare(claim)
+	if b, _ := fake.Binding(bdf); b.Driver != "vfio-pci" {
+		t.Errorf("after prepare GPU %s is bound to %q, want vfio-pci", bdf, b.Driver)
+	}
+	spec := h.specContent(claim)
+	for _, want := range []string{"/dev/vfio/23", "/dev/vfio/vfio"} {
+		if !strings.Contains(spec, want) {
+			t.Errorf("CDI spec lacks %s:\n%s", want, spec)
+		}
+	}
+	for _, not := range []string{"/dev/nvidia3", "/dev/nvidiactl"} {
+		if strings.Contains(spec, not) {
+			t.Errorf("VFIO claim's CDI spec has NVIDIA driver node %s:\n%s", not, spec)
+		}
+	}
+	if cp := h.checkpoint(); !strings.Contains(cp, `"vfio":{"gpu":"`+bdf+`"`) || !strings.HasPrefix(cp, `{"version":"v4"`) {
+		t.Errorf("checkpoint lacks the VFIO record: %s", cp)
+	}
+
+	// The driver is the last guard: the full GPU cannot go to another claim.
+	if msg := prepareError(h, h.claim("gpu-3")); !strings.Contains(msg, "already prepared for claim") {
+		t.Errorf("full GPU while passed through: %q, want a conflict", msg)
+	}
+
+	h.restart() // the record survives; unprepare still gives the GPU back
+	h.mustUnprepare(claim)
+	if b, _ := fake.Binding(bdf); b.Driver != "nvidia" || b.Override != "" {
+		t.Errorf("after unprepare GPU %s: %+v, want nvidia with no override", bdf, b)
+	}
+	h.mustPrepare(h.claim("gpu-3"))
+}
+
+func TestVFIOIOMMUFDAndRefusals(t *testing.T) {
+	var fake *fakesysfs.Sysfs
+	h := newHarness(t, withVFIO(t, devicemodel.VFIOBeside, &fake))
+	bdf := *h.device("gpu-vfio-5").Attributes["resource.kubernetes.io/pciBusID"].StringValue
+
+	fd := h.claim("gpu-vfio-5")
+	withConfig(fd, resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"resource.nvidia.com/v1beta1","kind":"VfioDeviceConfig","iommu":{"backendPolicy":"PreferIommuFD","enableAPIDevice":true}}`)
+	fd = h.update(fd)
+	h.mustPrepare(fd)
+	spec := h.specContent(fd)
+	if !strings.Contains(spec, "/dev/iommu") || !strings.Contains(spec, "/dev/vfio/devices/vfio") || strings.Contains(spec, "/dev/vfio/vfio") {
+		t.Errorf("iommufd claim's CDI spec:\n%s\nwant /dev/iommu and /dev/vfio/devices/vfioN, not the legacy container", spec)
+	}
+	h.mustUnprepare(fd)
+
+	// A GPU in use is refused and left as it was.
+	if err := fake.SetHolders(bdf, "python (pid 4242)"); err != nil {
+		t.Fatal(err)
+	}
+	busy := h.claim("gpu-vfio-5")
+	if msg := prepareError(h, busy); !strings.Contains(msg, "in use by python (pid 4242)") {
+		t.Errorf("busy GPU: %q, want the holder named", msg)
+	}
+	if b, _ := fake.Binding(bdf); b.Driver != "nvidia" {
+		t.Errorf("busy GPU rebound to %q", b.Driver)
+	}
+	if err := fake.SetHolders(bdf); err != nil {
+		t.Fatal(err)
+	}
+
+	// A bind that fails midway is rolled back.
+	fake.InjectFault(fakesysfs.Fault{Op: fakesysfs.OpWrite, Path: "bus/pci/drivers/vfio-pci/bind", Err: syscall.EIO, Times: 1})
+	if msg := prepareError(h, busy); !strings.Contains(msg, "input/output error") {
+		t.Errorf("failed bind: %q, want the sysfs error", msg)
+	}
+	if b, _ := fake.Binding(bdf); b.Driver != "nvidia" || b.Override != "" {
+		t.Errorf("after a failed bind GPU is %+v, want nvidia again", b)
+	}
+	if cp := h.checkpoint(); strings.Contains(cp, string(busy.ObjectMeta.UID)) {
+		t.Errorf("failed bind left a record: %s", cp)
+	}
+	h.mustPrepare(busy) // the fault wore off
+	h.mustUnprepare(busy)
+}
+
+func TestVFIOOnly(t *testing.T) {
+	var fake *fakesysfs.Sysfs
+	h := newHarness(t, withVFIO(t, devicemodel.VFIOOnly, &fake))
+	for _, d := range h.driver.Devices() {
+		if strings.HasPrefix(d.Name, "gpu-") && !strings.HasPrefix(d.Name, "gpu-vfio-") {
+			t.Errorf("device %s published in VFIO-only mode", d.Name)
+		}
+		if len(d.ConsumesCounters) != 0 {
+			t.Errorf("device %s consumes counters in VFIO-only mode", d.Name)
+		}
+	}
+	if len(h.driver.Devices()) != 8 {
+		t.Errorf("%d devices, want 8 VFIO devices", len(h.driver.Devices()))
+	}
+}
