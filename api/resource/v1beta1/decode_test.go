@@ -187,6 +187,10 @@ func TestDecodeErrors(t *testing.T) {
 			in:   doc("GpuConfig", `"sharing": {"strategy": "MPS", "mpsConfig": {"defaultPerDevicePinnedMemoryLimit": {"0": "1Gi", "0": "2Gi"}}}`),
 			want: `duplicate field "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[0]"`,
 		},
+		"bool given as string": {
+			in:   doc("GpuConfig", `"sharing": {"strategy": "MPS", "mpsConfig": {"multiUser": "true"}}`),
+			want: `sharing.mpsConfig.multiUser: expected boolean, got string`,
+		},
 		"int given as string": {
 			in:   doc("GpuConfig", `"sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": "50"}}`),
 			want: `sharing.mpsConfig.defaultActiveThreadPercentage: expected int, got string`,
