@@ -27,6 +27,7 @@ import (
 
 	"github.com/gpudra/gpudra/deployments/deviceclasses"
 	"github.com/gpudra/gpudra/deployments/rbac"
+	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
 
@@ -216,8 +217,15 @@ func (c *Cluster) startNode(ctx context.Context, name string) (*simnode.Node, er
 	if err != nil {
 		return nil, err
 	}
+	var sharing devicemodel.Sharing
+	if fn.Sharing != "" {
+		if sharing, err = devicemodel.ParseSharing(fn.Sharing); err != nil {
+			return nil, fmt.Errorf("node %s: %w", name, err)
+		}
+	}
 	return simnode.Start(klog.NewContext(ctx, klog.FromContext(ctx)), simnode.Config{
 		Sysfs:         sysfs,
+		Sharing:       sharing,
 		Name:          name,
 		DriverName:    c.opts.DriverName,
 		Hardware:      fn.Hardware(),

@@ -27,6 +27,9 @@ import (
 // applied.
 var demo *cluster.Cluster
 
+// mpsControl is the fake nvidia-cuda-mps-control the clusters' nodes run.
+var mpsControl string
+
 // examplesDir is the repository's examples directory.
 func examplesDir() string {
 	_, file, _, _ := runtime.Caller(0)
@@ -80,7 +83,8 @@ func run(m *testing.M) int {
 		return 1
 	}
 	start := time.Now()
-	mpsControl, removeMPS, err := cluster.FakeMPS()
+	var removeMPS func()
+	mpsControl, removeMPS, err = cluster.FakeMPS()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

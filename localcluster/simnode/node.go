@@ -67,6 +67,8 @@ type Config struct {
 	// that models the kernel); the plugin then offers the GPUs for
 	// passthrough beside their CUDA devices.
 	Sysfs *fakesysfs.Sysfs
+	// Sharing is how the node's plugin shares full GPUs (--sharing).
+	Sharing devicemodel.Sharing
 	// MPSControlBinary, if set, is the nvidia-cuda-mps-control the node's
 	// plugin runs MPS daemons with (a fake: see pkg/mps/mpsfake); without
 	// it the node refuses MPS claims.
@@ -244,6 +246,7 @@ func (n *Node) StartPlugin(ctx context.Context) error {
 		MIGMode:        n.cfg.MIGMode,
 		TimeSlicer:     n.timeSlices,
 		VFIO:           n.vfioConfig(),
+		Sharing:        n.cfg.Sharing,
 		MPSUnavailable: "the simulated node has no MPS control binary",
 	}
 	if n.cfg.MPSControlBinary != "" {

@@ -9,6 +9,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/utils/ptr"
 )
 
 // semverRE is the API server's check of version attributes
@@ -20,7 +21,8 @@ var semverRE = regexp.MustCompile(`^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)` +
 
 // validateDevice applies the API server's validation rules for one
 // published device that a driver can get wrong: the name, the number of
-// attributes and capacities, the attribute names and the attribute values.
+// attributes and capacities, the attribute names and the attribute values,
+// and the capacities' request policies (see [validateRequestPolicy]).
 // The real validation lives in k8s.io/kubernetes, which a driver must not
 // import; k8s.io/dynamic-resource-allocation does not export it.
 func validateDevice(d resourceapi.Device) []error {
@@ -85,8 +87,8 @@ func validateDevice(d resourceapi.Device) []error {
 		if c.Value.Sign() < 0 {
 			add("capacity %q: negative value %s", name, c.Value.String())
 		}
-		if c.RequestPolicy != nil {
-			add("capacity %q: requestPolicy needs allowMultipleAllocations", name)
+		for _, msg := range validateRequestPolicy(c, ptr.Deref(d.AllowMultipleAllocations, false)) {
+			add("capacity %q: requestPolicy: %s", name, msg)
 		}
 	}
 	return errs

@@ -69,6 +69,10 @@ type Device struct {
 	// Placement is set for dynamic MIG devices (see [WithDynamicMIG]):
 	// where Prepare creates the MIG device.
 	Placement *Placement
+	// Sharing is set for a full GPU published for several claims at once
+	// (see [WithSharing]); [Device.ShareLimits] turns what one share
+	// consumed into its limits.
+	Sharing Sharing
 }
 
 // Placement is where a dynamic MIG device goes: a GPU instance profile of
@@ -137,6 +141,7 @@ type buildOptions struct {
 	modeSwitchOK func(hardware.GPU) bool
 	vfioMode     VFIOMode
 	vfioInfo     VFIOInfoFunc
+	sharing      Sharing
 }
 
 // WithDynamicMIG publishes MIG-capable GPUs as partitionable devices
@@ -176,6 +181,9 @@ func Build(inv *hardware.Inventory, opts ...Option) (*Model, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
+	if err := o.sharing.Validate(); err != nil {
+		return nil, err
+	}
 	common, err := commonAttributes(inv)
 	if err != nil {
 		return nil, err
@@ -209,6 +217,9 @@ func Build(inv *hardware.Inventory, opts ...Option) (*Model, error) {
 		}
 		if err == nil && passthrough && whole && o.vfioMode == VFIOBeside {
 			err = m.addVFIOBeside(gpu, gpuAttrs, vfio)
+		}
+		if err == nil && whole && o.sharing.Enabled() {
+			err = m.shareFullGPU(&gpu, o.sharing)
 		}
 		if err != nil {
 			return nil, err

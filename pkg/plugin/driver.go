@@ -73,6 +73,10 @@ type Config struct {
 	MPSSuperviseInterval time.Duration
 	// VFIO, if set, offers GPUs for VFIO passthrough.
 	VFIO *VFIOConfig
+	// Sharing publishes the node's full GPUs for several claims at once
+	// (KEP-5075 consumable capacity); each capped share gets an MPS
+	// daemon with its caps. The zero value shares nothing.
+	Sharing devicemodel.Sharing
 
 	// PluginDataDir holds the DRA socket and the checkpoint.
 	PluginDataDir string
@@ -160,6 +164,9 @@ type Driver struct {
 	// stops when the API server lacks partitionable devices).
 	vfio       *vfio.Binder
 	vfioBeside atomic.Bool
+	// sharing says whether full GPUs are published for sharing now (it
+	// stops when the API server lacks consumable capacity).
+	sharing atomic.Bool
 	// adoptPending is set when the checkpoint was found unreadable while
 	// running; adoptNow wakes the sweep to adopt the claims on the node.
 	adoptPending atomic.Bool
@@ -209,6 +216,10 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 	if err := d.setUpVFIO(); err != nil {
 		return nil, err
 	}
+	if err := cfg.Sharing.Validate(); err != nil {
+		return nil, fmt.Errorf("plugin config: %w", err)
+	}
+	d.sharing.Store(cfg.Sharing.Enabled())
 	var err error
 	if d.status, err = devicestatus.NewWriter(cfg.KubeClient, cfg.DriverName, cfg.NodeName); err != nil {
 		return nil, err
@@ -409,6 +420,23 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 	var dropped *resourceslice.DroppedFieldsError
 	if errors.As(err, &dropped) {
 		disabled := dropped.DisabledFeatures()
+		if slices.Contains(disabled, "DRAConsumableCapacity") && d.sharing.Swap(false) {
+			// Without consumable capacity the scheduler would hand a
+			// shareable GPU to one claim only, or (older API servers drop
+			// allowMultipleAllocations too) ignore the caps: publish the
+			// GPUs unshared rather than half shared.
+			klog.FromContext(ctx).Error(err, "The API server lacks consumable capacity (DRAConsumableCapacity): publishing full GPUs unshared",
+				"sharing", d.cfg.Sharing.String(), "pool", dropped.PoolName, "disabledFeatures", disabled)
+			d.event(corev1.EventTypeWarning, "GPUSharingUnavailable",
+				fmt.Sprintf("The API server dropped the consumable capacity of shared GPUs (DRAConsumableCapacity off): gpudra publishes the GPUs unshared instead of --sharing=%s", d.cfg.Sharing))
+			select {
+			case d.rebuild <- struct{}{}:
+			default:
+			}
+			if !slices.Contains(disabled, "DRAPartitionableDevices") {
+				return
+			}
+		}
 		if slices.Contains(disabled, "DRAPartitionableDevices") && d.vfioBeside.Swap(false) {
 			klog.FromContext(ctx).Error(err, "The API server lacks partitionable devices (DRAPartitionableDevices): VFIO devices are no longer published beside the CUDA devices; run with --vfio=only to offer GPUs for passthrough without shared counters",
 				"pool", dropped.PoolName, "sliceIndex", dropped.SliceIndex, "disabledFeatures", disabled)

@@ -116,6 +116,9 @@ func (d *Driver) buildModel(ctx context.Context, inv *hardware.Inventory) (*devi
 	if o := d.vfioOption(); o != nil {
 		opts = append(opts, o)
 	}
+	if d.sharing.Load() {
+		opts = append(opts, devicemodel.WithSharing(d.cfg.Sharing))
+	}
 	if !d.dynamicMIG.Load() {
 		model, err := devicemodel.Build(inv, opts...)
 		return model, nil, err

@@ -586,7 +586,7 @@ func (d *Driver) planClaim(ctx context.Context, claim *resourceapi.ResourceClaim
 	if err != nil {
 		return nil, err
 	}
-	sharing, err := d.planSharing(&intent, resolved)
+	sharing, err := d.planSharing(&intent, resolved, devices)
 	if err != nil {
 		return nil, err
 	}

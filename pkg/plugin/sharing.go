@@ -10,12 +10,15 @@ import (
 
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/config"
+	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/timeslice"
 )
@@ -44,15 +47,20 @@ type daemonPlan struct {
 	id string
 	// devices are the indexes, in the intent, of the devices it serves.
 	devices []int
-	config  *v1beta1.MpsConfig
-	origin  config.Origin
+	// config is the claim's MPS config; nil when the daemon serves
+	// fractional shares only.
+	config *v1beta1.MpsConfig
+	origin config.Origin
+	// shares are the caps of the fractional shares it serves, by intent
+	// index: what each share consumed of its GPU.
+	shares map[int]devicemodel.ShareLimits
 }
 
 // planSharing reads the sharing settings of the claim's resolved configs
 // (resolved[i] configures intent.Devices[i]) and records them in the
 // intent's devices. It refuses what this node cannot carry out, naming the
 // field.
-func (d *Driver) planSharing(intent *claimstate.Intent, resolved []config.Device) (*sharingPlan, error) {
+func (d *Driver) planSharing(intent *claimstate.Intent, resolved []config.Device, devices []*devicemodel.Device) (*sharingPlan, error) {
 	plan := &sharingPlan{}
 	intervals := timeslice.New()
 	claim := timeslice.Claim{UID: intent.UID, Namespace: intent.Namespace, Name: intent.Name}
@@ -65,6 +73,29 @@ func (d *Driver) planSharing(intent *claimstate.Intent, resolved []config.Device
 			continue
 		}
 		strategy, ts, mpsConfig := sharingSettings(rd.Config)
+		capped, limits, err := shareLimits(cd, devices[i], rd.Result.ConsumedCapacity)
+		if err != nil {
+			return nil, err
+		}
+		if capped {
+			// A fractional share's caps are enforced by an MPS daemon of
+			// its own, whatever the config says, unless the config asks
+			// for another strategy, which cannot enforce them.
+			if strategy == v1beta1.TimeSlicingStrategy {
+				return nil, fmt.Errorf("device %s: %s: sharing.strategy TimeSlicing: the device is a share of a GPU shared by %s, whose caps only MPS enforces; allowed here: sharing.strategy MPS, or no sharing setting",
+					cd.Name, rd.Origin, devices[i].Sharing)
+			}
+			if d.cfg.MPS == nil {
+				return nil, fmt.Errorf("device %s: share %s of a GPU shared by %s is capped through an MPS daemon, but this node cannot run MPS daemons (%s)",
+					cd.Name, cd.ShareID, devices[i].Sharing, d.mpsUnavailable())
+			}
+			if err := plan.addToDaemon(intent.UID, i, mpsConfig, rd.Origin, strategy == v1beta1.MpsStrategy); err != nil {
+				return nil, fmt.Errorf("device %s: %w", cd.Name, err)
+			}
+			plan.daemon.shares[i] = limits
+			cd.Sharing = &claimstate.Sharing{MPSDaemon: plan.daemon.id}
+			continue
+		}
 		switch strategy {
 		case "":
 			continue
@@ -92,13 +123,9 @@ func (d *Driver) planSharing(intent *claimstate.Intent, resolved []config.Device
 				return nil, fmt.Errorf("device %s: %s: sharing.strategy MPS: this node cannot run MPS daemons (%s); allowed here: no sharing setting%s",
 					cd.Name, rd.Origin, d.mpsUnavailable(), d.timeSlicingAllowedHint())
 			}
-			if plan.daemon == nil {
-				plan.daemon = &daemonPlan{id: intent.UID, config: mpsConfig, origin: rd.Origin}
-			} else if plan.daemon.config != mpsConfig {
-				return nil, fmt.Errorf("device %s: %s asks for an MPS daemon of its own, but %s already asks for one for this claim: a container reaches one MPS daemon, so a claim's MPS devices must share one config",
-					cd.Name, rd.Origin, plan.daemon.origin)
+			if err := plan.addToDaemon(intent.UID, i, mpsConfig, rd.Origin, true); err != nil {
+				return nil, fmt.Errorf("device %s: %w", cd.Name, err)
 			}
-			plan.daemon.devices = append(plan.daemon.devices, i)
 			cd.Sharing = &claimstate.Sharing{MPSDaemon: plan.daemon.id}
 		}
 	}
@@ -109,6 +136,41 @@ func (d *Driver) planSharing(intent *claimstate.Intent, resolved []config.Device
 		}
 	}
 	return plan, nil
+}
+
+// addToDaemon makes the claim's one MPS daemon serve intent device i.
+// withConfig says that the device's config asks for MPS, so its MPS
+// settings apply; two different MPS configs in one claim would need two
+// daemons, and a container reaches only one.
+func (p *sharingPlan) addToDaemon(claimUID string, i int, c *v1beta1.MpsConfig, origin config.Origin, withConfig bool) error {
+	if p.daemon == nil {
+		p.daemon = &daemonPlan{id: claimUID, shares: map[int]devicemodel.ShareLimits{}}
+	}
+	if withConfig {
+		if p.daemon.config != nil && p.daemon.config != c {
+			return fmt.Errorf("%s asks for an MPS daemon of its own, but %s already asks for one for this claim: a container reaches one MPS daemon, so a claim's MPS devices must share one config",
+				origin, p.daemon.origin)
+		}
+		if p.daemon.config == nil {
+			p.daemon.config, p.daemon.origin = c, origin
+		}
+	}
+	p.daemon.devices = append(p.daemon.devices, i)
+	return nil
+}
+
+// shareLimits returns the caps of a fractional share: capped is false for
+// a device that is not a share of a shared GPU, or whose share has no cap
+// (unlimited sharing without memory asked for).
+func shareLimits(cd *claimstate.Device, dev *devicemodel.Device, consumed map[resourceapi.QualifiedName]resource.Quantity) (capped bool, _ devicemodel.ShareLimits, _ error) {
+	if cd.ShareID == "" || !dev.Sharing.Enabled() {
+		return false, devicemodel.ShareLimits{}, nil
+	}
+	limits, err := dev.ShareLimits(consumed)
+	if err != nil {
+		return false, limits, fmt.Errorf("share %s: %w", cd.ShareID, err)
+	}
+	return limits.PinnedMemoryBytes > 0 || limits.ActiveThreadPercentage > 0, limits, nil
 }
 
 // sharingSettings returns the sharing strategy of a resolved config, with
@@ -165,11 +227,14 @@ func mpsSpec(p *daemonPlan, intent *claimstate.Intent) (mps.Spec, error) {
 			spec.DeviceUUIDs = append(spec.DeviceUUIDs, cd.UUID)
 		}
 	}
+	if err := p.applyShareCaps(&spec, intent); err != nil {
+		return mps.Spec{}, err
+	}
 	c := p.config
 	if c == nil {
 		return spec, nil
 	}
-	spec.ActiveThreadPercentage = c.DefaultActiveThreadPercentage
+	lowerThreads(&spec, c.DefaultActiveThreadPercentage)
 	spec.MultiUser = c.MultiUser
 	limits := map[string]int64{}
 	if q := c.DefaultPinnedDeviceMemoryLimit; q != nil {
@@ -194,10 +259,64 @@ func mpsSpec(p *daemonPlan, intent *claimstate.Intent) (mps.Spec, error) {
 		}
 		limits[uuid] = q.Value()
 	}
+	// A config's limits can lower a share's caps, never raise them.
+	for uuid, capped := range spec.PinnedMemoryLimits {
+		if l, ok := limits[uuid]; !ok || l > capped {
+			limits[uuid] = capped
+		}
+	}
 	if len(limits) > 0 {
 		spec.PinnedMemoryLimits = limits
 	}
 	return spec, nil
+}
+
+// applyShareCaps sets the caps of the fractional shares the daemon serves:
+// the pinned memory of each GPU is the sum of its shares' (two shares of
+// one GPU in a claim are one client), and the thread percentage, which is
+// one for the whole daemon, is the largest share's of any GPU; shares of
+// one claim on GPUs with different compute caps are refused, since one
+// daemon cannot cap them differently.
+func (p *daemonPlan) applyShareCaps(spec *mps.Spec, intent *claimstate.Intent) error {
+	if len(p.shares) == 0 {
+		return nil
+	}
+	memory := map[string]int64{}
+	threads := map[string]int{}
+	for _, i := range slices.Sorted(maps.Keys(p.shares)) {
+		uuid, caps := intent.Devices[i].UUID, p.shares[i]
+		if caps.PinnedMemoryBytes > 0 {
+			memory[uuid] += caps.PinnedMemoryBytes
+		}
+		threads[uuid] = min(threads[uuid]+caps.ActiveThreadPercentage, 100)
+	}
+	if len(memory) > 0 {
+		spec.PinnedMemoryLimits = memory
+	}
+	var pct int
+	for _, uuid := range slices.Sorted(maps.Keys(threads)) {
+		t := threads[uuid]
+		if pct != 0 && t != pct {
+			return fmt.Errorf("MPS daemon %s: the claim's shares cap compute at %d%% on one GPU and %d%% on another, and one MPS daemon has one thread percentage: put shares with different compute in different claims", p.id, pct, t)
+		}
+		pct = t
+	}
+	if pct > 0 {
+		spec.ActiveThreadPercentage = &pct
+	}
+	return nil
+}
+
+// lowerThreads applies a config's thread percentage, which can only lower
+// a share's cap.
+func lowerThreads(spec *mps.Spec, pct *int) {
+	if pct == nil {
+		return
+	}
+	if spec.ActiveThreadPercentage == nil || *pct < *spec.ActiveThreadPercentage {
+		v := *pct
+		spec.ActiveThreadPercentage = &v
+	}
 }
 
 // timeSliceHolds returns the time-slice holds of a record, by GPU UUID.

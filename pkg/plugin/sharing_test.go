@@ -13,6 +13,7 @@ import (
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
@@ -332,4 +333,74 @@ func TestMPSOneClaimPerPod(t *testing.T) {
 	h.mustUnprepare(first)
 	h.mustPrepare(second)
 	h.mustUnprepare(second)
+}
+
+func TestFractionalSharesGetCappedDaemons(t *testing.T) {
+	root := filepath.Join(shortTempDir(t), "mps")
+	shares4, err := devicemodel.ParseSharing("shares=4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, func(c *plugin.Config) {
+		c.MPS = newMPSManager(t, root)
+		c.Sharing = shares4
+		c.TimeSlicer = &timeslice.Memory{}
+	})
+	gpu := h.deviceUUID("gpu-2")
+	if d := h.device("gpu-2"); d.AllowMultipleAllocations == nil || !*d.AllowMultipleAllocations {
+		t.Fatalf("gpu-2 is not shareable: %+v", d)
+	}
+	share := func(id string, shares int64) *resourceapi.ResourceClaim {
+		c := h.claim("gpu-2")
+		r := &c.Status.Allocation.Devices.Results[0]
+		r.ShareID = ptr.To(types.UID(id))
+		r.ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{"shares": *resource.NewQuantity(shares, resource.DecimalSI), "memory": resource.MustParse("0")}
+		return h.update(c)
+	}
+	one, two := share("share-1", 1), share("share-2", 2)
+	h.mustPrepare(one)
+	h.mustPrepare(two)
+	for _, tc := range []struct {
+		claim   *resourceapi.ResourceClaim
+		threads float64
+		mib     int64
+	}{
+		{one, 25, 81559 / 4},
+		{two, 50, 81559 / 2},
+	} {
+		rec, err := mpsfake.ReadRecord(h.cfg.MPS.Dirs(string(tc.claim.UID)).Log)
+		if err != nil {
+			t.Fatalf("%s: no MPS daemon: %v", tc.claim.Name, err)
+		}
+		if rec.ActiveThreadPercentage == nil || *rec.ActiveThreadPercentage != tc.threads || rec.PinnedMemLimitMiB[gpu] != tc.mib {
+			t.Errorf("%s: daemon threads %v, pinned %v MiB; want %v and %d", tc.claim.Name, rec.ActiveThreadPercentage, rec.PinnedMemLimitMiB, tc.threads, tc.mib)
+		}
+		spec := h.specContent(tc.claim)
+		if !strings.Contains(spec, "gpu-2-"+string(*tc.claim.Status.Allocation.Devices.Results[0].ShareID)) || !strings.Contains(spec, mps.ContainerPipeDir) {
+			t.Errorf("%s: CDI spec lacks the share's device name or the MPS pipe directory:\n%s", tc.claim.Name, spec)
+		}
+	}
+
+	// A config can lower a share's caps, not raise them; TimeSlicing cannot
+	// enforce them and is refused.
+	lowered := share("share-3", 1)
+	withConfig(lowered, resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultActiveThreadPercentage":10,"defaultPinnedDeviceMemoryLimit":"80Gi"}}}`)
+	lowered = h.update(lowered)
+	h.mustPrepare(lowered)
+	rec, _ := mpsfake.ReadRecord(h.cfg.MPS.Dirs(string(lowered.UID)).Log)
+	if rec.ActiveThreadPercentage == nil || *rec.ActiveThreadPercentage != 10 || rec.PinnedMemLimitMiB[gpu] != 81559/4 {
+		t.Errorf("config over a share: threads %v, pinned %v; want 10 (lowered) and %d (not raised)", rec.ActiveThreadPercentage, rec.PinnedMemLimitMiB, 81559/4)
+	}
+	ts := share("share-4", 1)
+	withConfig(ts, resourceapi.AllocationConfigSourceClaim, nil, fmt.Sprintf(timeSlicingConfig, "Long"))
+	if msg := prepareError(h, h.update(ts)); !strings.Contains(msg, "sharing.strategy TimeSlicing") || !strings.Contains(msg, "allowed here: sharing.strategy MPS") {
+		t.Errorf("TimeSlicing on a capped share: %q", msg)
+	}
+
+	for _, c := range []*resourceapi.ResourceClaim{one, two, lowered} {
+		h.mustUnprepare(c)
+		if _, err := os.Stat(h.cfg.MPS.Dirs(string(c.UID)).Root); !os.IsNotExist(err) {
+			t.Errorf("%s: daemon directory left after unprepare: %v", c.Name, err)
+		}
+	}
 }

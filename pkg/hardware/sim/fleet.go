@@ -9,6 +9,7 @@
 //	- name: dgx-h100-0
 //	  driverVersion: "580.65.06"    # optional, default 580.65.06
 //	  cudaDriverVersion: "13.0"     # optional, default 13.0
+//	  sharing: shares=4             # optional: the plugin's --sharing
 //	  gpus:
 //	  - model: H100-SXM5-80GB       # see ModelNames
 //	    minor: 0                    # optional, default: the GPU's index
@@ -71,6 +72,10 @@ type Node struct {
 	// "static"; empty leaves it to the plugin (dynamic). A node whose
 	// operator created MIG devices is "static".
 	MIGMode string `json:"migMode,omitempty"`
+	// Sharing is the --sharing the node's plugin runs with: "none",
+	// "memory-compute", "shares=<N>" or "unlimited"; empty leaves it to
+	// the plugin (none).
+	Sharing string `json:"sharing,omitempty"`
 	// GPUs in NVML index order.
 	GPUs []GPU `json:"gpus,omitempty"`
 }

@@ -6,6 +6,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/gpudra/gpudra/pkg/devicemodel"
 )
 
 var (
@@ -97,6 +99,11 @@ func (n *Node) resolve(p *problems) {
 	case "", "dynamic", "static":
 	default:
 		p.add("migMode", "%q: must be dynamic or static", n.MIGMode)
+	}
+	if n.Sharing != "" {
+		if _, err := devicemodel.ParseSharing(n.Sharing); err != nil {
+			p.add("sharing", "%v", err)
+		}
 	}
 
 	minors := map[int]int{}

@@ -1,0 +1,213 @@
+package devicemodel
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpudra/gpudra/pkg/hardware"
+)
+
+// Capacities a shareable GPU publishes besides memory (see [WithSharing]).
+const (
+	// CapCompute is the percent of the GPU's SMs a share may use, 0 to
+	// 100; 0 leaves the share's compute uncapped.
+	CapCompute resourceapi.QualifiedName = "compute"
+	// CapShares is the number of equal shares a GPU is cut into, under the
+	// name NVIDIA's DRA driver publishes it, so that its manifests work.
+	CapShares resourceapi.QualifiedName = "shares"
+)
+
+// SharingMode is how a node's full GPUs are shared between claims.
+type SharingMode string
+
+const (
+	// SharingNone publishes every full GPU for one claim at a time.
+	SharingNone SharingMode = "none"
+	// SharingMemoryCompute lets claims ask for part of a GPU's memory (in
+	// bytes) and of its SMs (in percent).
+	SharingMemoryCompute SharingMode = "memory-compute"
+	// SharingShares cuts each GPU into N equal shares.
+	SharingShares SharingMode = "shares"
+	// SharingUnlimited lets any number of claims share a GPU.
+	SharingUnlimited SharingMode = "unlimited"
+)
+
+// MaxShares is the most equal shares a GPU may be cut into: one share's
+// compute cap, 100/N percent of the SMs, must be at least 1.
+const MaxShares = 100
+
+// sharingSyntax lists the accepted spellings, for errors and help texts.
+const sharingSyntax = "none, memory-compute, shares=<N> (N from 1 to 100) or unlimited"
+
+// minShareMemory is the least memory a memory-compute share takes, and
+// the least pinned memory limit an MPS daemon accepts.
+const minShareMemory = 1 << 20
+
+// Sharing is how a node's full GPUs are shared (KEP-5075 consumable
+// capacity). The zero value shares nothing. It is a flag value:
+// *Sharing implements pflag.Value.
+type Sharing struct {
+	// Mode is the kind of sharing; "" is [SharingNone].
+	Mode SharingMode
+	// Shares is N for [SharingShares], 0 otherwise.
+	Shares int
+}
+
+// ParseSharing reads a sharing setting as the --sharing flag and the
+// simulated fleets' sharing field spell it: "none", "memory-compute",
+// "shares=<N>" or "unlimited".
+func ParseSharing(v string) (Sharing, error) {
+	switch v {
+	case string(SharingNone):
+		return Sharing{Mode: SharingNone}, nil
+	case string(SharingMemoryCompute):
+		return Sharing{Mode: SharingMemoryCompute}, nil
+	case string(SharingUnlimited):
+		return Sharing{Mode: SharingUnlimited}, nil
+	}
+	n, ok := strings.CutPrefix(v, string(SharingShares)+"=")
+	if !ok {
+		return Sharing{}, fmt.Errorf("sharing %q: must be %s", v, sharingSyntax)
+	}
+	shares, err := strconv.Atoi(n)
+	if err != nil || strconv.Itoa(shares) != n {
+		return Sharing{}, fmt.Errorf("sharing %q: the number of shares %q is not a whole number; must be %s", v, n, sharingSyntax)
+	}
+	s := Sharing{Mode: SharingShares, Shares: shares}
+	return s, s.Validate()
+}
+
+// Validate reports what is wrong with a Sharing made in code.
+func (s Sharing) Validate() error {
+	switch s.Mode {
+	case "", SharingNone, SharingMemoryCompute, SharingUnlimited:
+		if s.Shares != 0 {
+			return fmt.Errorf("sharing %s: shares %d: only shares=<N> takes a number of shares", s.mode(), s.Shares)
+		}
+	case SharingShares:
+		if s.Shares < 1 || s.Shares > MaxShares {
+			return fmt.Errorf("sharing shares=%d: the number of shares must be from 1 to %d", s.Shares, MaxShares)
+		}
+	default:
+		return fmt.Errorf("sharing mode %q: must be %s", s.Mode, sharingSyntax)
+	}
+	return nil
+}
+
+// Enabled reports whether full GPUs are shared at all.
+func (s Sharing) Enabled() bool { return s.mode() != SharingNone }
+
+func (s Sharing) mode() SharingMode {
+	if s.Mode == "" {
+		return SharingNone
+	}
+	return s.Mode
+}
+
+// String returns the setting as [ParseSharing] reads it.
+func (s Sharing) String() string {
+	if s.Mode == SharingShares {
+		return fmt.Sprintf("%s=%d", SharingShares, s.Shares)
+	}
+	return string(s.mode())
+}
+
+// Set implements pflag.Value.
+func (s *Sharing) Set(v string) error {
+	parsed, err := ParseSharing(v)
+	if err != nil {
+		return err
+	}
+	*s = parsed
+	return nil
+}
+
+// Type implements pflag.Value.
+func (s *Sharing) Type() string { return "sharing" }
+
+// WithSharing publishes the full GPUs of the node as shareable devices
+// (KEP-5075): allowMultipleAllocations, with consumable capacities whose
+// request policies say what one share takes. Device names and attributes
+// stay those of the full GPU, so CEL selectors keep working.
+//
+//   - memory-compute: memory (bytes) from 1Mi to all of it in steps of one
+//     byte, defaulting to all of it, and compute (percent of SMs) from 0
+//     to 100, defaulting to 0 (uncapped). A claim that asks for neither
+//     holds the whole GPU.
+//   - shares=N: shares N, from 1 to N, defaulting to 1; memory may not be
+//     asked for (only 0), so a claim asking for memory lands on a node
+//     that shares by memory.
+//   - unlimited: memory from 0 to all of it, defaulting to 0; any number
+//     of claims that do not ask for memory fit.
+//
+// Which GPUs are shared: a GPU offered whole (MIG mode off, or mode
+// switching with [WithMIGModeSwitching]) is shared; a GPU in MIG mode that
+// stays so publishes its MIG devices, never shared, and a GPU offered only
+// for passthrough ([VFIOOnly]) is not shared. A shared GPU that also has
+// MIG placements or a VFIO device keeps consuming its whole counter set;
+// the scheduler charges a shared device's counters once, while any share
+// of it is allocated, so a share, a MIG device and the VFIO device of one
+// GPU never coexist.
+func WithSharing(s Sharing) Option {
+	return func(o *buildOptions) { o.sharing = s }
+}
+
+// shareFullGPU makes the published full GPU of gpu shareable as s says.
+func (m *Model) shareFullGPU(gpu *hardware.GPU, s Sharing) error {
+	i, ok := m.byName[GPUName(gpu.Minor)]
+	if !ok || m.Devices[i].Kind != KindGPU {
+		return fmt.Errorf("GPU %d (%s): sharing: the full GPU %s is not published", gpu.Index, gpu.UUID, GPUName(gpu.Minor))
+	}
+	if gpu.MemoryBytes < 2*minShareMemory {
+		return fmt.Errorf("GPU %d (%s): sharing %s: %d bytes of memory are too few to share, at least %d are needed", gpu.Index, gpu.UUID, s, gpu.MemoryBytes, 2*minShareMemory)
+	}
+	d := &m.Devices[i]
+	d.Sharing = s
+	d.API.AllowMultipleAllocations = ptr.To(true)
+	memory := bytesCapacity(gpu.MemoryBytes)
+	switch s.Mode {
+	case SharingMemoryCompute:
+		memory.RequestPolicy = rangePolicy(memory.Value, resource.MustParse("1Mi"), memory.Value, resource.MustParse("1"))
+		d.API.Capacity[CapCompute] = resourceapi.DeviceCapacity{
+			Value:         percent(100),
+			RequestPolicy: rangePolicy(percent(0), percent(0), percent(100), percent(1)),
+		}
+	case SharingShares:
+		zero := *resource.NewQuantity(0, resource.BinarySI)
+		memory.RequestPolicy = &resourceapi.CapacityRequestPolicy{Default: &zero, ValidValues: []resource.Quantity{zero}}
+		d.API.Capacity[CapShares] = sharesCapacity(s.Shares)
+	case SharingUnlimited:
+		zero := *resource.NewQuantity(0, resource.BinarySI)
+		memory.RequestPolicy = rangePolicy(zero, zero, memory.Value, resource.MustParse("1"))
+	}
+	d.API.Capacity[CapMemory] = memory
+	return nil
+}
+
+// sharesCapacity is the capacity of n equal shares, one by default. The
+// API wants min+step within the value, so a single share has no step.
+func sharesCapacity(n int) resourceapi.DeviceCapacity {
+	c := countCapacity(n)
+	one := countCapacity(1).Value
+	c.RequestPolicy = rangePolicy(one, one, c.Value, one)
+	if n == 1 {
+		c.RequestPolicy.ValidRange.Step = nil
+	}
+	return c
+}
+
+// rangePolicy is a request policy over [minimum, maximum] in steps of
+// step from minimum.
+func rangePolicy(def, minimum, maximum, step resource.Quantity) *resourceapi.CapacityRequestPolicy {
+	return &resourceapi.CapacityRequestPolicy{
+		Default:    &def,
+		ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: &minimum, Max: &maximum, Step: &step},
+	}
+}
+
+func percent(n int64) resource.Quantity { return *resource.NewQuantity(n, resource.DecimalSI) }
