@@ -98,6 +98,21 @@ func TestExamples(t *testing.T) {
 			}
 		}}},
 		{"gpu-config", "pod", []check{isType("gpu", 1)}},
+		{"mps-sharing", "pod", []check{isType("gpu", 1), func(t *testing.T, pod *corev1.Pod, _ []resourceapi.Device) {
+			ctrs, _ := demo.Node(pod.Spec.NodeName).Containers(pod)
+			for _, name := range []string{"trainer", "evaluator"} {
+				if got := ctrs[name].Env["CUDA_MPS_PIPE_DIRECTORY"]; got != "/tmp/nvidia-mps" {
+					t.Errorf("container %s: CUDA_MPS_PIPE_DIRECTORY=%q, want /tmp/nvidia-mps", name, got)
+				}
+			}
+		}}},
+		{"vfio-passthrough", "vm", []check{isType("vfio", 1), func(t *testing.T, pod *corev1.Pod, _ []resourceapi.Device) {
+			ctrs, _ := demo.Node(pod.Spec.NodeName).Containers(pod)
+			nodes := ctrs["launcher"].DeviceNodes
+			if !slices.Contains(nodes, "/dev/iommu") || !slices.ContainsFunc(nodes, func(p string) bool { return strings.HasPrefix(p, "/dev/vfio/devices/vfio") }) {
+				t.Errorf("VFIO container's nodes %v, want /dev/iommu and /dev/vfio/devices/vfioN", nodes)
+			}
+		}}},
 		{"mig-dynamic", "pod", []check{isType("mig", 2), func(t *testing.T, pod *corev1.Pod, devs []resourceapi.Device) {
 			if pod.Spec.NodeName != "dgx-h100-1" || attr(devs[0], "parentUUID") != attr(devs[1], "parentUUID") {
 				t.Errorf("devices %s and %s on %s, want two of one GPU on dgx-h100-1", devs[0].Name, devs[1].Name, pod.Spec.NodeName)

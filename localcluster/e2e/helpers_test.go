@@ -174,6 +174,12 @@ func checkContainersSeeDevices(t *testing.T, pod *corev1.Pod, devs []resourceapi
 				if !caps || !gpu {
 					t.Errorf("%s/%s: MIG device %s: device nodes %v lack a GPU node or MIG capabilities", pod.Name, c.Name, d.Name, got.DeviceNodes)
 				}
+			case "vfio":
+				vfio := slices.ContainsFunc(got.DeviceNodes, func(n string) bool { return strings.HasPrefix(n, "/dev/vfio/") })
+				nvidia := slices.ContainsFunc(got.DeviceNodes, func(n string) bool { return strings.HasPrefix(n, "/dev/nvidia") })
+				if !vfio || nvidia {
+					t.Errorf("%s/%s: VFIO device %s: device nodes %v, want VFIO nodes and no NVIDIA driver node", pod.Name, c.Name, d.Name, got.DeviceNodes)
+				}
 			}
 		}
 	}
