@@ -104,12 +104,13 @@ func TestFractionalGPUs(t *testing.T) {
 	})
 
 	t.Run("NVIDIA integer shares", func(t *testing.T) {
-		// As NVIDIA's manifests ask for a share: capacity shares, 1.
-		request := "          capacity:\n            requests:\n              shares: \"1\"\n"
-		apply(t, ctx, sharedPods("share-4", "share-4", request, "", "p0", "p1", "p2", "p3"))
+		// As NVIDIA's integer-sharing manifests ask for a share: the
+		// class alone, no capacity, which takes the default of one share.
+		apply(t, ctx, sharedPods("share-4", "share-4", "", "", "p0", "p1", "p2", "p3"))
 		mem := publishedMemory(t, ctx, "share-4")
 		checkShares(t, ctx, "share-4", []string{"p0", "p1", "p2", "p3"}, 25, mem/4)
-		apply(t, ctx, sharedPods("share-4-more", "share-4", request, "", "p4"))
+		// Explicitly, in shares.
+		apply(t, ctx, sharedPods("share-4-more", "share-4", "          capacity: {requests: {shares: \"1\"}}\n", "", "p4"))
 		waitPending(t, ctx, "share-4-more", "p4")
 	})
 

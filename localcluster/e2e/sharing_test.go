@@ -4,8 +4,6 @@ import (
 	"context"
 	"os"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -97,21 +95,10 @@ spec:
 	if err != nil {
 		t.Fatalf("the MPS daemon's directory %s is still there after the pod was deleted", dirs.Root)
 	}
-	if alive(rec.PID) {
+	if mpsfake.Alive(rec.PID) {
 		t.Errorf("MPS daemon pid %d still runs after its claim was unprepared", rec.PID)
 	}
 	if checkpointHas(t, pod.Spec.NodeName, uid) || len(specFilesFor(t, pod.Spec.NodeName, uid)) != 0 {
 		t.Errorf("claim %s still prepared on %s", uid, pod.Spec.NodeName)
 	}
-}
-
-// alive reports whether pid runs (and is not a zombie).
-func alive(pid int) bool {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(data)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
 }

@@ -51,6 +51,10 @@ func TestResourceSlicesValidate(t *testing.T) {
 		{"static+vfio", []devicemodel.Option{vfioEverywhere(devicemodel.VFIOBeside)}},
 		{"dynamic+vfio", []devicemodel.Option{devicemodel.WithDynamicMIG(), vfioEverywhere(devicemodel.VFIOBeside)}},
 		{"vfio-only", []devicemodel.Option{vfioEverywhere(devicemodel.VFIOOnly)}},
+		{"memory-compute", []devicemodel.Option{sharing(t, "memory-compute")}},
+		{"shares=4+dynamic+vfio", []devicemodel.Option{sharing(t, "shares=4"), devicemodel.WithDynamicMIG(), vfioEverywhere(devicemodel.VFIOBeside)}},
+		{"shares=1", []devicemodel.Option{sharing(t, "shares=1")}},
+		{"unlimited", []devicemodel.Option{sharing(t, "unlimited")}},
 	}
 	for _, n := range nodes {
 		for _, mode := range modes {
@@ -77,6 +81,16 @@ func TestResourceSlicesValidate(t *testing.T) {
 			})
 		}
 	}
+}
+
+// sharing shares full GPUs as v says.
+func sharing(t *testing.T, v string) devicemodel.Option {
+	t.Helper()
+	s, err := devicemodel.ParseSharing(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return devicemodel.WithSharing(s)
 }
 
 // vfioEverywhere offers every GPU for passthrough.

@@ -175,7 +175,8 @@ func WithMIGModeSwitching(can func(hardware.GPU) bool) Option {
 // mode on is published through its MIG devices only, as NVIDIA's driver
 // does: the full GPU cannot be handed out while it is partitioned. Without
 // options, those are the MIG devices that exist now (static MIG); see
-// [WithDynamicMIG] for MIG devices created on demand.
+// [WithDynamicMIG] for MIG devices created on demand, and [WithSharing]
+// for full GPUs shared between claims.
 func Build(inv *hardware.Inventory, opts ...Option) (*Model, error) {
 	var o buildOptions
 	for _, opt := range opts {

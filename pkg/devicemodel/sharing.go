@@ -172,6 +172,8 @@ func (m *Model) shareFullGPU(gpu *hardware.GPU, s Sharing) error {
 	memory := bytesCapacity(gpu.MemoryBytes)
 	switch s.Mode {
 	case SharingMemoryCompute:
+		// Steps of a byte, not of 1Mi: a quarter of an H100's 81559Mi is
+		// no whole MiB, and four quarters must fit.
 		memory.RequestPolicy = rangePolicy(memory.Value, resource.MustParse("1Mi"), memory.Value, resource.MustParse("1"))
 		d.API.Capacity[CapCompute] = resourceapi.DeviceCapacity{
 			Value:         percent(100),

@@ -55,11 +55,6 @@ func randomSharingNode(t *testing.T, features structured.Features, rng *rand.Ran
 	for i := range 1 + rng.IntN(3) {
 		gpus = append(gpus, simGPU(t, i, models[rng.IntN(len(models))], rng.IntN(2) == 0))
 	}
-	for i := range gpus {
-		if !gpus[i].MIGCapable {
-			gpus[i].MIGEnabled = false
-		}
-	}
 	mode := sharingModes[rng.IntN(len(sharingModes))]
 	if mode.Mode == devicemodel.SharingShares {
 		mode.Shares = 1 + rng.IntN(8)
@@ -111,7 +106,8 @@ func wouldConsume(s devicemodel.Sharing, total int64, reqs []string) (map[resour
 	asked := map[resourceapi.QualifiedName]int64{}
 	for _, r := range reqs {
 		name, v, _ := strings.Cut(r, ": ")
-		asked[resourceapi.QualifiedName(name)] = resource.MustParse(strings.Trim(v, `"`)).Value()
+		q := resource.MustParse(strings.Trim(v, `"`))
+		asked[resourceapi.QualifiedName(name)] = q.Value()
 	}
 	take := func(name resourceapi.QualifiedName, def, lo, hi int64) (int64, bool) {
 		v, ok := asked[name]
@@ -123,7 +119,6 @@ func wouldConsume(s devicemodel.Sharing, total int64, reqs []string) (map[resour
 		return v, v <= hi
 	}
 	out := map[resourceapi.QualifiedName]int64{}
-	ok := true
 	var okMem, okOther bool
 	switch s.Mode {
 	case devicemodel.SharingMemoryCompute:
@@ -136,8 +131,7 @@ func wouldConsume(s devicemodel.Sharing, total int64, reqs []string) (map[resour
 		out[devicemodel.CapMemory], okMem = take(devicemodel.CapMemory, 0, 0, total)
 		okOther = true
 	}
-	ok = okMem && okOther && len(asked) == 0
-	return out, ok
+	return out, okMem && okOther && len(asked) == 0
 }
 
 // gpuHolds is what live allocations hold of one GPU.
@@ -152,7 +146,11 @@ type gpuHolds struct {
 // holds derives, from the live allocations alone, what each GPU holds,
 // and reports what breaks the rules.
 func (n *shareNode) holds() ([]gpuHolds, error) {
-	out := make([]gpuHolds, len(n.model.Devices)) // indexed by GPU index; large enough
+	gpus := 0
+	for i := range n.model.Devices {
+		gpus = max(gpus, n.model.Devices[i].GPU.Index+1)
+	}
+	out := make([]gpuHolds, gpus) // by GPU index
 	for i := range out {
 		out[i].consumed = map[resourceapi.QualifiedName]int64{}
 	}
@@ -265,7 +263,7 @@ func runSharingSequence(t *testing.T, features structured.Features, seed uint64,
 		if res == nil {
 			noFit++
 			history = append(history, fmt.Sprintf("%s %s: no room", claim.Name, what))
-			if reqs != nil || strings.HasPrefix(what, "share") {
+			if strings.HasPrefix(what, "share") {
 				if dev := n.roomFor(held, reqs); dev != "" {
 					fail("%s %s: no room found, but %s had room", claim.Name, what, dev)
 					return
@@ -319,7 +317,8 @@ func (n *shareNode) roomFor(held []gpuHolds, reqs []string) string {
 		}
 		fits := true
 		for name, v := range want {
-			if h.consumed[name]+v > d.API.Capacity[name].Value.Value() {
+			capacity := d.API.Capacity[name].Value
+			if h.consumed[name]+v > capacity.Value() {
 				fits = false
 			}
 		}

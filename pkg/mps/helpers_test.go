@@ -126,15 +126,7 @@ func launches(t *testing.T, dirs mps.Dirs) int {
 }
 
 // alive reports whether pid runs (a zombie does not).
-func alive(pid int) bool {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(data)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
-}
+func alive(pid int) bool { return mpsfake.Alive(pid) }
 
 func waitDead(t *testing.T, pid int) {
 	t.Helper()

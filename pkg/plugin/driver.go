@@ -415,60 +415,72 @@ func (d *Driver) current() *nodeState {
 
 // HandleError implements [kubeletplugin.DRAPlugin]. Publishing errors are
 // logged with what the API server lacks; nothing here is fatal, because
-// neither retrying nor restarting fixes a cluster's feature gates.
+// neither retrying nor restarting fixes a cluster's feature gates. When the
+// API server dropped fields that a publishing choice depends on, the plugin
+// falls back (see fallbacks) and publishes again.
 func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 	var dropped *resourceslice.DroppedFieldsError
-	if errors.As(err, &dropped) {
-		disabled := dropped.DisabledFeatures()
-		if slices.Contains(disabled, "DRAConsumableCapacity") && d.sharing.Swap(false) {
-			// Without consumable capacity the scheduler would hand a
-			// shareable GPU to one claim only, or (older API servers drop
-			// allowMultipleAllocations too) ignore the caps: publish the
-			// GPUs unshared rather than half shared.
-			klog.FromContext(ctx).Error(err, "The API server lacks consumable capacity (DRAConsumableCapacity): publishing full GPUs unshared",
-				"sharing", d.cfg.Sharing.String(), "pool", dropped.PoolName, "disabledFeatures", disabled)
-			d.event(corev1.EventTypeWarning, "GPUSharingUnavailable",
-				fmt.Sprintf("The API server dropped the consumable capacity of shared GPUs (DRAConsumableCapacity off): gpudra publishes the GPUs unshared instead of --sharing=%s", d.cfg.Sharing))
-			select {
-			case d.rebuild <- struct{}{}:
-			default:
-			}
-			if !slices.Contains(disabled, "DRAPartitionableDevices") {
-				return
-			}
-		}
-		if slices.Contains(disabled, "DRAPartitionableDevices") && d.vfioBeside.Swap(false) {
-			klog.FromContext(ctx).Error(err, "The API server lacks partitionable devices (DRAPartitionableDevices): VFIO devices are no longer published beside the CUDA devices; run with --vfio=only to offer GPUs for passthrough without shared counters",
-				"pool", dropped.PoolName, "sliceIndex", dropped.SliceIndex, "disabledFeatures", disabled)
-			d.event(corev1.EventTypeWarning, "VFIOUnavailable",
-				"The API server dropped the shared counters that keep VFIO and CUDA devices of one GPU apart (DRAPartitionableDevices off): gpudra stops publishing VFIO devices; --vfio=only offers GPUs for passthrough without counters")
-			select {
-			case d.rebuild <- struct{}{}:
-			default:
-			}
-			if !d.dynamicMIG.Load() {
-				return
-			}
-		}
-		if slices.Contains(disabled, "DRAPartitionableDevices") && d.dynamicMIG.Swap(false) {
-			// Counter-less dynamic devices would let the scheduler hand
-			// out overlapping placements: never publish them.
-			klog.FromContext(ctx).Error(err, "The API server lacks partitionable devices (DRAPartitionableDevices): falling back to static MIG, publishing the MIG devices that exist",
-				"pool", dropped.PoolName, "sliceIndex", dropped.SliceIndex, "disabledFeatures", disabled)
-			d.event(corev1.EventTypeWarning, "DynamicMIGUnavailable",
-				"The API server dropped the shared counters of the dynamic MIG devices (DRAPartitionableDevices off): gpudra falls back to static MIG and publishes the MIG devices that exist")
-			select {
-			case d.rebuild <- struct{}{}:
-			default:
-			}
-			return
-		}
-		klog.FromContext(ctx).Error(err, "The API server dropped fields of a ResourceSlice; it lacks features gpudra uses",
-			"pool", dropped.PoolName, "sliceIndex", dropped.SliceIndex, "disabledFeatures", disabled)
-		d.event(corev1.EventTypeWarning, "ResourceSliceFieldsDropped", fmt.Sprintf("API server dropped ResourceSlice fields; disabled features: %v", disabled))
+	if !errors.As(err, &dropped) {
+		utilruntime.HandleErrorWithContext(ctx, err, msg)
 		return
 	}
-	utilruntime.HandleErrorWithContext(ctx, err, msg)
+	disabled := dropped.DisabledFeatures()
+	logger := klog.FromContext(ctx).WithValues("pool", dropped.PoolName, "sliceIndex", dropped.SliceIndex, "disabledFeatures", disabled)
+	fellBack := false
+	for _, f := range d.fallbacks() {
+		if slices.Contains(disabled, f.feature) && f.on.Swap(false) {
+			logger.Error(err, f.log)
+			d.event(corev1.EventTypeWarning, f.reason, f.event)
+			fellBack = true
+		}
+	}
+	if fellBack {
+		select {
+		case d.rebuild <- struct{}{}:
+		default:
+		}
+		return
+	}
+	logger.Error(err, "The API server dropped fields of a ResourceSlice; it lacks features gpudra uses")
+	d.event(corev1.EventTypeWarning, "ResourceSliceFieldsDropped", fmt.Sprintf("API server dropped ResourceSlice fields; disabled features: %v", disabled))
+}
+
+// fallback is a publishing choice that needs an API feature: when the API
+// server drops the feature's fields, the choice is turned off (on) and the
+// devices are published without it, with a log line and a Node event.
+type fallback struct {
+	feature       string
+	on            *atomic.Bool
+	log           string
+	reason, event string
+}
+
+// fallbacks are the plugin's publishing choices that depend on API
+// features. Half-published devices would be worse than none: counter-less
+// dynamic MIG devices let the scheduler hand out overlapping placements,
+// counter-less VFIO devices a GPU both ways, and shareable GPUs without
+// consumable capacity ignore their caps.
+func (d *Driver) fallbacks() []fallback {
+	return []fallback{
+		{
+			feature: "DRAPartitionableDevices", on: &d.dynamicMIG,
+			log:    "The API server lacks partitionable devices (DRAPartitionableDevices): falling back to static MIG, publishing the MIG devices that exist",
+			reason: "DynamicMIGUnavailable",
+			event:  "The API server dropped the shared counters of the dynamic MIG devices (DRAPartitionableDevices off): gpudra falls back to static MIG and publishes the MIG devices that exist",
+		},
+		{
+			feature: "DRAPartitionableDevices", on: &d.vfioBeside,
+			log:    "The API server lacks partitionable devices (DRAPartitionableDevices): VFIO devices are no longer published beside the CUDA devices; run with --vfio=only to offer GPUs for passthrough without shared counters",
+			reason: "VFIOUnavailable",
+			event:  "The API server dropped the shared counters that keep VFIO and CUDA devices of one GPU apart (DRAPartitionableDevices off): gpudra stops publishing VFIO devices; --vfio=only offers GPUs for passthrough without counters",
+		},
+		{
+			feature: "DRAConsumableCapacity", on: &d.sharing,
+			log:    "The API server lacks consumable capacity (DRAConsumableCapacity): publishing full GPUs unshared instead of --sharing=" + d.cfg.Sharing.String(),
+			reason: "GPUSharingUnavailable",
+			event:  fmt.Sprintf("The API server dropped the consumable capacity of shared GPUs (DRAConsumableCapacity off): gpudra publishes the GPUs unshared instead of --sharing=%s", d.cfg.Sharing),
+		},
+	}
 }
 
 // WatchHealthStatus implements [kubeletplugin.DRAPlugin]. The health

@@ -3,7 +3,6 @@ package plugin_test
 import (
 	"fmt"
 	"os"
-	"strings"
 	"testing"
 
 	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
@@ -22,21 +21,13 @@ func TestMain(m *testing.M) {
 		// fakes, and could not remove them.
 		os.Exit(m.Run())
 	}
-	dir, err := os.MkdirTemp("", "gpudra-mpsfake")
-	if err == nil {
-		err = mpsfake.Install(dir)
-	}
+	dir, cleanup, err := mpsfake.SetUp()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
 	fakeMPSBin = dir
-	// The fakes are short processes; under the race detector each would
-	// sleep a second at exit.
-	if !strings.Contains(os.Getenv("GORACE"), "atexit_sleep_ms") {
-		_ = os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
-	}
 	code := m.Run()
-	_ = os.RemoveAll(dir)
+	cleanup()
 	os.Exit(code)
 }

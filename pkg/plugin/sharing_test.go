@@ -5,10 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -285,19 +283,7 @@ func (h *harness) specContent(c *resourceapi.ResourceClaim) string {
 	return ""
 }
 
-func alive(pid int) bool {
-	return pid > 0 && syscall.Kill(pid, 0) == nil && !zombie(pid)
-}
-
-func zombie(pid int) bool {
-	data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return true
-	}
-	s := string(data)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	return len(f) == 0 || f[0] == "Z" || f[0] == "X"
-}
+func alive(pid int) bool { return mpsfake.Alive(pid) }
 
 func waitGone(t *testing.T, pid int) {
 	t.Helper()

@@ -29,6 +29,8 @@ func TestParseRejects(t *testing.T) {
 		{"duplicate node", "nodes:\n- name: a\n- name: a", []string{"nodes[1] (a): name:", "nodes[0]"}},
 		{"driver version", "nodes:\n- name: a\n  driverVersion: latest", []string{"nodes[0] (a): driverVersion:", `"latest"`}},
 		{"CUDA version", "nodes:\n- name: a\n  cudaDriverVersion: \"13\"", []string{"nodes[0] (a): cudaDriverVersion:"}},
+		{"sharing", "nodes:\n- name: a\n  sharing: memory", []string{`nodes[0] (a): sharing: sharing "memory": must be none, memory-compute, shares=<N> (N from 1 to 100) or unlimited`}},
+		{"too many shares", "nodes:\n- name: a\n  sharing: shares=101", []string{"nodes[0] (a): sharing:", "from 1 to 100"}},
 		{"unknown model", node("  - model: V100\n"),
 			[]string{"nodes[0] (n0): gpus[0].model:", `unknown model "V100"`, "A100-SXM4-40GB, A100-SXM4-80GB, H100-SXM5-80GB, H200-SXM5-141GB, L40S"}},
 		{"missing model", node("  - minor: 1\n"), []string{"gpus[0].model: must be set"}},
@@ -115,6 +117,18 @@ func TestEveryPlacementAccepted(t *testing.T) {
 					t.Errorf("%s %s at %d: %v", name, p.Name, start, err)
 				}
 			}
+		}
+	}
+}
+
+func TestParseKeepsSharing(t *testing.T) {
+	for _, sharing := range []string{"", "none", "memory-compute", "shares=4", "unlimited"} {
+		f, err := sim.Parse([]byte("nodes:\n- name: a\n  sharing: \""+sharing+"\"\n"), "f")
+		if err != nil {
+			t.Fatalf("sharing %q: %v", sharing, err)
+		}
+		if got := f.Nodes[0].Sharing; got != sharing {
+			t.Errorf("sharing %q read as %q", sharing, got)
 		}
 	}
 }

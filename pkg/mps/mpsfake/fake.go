@@ -114,6 +114,38 @@ func Install(dir string) error {
 	return nil
 }
 
+// SetUp installs the fake programs in a new temporary directory, for a
+// TestMain that called [Main] first, and returns the directory and a
+// function that removes it. Under the race detector every process would
+// sleep a second at exit; the fakes are many short processes, so SetUp
+// turns that off for the processes the test starts.
+func SetUp() (dir string, cleanup func(), err error) {
+	dir, err = os.MkdirTemp("", "gpudra-mpsfake")
+	if err != nil {
+		return "", nil, err
+	}
+	if err := Install(dir); err != nil {
+		_ = os.RemoveAll(dir)
+		return "", nil, err
+	}
+	if !strings.Contains(os.Getenv("GORACE"), "atexit_sleep_ms") {
+		_ = os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	}
+	return dir, func() { _ = os.RemoveAll(dir) }, nil
+}
+
+// Alive reports whether pid is a process that has not exited (a zombie
+// has), as tests of the daemons' lifecycle check it.
+func Alive(pid int) bool {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	s := string(data)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
+}
+
 // ReadRecord reads what the daemon with log directory logDir was told.
 func ReadRecord(logDir string) (Record, error) {
 	var r Record
