@@ -37,6 +37,7 @@ build:
 # Benchmarks of Prepare over gRPC and of the checkpoint; not part of test.
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 300x ./pkg/plugin/ ./pkg/checkpoint/
+	$(GO) test -run '^$$' -bench . -benchtime 300x ./pkg/devicemodel/
 
 # A longer fuzz run of the opaque-config decoder and validator.
 fuzz:
