@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"slices"
 	"strings"
 	"testing"
@@ -9,8 +10,10 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpudra/gpudra/localcluster/manifests"
 )
@@ -27,6 +30,9 @@ func TestExamples(t *testing.T) {
 	if err := demo.Apply(ctx, objs); err != nil {
 		t.Fatal(err)
 	}
+	// The examples hold most of the demo fleet's GPUs; the tests after
+	// this one need some, so the examples go once checked.
+	t.Cleanup(func() { deleteNamespaces(t, objs) })
 	if err := demo.WaitSettled(ctx, 2*time.Second); err != nil {
 		t.Fatalf("pods did not settle: %v", err)
 	}
@@ -168,6 +174,33 @@ func TestExamples(t *testing.T) {
 			}
 		}
 	})
+}
+
+// deleteNamespaces deletes the namespaces among objs and waits until they
+// are gone, with their pods and claims, so that their devices are free.
+func deleteNamespaces(t *testing.T, objs []manifests.Object) {
+	t.Helper()
+	ctx := testContext(t, 2*time.Minute)
+	var names []string
+	for _, o := range objs {
+		if o.GetKind() == "Namespace" {
+			names = append(names, o.GetName())
+			if err := demo.Client().CoreV1().Namespaces().Delete(ctx, o.GetName(), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				t.Errorf("delete namespace %s: %v", o.GetName(), err)
+			}
+		}
+	}
+	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		for _, n := range names {
+			if _, err := demo.Client().CoreV1().Namespaces().Get(ctx, n, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Errorf("example namespaces %v not gone: %v", names, err)
+	}
 }
 
 func jobComplete(job *batchv1.Job) bool {

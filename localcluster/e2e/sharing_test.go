@@ -33,8 +33,6 @@ spec:
     - name: gpu
       exactly:
         deviceClassName: gpu.nvidia.com
-        selectors:
-        - cel: {expression: "device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA H100')"}
     config:
     - opaque:
         driver: gpu.nvidia.com

@@ -28,7 +28,7 @@ func freeVFIOGPU(t *testing.T, ctx context.Context) (node, uuid, busID string) {
 			}
 		}
 	}
-	for _, n := range []string{"dgx-h100-0", "dgx-h100-1"} {
+	for _, n := range []string{"dgx-h100-0", "dgx-h100-1", "dgx-a100-0"} {
 		busy := map[string]bool{} // GPU UUIDs held
 		var candidates [][2]string
 		for _, s := range nodeSlices(t, ctx, n) {
