@@ -15,10 +15,12 @@ import (
 
 type inspectOptions struct {
 	hw         discoveryFlags
+	vfio       vfioFlags
 	node       string
 	output     string
 	driverName string
 	migMode    string
+	sharing    devicemodel.Sharing
 }
 
 func newInspectCommand() *cobra.Command {
@@ -44,6 +46,8 @@ output can be piped to kubectl.`,
 	fs.StringVar(&o.node, "node", "", "node to show: a node of the fleet (default: all of them), or the name to give this node (default: its hostname)")
 	fs.StringVarP(&o.output, "output", "o", inspect.Formats[0], "output format: "+strings.Join(inspect.Formats, "|"))
 	fs.StringVar(&o.driverName, "driver-name", "gpu.nvidia.com", "DRA driver name")
+	o.vfio.addFlags(fs)
+	fs.Var(&o.sharing, "sharing", "as for kubelet-plugin: none, memory-compute, shares=<N> or unlimited (a simulated fleet's node may set its own)")
 	fs.StringVar(&o.migMode, "mig-mode", string(plugin.MIGModeDynamic), fmt.Sprintf("as for kubelet-plugin, one of %v (a simulated fleet's node may set its own); inspect does not read the plugin's checkpoint, so it shows dynamic MIG devices even on GPUs the plugin would leave out for MIG instances it did not create", plugin.MIGModes))
 	return cmd
 }
@@ -56,6 +60,9 @@ func (o *inspectOptions) run(cmd *cobra.Command) error {
 		return fmt.Errorf("--mig-mode %q: must be one of %v", o.migMode, plugin.MIGModes)
 	}
 	if err := o.hw.validate(); err != nil {
+		return err
+	}
+	if err := o.vfio.validate(); err != nil {
 		return err
 	}
 	names, err := o.nodeNames()
@@ -76,9 +83,9 @@ func (o *inspectOptions) run(cmd *cobra.Command) error {
 		if err != nil {
 			return fmt.Errorf("node %s: discover GPUs: %w", name, err)
 		}
-		var opts []devicemodel.Option
-		if plugin.MIGMode(mode) == plugin.MIGModeDynamic {
-			opts = append(opts, devicemodel.WithDynamicMIG())
+		opts, err := o.modelOptions(cmd, name, mode)
+		if err != nil {
+			return err
 		}
 		model, err := devicemodel.Build(inv, opts...)
 		if err != nil {
@@ -87,6 +94,38 @@ func (o *inspectOptions) run(cmd *cobra.Command) error {
 		nodes = append(nodes, inspect.Node{Name: name, Inventory: inv, Model: model})
 	}
 	return inspect.Write(cmd.OutOrStdout(), o.output, o.driverName, nodes)
+}
+
+// modelOptions are the device-model options the node's plugin would
+// build with: MIG mode, passthrough and sharing as the flags (or the
+// simulated node) say. Passthrough beside CUDA devices is shown as if the
+// API server had partitionable devices.
+func (o *inspectOptions) modelOptions(cmd *cobra.Command, node, migMode string) ([]devicemodel.Option, error) {
+	var opts []devicemodel.Option
+	if plugin.MIGMode(migMode) == plugin.MIGModeDynamic {
+		opts = append(opts, devicemodel.WithDynamicMIG())
+	}
+	fleetNode, err := o.hw.fleetNode(node)
+	if err != nil {
+		return nil, err
+	}
+	vfioConfig, err := o.vfio.config(&o.hw, fleetNode)
+	if err != nil {
+		return nil, err
+	}
+	if vfioConfig != nil {
+		opts = append(opts, vfioConfig.ModelOption())
+	}
+	sharing := o.sharing
+	if fleetNode != nil && fleetNode.Sharing != "" && !cmd.Flags().Changed("sharing") {
+		if sharing, err = devicemodel.ParseSharing(fleetNode.Sharing); err != nil {
+			return nil, err
+		}
+	}
+	if sharing.Enabled() {
+		opts = append(opts, devicemodel.WithSharing(sharing))
+	}
+	return opts, nil
 }
 
 func (o *inspectOptions) nodeNames() ([]string, error) {

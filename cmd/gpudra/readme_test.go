@@ -39,3 +39,35 @@ func TestInspectRejectsUnknownFormat(t *testing.T) {
 		t.Errorf("got %v, want an error listing the formats", err)
 	}
 }
+
+// TestInspectShowsWhatThePluginPublishes: inspect builds with the same
+// passthrough and sharing settings as the plugin.
+func TestInspectShowsWhatThePluginPublishes(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []string
+		not  []string
+	}{
+		{[]string{"--node", "dgx-h100-0"}, []string{"gpu-vfio-3", "16 devices"}, nil},
+		{[]string{"--node", "dgx-h100-0", "--vfio", "off"}, []string{"8 devices"}, []string{"gpu-vfio-"}},
+		{[]string{"--node", "dgx-h100-0", "--vfio", "off", "--sharing", "shares=4", "-o", "yaml"}, []string{"allowMultipleAllocations: true", "shares:"}, []string{"gpu-vfio-"}},
+	} {
+		var out strings.Builder
+		cmd := newRootCommand()
+		cmd.SetOut(&out)
+		cmd.SetArgs(append([]string{"inspect", "--fleet", "dgx-h100"}, tc.args...))
+		if err := cmd.Execute(); err != nil {
+			t.Fatalf("inspect %v: %v", tc.args, err)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(out.String(), w) {
+				t.Errorf("inspect %v: output lacks %q:\n%s", tc.args, w, out.String())
+			}
+		}
+		for _, n := range tc.not {
+			if strings.Contains(out.String(), n) {
+				t.Errorf("inspect %v: output has %q", tc.args, n)
+			}
+		}
+	}
+}

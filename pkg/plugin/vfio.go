@@ -63,6 +63,13 @@ func (d *Driver) vfioOption() devicemodel.Option {
 	if c == nil || (c.Mode == devicemodel.VFIOBeside && !d.vfioBeside.Load()) {
 		return nil
 	}
+	return c.ModelOption()
+}
+
+// ModelOption is the device-model option that offers the GPUs of c for
+// passthrough: those with an IOMMU group in sysfs (and among GPUs, if
+// set), with their PCI IDs and group. `gpudra inspect` uses it too.
+func (c *VFIOConfig) ModelOption() devicemodel.Option {
 	return devicemodel.WithVFIO(c.Mode, func(gpu hardware.GPU) (devicemodel.VFIOInfo, bool) {
 		if len(c.GPUs) > 0 && !slices.Contains(c.GPUs, gpu.Minor) {
 			return devicemodel.VFIOInfo{}, false
