@@ -33,6 +33,7 @@ func (d *Driver) discover(ctx context.Context) error {
 
 // install derives the devices from an inventory and makes them current.
 func (d *Driver) install(ctx context.Context, inv *hardware.Inventory) error {
+	inv = d.keepPassedThrough(ctx, inv)
 	model, unknown, err := d.buildModel(ctx, inv)
 	if err != nil {
 		return fmt.Errorf("build device model: %w", err)

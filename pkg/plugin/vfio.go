@@ -8,6 +8,8 @@ import (
 
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"k8s.io/klog/v2"
+
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/config"
@@ -84,6 +86,49 @@ func (c *VFIOConfig) ModelOption() devicemodel.Option {
 		}
 		return devicemodel.VFIOInfo{VendorID: "0x" + pci.VendorID, DeviceID: "0x" + pci.DeviceID, IOMMUGroup: *pci.IOMMUGroup}, true
 	})
+}
+
+// keepPassedThrough puts back into a new inventory the GPUs that claims
+// hold passed through with VFIO, as the previous discovery saw them: NVML
+// stops listing a GPU once it is bound to vfio-pci, but its devices must
+// stay published while the claim holds it (its VFIO device is allocated,
+// and its counters keep the GPU's other devices from being allocated)
+// until Unprepare gives it back. A GPU the plugin never saw before it was
+// bound (a restart while passed through) cannot be put back, and stays
+// out until it is restored.
+func (d *Driver) keepPassedThrough(ctx context.Context, inv *hardware.Inventory) *hardware.Inventory {
+	if d.vfio == nil {
+		return inv
+	}
+	held := map[string]bool{}
+	_ = d.store.View(ctx, func(s *claimstate.State) error {
+		for _, c := range s.Claims {
+			for _, cd := range c.Devices {
+				if cd.VFIO != nil {
+					held[cd.UUID] = true
+				}
+			}
+		}
+		return nil
+	})
+	previous := d.state.Load()
+	if len(held) == 0 || previous == nil {
+		return inv
+	}
+	var missing []hardware.GPU
+	for _, g := range previous.inv.GPUs {
+		if held[g.UUID] && !slices.ContainsFunc(inv.GPUs, func(n hardware.GPU) bool { return n.UUID == g.UUID }) {
+			missing = append(missing, g)
+		}
+	}
+	if len(missing) == 0 {
+		return inv
+	}
+	out := *inv
+	out.GPUs = append(slices.Clone(inv.GPUs), missing...)
+	slices.SortStableFunc(out.GPUs, func(a, b hardware.GPU) int { return a.Index - b.Index })
+	klog.FromContext(ctx).V(2).Info("Keeping GPUs passed through with VFIO, which discovery no longer lists", "gpus", len(missing))
+	return &out
 }
 
 // planVFIO records, for a VFIO device of the intent, what binding its

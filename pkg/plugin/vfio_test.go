@@ -1,13 +1,17 @@
 package plugin_test
 
 import (
+	"context"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/vfio/fakesysfs"
@@ -155,5 +159,53 @@ func TestVFIOOnly(t *testing.T) {
 	}
 	if len(h.driver.Devices()) != 8 {
 		t.Errorf("%d devices, want 8 VFIO devices", len(h.driver.Devices()))
+	}
+}
+
+// nvmlHidesVFIO is the node's hardware as NVML sees it: a GPU bound to
+// vfio-pci is not listed.
+type nvmlHidesVFIO struct {
+	hardware.Hardware
+	sysfs *fakesysfs.Sysfs
+}
+
+func (h nvmlHidesVFIO) Discover(ctx context.Context) (*hardware.Inventory, error) {
+	inv, err := h.Hardware.Discover(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := *inv
+	out.GPUs = slices.DeleteFunc(slices.Clone(inv.GPUs), func(g hardware.GPU) bool {
+		b, _ := h.sysfs.Binding(g.PCIBusID)
+		return b.Driver == "vfio-pci"
+	})
+	return &out, nil
+}
+
+func TestVFIOGPUStaysPublishedWhileNVMLCannotSeeIt(t *testing.T) {
+	var fake *fakesysfs.Sysfs
+	h := newHarness(t, withVFIO(t, devicemodel.VFIOBeside, &fake), func(c *plugin.Config) {
+		c.Hardware = nvmlHidesVFIO{Hardware: c.Hardware, sysfs: fake}
+		c.DiscoveryInterval = 20 * time.Millisecond
+	})
+	claim := h.claim("gpu-vfio-3")
+	h.mustPrepare(claim)
+	inv, err := h.cfg.Hardware.Discover(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(inv.GPUs) != 7 {
+		t.Fatalf("NVML lists %d GPUs while one is passed through, want 7: the test would check nothing", len(inv.GPUs))
+	}
+	time.Sleep(200 * time.Millisecond) // several discoveries
+	for _, name := range []string{"gpu-3", "gpu-vfio-3"} {
+		if !slices.ContainsFunc(h.driver.Devices(), func(d resourceapi.Device) bool { return d.Name == name }) {
+			t.Errorf("%s no longer published while its GPU is passed through", name)
+		}
+	}
+	h.mustUnprepare(claim)
+	time.Sleep(100 * time.Millisecond)
+	if n := len(h.driver.Devices()); n != 16 {
+		t.Errorf("%d devices after the GPU came back, want 16", n)
 	}
 }
