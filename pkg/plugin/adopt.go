@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"regexp"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
@@ -51,13 +53,28 @@ func (d *Driver) adoptSpecs(ctx context.Context) error {
 			// with no devices rather than lose track of the spec.
 			klog.FromContext(ctx).Error(err, "Adopting a claim whose CDI spec cannot be read; its devices are unknown", "claimUID", uid)
 		}
+		// The claim's MPS daemon, if it has one, is the daemon of its UID:
+		// the adopted record owns it, so Unprepare stops it.
+		var sharing *claimstate.Sharing
+		if d.cfg.MPS != nil {
+			if _, err := os.Stat(d.cfg.MPS.Dirs(uid).Root); err == nil {
+				sharing = &claimstate.Sharing{MPSDaemon: uid}
+			}
+		}
 		devices := make([]claimstate.Device, 0, len(names))
 		for _, name := range names {
-			devices = append(devices, claimstate.Device{
+			device, shareID := splitShareName(name)
+			cd := claimstate.Device{
 				Pool:         d.cfg.NodeName,
-				Name:         name,
+				Name:         device,
+				ShareID:      shareID,
 				CDIDeviceIDs: []string{cdi.DeviceID(d.cfg.DriverName, uid, name)},
-			})
+			}
+			if sharing != nil {
+				sh := *sharing
+				cd.Sharing = &sh
+			}
+			devices = append(devices, cd)
 		}
 		found[uid] = devices
 	}
@@ -82,6 +99,19 @@ func (d *Driver) adoptSpecs(ctx context.Context) error {
 		klog.FromContext(ctx).Info("Adopted claims prepared on this node that the checkpoint no longer knew", "claimUIDs", adopted)
 	}
 	return nil
+}
+
+// shareIDSuffix matches a CDI device name of a share: the device name and
+// the share ID the allocator made, a UUID (see cdi.ShareName).
+var shareIDSuffix = regexp.MustCompile(`^(.+)-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$`)
+
+// splitShareName splits the name of a claim's CDI device into the device
+// name and the share ID, "" for a device allocated whole.
+func splitShareName(name string) (device, shareID string) {
+	if m := shareIDSuffix.FindStringSubmatch(name); m != nil {
+		return m[1], m[2]
+	}
+	return name, ""
 }
 
 // rebuildMIGOwnership runs after the checkpoint was lost, in dynamic MIG

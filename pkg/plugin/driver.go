@@ -157,8 +157,8 @@ type Driver struct {
 	// claimLocks serializes Prepare and Unprepare per claim UID inside this
 	// process; different claims proceed in parallel.
 	claimLocks keymutex.KeyMutex
-	// gpuLocks serializes changes of one GPU's time slice (by GPU UUID).
-	gpuLocks keymutex.KeyMutex
+	// timeSliceMu serializes changes of GPUs' time slices.
+	timeSliceMu sync.Mutex
 	// vfio binds GPUs to VFIO; nil without Config.VFIO. vfioBeside says
 	// whether VFIO devices are published beside CUDA devices now (it
 	// stops when the API server lacks partitionable devices).
@@ -199,7 +199,6 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 		cfg:        cfg,
 		logger:     logger,
 		claimLocks: keymutex.NewHashed(claimLockBuckets),
-		gpuLocks:   keymutex.NewHashed(claimLockBuckets),
 		cancel:     cancel,
 		adoptNow:   make(chan struct{}, 1),
 		rebuild:    make(chan struct{}, 1),

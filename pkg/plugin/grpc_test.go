@@ -203,17 +203,16 @@ func TestPrepareRefusals(t *testing.T) {
 		})
 	}
 
-	// Admin access and shares are not exclusive.
+	// Admin access is not exclusive.
 	admin := h.claim("gpu-1")
 	admin.Status.Allocation.Devices.Results[0].AdminAccess = ptr.To(true)
 	h.mustPrepare(h.update(admin))
-	shareA, shareB := h.claim("gpu-7"), h.claim("gpu-7")
-	shareA.Status.Allocation.Devices.Results[0].ShareID = ptr.To(types.UID("share-a"))
-	shareB.Status.Allocation.Devices.Results[0].ShareID = ptr.To(types.UID("share-b"))
-	ra := h.mustPrepare(h.update(shareA))
-	h.mustPrepare(h.update(shareB))
-	if ra.Devices[0].ShareId == nil || *ra.Devices[0].ShareId != "share-a" {
-		t.Errorf("share ID not returned: %v", ra.Devices[0])
+	// A share of a GPU this node does not publish for sharing (allocated
+	// before a --sharing change) is refused: its caps are unknown.
+	share := h.claim("gpu-7")
+	share.Status.Allocation.Devices.Results[0].ShareID = ptr.To(types.UID("share-a"))
+	if r := h.prepare(h.update(share)).Claims[string(share.UID)]; r == nil || !strings.Contains(r.Error, "not published for sharing") {
+		t.Errorf("share of an unshared GPU: %v, want a refusal naming --sharing", r)
 	}
 
 	// A claim with no device of ours prepares to nothing, without a spec.

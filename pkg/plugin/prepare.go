@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -129,16 +130,19 @@ func (d *Driver) prepared(ctx context.Context, claim *resourceapi.ResourceClaim)
 		d.recordDeviceStatus(ctx, claim, existing.Devices)
 		return kubeletDevices(existing.Devices), nil
 	}
-	node := d.current()
-	plan, err := d.planClaim(ctx, claim, intent, node)
-	if err != nil {
-		return nil, err
-	}
 	if action == claimstate.ActionRollbackThenPrepare {
+		// Before planning: a plan reads the hardware's state (a VFIO plan
+		// records each function's driver as the one to give it back to),
+		// and a half-done preparation is not the state to plan from.
 		klog.FromContext(ctx).Info("Rolling back an interrupted preparation before preparing again", "startedAt", existing.StartedAt)
 		if err := d.rollBack(ctx, existing, false); err != nil {
 			return nil, err
 		}
+	}
+	node := d.current()
+	plan, err := d.planClaim(ctx, claim, intent, node)
+	if err != nil {
+		return nil, err
 	}
 	if existing != nil && existing.Adopted {
 		// Instances an adopted record holds may serve running containers:
@@ -548,7 +552,11 @@ func (d *Driver) specFor(plan *claimPlan, created map[string]*hardware.MIGDevice
 // except that it discovers the GPUs again when the nvidia-uvm module was
 // not loaded at the last discovery.
 func (d *Driver) planClaim(ctx context.Context, claim *resourceapi.ResourceClaim, intent claimstate.Intent, node *nodeState) (*claimPlan, error) {
-	if node.inv.Majors.UVM == 0 && len(node.inv.GPUs) > 0 {
+	vfioOnly := !slices.ContainsFunc(intent.Devices, func(cd claimstate.Device) bool {
+		dev, ok := node.model.Lookup(cd.Name)
+		return !ok || dev.Kind != devicemodel.KindVFIO
+	})
+	if node.inv.Majors.UVM == 0 && len(node.inv.GPUs) > 0 && !vfioOnly {
 		// nvidia-uvm loads lazily on hosts with a host-installed driver;
 		// its major may exist by now.
 		if err := d.discover(ctx); err == nil {

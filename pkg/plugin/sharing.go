@@ -163,8 +163,15 @@ func (p *sharingPlan) addToDaemon(claimUID string, i int, c *v1beta1.MpsConfig, 
 // a device that is not a share of a shared GPU, or whose share has no cap
 // (unlimited sharing without memory asked for).
 func shareLimits(cd *claimstate.Device, dev *devicemodel.Device, consumed map[resourceapi.QualifiedName]resource.Quantity) (capped bool, _ devicemodel.ShareLimits, _ error) {
-	if cd.ShareID == "" || !dev.Sharing.Enabled() {
+	if cd.ShareID == "" {
 		return false, devicemodel.ShareLimits{}, nil
+	}
+	if !dev.Sharing.Enabled() {
+		// Allocated as a share while the device was published shareable
+		// (before a --sharing change or a fallback): its caps, if it had
+		// any, are unknown now, and an uncapped share beside others would
+		// break what the claim was promised.
+		return false, devicemodel.ShareLimits{}, fmt.Errorf("share %s of device %s: the device is not published for sharing on this node now (--sharing, or the API server lacks consumable capacity); its caps cannot be applied, so it is refused", cd.ShareID, cd.Name)
 	}
 	limits, err := dev.ShareLimits(consumed)
 	if err != nil {
@@ -393,20 +400,20 @@ func checkMPSConsumers(s *claimstate.State, in claimstate.Intent) error {
 	return nil
 }
 
-// lockTimeSlices takes the locks of the GPUs whose time slice the claim
-// sets or resets, in a fixed order; the returned function releases them.
-// Every change of a GPU's time slice happens under its lock, so a reset by
-// the last holder never lands after a new holder's setting.
+// lockTimeSlices takes the lock of time-slice changes when the claim sets
+// or resets any; the returned function releases it. Every change of a
+// GPU's time slice happens under it, so a reset by the last holder never
+// lands after a new holder's setting (within this process; see
+// docs/timeslicing.md for two plugin instances during a rolling update).
 func (d *Driver) lockTimeSlices(c *claimstate.Claim) func() {
-	gpus := slices.Sorted(maps.Keys(timeSliceHolds(c)))
-	for _, gpu := range gpus {
-		d.gpuLocks.LockKey(gpu)
+	if len(timeSliceHolds(c)) == 0 {
+		return func() {}
 	}
-	return func() {
-		for _, gpu := range slices.Backward(gpus) {
-			_ = d.gpuLocks.UnlockKey(gpu)
-		}
-	}
+	// One lock for every GPU: time-slice changes are rare, and per-GPU
+	// locks from a hashed key mutex could put two GPUs in one bucket and
+	// deadlock a claim that holds both.
+	d.timeSliceMu.Lock()
+	return d.timeSliceMu.Unlock
 }
 
 // setTimeSlices applies the claim's intervals. Setting an interval the GPU

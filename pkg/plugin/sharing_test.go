@@ -37,16 +37,29 @@ func (h *harness) deviceUUID(name string) string {
 	return ""
 }
 
-// shareClaim is an allocated claim for one share of device, with an opaque
+// shareClaim is an allocated claim for one uncapped share of device (the
+// node shares GPUs without limit: withUnlimitedSharing), with an opaque
 // claim config.
 func (h *harness) shareClaim(device, shareID, params string) *resourceapi.ResourceClaim {
 	h.tb.Helper()
 	c := h.claim(device)
 	c.Status.Allocation.Devices.Results[0].ShareID = ptr.To(types.UID(shareID))
+	c.Status.Allocation.Devices.Results[0].ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("0")}
 	if params != "" {
 		withConfig(c, resourceapi.AllocationConfigSourceClaim, nil, params)
 	}
 	return h.update(c)
+}
+
+// withUnlimitedSharing publishes the node's GPUs for any number of claims.
+func withUnlimitedSharing(t *testing.T) func(*plugin.Config) {
+	return func(c *plugin.Config) {
+		s, err := devicemodel.ParseSharing("unlimited")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Sharing = s
+	}
 }
 
 func prepareError(h *harness, c *resourceapi.ResourceClaim) string {
@@ -60,7 +73,7 @@ func prepareError(h *harness, c *resourceapi.ResourceClaim) string {
 
 func TestTimeSlicingOneIntervalPerGPU(t *testing.T) {
 	setter := &timeslice.Memory{}
-	h := newHarness(t, func(c *plugin.Config) { c.TimeSlicer = setter })
+	h := newHarness(t, withUnlimitedSharing(t), func(c *plugin.Config) { c.TimeSlicer = setter })
 	gpu := h.deviceUUID("gpu-7")
 	interval := func() v1beta1.TimeSliceInterval {
 		got, _ := setter.Interval(gpu)
@@ -120,7 +133,7 @@ func TestTimeSlicingOneIntervalPerGPU(t *testing.T) {
 
 func TestTimeSlicingSetFailureRollsBack(t *testing.T) {
 	setter := &failingSetter{fail: map[v1beta1.TimeSliceInterval]bool{v1beta1.MediumTimeSlice: true}}
-	h := newHarness(t, func(c *plugin.Config) { c.TimeSlicer = setter })
+	h := newHarness(t, withUnlimitedSharing(t), func(c *plugin.Config) { c.TimeSlicer = setter })
 	c := h.shareClaim("gpu-2", "share-a", fmt.Sprintf(timeSlicingConfig, "Medium"))
 	msg := prepareError(h, c)
 	if !strings.Contains(msg, "set time slice Medium on GPU") || !strings.Contains(msg, "permission denied") {
@@ -388,5 +401,67 @@ func TestFractionalSharesGetCappedDaemons(t *testing.T) {
 		if _, err := os.Stat(h.cfg.MPS.Dirs(string(c.UID)).Root); !os.IsNotExist(err) {
 			t.Errorf("%s: daemon directory left after unprepare: %v", c.Name, err)
 		}
+	}
+}
+
+func TestUncappedSharesOfOneGPU(t *testing.T) {
+	unlimited, err := devicemodel.ParseSharing("unlimited")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(shortTempDir(t), "mps")
+	h := newHarness(t, func(c *plugin.Config) { c.Sharing = unlimited; c.MPS = newMPSManager(t, root) })
+	var claims []*resourceapi.ResourceClaim
+	for _, id := range []string{"share-a", "share-b"} {
+		c := h.claim("gpu-7")
+		c.Status.Allocation.Devices.Results[0].ShareID = ptr.To(types.UID(id))
+		c.Status.Allocation.Devices.Results[0].ConsumedCapacity = map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse("0")}
+		c = h.update(c)
+		r := h.mustPrepare(c)
+		if r.Devices[0].ShareId == nil || *r.Devices[0].ShareId != id {
+			t.Errorf("share ID not returned: %v", r.Devices[0])
+		}
+		if _, err := os.Stat(h.cfg.MPS.Dirs(string(c.UID)).Root); !os.IsNotExist(err) {
+			t.Errorf("an uncapped share got an MPS daemon: %v", err)
+		}
+		claims = append(claims, c)
+	}
+	for _, c := range claims {
+		h.mustUnprepare(c)
+	}
+}
+
+// TestMPSDaemonOfAdoptedClaim: after the checkpoint is lost, a claim
+// adopted from its CDI spec owns its MPS daemon: a new plugin supervises
+// it, and unpreparing the claim stops it.
+func TestMPSDaemonOfAdoptedClaim(t *testing.T) {
+	root := filepath.Join(shortTempDir(t), "mps")
+	h := newHarness(t, func(c *plugin.Config) { c.MPS = newMPSManager(t, root) })
+	c := h.claim("gpu-3")
+	withConfig(c, resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS"}}`)
+	c = h.update(c)
+	h.mustPrepare(c)
+	dirs := h.cfg.MPS.Dirs(string(c.UID))
+	rec, err := mpsfake.ReadRecord(dirs.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	h.stop()
+	if err := os.Remove(filepath.Join(h.cfg.PluginDataDir, "checkpoint.json")); err != nil {
+		t.Fatal(err)
+	}
+	h.cfg.MPS = newMPSManager(t, root)
+	h.start()
+	if cp := h.checkpoint(); !strings.Contains(cp, `"adopted":true`) || !strings.Contains(cp, `"mpsDaemon":"`+string(c.UID)+`"`) {
+		t.Fatalf("adopted record does not own the MPS daemon: %s", cp)
+	}
+	if !alive(rec.PID) {
+		t.Fatalf("the daemon died across the restart")
+	}
+	h.mustUnprepare(c)
+	waitGone(t, rec.PID)
+	if _, err := os.Stat(dirs.Root); !os.IsNotExist(err) {
+		t.Errorf("daemon directory left after unpreparing the adopted claim: %v", err)
 	}
 }

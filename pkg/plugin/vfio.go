@@ -141,6 +141,15 @@ func (d *Driver) planVFIO(cd *claimstate.Device, dev *devicemodel.Device) error 
 	if err != nil {
 		return fmt.Errorf("device %s: %w", cd.Name, err)
 	}
+	// A function on a VFIO driver already is not in the state to plan
+	// from: its "original" driver would be the VFIO driver, and the GPU
+	// would never be given back. Some record, or someone else, holds it.
+	for _, f := range rec.Functions {
+		if isVFIODriver(f.OriginalDriver) || isVFIODriver(f.OriginalDriverOverride) {
+			return fmt.Errorf("device %s: PCI function %s of GPU %s is bound to %s (driver_override %q) already: another claim holds it, or a passthrough was not undone (after a lost checkpoint, give it back by hand: clear driver_override and bind it to nvidia)",
+				cd.Name, f.BusID, rec.GPU, f.OriginalDriver, f.OriginalDriverOverride)
+		}
+	}
 	cd.VFIO = toClaimVFIO(rec)
 	return nil
 }
@@ -227,6 +236,10 @@ func mergeEdits(a, b map[int]*cdispec.ContainerEdits) map[int]*cdispec.Container
 		}
 	}
 	return out
+}
+
+func isVFIODriver(name string) bool {
+	return name == vfio.VFIOPCI || name == vfio.NVGraceGPUVFIOPCI
 }
 
 func toClaimVFIO(r vfio.Record) *claimstate.VFIO {

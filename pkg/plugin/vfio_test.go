@@ -2,8 +2,10 @@ package plugin_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -207,5 +209,42 @@ func TestVFIOGPUStaysPublishedWhileNVMLCannotSeeIt(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	if n := len(h.driver.Devices()); n != 16 {
 		t.Errorf("%d devices after the GPU came back, want 16", n)
+	}
+}
+
+// TestVFIORetryAfterAFailedRollback: the CDI write fails after the group
+// was bound, and giving it back fails too, so the start record stays with
+// the group half given back. The kubelet's retry rolls back first and plans
+// from the restored state: the record names nvidia as the driver to give
+// the GPU back to, and Unprepare does.
+func TestVFIORetryAfterAFailedRollback(t *testing.T) {
+	var fake *fakesysfs.Sysfs
+	var failWrite atomic.Bool
+	failWrite.Store(true)
+	h := newHarness(t, withVFIO(t, devicemodel.VFIOBeside, &fake), func(c *plugin.Config) {
+		c.Faults = func(s plugin.Step, _ string) error {
+			if s == plugin.StepWriteCDISpec && failWrite.Load() {
+				return errors.New("disk full")
+			}
+			return nil
+		}
+	})
+	bdf := *h.device("gpu-vfio-4").Attributes["resource.kubernetes.io/pciBusID"].StringValue
+	fake.InjectFault(fakesysfs.Fault{Op: fakesysfs.OpWrite, Path: "bus/pci/drivers/nvidia/bind", Err: syscall.EIO, Times: 1})
+	c := h.claim("gpu-vfio-4")
+	if msg := prepareError(h, c); !strings.Contains(msg, "disk full") || !strings.Contains(msg, "kept the start record") {
+		t.Fatalf("first prepare: %q, want the injected failure and a kept start record", msg)
+	}
+	if b, _ := fake.Binding(bdf); b.Driver == "nvidia" {
+		t.Fatalf("after the failed rollback the GPU is back on nvidia; the test expects it left half done")
+	}
+	failWrite.Store(false)
+	h.mustPrepare(c)
+	if cp := h.checkpoint(); !strings.Contains(cp, `"originalDriver":"nvidia"`) || strings.Contains(cp, `"originalDriver":"vfio-pci"`) {
+		t.Errorf("retried record: %s, want nvidia as the original driver", cp)
+	}
+	h.mustUnprepare(c)
+	if b, _ := fake.Binding(bdf); b.Driver != "nvidia" || b.Override != "" {
+		t.Errorf("after unprepare the GPU is %+v, want nvidia with no override", b)
 	}
 }
