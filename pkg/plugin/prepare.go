@@ -577,8 +577,12 @@ func (d *Driver) planClaim(ctx context.Context, claim *resourceapi.ResourceClaim
 		switch {
 		case dev.Kind == devicemodel.KindVFIO:
 			cd.UUID = dev.GPU.UUID
-			if err := d.planVFIO(cd, dev); err != nil {
-				return nil, err
+			// A record's own passthrough (repairing a prepared claim's
+			// spec) stands; only a new preparation plans one.
+			if cd.VFIO == nil {
+				if err := d.planVFIO(cd, dev); err != nil {
+					return nil, err
+				}
 			}
 		case dev.Placement != nil:
 			// Created at Prepare: its UUID is known only then.

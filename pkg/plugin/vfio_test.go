@@ -3,6 +3,8 @@ package plugin_test
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -247,4 +249,25 @@ func TestVFIORetryAfterAFailedRollback(t *testing.T) {
 	if b, _ := fake.Binding(bdf); b.Driver != "nvidia" || b.Override != "" {
 		t.Errorf("after unprepare the GPU is %+v, want nvidia with no override", b)
 	}
+}
+
+// TestVFIOSpecRepairedWhileBound: a prepared VFIO claim whose CDI spec
+// went missing gets it back, with the same nodes, while its GPU stays on
+// vfio-pci.
+func TestVFIOSpecRepairedWhileBound(t *testing.T) {
+	var fake *fakesysfs.Sysfs
+	h := newHarness(t, withVFIO(t, devicemodel.VFIOBeside, &fake))
+	c := h.claim("gpu-vfio-6")
+	h.mustPrepare(c)
+	before := h.specContent(c)
+	for _, f := range h.specFiles() {
+		if err := os.Remove(filepath.Join(h.cfg.CDIDir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.mustPrepare(c)
+	if after := h.specContent(c); after != before {
+		t.Errorf("repaired spec differs:\n%s\nwant\n%s", after, before)
+	}
+	h.mustUnprepare(c)
 }
