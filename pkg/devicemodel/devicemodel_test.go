@@ -126,25 +126,32 @@ func TestGoldenDevices(t *testing.T) {
 	for _, tc := range goldenCases {
 		t.Run(tc.golden, func(t *testing.T) {
 			m := build(t, discover(t, tc.fleet(t), tc.node))
-			got, err := yaml.Marshal(m.APIDevices())
-			if err != nil {
-				t.Fatal(err)
-			}
-			path := filepath.Join("testdata", tc.golden+".golden.yaml")
-			if *update {
-				if err := os.WriteFile(path, got, 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run go test -update to create it)", err)
-			}
-			if !bytes.Equal(got, want) {
-				t.Errorf("devices differ from %s (go test -update rewrites it):\n%s", path, lineDiff(string(want), string(got)))
-			}
+			checkGolden(t, tc.golden, "devices", m.APIDevices())
 		})
+	}
+}
+
+// checkGolden compares v, as YAML, with testdata/<name>.golden.yaml, or
+// with -update rewrites the file; what names the content in messages.
+func checkGolden(t *testing.T, name, what string, v any) {
+	t.Helper()
+	got, err := yaml.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join("testdata", name+".golden.yaml")
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update to create it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differ from %s (go test -update rewrites it):\n%s", what, path, lineDiff(string(want), string(got)))
 	}
 }
 

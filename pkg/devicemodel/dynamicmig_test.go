@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"maps"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -82,24 +80,7 @@ func TestGoldenDynamicMIG(t *testing.T) {
 			for _, s := range m.Slices() {
 				out = append(out, goldenSlice{SharedCounters: s.SharedCounters, Devices: s.Devices})
 			}
-			got, err := yaml.Marshal(out)
-			if err != nil {
-				t.Fatal(err)
-			}
-			path := filepath.Join("testdata", tc.golden+".golden.yaml")
-			if *update {
-				if err := os.WriteFile(path, got, 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run go test -update to create it)", err)
-			}
-			if !bytes.Equal(got, want) {
-				t.Errorf("slices differ from %s (go test -update rewrites it):\n%s", path, lineDiff(string(want), string(got)))
-			}
+			checkGolden(t, tc.golden, "slices", out)
 		})
 	}
 }

@@ -3,8 +3,6 @@ package devicemodel_test
 import (
 	"bytes"
 	"maps"
-	"os"
-	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -407,24 +405,7 @@ func TestGoldenSharing(t *testing.T) {
 			for _, s := range m.Slices() {
 				out = append(out, goldenSlice{SharedCounters: s.SharedCounters, Devices: s.Devices})
 			}
-			got, err := yaml.Marshal(out)
-			if err != nil {
-				t.Fatal(err)
-			}
-			path := filepath.Join("testdata", tc.golden+".golden.yaml")
-			if *update {
-				if err := os.WriteFile(path, got, 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run go test -update to create it)", err)
-			}
-			if !bytes.Equal(got, want) {
-				t.Errorf("slices differ from %s (go test -update rewrites it):\n%s", path, lineDiff(string(want), string(got)))
-			}
+			checkGolden(t, tc.golden, "slices", out)
 		})
 	}
 }
