@@ -31,42 +31,11 @@ const fractionalFleet = `nodes:
   gpus: [{model: H100-SXM5-80GB}]
 `
 
-// sharedPods is a namespace, a claim template with the given request body
-// (and optional config), and pods using it pinned to node.
+// sharedPods is podWithTemplate for a full GPU with the given request body
+// (and optional config), its pods pinned to node.
 func sharedPods(ns, node, request, config string, pods ...string) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, `apiVersion: v1
-kind: Namespace
-metadata: {name: %s}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {namespace: %s, name: share}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: gpu.nvidia.com
-%s%s`, ns, ns, request, config)
-	for _, p := range pods {
-		fmt.Fprintf(&b, `---
-apiVersion: v1
-kind: Pod
-metadata: {namespace: %s, name: %s}
-spec:
-  nodeSelector: {kubernetes.io/hostname: %s}
-  containers:
-  - name: ctr
-    image: ubuntu:24.04
-    resources: {claims: [{name: gpu}]}
-  resourceClaims:
-  - name: gpu
-    resourceClaimTemplateName: share
-`, ns, p, node)
-	}
-	return b.String()
+	return podWithTemplate(ns, "        exactly:\n          deviceClassName: gpu.nvidia.com\n"+request+config,
+		"  nodeSelector: {kubernetes.io/hostname: "+node+"}", pods...)
 }
 
 // TestFractionalGPUs runs a cluster of its own, one node per sharing mode,
