@@ -1,6 +1,7 @@
 package claimstate
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"time"
@@ -13,6 +14,9 @@ type Intent struct {
 	Name      string
 	Consumers []Consumer
 	Devices   []Device
+	// Records are the configurators' records of the preparation (see
+	// [Claim.Records]).
+	Records map[string]json.RawMessage
 }
 
 // PrepareAction is what Prepare must do for a claim, given the state.
@@ -156,15 +160,28 @@ func (s *State) sortedUIDs() []string {
 
 // checkConflicts refuses an intent that wants a device exclusively while
 // another claim holds it, or wants a share of a device another claim holds
-// exclusively. Admin-access results never conflict. Devices are the same
-// when their names are, and, where both records know the hardware, when
-// they are the same GPU or MIG device or one is a MIG device of the other:
-// a name alone would miss a full GPU and a MIG device on it, or a GPU whose
-// minor number changed.
+// exclusively, or that holds one piece of hardware twice under two names
+// (a GPU and its VFIO device, a GPU and a MIG device on it): the container
+// would get a GPU that is passed through, or two claims' worth of one GPU.
+// Admin-access results never conflict. Devices are the same when their
+// names are, and, where both records know the hardware, when they are the
+// same GPU or MIG device or one is a MIG device of the other: a name alone
+// would miss a full GPU and a MIG device on it, or a GPU whose minor number
+// changed. Pools are compared as recorded; records migrated from a schema
+// without pools get this node's pool when they are read.
 func (s *State) checkConflicts(in Intent) error {
-	for _, want := range in.Devices {
+	for i, want := range in.Devices {
 		if want.AdminAccess {
 			continue
+		}
+		for _, other := range in.Devices[:i] {
+			if other.AdminAccess || (other.Pool == want.Pool && other.Name == want.Name) || !overlaps(want, other) {
+				continue
+			}
+			if want.ShareID != "" && other.ShareID != "" {
+				continue
+			}
+			return &SelfConflictError{Claim: in.Namespace + "/" + in.Name, UID: in.UID, Device: want.Pool + "/" + want.Name, Other: other.Pool + "/" + other.Name}
 		}
 		for _, uid := range s.sortedUIDs() {
 			if uid == in.UID {
@@ -185,16 +202,26 @@ func (s *State) checkConflicts(in Intent) error {
 	return nil
 }
 
+// SelfConflictError refuses a claim that holds one piece of hardware under
+// two device names.
+type SelfConflictError struct {
+	Claim, UID    string
+	Device, Other string
+}
+
+func (e *SelfConflictError) Error() string {
+	return fmt.Sprintf("claim %s (uid %s) was allocated both %s and %s, which are the same GPU (or a GPU and a MIG device on it): a GPU goes to a claim one way at a time (whole, as MIG devices, or passed through with VFIO); ask for one of them",
+		e.Claim, e.UID, e.Device, e.Other)
+}
+
 // overlaps reports whether two devices share hardware: the same name, the
-// same GPU or MIG device, a GPU and a MIG device on it, or two dynamic MIG
-// placements on one GPU that share a memory slice. A dynamic MIG device has
-// no UUID before it is created, but its parent is always known.
+// same GPU or MIG device, or a GPU and a MIG device on it. A MIG device
+// created at Prepare has no UUID before it exists, but its parent is always
+// known; whether two such placements overlap is the MIG configurator's
+// guard to decide, since only its records know the placements.
 func overlaps(a, b Device) bool {
 	if a.Pool == b.Pool && a.Name == b.Name {
 		return true
-	}
-	if a.DynamicMIG != nil && b.DynamicMIG != nil && a.ParentUUID != "" && a.ParentUUID == b.ParentUUID {
-		return a.DynamicMIG.Overlaps(b.DynamicMIG)
 	}
 	if a.UUID != "" && a.UUID == b.UUID {
 		return true
@@ -211,6 +238,7 @@ func (in Intent) claim(phase Phase, startedAt time.Time) *Claim {
 		StartedAt: startedAt,
 		Consumers: in.Consumers,
 		Devices:   in.Devices,
+		Records:   in.Records,
 	}
 	return c.Clone()
 }
@@ -238,11 +266,11 @@ func deviceKeys(ds []Device) []string {
 // Adopt records a claim found prepared on the node without a record (its
 // CDI spec survived the loss of the checkpoint) as completed and adopted.
 // It never replaces an existing record, and reports whether it added one.
-func (s *State) Adopt(uid string, devices []Device, now time.Time) bool {
+func (s *State) Adopt(uid string, devices []Device, records map[string]json.RawMessage, now time.Time) bool {
 	if _, ok := s.Claims[uid]; ok {
 		return false
 	}
-	c := &Claim{UID: uid, Phase: PrepareCompleted, StartedAt: now, Devices: devices, Adopted: true}
+	c := &Claim{UID: uid, Phase: PrepareCompleted, StartedAt: now, Devices: devices, Records: records, Adopted: true}
 	s.Claims[uid] = c.Clone()
 	return true
 }

@@ -5,6 +5,9 @@
 package claimstate
 
 import (
+	"encoding/json"
+	"maps"
+	"slices"
 	"time"
 )
 
@@ -46,6 +49,12 @@ type Claim struct {
 	// until the claim is unprepared or found gone. Namespace and Name stay
 	// empty until the sweep finds the claim in the API server.
 	Adopted bool `json:"adopted,omitempty"`
+	// Records are what each device configurator (MIG, VFIO, sharing, ...)
+	// set up for the claim, by configurator name, in the configurator's
+	// own format: claimstate never looks inside. A started record names
+	// what is about to be set up before anything is, so that a crash
+	// midway never leaves hardware state that no record owns.
+	Records map[string]json.RawMessage `json:"records,omitempty"`
 }
 
 // Consumer is a pod a claim was reserved for.
@@ -66,76 +75,13 @@ type Device struct {
 	// AdminAccess is set for admin-access results, which never hold the
 	// device exclusively.
 	AdminAccess bool `json:"adminAccess,omitempty"`
-	// UUID of the GPU or MIG device; ParentUUID for MIG devices.
+	// UUID of the GPU or MIG device (of a MIG device created at Prepare,
+	// once it exists); ParentUUID for MIG devices. The conflict checks
+	// compare them.
 	UUID       string `json:"uuid,omitempty"`
 	ParentUUID string `json:"parentUUID,omitempty"`
 	// CDIDeviceIDs handed to the kubelet for this device.
 	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
-	// DynamicMIG is set for a MIG device that gpudra creates at Prepare and
-	// destroys at Unprepare. It is what makes the instance gpudra's own: a
-	// started record names the placement before anything is created, so a
-	// crash midway never leaves an instance nobody owns; a completed record
-	// also says what was created (UUID holds the MIG device's UUID).
-	DynamicMIG *DynamicMIG `json:"dynamicMIG,omitempty"`
-	// Sharing is set for a device shared through time-slicing or an MPS
-	// daemon: what gpudra set up for it and must undo at Unprepare. A
-	// started record names it before anything is set up.
-	Sharing *Sharing `json:"sharing,omitempty"`
-	// VFIO is set for a GPU passed through with VFIO: the PCI functions of
-	// its IOMMU group and the drivers to give them back. A started record
-	// names them before any is unbound.
-	VFIO *VFIO `json:"vfio,omitempty"`
-}
-
-// VFIO is what binding a GPU's IOMMU group to VFIO changes.
-type VFIO struct {
-	// GPU is the GPU's PCI bus ID.
-	GPU        string `json:"gpu"`
-	IOMMUGroup int    `json:"iommuGroup"`
-	// Functions are the functions of the group moved to a VFIO driver.
-	Functions []VFIOFunction `json:"functions"`
-}
-
-// VFIOFunction is one PCI function of a bound IOMMU group.
-type VFIOFunction struct {
-	BusID string `json:"busID"`
-	// Driver is the VFIO driver it is bound to.
-	Driver string `json:"driver"`
-	// OriginalDriver and OriginalDriverOverride are what it had before.
-	OriginalDriver         string `json:"originalDriver,omitempty"`
-	OriginalDriverOverride string `json:"originalDriverOverride,omitempty"`
-}
-
-// Sharing is how a device of a claim is shared.
-type Sharing struct {
-	// TimeSlice is the time-slice interval the claim holds on the GPU
-	// (v1beta1.TimeSliceInterval: Default, Short, Medium, Long); the GPU is
-	// the device's UUID. Empty when the device is not time-sliced.
-	TimeSlice string `json:"timeSlice,omitempty"`
-	// MPSDaemon is the ID of the MPS control daemon that serves the
-	// device (the claim UID, or the share ID of a fractional share).
-	MPSDaemon string `json:"mpsDaemon,omitempty"`
-}
-
-// DynamicMIG is the MIG instance gpudra creates for a device, on the GPU
-// named by the device's ParentUUID.
-type DynamicMIG struct {
-	// Profile is the GPU instance profile's name, for logs ("1g.10gb").
-	Profile string `json:"profile"`
-	// ProfileID is the profile's own ID (nvidia-smi mig -lgip "ID").
-	ProfileID int `json:"profileID"`
-	// Start and Size are the placement in memory slices.
-	Start int `json:"start"`
-	Size  int `json:"size"`
-	// GIID and CIID are the created GPU and compute instance IDs; set in
-	// completed records only.
-	GIID int `json:"giID,omitempty"`
-	CIID int `json:"ciID,omitempty"`
-}
-
-// Overlaps reports whether two placements on one GPU share a memory slice.
-func (m *DynamicMIG) Overlaps(o *DynamicMIG) bool {
-	return m.Start < o.Start+o.Size && o.Start < m.Start+m.Size
 }
 
 // New returns an empty State.
@@ -160,20 +106,25 @@ func (c *Claim) Clone() *Claim {
 	for i, d := range c.Devices {
 		d.Requests = append([]string(nil), d.Requests...)
 		d.CDIDeviceIDs = append([]string(nil), d.CDIDeviceIDs...)
-		if d.DynamicMIG != nil {
-			m := *d.DynamicMIG
-			d.DynamicMIG = &m
-		}
-		if d.Sharing != nil {
-			sh := *d.Sharing
-			d.Sharing = &sh
-		}
-		if d.VFIO != nil {
-			v := *d.VFIO
-			v.Functions = append([]VFIOFunction(nil), d.VFIO.Functions...)
-			d.VFIO = &v
-		}
 		out.Devices[i] = d
 	}
+	out.Records = CloneRecords(c.Records)
 	return &out
+}
+
+// CloneRecords returns a deep copy of a claim's records; nil stays nil.
+func CloneRecords(records map[string]json.RawMessage) map[string]json.RawMessage {
+	if records == nil {
+		return nil
+	}
+	out := make(map[string]json.RawMessage, len(records))
+	for name, rec := range records {
+		out[name] = slices.Clone(rec)
+	}
+	return out
+}
+
+// RecordNames returns the names of the claim's records, sorted.
+func (c *Claim) RecordNames() []string {
+	return slices.Sorted(maps.Keys(c.Records))
 }
