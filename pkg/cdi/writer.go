@@ -1,11 +1,14 @@
 package cdi
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
@@ -15,11 +18,10 @@ import (
 
 // Writer writes and removes the per-claim spec files in one CDI directory.
 // It is safe for concurrent use: every claim has its own file, and each file
-// is replaced atomically by the CDI library (temp file, rename).
+// is replaced atomically (temp file, rename).
 type Writer struct {
 	dir        string
 	driverName string
-	cache      *cdiapi.Cache
 }
 
 // NewWriter returns a writer for dir (usually /var/run/cdi), creating it if
@@ -28,13 +30,7 @@ func NewWriter(dir, driverName string) (*Writer, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create CDI spec directory: %w", err)
 	}
-	// No auto-refresh: gpudra only writes through the cache, it never
-	// resolves devices with it, so watching the directory would be waste.
-	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(dir), cdiapi.WithAutoRefresh(false))
-	if err != nil {
-		return nil, fmt.Errorf("CDI cache for %s: %w", dir, err)
-	}
-	return &Writer{dir: dir, driverName: driverName, cache: cache}, nil
+	return &Writer{dir: dir, driverName: driverName}, nil
 }
 
 // Dir is the directory the writer writes to.
@@ -50,12 +46,156 @@ func (w *Writer) Path(claimUID string) string {
 	return filepath.Join(w.dir, w.specName(claimUID)+".json")
 }
 
+// tempInfix marks the temp files of Write: <spec file>.tmp-<random>, the
+// convention of checkpoint.WriteFileAtomic. The name does not end in .json
+// or .yaml, so the CDI library (and every runtime using it) skips it.
+const tempInfix = ".tmp-"
+
+// tempPattern is the os.CreateTemp pattern of a claim's temp files.
+func (w *Writer) tempPattern(claimUID string) string {
+	return w.specName(claimUID) + ".json" + tempInfix + "*"
+}
+
 // Write validates spec and replaces the claim's spec file with it.
+//
+// It does not use the CDI library's Cache.WriteSpec, whose temp file is
+// named spec.<random>.tmp whatever the vendor: a crash between creating and
+// renaming it leaves a file nobody can attribute. Write names its temp file
+// after the claim's spec ([Writer.RemoveStaleTemps] removes it after a
+// crash), then validates the bytes written with the library's own reader,
+// the check runtimes apply, before renaming the file into place.
 func (w *Writer) Write(claimUID string, spec *cdispec.Spec) error {
-	if err := w.cache.WriteSpec(spec, w.specName(claimUID)+".json"); err != nil {
+	if err := w.write(claimUID, spec); err != nil {
 		return fmt.Errorf("write CDI spec for claim %s: %w", claimUID, err)
 	}
 	return nil
+}
+
+func (w *Writer) write(claimUID string, spec *cdispec.Spec) error {
+	data, err := json.Marshal(spec)
+	if err != nil {
+		return fmt.Errorf("marshal: %w", err)
+	}
+	f, err := os.CreateTemp(w.dir, w.tempPattern(claimUID))
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	// No fsync, as the library: /var/run/cdi is a tmpfs, and a spec lost
+	// to a power loss is rewritten when the claim is prepared again.
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		if _, verr := cdiapi.ReadSpec(tmp, 0); verr != nil {
+			err = fmt.Errorf("invalid CDI spec: %w", verr)
+		}
+	}
+	if err == nil {
+		err = os.Rename(tmp, w.Path(claimUID))
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	return nil
+}
+
+// libraryTemp matches the temp files of the CDI library's spec writer
+// (os.CreateTemp(dir, "spec.*.tmp") in tags.cncf.io/container-device-interface
+// v1.1.1), which Write used before it named its own.
+var libraryTemp = regexp.MustCompile(`^spec\.[0-9]+\.tmp$`)
+
+// maxSpecSize bounds what RemoveStaleTemps reads of a library temp file to
+// attribute it; a larger file is nobody's claim spec, so not ours.
+const maxSpecSize = 4 << 20
+
+// RemoveStaleTemps removes the temp files that writes of this driver's
+// specs left in the directory when the process was killed between creating
+// a temp file and renaming it into place, and returns their paths. Other
+// vendors' specs and temp files are left alone. It is idempotent and keeps
+// going past a file it cannot remove, returning every such error joined.
+//
+// Call it at start, before the first Write: a temp file of a Write in
+// progress (in this process or another instance of the driver) would be
+// removed, and that Write would fail.
+//
+// A temp file is this driver's when:
+//   - its name is that of a claim spec of this driver followed by
+//     ".tmp-<random>" (what Write creates), or
+//   - its name is the CDI library's spec.<random>.tmp and its content is a
+//     CDI spec of this driver's kind (k8s.<driver>/claim): the library's
+//     names carry no vendor, and only this driver writes specs of its kind.
+//     Such files were left by versions of Write that used the library.
+//
+// An empty, truncated or unparsable spec.<random>.tmp cannot be attributed
+// and is left alone: it may be another vendor's write in progress, which
+// removing it would break.
+func (w *Writer) RemoveStaleTemps() ([]string, error) {
+	entries, err := os.ReadDir(w.dir)
+	if err != nil {
+		return nil, fmt.Errorf("list CDI spec directory %s for stale temp files: %w", w.dir, err)
+	}
+	prefix := w.specName("")
+	var removed []string
+	var errs []error
+	for _, e := range entries {
+		name := e.Name()
+		if !e.Type().IsRegular() {
+			continue
+		}
+		path := filepath.Join(w.dir, name)
+		switch {
+		case strings.HasPrefix(name, prefix) && strings.Contains(name, ".json"+tempInfix):
+		case libraryTemp.MatchString(name):
+			ours, err := w.holdsOurSpec(path)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if !ours {
+				continue
+			}
+		default:
+			continue
+		}
+		if err := os.Remove(path); err != nil {
+			if !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("remove stale CDI temp file: %w", err))
+			}
+			continue
+		}
+		removed = append(removed, path)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// holdsOurSpec reports whether the file at path is a complete CDI spec of
+// this driver's kind. A file that vanished is not.
+func (w *Writer) holdsOurSpec(path string) (bool, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read CDI temp file: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxSpecSize+1))
+	if err != nil {
+		return false, fmt.Errorf("read CDI temp file %s: %w", path, err)
+	}
+	if len(data) > maxSpecSize {
+		return false, nil
+	}
+	var spec struct {
+		Kind string `json:"kind"`
+	}
+	if json.Unmarshal(data, &spec) != nil {
+		return false, nil
+	}
+	return spec.Kind == Kind(w.driverName), nil
 }
 
 // Exists reports whether the claim's spec file is there.

@@ -1,6 +1,7 @@
 package cdi_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -471,5 +472,152 @@ func TestWriterConcurrent(t *testing.T) {
 	}
 	if _, unresolved, err := resolve(t, dir, ids...); err != nil {
 		t.Errorf("InjectDevices: %q, %v", unresolved, err)
+	}
+}
+
+// TestRemoveStaleTemps leaves in one directory what a SIGKILL during a
+// spec write leaves (by this version of Write and by earlier ones, which
+// wrote through the CDI library) next to other vendors' files, and checks
+// that only this driver's temp files go.
+func TestRemoveStaleTemps(t *testing.T) {
+	n := loadNode(t)
+	dir := t.TempDir()
+	w := newWriter(t, dir)
+	const liveUID = "0a9f1c2e-0000-4000-8000-000000000002"
+	if err := w.Write(liveUID, buildSpec(t, n, liveUID, nil, "gpu-5")); err != nil {
+		t.Fatal(err)
+	}
+	ourSpec, err := json.Marshal(buildSpec(t, n, claimUID, nil, "gpu-4"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	specOfKind := func(kind string) []byte {
+		s := buildSpec(t, n, claimUID, nil, "gpu-4")
+		s.Kind = kind
+		data, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	// createTemp creates a temp file the way a killed Write leaves it.
+	createTemp := func(uid string, data []byte) string {
+		f, err := os.CreateTemp(dir, cdi.TempPattern(w, uid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.Write(data); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return filepath.Base(f.Name())
+	}
+
+	tests := []struct {
+		name        string
+		file        string // created with data unless empty
+		data        []byte
+		wantRemoved bool
+	}{
+		{"our temp, killed before writing", createTemp(claimUID, nil), nil, true},
+		{"our temp, killed before renaming", createTemp(liveUID, ourSpec), nil, true},
+		{"library temp holding our spec", "spec.1804289383.tmp", ourSpec, true},
+		{"library temp, empty", "spec.846930886.tmp", nil, false},
+		{"library temp holding another vendor's spec", "spec.1681692777.tmp", specOfKind("nvidia.com/gpu"), false},
+		{"library temp holding the spec of a driver whose name extends ours", "spec.1714636915.tmp", specOfKind(cdi.Kind("gpu.nvidia.com.example")), false},
+		{"library temp, truncated", "spec.1957747793.tmp", ourSpec[:len(ourSpec)/2], false},
+		{"library temp holding YAML", "spec.424238335.tmp", []byte("---\ncdiVersion: 0.5.0\nkind: " + cdi.Kind(driver) + "\n"), false},
+		{"another vendor's spec", "nvidia.com-gpu.yaml", specOfKind("nvidia.com/gpu"), false},
+		{"another vendor's own temp", "example.com-gpu_1.json.tmp-42", nil, false},
+		{"temp of a driver whose name extends ours", "k8s.gpu.nvidia.com.example-claim_" + claimUID + ".json.tmp-42", nil, false},
+		{"our live spec", filepath.Base(w.Path(liveUID)), nil, false},
+	}
+	for _, tt := range tests {
+		if _, err := os.Stat(filepath.Join(dir, tt.file)); err == nil {
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(dir, tt.file), tt.data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A directory is never removed, whatever its name.
+	dirLikeTemp := filepath.Join(dir, filepath.Base(w.Path(claimUID))+".tmp-7")
+	if err := os.Mkdir(dirLikeTemp, 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	removed, err := w.RemoveStaleTemps()
+	if err != nil {
+		t.Fatalf("RemoveStaleTemps: %v", err)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(dir, tt.file)
+			if got := slices.Contains(removed, path); got != tt.wantRemoved {
+				t.Errorf("%s reported removed = %v, want %v (removed: %q)", tt.file, got, tt.wantRemoved, removed)
+			}
+			_, err := os.Stat(path)
+			if exists := err == nil; exists == tt.wantRemoved {
+				t.Errorf("%s exists = %v after RemoveStaleTemps, want %v", tt.file, exists, !tt.wantRemoved)
+			}
+		})
+	}
+	if fi, err := os.Stat(dirLikeTemp); err != nil || !fi.IsDir() {
+		t.Errorf("directory %s removed: %v", dirLikeTemp, err)
+	}
+	if want := 3; len(removed) != want {
+		t.Errorf("removed %q, want %d files", removed, want)
+	}
+	// Our live spec still resolves, and a second run finds nothing.
+	if _, unresolved, err := resolve(t, dir, cdi.DeviceID(driver, liveUID, "gpu-5")); err != nil {
+		t.Errorf("live spec no longer resolves: %q, %v", unresolved, err)
+	}
+	if again, err := w.RemoveStaleTemps(); err != nil || len(again) != 0 {
+		t.Errorf("second RemoveStaleTemps = %q, %v; want nothing", again, err)
+	}
+
+	gone := newWriter(t, filepath.Join(t.TempDir(), "gone"))
+	if err := os.Remove(gone.Dir()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gone.RemoveStaleTemps(); err == nil || !strings.Contains(err.Error(), gone.Dir()) {
+		t.Errorf("RemoveStaleTemps of a missing directory: %v, want an error naming it", err)
+	}
+}
+
+// TestWriteLeavesNoTemps checks that successful and refused writes leave
+// only the claim's spec: nothing for RemoveStaleTemps to find, and no file
+// named like the CDI library's anonymous temps.
+func TestWriteLeavesNoTemps(t *testing.T) {
+	n := loadNode(t)
+	dir := t.TempDir()
+	w := newWriter(t, dir)
+	if err := w.Write(claimUID, buildSpec(t, n, claimUID, nil, "gpu-4")); err != nil {
+		t.Fatal(err)
+	}
+	bad := buildSpec(t, n, "bad", nil, "gpu-4")
+	bad.Devices = nil
+	if err := w.Write("bad", bad); err == nil {
+		t.Fatal("Write of a spec without devices succeeded")
+	}
+	// A rename that fails: the target is a non-empty directory.
+	if err := os.MkdirAll(filepath.Join(w.Path("stuck"), "child"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Write("stuck", buildSpec(t, n, "stuck", nil, "gpu-4")); err == nil || !strings.Contains(err.Error(), "stuck") {
+		t.Fatalf("Write over a directory = %v, want an error naming the claim", err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	if want := []string{filepath.Base(w.Path(claimUID)), filepath.Base(w.Path("stuck"))}; !slices.Equal(names, want) {
+		t.Errorf("directory holds %q, want %q", names, want)
 	}
 }

@@ -64,8 +64,8 @@ func (s *Store) commit(batch []*request) {
 		s.mu.Unlock()
 	}()
 	err := s.refresh()
-	if err == nil && s.cur.newer != "" {
-		err = &newerVersionError{path: s.path, version: s.cur.newer}
+	if err == nil && s.cur.newer != nil {
+		err = s.cur.newer
 	}
 	if err != nil {
 		for _, r := range batch {
@@ -73,13 +73,16 @@ func (s *Store) commit(batch []*request) {
 		}
 		return
 	}
+	if s.cur.lost != nil {
+		batch = s.serveWhileLost(batch)
+	}
 	next := s.cur.state
 	var applied []*request
 	for _, r := range batch {
 		if r.mutate == nil {
 			continue
 		}
-		if st, ok := r.apply(next); ok {
+		if st, ok := r.apply(next, s.schema); ok {
 			next = st
 			applied = append(applied, r)
 		}
@@ -98,8 +101,9 @@ func (s *Store) commit(batch []*request) {
 	}
 }
 
-// apply runs r's mutation on a clone of base.
-func (r *request) apply(base *claimstate.State) (next *claimstate.State, ok bool) {
+// apply runs r's mutation on a clone of base and checks the result against
+// sc.
+func (r *request) apply(base *claimstate.State, sc schema) (next *claimstate.State, ok bool) {
 	next = base.Clone()
 	defer func() {
 		if p := recover(); p != nil {
@@ -111,7 +115,11 @@ func (r *request) apply(base *claimstate.State) (next *claimstate.State, ok bool
 		r.err = err
 		return nil, false
 	}
-	if err := validate(next); err != nil {
+	err := sc.validate(next)
+	if err == nil {
+		err = canonicalizeRecords(next)
+	}
+	if err != nil {
 		r.err = fmt.Errorf("mutation left an invalid state: %w", err)
 		return nil, false
 	}
@@ -145,30 +153,39 @@ func (s *Store) replace(data []byte) error {
 	return nil
 }
 
-// refresh re-reads the file if it is not the one the Store last saw.
+// refresh re-reads the file and the adopt-pending marker if either is not
+// the one the Store last saw.
 func (s *Store) refresh() error {
 	id, err := statPath(s.path)
 	if err != nil {
 		return fmt.Errorf("stat %s: %w", s.path, err)
 	}
-	if id.known() && id == s.cur.id {
+	mid, err := statPath(s.markerPath)
+	if err != nil {
+		return fmt.Errorf("stat %s: %w", s.markerPath, err)
+	}
+	if id.known() && id == s.cur.id && mid == s.cur.markerID {
 		return nil
 	}
 	l, err := s.load()
 	if err != nil {
 		return err
 	}
-	s.adopt(l)
+	s.useLoaded(l)
 	return nil
 }
 
-// adopt makes l the current snapshot and logs what load did.
-func (s *Store) adopt(l loaded) {
+// useLoaded makes l the current snapshot and logs what load did.
+func (s *Store) useLoaded(l loaded) {
+	wasLost := s.cur.lost != nil
 	s.setPin(l.pin, l.id)
 	s.cur = l.snapshot
 	s.data = l.data
 	if l.migrated != "" {
 		s.logger.Info("Migrating checkpoint", "from", l.migrated, "to", currentVersion)
+	}
+	if l.poolFilled > 0 {
+		s.logger.Info("Devices recorded without a pool get this node's", "devices", l.poolFilled, "pool", s.schema.pool)
 	}
 	switch {
 	case l.tornPath != "":
@@ -176,14 +193,23 @@ func (s *Store) adopt(l loaded) {
 	case l.bootReset:
 		s.logger.Info("Discarding checkpoint of a previous boot", "claims", l.discardedClaims, "bootID", s.bootID)
 	}
-	if l.corrupt != nil {
-		s.logger.Error(l.corrupt.Err, "Unreadable checkpoint moved aside; starting with no prepared claims", "movedTo", l.corrupt.Path)
+	switch {
+	case l.corrupt != nil:
+		s.logger.Error(l.corrupt.Err, "Unreadable checkpoint moved aside; no prepared claims until the claims on the node are adopted", "movedTo", l.corrupt.Path)
 		if s.onCorrupt != nil {
 			s.onCorrupt(*l.corrupt)
 		}
+	case l.lost != nil && !wasLost:
+		cf := l.lost.corruptFile()
+		s.logger.Error(cf.Err, "Checkpoint lost; no prepared claims until the claims on the node are adopted", "movedTo", cf.Path)
+		if s.onCorrupt != nil {
+			s.onCorrupt(*cf)
+		}
+	case l.lost == nil && wasLost:
+		s.logger.Info("Checkpoint recovered by another process")
 	}
-	if l.newer != "" {
-		s.logger.Error(&newerVersionError{path: s.path, version: l.newer}, "Checkpoint from a newer plugin")
+	if l.newer != nil {
+		s.logger.Error(l.newer, "Checkpoint this plugin must not overwrite")
 	}
 }
 

@@ -11,21 +11,32 @@ import (
 )
 
 // ErrNewerVersion is matched (with errors.Is) by the errors of a Store whose
-// checkpoint was written in a schema version newer than this package knows,
-// as after a rollback to an older plugin. The Store does not overwrite such
-// a file; see [OpenReport.NewerVersion].
+// checkpoint this process must not overwrite: one written in a schema
+// version newer than this package knows, as after a rollback to an older
+// plugin, or one that requires claim records this process does not know
+// ([WithKnownRecords]). The Store does not overwrite such a file; see
+// [OpenReport.NewerVersion].
 var ErrNewerVersion = errors.New("checkpoint has a newer schema version")
 
-// newerVersionError is the error of a file in a version above latestKnown.
+// newerVersionError is the error of a file in a version above latestKnown,
+// or of one requiring unknown records.
 type newerVersionError struct {
 	path    string
 	version string
+	// unknown are the record names the file requires that this process
+	// does not know, sorted; nil for a newer version.
+	unknown []string
 }
 
 func (e *newerVersionError) Error() string {
-	return fmt.Sprintf("checkpoint %s has schema version %q, newer than %s which this plugin writes: "+
-		"not overwriting it (roll the plugin forward, or move the file aside to start with no prepared claims)",
-		e.path, e.version, currentVersion)
+	const advice = "not overwriting it (roll the plugin forward, or move the file aside to start with no prepared claims)"
+	if len(e.unknown) > 0 {
+		return fmt.Sprintf("checkpoint %s (schema version %s) holds claim records %s, which this plugin does not know, "+
+			"so it could not undo what they describe: %s",
+			e.path, e.version, strings.Join(e.unknown, ", "), advice)
+	}
+	return fmt.Sprintf("checkpoint %s has schema version %q, newer than %s which this plugin writes: %s",
+		e.path, e.version, currentVersion, advice)
 }
 
 // Is makes errors.Is(err, ErrNewerVersion) hold.
@@ -38,22 +49,33 @@ type decoded struct {
 	bootID string
 	// from is the version the file was written in.
 	from string
+	// poolFilled counts the devices read without a pool that got the
+	// schema's.
+	poolFilled int
 }
 
 // decode understands every version up to latestKnown. It returns a
-// *newerVersionError for a later version; any other error means the content
-// is unreadable. Unknown fields are ignored in every version.
-func decode(data []byte) (decoded, error) {
-	// v4, v3 (v4 without sharing) or v2 (v3 without dynamicMIG) is the
-	// common case: parse once.
-	var f fileV3
+// *newerVersionError for a later version or for a file requiring records
+// sc does not know; any other error means the content is unreadable.
+// Unknown fields are ignored in every version.
+func (sc schema) decode(data []byte) (decoded, error) {
+	// v2 (v5 without records) or v5 is the common case: parse once.
+	var f fileV5
 	err := json.Unmarshal(data, &f)
 	if err == nil && written(f.Version) {
-		st, err := fromV3(&f)
-		return decoded{state: st, bootID: f.BootID, from: f.Version}, err
+		if f.Version == versionV2 {
+			// Fields of later versions mean nothing in v2.
+			f.Requires = nil
+			for _, c := range f.Claims {
+				if c != nil {
+					c.Records = nil
+				}
+			}
+		}
+		return sc.fromFile(&f, f.Version)
 	}
 	// Something else: find the version alone, since a newer version may
-	// not even parse as v3.
+	// not even parse as v5.
 	var env struct {
 		Version string `json:"version"`
 	}
@@ -70,15 +92,36 @@ func decode(data []byte) (decoded, error) {
 		if err != nil {
 			return decoded{}, fmt.Errorf("migrate from v1: %w", err)
 		}
-		st, err := fromV3(f2)
-		return decoded{state: st, from: versionV1}, err
-	case versionV2, versionV3, versionV4:
+		return sc.fromFile(f2, versionV1)
+	case versionV3, versionV4:
+		var f4 fileV4
+		if err := json.Unmarshal(data, &f4); err != nil {
+			return decoded{}, err
+		}
+		f5, err := migrateV4(&f4)
+		if err != nil {
+			return decoded{}, fmt.Errorf("migrate from %s: %w", env.Version, err)
+		}
+		return sc.fromFile(f5, env.Version)
+	case versionV2, versionV5:
 		return decoded{}, err
 	}
 	if n, ok := versionNumber(env.Version); ok && n > latestKnown {
 		return decoded{}, &newerVersionError{version: env.Version}
 	}
 	return decoded{}, fmt.Errorf("unknown schema version %q", env.Version)
+}
+
+// fromFile turns a file in v5 shape, read from version from, into its state.
+func (sc schema) fromFile(f *fileV5, from string) (decoded, error) {
+	if unknown := sc.unknownRecords(f); len(unknown) > 0 {
+		return decoded{}, &newerVersionError{version: from, unknown: unknown}
+	}
+	st, filled, err := sc.fromV5(f)
+	if err != nil {
+		return decoded{}, err
+	}
+	return decoded{state: st, bootID: f.BootID, from: from, poolFilled: filled}, nil
 }
 
 // versionNumber parses "v<N>" with N >= 1 in canonical form.

@@ -41,8 +41,15 @@ func (e *testEnv) setBootID(tb testing.TB, id string) {
 	writeFile(tb, e.bootIDPath, id+"\n")
 }
 
+// testRecords are the record names the tests' Stores know: those the
+// migration from v3 and v4 writes and one of the tests' own.
+var testRecords = []string{recordDynamicMIG, recordVFIO, recordTimeSlicing, recordMPS, "example"}
+
+// testSchema reads files as a Store opened with e.options() does.
+var testSchema = newSchema(options{knownRecords: testRecords})
+
 func (e *testEnv) options(extra ...Option) []Option {
-	return append([]Option{WithBootIDPath(e.bootIDPath), WithProcStatPath(e.statPath)}, extra...)
+	return append([]Option{WithBootIDPath(e.bootIDPath), WithProcStatPath(e.statPath), WithKnownRecords(testRecords...)}, extra...)
 }
 
 func (e *testEnv) path() string { return filepath.Join(e.dir, FileName) }

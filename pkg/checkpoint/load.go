@@ -67,35 +67,71 @@ type loaded struct {
 	// version, so that an unchanged state is not written again.
 	data []byte
 	// rewrite is set when the file does not hold snapshot.state in the
-	// current version: Open then writes it at once.
+	// current version: Open then writes it at once (unless the state was
+	// lost: then nothing is written before Recover).
 	rewrite bool
 
 	migrated  string
 	bootReset bool
 	// discardedClaims counts the claims of a previous boot dropped.
 	discardedClaims int
+	// poolFilled counts the devices read without a pool that got this
+	// node's.
+	poolFilled int
 	// tornPath and tornErr describe an unreadable file of a previous boot,
 	// moved aside quietly.
 	tornPath string
 	tornErr  error
-	corrupt  *CorruptFile
+	// corrupt is the unreadable file of the current boot this load moved
+	// aside; snapshot.lost is then set too.
+	corrupt *CorruptFile
 }
 
-// load reads checkpoint.json; the caller holds the flock. It fails only on
-// I/O errors: unreadable content is moved aside and yields an empty state.
+// load reads the adopt-pending marker and checkpoint.json; the caller holds
+// the flock. It fails only on I/O errors: unreadable content is moved aside
+// (after the marker is written) and yields an empty state.
 func (s *Store) load() (loaded, error) {
-	f, err := os.Open(s.path)
+	lost, err := s.readMarker()
+	if err != nil {
+		return loaded{}, err
+	}
+	l, err := s.loadFile(lost)
+	if err != nil {
+		return loaded{}, err
+	}
+	if l.lost == nil {
+		// Unless loadFile just wrote the marker.
+		l.lost = lost
+	}
+	if l.markerID, err = statPath(s.markerPath); err != nil {
+		return loaded{}, fmt.Errorf("stat %s: %w", s.markerPath, err)
+	}
+	if l.lost != nil {
+		// Nothing is written until the owner has adopted what the lost
+		// file described.
+		l.rewrite = false
+	}
+	return l, nil
+}
+
+// loadFile reads checkpoint.json. lost is the pending loss the marker
+// records, if any: a file moved aside while there is none gets a marker
+// first.
+func (s *Store) loadFile(lost *lossRecord) (loaded, error) {
+	f, fi, err := openRegular(s.path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return loaded{snapshot: snapshot{state: claimstate.New(), id: fileID{missing: true}}, rewrite: true}, nil
+	}
+	var notRegular *notRegularError
+	if errors.As(err, &notRegular) {
+		// Nothing a writer leaves behind, not even a power loss: the path
+		// was replaced, and whatever state it held is lost.
+		return s.unreadable(fmt.Errorf("%s: %w", s.path, err), false, lost)
 	}
 	if err != nil {
 		return loaded{}, fmt.Errorf("open %s: %w", s.path, err)
 	}
-	fi, err := f.Stat()
-	var data []byte
-	if err == nil {
-		data, err = io.ReadAll(io.LimitReader(f, maxFileSize+1))
-	}
+	data, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
 	if err != nil {
 		_ = f.Close()
 		return loaded{}, fmt.Errorf("read %s: %w", s.path, err)
@@ -110,24 +146,16 @@ func (s *Store) load() (loaded, error) {
 	if len(data) > maxFileSize {
 		err = fmt.Errorf("larger than %d bytes", maxFileSize)
 	} else {
-		d, err = decode(data)
+		d, err = s.schema.decode(data)
 	}
 	var newer *newerVersionError
 	switch {
 	case errors.As(err, &newer):
-		l.newer = newer.version
+		newer.path = s.path
+		l.newer = newer
 	case err != nil:
 		_ = f.Close()
-		dst, merr := s.moveAside()
-		if merr != nil {
-			return loaded{}, fmt.Errorf("move unreadable %s aside (%v): %w", s.path, err, merr)
-		}
-		l = loaded{snapshot: snapshot{state: claimstate.New(), id: fileID{missing: true}}, rewrite: true}
-		if previousBoot {
-			l.bootReset, l.tornPath, l.tornErr = true, dst, err
-		} else {
-			l.corrupt = &CorruptFile{Path: dst, Err: err}
-		}
+		return s.unreadable(err, previousBoot, lost)
 	default:
 		if !written(d.from) {
 			l.migrated = d.from
@@ -140,44 +168,119 @@ func (s *Store) load() (loaded, error) {
 		case !sameBoot:
 			l.bootReset, l.discardedClaims = true, len(d.state.Claims)
 			l.state, l.rewrite = claimstate.New(), true
-		case written(d.from):
+		case written(d.from) && d.poolFilled == 0:
 			l.state, l.data = d.state, data
 		default:
-			l.state, l.rewrite = d.state, true
+			l.state, l.rewrite, l.poolFilled = d.state, true, d.poolFilled
 		}
 	}
 	return l, nil
 }
 
-// moveAside renames checkpoint.json to a name of its own, never replacing
-// an earlier one.
-func (s *Store) moveAside() (string, error) {
+// unreadable moves checkpoint.json, which cannot be read for reason, aside.
+// An unreadable file of a previous boot is a boot reset; one of this boot
+// is a loss: unless one is pending already, the marker is written before
+// the file is moved, so that no process ever finds the file gone without
+// the marker.
+func (s *Store) unreadable(reason error, previousBoot bool, lost *lossRecord) (loaded, error) {
+	dst, err := s.asideName()
+	if err == nil && !previousBoot && lost == nil {
+		lost = &lossRecord{BootID: s.bootID, MovedTo: dst, Reason: reason.Error(), Since: s.now().UTC()}
+		err = s.writeMarker(lost)
+	}
+	if err == nil {
+		err = os.Rename(s.path, dst)
+	}
+	if err != nil {
+		return loaded{}, fmt.Errorf("move unreadable %s aside (%v): %w", s.path, reason, err)
+	}
+	l := loaded{snapshot: snapshot{state: claimstate.New(), id: fileID{missing: true}}, rewrite: true}
+	if previousBoot {
+		l.bootReset, l.tornPath, l.tornErr = true, dst, reason
+	} else {
+		l.corrupt = &CorruptFile{Path: dst, Err: reason}
+		l.lost = lost
+	}
+	return l, nil
+}
+
+// asideName returns a name of its own for moving checkpoint.json aside,
+// never one of an earlier file.
+func (s *Store) asideName() (string, error) {
 	base := s.path + corruptInfix + s.now().UTC().Format("20060102T150405.000000000Z")
 	dst := base
 	for i := 1; ; i++ {
 		_, err := os.Lstat(dst)
 		if errors.Is(err, fs.ErrNotExist) {
-			break
+			return dst, nil
 		}
 		if err != nil {
 			return "", err
 		}
 		dst = fmt.Sprintf("%s-%d", base, i)
 	}
-	return dst, os.Rename(s.path, dst)
+}
+
+// notRegularError says what a path that should be a regular file is.
+type notRegularError struct{ kind string }
+
+func (e *notRegularError) Error() string { return "is a " + e.kind + ", not a regular file" }
+
+// openRegular opens path for reading if it is a regular file (following
+// symlinks), never blocking on a FIFO. Anything else there (a directory, a
+// socket, a device, a symlink loop) gives a *notRegularError; a missing
+// file, or a symlink to one, gives fs.ErrNotExist.
+func openRegular(path string) (*os.File, fs.FileInfo, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil, err
+		}
+		// A socket cannot be opened at all (ENXIO), nor a symlink loop.
+		if fi, lerr := os.Lstat(path); lerr == nil && !fi.Mode().IsRegular() {
+			return nil, nil, &notRegularError{kind: kindOf(fi.Mode())}
+		}
+		return nil, nil, err
+	}
+	fi, err := f.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = &notRegularError{kind: kindOf(fi.Mode())}
+	}
+	if err != nil {
+		_ = f.Close()
+		return nil, nil, err
+	}
+	return f, fi, nil
+}
+
+func kindOf(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "directory"
+	case m&fs.ModeSymlink != 0:
+		return "symbolic link"
+	case m&fs.ModeNamedPipe != 0:
+		return "named pipe"
+	case m&fs.ModeSocket != 0:
+		return "socket"
+	case m&fs.ModeDevice != 0:
+		return "device"
+	}
+	return "special file"
 }
 
 // removeStaleTemps deletes temp files that a crashed writer left behind;
 // the caller holds the flock, so no write is in progress.
 func (s *Store) removeStaleTemps() {
-	dir, prefix := filepath.Dir(s.path), filepath.Base(s.path)+tempInfix
+	dir := filepath.Dir(s.path)
+	prefixes := []string{filepath.Base(s.path) + tempInfix, filepath.Base(s.markerPath) + tempInfix}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		s.logger.Error(err, "Cannot list checkpoint directory for stale temp files", "dir", dir)
 		return
 	}
 	for _, e := range entries {
-		if !strings.HasPrefix(e.Name(), prefix) {
+		if !strings.HasPrefix(e.Name(), prefixes[0]) && !strings.HasPrefix(e.Name(), prefixes[1]) {
 			continue
 		}
 		p := filepath.Join(dir, e.Name())

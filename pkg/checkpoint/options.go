@@ -15,6 +15,8 @@ type options struct {
 	procStatPath string
 	now          func() time.Time
 	onCorrupt    func(CorruptFile)
+	knownRecords []string
+	pool         string
 }
 
 func defaultOptions() options {
@@ -50,10 +52,31 @@ func WithClock(now func() time.Time) Option {
 }
 
 // WithCorruptHandler has f called when a Store that is already open finds
-// the file unreadable (someone or something damaged it) and moves it aside;
-// the Store then goes on with no prepared claims. Open reports the same
-// finding in its OpenReport instead. f runs on the Store's committer
-// goroutine: it must return quickly and must not call the Store.
+// the file unreadable (someone or something damaged it) and moves it aside,
+// or finds that another Store sharing the directory did so: from then on the
+// Store fails every call with [ErrNeedsAdoption] until [Store.Recover]
+// succeeds. Open reports the same finding in its OpenReport instead. f runs
+// on the Store's committer goroutine: it must return quickly and must not
+// call the Store.
 func WithCorruptHandler(f func(CorruptFile)) Option {
 	return func(o *options) { o.onCorrupt = f }
+}
+
+// WithKnownRecords declares the names of the claim records
+// ([claimstate.Claim.Records]) this process understands: those of every
+// device configurator it can undo, whether or not the feature is enabled.
+// Calls add up. A checkpoint that requires a record not declared is left
+// alone like one of a newer schema version (errors match
+// [ErrNewerVersion]), and an Update that stores such a record is refused.
+// Without this option no record is known.
+func WithKnownRecords(names ...string) Option {
+	return func(o *options) { o.knownRecords = append(o.knownRecords, names...) }
+}
+
+// WithPool names this node's device pool (the node name). Devices read
+// without a pool, as v1 recorded them, get it, so that the conflict checks,
+// which compare pool and name, see them; and an Update that leaves a device
+// without a pool is refused. Without this option pools are kept as read.
+func WithPool(pool string) Option {
+	return func(o *options) { o.pool = pool }
 }

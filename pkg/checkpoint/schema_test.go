@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -42,7 +43,7 @@ func TestMigrateV1(t *testing.T) {
 		if got := mustRead(t, s); !reflect.DeepEqual(got, want) {
 			t.Errorf("migrated state = %+v\nwant %+v", got, want)
 		}
-		d, err := decode([]byte(readFile(t, e.path())))
+		d, err := testSchema.decode([]byte(readFile(t, e.path())))
 		if err != nil || d.from != versionV2 || d.bootID != "boot-a" || !reflect.DeepEqual(d.state, want) {
 			t.Errorf("file after migration: from %q bootID %q err %v, state %+v", d.from, d.bootID, err, d.state)
 		}
@@ -111,11 +112,31 @@ func TestUnreadableFileMovedAside(t *testing.T) {
 			if got := readFile(t, report.Corrupt.Path); got != tt.content {
 				t.Errorf("moved-aside file holds %q, want the original %q", got, tt.content)
 			}
-			if got := mustRead(t, s); len(got.Claims) != 0 {
-				t.Errorf("state = %v, want empty", got.Claims)
+			// The state is lost: nothing may be prepared until the claims
+			// on the node are adopted.
+			if !s.NeedsAdoption() {
+				t.Error("NeedsAdoption = false after moving the file aside")
 			}
-			if err := s.Update(t.Context(), addClaim(testClaim("fresh"))); err != nil {
-				t.Fatalf("Update after moving aside: %v", err)
+			if _, err := os.Stat(filepath.Join(e.dir, AdoptPendingFileName)); err != nil {
+				t.Errorf("adopt-pending marker: %v", err)
+			}
+			if _, err := s.Read(t.Context()); !errors.Is(err, ErrNeedsAdoption) {
+				t.Errorf("Read after moving aside = %v, want ErrNeedsAdoption", err)
+			}
+			if err := s.Update(t.Context(), addClaim(testClaim("early"))); !errors.Is(err, ErrNeedsAdoption) {
+				t.Errorf("Update after moving aside = %v, want ErrNeedsAdoption", err)
+			}
+			err := s.Recover(t.Context(), func(st *claimstate.State) error {
+				if len(st.Claims) != 0 {
+					t.Errorf("Recover sees %v, want an empty state", st.Claims)
+				}
+				return addClaim(testClaim("fresh"))(st)
+			})
+			if err != nil {
+				t.Fatalf("Recover after moving aside: %v", err)
+			}
+			if s.NeedsAdoption() {
+				t.Error("NeedsAdoption = true after Recover")
 			}
 			_ = s.Close()
 			s2, report := e.open(t, WithClock(func() time.Time { return stamp }))
@@ -187,7 +208,7 @@ func TestBootIDChangeResets(t *testing.T) {
 	if got := mustRead(t, s); len(got.Claims) != 0 {
 		t.Errorf("claims survived a reboot: %v", got.Claims)
 	}
-	d, err := decode([]byte(readFile(t, e.path())))
+	d, err := testSchema.decode([]byte(readFile(t, e.path())))
 	if err != nil || d.bootID != "boot-b" || len(d.state.Claims) != 0 {
 		t.Errorf("file after reset: bootID %q, %d claims, err %v; want boot-b, none", d.bootID, len(d.state.Claims), err)
 	}
@@ -216,8 +237,8 @@ func TestBootIDBeatsMtime(t *testing.T) {
 
 func TestNewerVersionIsNotOverwritten(t *testing.T) {
 	tests := []struct{ name, content, version string }{
-		{"v5", `{"version":"v5","bootID":"boot-a","claims":{"u":{"uid":"u","phase":"PrepareQueued"}},"quota":7}`, "v5"},
-		{"v5 unlike v4", `{"version":"v5","claims":[{"uid":"u"}]}`, "v5"},
+		{"v6", `{"version":"v6","bootID":"boot-a","claims":{"u":{"uid":"u","phase":"PrepareQueued"}},"quota":7}`, "v6"},
+		{"v6 unlike v5", `{"version":"v6","claims":[{"uid":"u"}]}`, "v6"},
 		{"v10", `{"version":"v10"}`, "v10"},
 	}
 	for _, tt := range tests {
@@ -256,13 +277,13 @@ func TestNewerVersionIsNotOverwritten(t *testing.T) {
 	}
 }
 
-// TestUnknownFieldsTolerated: a v3 file from a newer plugin that added
+// TestUnknownFieldsTolerated: a v5 file from a newer plugin that added
 // optional fields is read; the fields are dropped on rewrite.
 func TestUnknownFieldsTolerated(t *testing.T) {
 	e := newTestEnv(t)
-	e.writeCheckpoint(t, `{"version":"v3","bootID":"boot-a","nodeName":"n1","claims":{"u":{"uid":"u","namespace":"n",`+
+	e.writeCheckpoint(t, `{"version":"v5","bootID":"boot-a","nodeName":"n1","requires":["example"],"claims":{"u":{"uid":"u","namespace":"n",`+
 		`"name":"c","phase":"PrepareStarted","startedAt":"2026-01-01T00:00:00Z","retries":3,`+
-		`"devices":[{"requests":["r"],"pool":"p","name":"gpu-0","health":"ok"}]}}}`, false)
+		`"devices":[{"requests":["r"],"pool":"p","name":"gpu-0","health":"ok"}],"records":{"example":{"a":1}}}}}`, false)
 	s, report := e.open(t)
 	if report != (OpenReport{}) {
 		t.Errorf("report = %+v, want zero", report)
@@ -271,6 +292,7 @@ func TestUnknownFieldsTolerated(t *testing.T) {
 		UID: "u", Namespace: "n", Name: "c", Phase: claimstate.PrepareStarted,
 		StartedAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
 		Devices:   []claimstate.Device{{Requests: []string{"r"}, Pool: "p", Name: "gpu-0"}},
+		Records:   map[string]json.RawMessage{"example": json.RawMessage(`{"a":1}`)},
 	}
 	if got := mustRead(t, s); !reflect.DeepEqual(got.Claims["u"], want) {
 		t.Errorf("claim = %+v, want %+v", got.Claims["u"], want)
@@ -278,8 +300,23 @@ func TestUnknownFieldsTolerated(t *testing.T) {
 	if err := s.Update(t.Context(), addClaim(testClaim("x"))); err != nil {
 		t.Fatal(err)
 	}
-	if got := readFile(t, e.path()); strings.Contains(got, "nodeName") || strings.Contains(got, "retries") {
+	if got := readFile(t, e.path()); strings.Contains(got, "nodeName") || strings.Contains(got, "retries") || strings.Contains(got, "health") {
 		t.Errorf("unknown fields kept on rewrite: %s", got)
+	}
+}
+
+// TestLaterFieldsIgnoredInV2: records and requires mean nothing in a v2
+// file; like any unknown field they are ignored, not obeyed.
+func TestLaterFieldsIgnoredInV2(t *testing.T) {
+	e := newTestEnv(t)
+	e.writeCheckpoint(t, `{"version":"v2","bootID":"boot-a","requires":["unheard-of"],"claims":{"u":{"uid":"u","namespace":"n",`+
+		`"name":"c","phase":"PrepareCompleted","startedAt":"2026-01-01T00:00:00Z","devices":[],"records":{"unheard-of":{}}}}}`, false)
+	s, report := e.open(t)
+	if report != (OpenReport{}) {
+		t.Errorf("report = %+v, want zero", report)
+	}
+	if got := mustRead(t, s).Claims["u"]; got == nil || got.Records != nil {
+		t.Errorf("claim = %+v, want one without records", got)
 	}
 }
 
@@ -306,11 +343,14 @@ func TestFileReplacedUnderRunningStore(t *testing.T) {
 	if err := WriteFileAtomic(e.path(), []byte("{garbage")); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Update(t.Context(), addClaim(testClaim("after"))); err != nil {
-		t.Fatalf("Update over garbage: %v", err)
+	if err := s.Update(t.Context(), addClaim(testClaim("after"))); !errors.Is(err, ErrNeedsAdoption) {
+		t.Fatalf("Update over garbage = %v, want ErrNeedsAdoption", err)
 	}
 	if kept := movedAside(t, e.dir); len(kept) != 1 || readFile(t, kept[0]) != "{garbage" {
 		t.Errorf("moved-aside files %v, want one holding the garbage", kept)
+	}
+	if err := s.Recover(t.Context(), addClaim(testClaim("after"))); err != nil {
+		t.Fatalf("Recover: %v", err)
 	}
 	if got := mustRead(t, s); len(got.Claims) != 1 || got.Claims["after"] == nil {
 		t.Errorf("Read = %v, want only claim after", got.Claims)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,13 +39,23 @@ type OpenReport struct {
 	// reboot. This includes a file left unreadable by a power loss (moved
 	// aside, see docs/checkpoint.md), which is expected and not Corrupt.
 	BootIDChanged bool
-	// Corrupt is set when an unreadable file of the current boot was moved
-	// aside; the Store then starts with no prepared claims.
+	// Corrupt is set when the checkpoint of the current boot was lost: Open
+	// moved an unreadable file (or a directory, socket, ... in its place)
+	// aside, or found that an earlier process did and the claims were never
+	// adopted (Err says so). The Store then holds no prepared claims and
+	// needs adoption: every call but Recover fails with an error matching
+	// ErrNeedsAdoption until Recover succeeds.
 	Corrupt *CorruptFile
-	// NewerVersion is the schema version of a file written by a newer
-	// plugin, or "". The Store leaves such a file alone: Update and Read
-	// fail with an error matching ErrNewerVersion until it is replaced.
+	// NewerVersion is the schema version of a file this plugin must not
+	// overwrite, or "": a version newer than it knows, or one whose claims
+	// hold records it does not know (UnknownRecords). The Store leaves
+	// such a file alone: Update and Read fail with an error matching
+	// ErrNewerVersion until it is replaced.
 	NewerVersion string
+	// UnknownRecords names, comma-separated and sorted, the records the
+	// file requires that this plugin does not know (see WithKnownRecords);
+	// "" when NewerVersion is a newer version.
+	UnknownRecords string
 }
 
 // CorruptFile is an unreadable checkpoint that was moved aside.
@@ -63,12 +74,14 @@ type CorruptFile struct {
 // it takes the flock, re-reads the file only if someone else replaced it,
 // applies every queued mutation, writes once, and lets the flock go.
 type Store struct {
-	path     string
-	bootID   string
-	bootTime time.Time // zero when unknown
-	now      func() time.Time
-	logger   klog.Logger
-	lock     *fileLock
+	path       string
+	markerPath string
+	schema     schema
+	bootID     string
+	bootTime   time.Time // zero when unknown
+	now        func() time.Time
+	logger     klog.Logger
+	lock       *fileLock
 
 	// ctx ends at Close; the committer waits for the flock under it.
 	ctx     context.Context
@@ -90,19 +103,25 @@ type Store struct {
 	onCorrupt func(CorruptFile)
 }
 
-// snapshot is the state as of one version of the file. The state is never
-// modified once in a snapshot: mutations apply to clones.
+// snapshot is the state as of one version of the file and of the
+// adopt-pending marker. The state is never modified once in a snapshot:
+// mutations apply to clones.
 type snapshot struct {
-	state *claimstate.State // nil when newer != ""
-	id    fileID
-	newer string // version of a file too new to read
+	state *claimstate.State  // nil when newer != nil
+	id    fileID             // of checkpoint.json
+	newer *newerVersionError // a file this Store must not overwrite
+	// lost is the pending loss of the checkpoint (the marker's content);
+	// nil when none is pending.
+	lost     *lossRecord
+	markerID fileID
 }
 
-// request is one queued Update (mutate != nil) or Read.
+// request is one queued Update or Recover (mutate != nil) or Read.
 type request struct {
-	mutate func(*claimstate.State) error
-	taken  bool // guarded by Store.mu: the committer has it
-	done   chan struct{}
+	mutate  func(*claimstate.State) error
+	recover bool
+	taken   bool // guarded by Store.mu: the committer has it
+	done    chan struct{}
 
 	err      error
 	state    *claimstate.State // a Read's result
@@ -111,9 +130,10 @@ type request struct {
 
 // Open loads dir/checkpoint.json, creating dir if needed, and starts the
 // Store. State of a previous boot is discarded, an older schema migrated, an
-// unreadable file moved aside: the report tells which. Open fails only when
-// the directory, lock, boot ID or file cannot be accessed, or ctx ends while
-// it waits for the lock; never because of what the file contains.
+// unreadable file (or anything but a regular file) moved aside: the report
+// tells which. Open fails only when the directory, lock, boot ID or file
+// cannot be accessed, or ctx ends while it waits for the lock; never because
+// of what the file contains.
 func Open(ctx context.Context, dir string, opts ...Option) (*Store, OpenReport, error) {
 	o := defaultOptions()
 	for _, opt := range opts {
@@ -133,16 +153,18 @@ func Open(ctx context.Context, dir string, opts ...Option) (*Store, OpenReport, 
 	}
 	storeCtx, cancel := context.WithCancel(context.Background())
 	s := &Store{
-		path:     filepath.Join(dir, FileName),
-		bootID:   bootID,
-		bootTime: bootTime,
-		now:      o.now,
-		logger:   logger,
-		lock:     newFileLock(filepath.Join(dir, LockFileName)),
-		ctx:      storeCtx,
-		cancel:   cancel,
-		kick:     make(chan struct{}, 1),
-		stopped:  make(chan struct{}),
+		path:       filepath.Join(dir, FileName),
+		markerPath: filepath.Join(dir, AdoptPendingFileName),
+		schema:     newSchema(o),
+		bootID:     bootID,
+		bootTime:   bootTime,
+		now:        o.now,
+		logger:     logger,
+		lock:       newFileLock(filepath.Join(dir, LockFileName)),
+		ctx:        storeCtx,
+		cancel:     cancel,
+		kick:       make(chan struct{}, 1),
+		stopped:    make(chan struct{}),
 	}
 	report, err := s.open(ctx)
 	// Set only now: Open reports what it finds in the OpenReport.
@@ -167,7 +189,7 @@ func (s *Store) open(ctx context.Context) (OpenReport, error) {
 	if err != nil {
 		return OpenReport{}, err
 	}
-	s.adopt(l)
+	s.useLoaded(l)
 	if l.rewrite {
 		data, err := encode(s.bootID, s.cur.state)
 		if err == nil {
@@ -178,11 +200,21 @@ func (s *Store) open(ctx context.Context) (OpenReport, error) {
 		}
 	}
 	s.pub = s.cur
-	return OpenReport{Migrated: l.migrated, BootIDChanged: l.bootReset, Corrupt: l.corrupt, NewerVersion: l.newer}, nil
+	report := OpenReport{Migrated: l.migrated, BootIDChanged: l.bootReset, Corrupt: l.corrupt}
+	if report.Corrupt == nil && l.lost != nil {
+		report.Corrupt = l.lost.corruptFile()
+	}
+	if l.newer != nil {
+		report.NewerVersion = l.newer.version
+		report.UnknownRecords = strings.Join(l.newer.unknown, ",")
+	}
+	return report, nil
 }
 
 // Update applies mutate to a clone of the freshest state (re-read first if
-// another process replaced the file) and persists the result.
+// another process replaced the file) and persists the result. While the
+// checkpoint needs adoption it fails with an error matching
+// ErrNeedsAdoption without running mutate (see Recover).
 //
 // Updates queued while a write is in flight are applied in order and
 // persisted together with one write; each caller learns its own result. If
@@ -207,7 +239,9 @@ func (s *Store) Update(ctx context.Context, mutate func(*claimstate.State) error
 
 // Read returns a deep copy of the freshest state. When the file is the one
 // this Store last read or wrote, that costs a stat and a copy; when another
-// process replaced it, the file is re-read under the flock.
+// process replaced it, the file is re-read under the flock. While the
+// checkpoint needs adoption, Read fails with an error matching
+// ErrNeedsAdoption: the state it would return is incomplete.
 func (s *Store) Read(ctx context.Context) (*claimstate.State, error) {
 	var out *claimstate.State
 	err := s.View(ctx, func(st *claimstate.State) error {
@@ -230,7 +264,9 @@ func (s *Store) View(ctx context.Context, fn func(*claimstate.State) error) erro
 	if closed {
 		return ErrClosed
 	}
-	if pub.newer == "" && pub.id.known() {
+	// While a loss is pending, only the committer, which looks at the
+	// marker under the flock, can tell whether someone recovered.
+	if pub.newer == nil && pub.lost == nil && pub.id.known() {
 		if id, err := statPath(s.path); err == nil && id == pub.id {
 			return fn(pub.state)
 		}

@@ -85,7 +85,7 @@ func TestV3WireFormat(t *testing.T) {
 	if string(data) != want {
 		t.Errorf("encoded\n%s\nwant\n%s", data, want)
 	}
-	d, err := decode(data)
+	d, err := testSchema.decode(data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestV4WireFormat(t *testing.T) {
 		!strings.Contains(string(data), `"vfio":{"gpu":"0000:1b:00.0","iommuGroup":20,"functions":[{"busID":"0000:1b:00.0","driver":"vfio-pci","originalDriver":"nvidia"}]}`) {
 		t.Errorf("encoded %s, want v4 with devices[].sharing and devices[].vfio", data)
 	}
-	d, err := decode(data)
+	d, err := testSchema.decode(data)
 	if err != nil {
 		t.Fatal(err)
 	}

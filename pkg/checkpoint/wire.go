@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/gpudra/gpudra/pkg/claimstate"
@@ -15,63 +18,63 @@ import (
 // add only optional fields that an older reader of the same version may drop
 // on rewrite without harm (docs/checkpoint.md).
 
-// v3 is v2 plus devices[].dynamicMIG, the MIG instances gpudra creates. It
-// is a new version, not an optional v2 field, because a v2 reader would drop
-// the field on rewrite and so lose the ownership of those instances; an
-// older plugin leaves a v3 file alone instead. A v2 file is a v3 file
-// without that field, so one set of wire types reads both, and the Store
-// writes v2 as long as no claim holds a dynamic MIG device: a rollback to a
-// v2 plugin keeps working on nodes that never used dynamic MIG.
-//
-// v4 is v3 plus devices[].sharing, the time-slice intervals and MPS daemons
-// gpudra set up for shared devices, and devices[].vfio, the IOMMU groups it
-// bound to VFIO, for the same reason: a v3 reader would drop them on
-// rewrite and then never reset the GPU's interval, stop the daemon or give
-// the GPU back to its driver. The Store writes v4 only while a claim holds
-// a shared or passed-through device.
+// v5 is v2 plus claims[].records, what each device configurator set up for
+// the claim in the configurator's own format, and requires, the names of
+// the records the file holds. It replaces v3's and v4's per-feature device
+// fields (legacy.go migrates them into records) and is the last version
+// bump a feature needs: a reader that does not know a required record
+// leaves the file alone as it would a newer version, because it could not
+// undo what the record describes. A v2 file is a v5 file without records,
+// and the Store writes v2 as long as no claim holds a record, so a rollback
+// to an older plugin keeps working on nodes whose claims never needed one.
 const (
 	versionV1 = "v1"
 	versionV2 = "v2"
 	versionV3 = "v3"
 	versionV4 = "v4"
-	// currentVersion is the newest version Store writes (see versionFor).
-	currentVersion = versionV4
+	versionV5 = "v5"
+	// currentVersion is the newest version Store writes (see encode).
+	currentVersion = versionV5
 	// latestKnown is the number of the newest version this package reads;
 	// a file with a higher number is left alone.
-	latestKnown = 4
+	latestKnown = 5
 )
 
-// Phases as v2 and v3 spell them.
+// Phases as v2 and later spell them.
 const (
 	phaseStarted   = "PrepareStarted"
 	phaseCompleted = "PrepareCompleted"
 )
 
-// fileV3 is the current schema of checkpoint.json (and of v2).
-type fileV3 struct {
+// fileV5 is the current schema of checkpoint.json (and of v2).
+type fileV5 struct {
 	Version string `json:"version"`
 	// BootID is the boot the state belongs to; state of another boot is void.
-	BootID string              `json:"bootID"`
-	Claims map[string]*claimV3 `json:"claims"`
+	BootID string `json:"bootID"`
+	// Requires lists, sorted, the names of the records any claim holds.
+	Requires []string            `json:"requires,omitempty"`
+	Claims   map[string]*claimV5 `json:"claims"`
 }
 
-type claimV3 struct {
+type claimV5 struct {
 	UID       string       `json:"uid"`
 	Namespace string       `json:"namespace"`
 	Name      string       `json:"name"`
 	Phase     string       `json:"phase"`
 	StartedAt time.Time    `json:"startedAt"`
-	Consumers []consumerV3 `json:"consumers,omitempty"`
-	Devices   []deviceV3   `json:"devices"`
+	Consumers []consumerV5 `json:"consumers,omitempty"`
+	Devices   []deviceV5   `json:"devices"`
 	Adopted   bool         `json:"adopted,omitempty"`
+	// Records are opaque here: each configurator owns its record's format.
+	Records map[string]json.RawMessage `json:"records,omitempty"`
 }
 
-type consumerV3 struct {
+type consumerV5 struct {
 	Name string `json:"name"`
 	UID  string `json:"uid"`
 }
 
-type deviceV3 struct {
+type deviceV5 struct {
 	Requests     []string `json:"requests"`
 	Pool         string   `json:"pool"`
 	Name         string   `json:"name"`
@@ -80,45 +83,13 @@ type deviceV3 struct {
 	UUID         string   `json:"uuid,omitempty"`
 	ParentUUID   string   `json:"parentUUID,omitempty"`
 	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
-	// DynamicMIG is new in v3.
-	DynamicMIG *dynamicMIGV3 `json:"dynamicMIG,omitempty"`
-	// Sharing and VFIO are new in v4.
-	Sharing *sharingV4 `json:"sharing,omitempty"`
-	VFIO    *vfioV4    `json:"vfio,omitempty"`
 }
 
-type vfioV4 struct {
-	GPU        string           `json:"gpu"`
-	IOMMUGroup int              `json:"iommuGroup"`
-	Functions  []vfioFunctionV4 `json:"functions"`
-}
-
-type vfioFunctionV4 struct {
-	BusID                  string `json:"busID"`
-	Driver                 string `json:"driver"`
-	OriginalDriver         string `json:"originalDriver,omitempty"`
-	OriginalDriverOverride string `json:"originalDriverOverride,omitempty"`
-}
-
-type sharingV4 struct {
-	TimeSlice string `json:"timeSlice,omitempty"`
-	MPSDaemon string `json:"mpsDaemon,omitempty"`
-}
-
-type dynamicMIGV3 struct {
-	Profile   string `json:"profile"`
-	ProfileID int    `json:"profileID"`
-	Start     int    `json:"start"`
-	Size      int    `json:"size"`
-	GIID      int    `json:"giID,omitempty"`
-	CIID      int    `json:"ciID,omitempty"`
-}
-
-// encode returns the file content for st, which must pass [validate].
-// The output is deterministic (map keys sorted), so equal states give equal
-// bytes.
+// encode returns the file content for st, which must pass
+// [schema.validate]. The output is deterministic (map keys sorted, records
+// compacted), so equal states give equal bytes.
 func encode(bootID string, st *claimstate.State) ([]byte, error) {
-	f, err := toV3(bootID, st)
+	f, err := toV5(bootID, st)
 	if err != nil {
 		return nil, err
 	}
@@ -129,28 +100,26 @@ func encode(bootID string, st *claimstate.State) ([]byte, error) {
 	return append(data, '\n'), nil
 }
 
-// versionFor is the version a state is written in: the oldest that holds it.
-func versionFor(st *claimstate.State) string {
-	v := versionV2
+// requiredRecords returns the sorted names of the records any claim holds.
+func requiredRecords(st *claimstate.State) []string {
+	names := map[string]bool{}
 	for _, c := range st.Claims {
-		for _, d := range c.Devices {
-			if d.Sharing != nil || d.VFIO != nil {
-				return versionV4
-			}
-			if d.DynamicMIG != nil {
-				v = versionV3
-			}
+		for name := range c.Records {
+			names[name] = true
 		}
 	}
-	return v
+	return slices.Sorted(maps.Keys(names))
 }
 
 // written reports whether a file of version v is in a version the Store
 // writes, so that reading it needs no migration.
-func written(v string) bool { return v == versionV2 || v == versionV3 || v == versionV4 }
+func written(v string) bool { return v == versionV2 || v == versionV5 }
 
-func toV3(bootID string, st *claimstate.State) (*fileV3, error) {
-	f := &fileV3{Version: versionFor(st), BootID: bootID, Claims: make(map[string]*claimV3, len(st.Claims))}
+func toV5(bootID string, st *claimstate.State) (*fileV5, error) {
+	f := &fileV5{Version: versionV2, BootID: bootID, Claims: make(map[string]*claimV5, len(st.Claims))}
+	if f.Requires = requiredRecords(st); len(f.Requires) > 0 {
+		f.Version = versionV5
+	}
 	for uid, c := range st.Claims {
 		var phase string
 		switch c.Phase {
@@ -161,20 +130,21 @@ func toV3(bootID string, st *claimstate.State) (*fileV3, error) {
 		default:
 			return nil, fmt.Errorf("claim %q: unknown phase %q", uid, c.Phase)
 		}
-		out := &claimV3{
+		out := &claimV5{
 			UID:       c.UID,
 			Namespace: c.Namespace,
 			Name:      c.Name,
 			Phase:     phase,
 			StartedAt: c.StartedAt,
-			Devices:   make([]deviceV3, len(c.Devices)),
+			Devices:   make([]deviceV5, len(c.Devices)),
 			Adopted:   c.Adopted,
+			Records:   c.Records,
 		}
 		for _, p := range c.Consumers {
-			out.Consumers = append(out.Consumers, consumerV3{Name: p.Name, UID: p.UID})
+			out.Consumers = append(out.Consumers, consumerV5{Name: p.Name, UID: p.UID})
 		}
 		for i, d := range c.Devices {
-			out.Devices[i] = deviceV3{
+			out.Devices[i] = deviceV5{
 				Requests:     d.Requests,
 				Pool:         d.Pool,
 				Name:         d.Name,
@@ -184,32 +154,59 @@ func toV3(bootID string, st *claimstate.State) (*fileV3, error) {
 				ParentUUID:   d.ParentUUID,
 				CDIDeviceIDs: d.CDIDeviceIDs,
 			}
-			if m := d.DynamicMIG; m != nil {
-				out.Devices[i].DynamicMIG = &dynamicMIGV3{Profile: m.Profile, ProfileID: m.ProfileID, Start: m.Start, Size: m.Size, GIID: m.GIID, CIID: m.CIID}
-			}
-			if sh := d.Sharing; sh != nil {
-				out.Devices[i].Sharing = &sharingV4{TimeSlice: sh.TimeSlice, MPSDaemon: sh.MPSDaemon}
-			}
-			if v := d.VFIO; v != nil {
-				w := &vfioV4{GPU: v.GPU, IOMMUGroup: v.IOMMUGroup}
-				for _, f := range v.Functions {
-					w.Functions = append(w.Functions, vfioFunctionV4(f))
-				}
-				out.Devices[i].VFIO = w
-			}
 		}
 		f.Claims[uid] = out
 	}
 	return f, nil
 }
 
-// fromV3 converts a decoded v3 (or v2) file into a State, copying every slice so
-// that the result shares nothing with f, and validates it.
-func fromV3(f *fileV3) (*claimstate.State, error) {
-	st := claimstate.New()
+// schema is what reading and validating a state depends on besides the
+// bytes: the records this process knows and this node's pool.
+type schema struct {
+	known map[string]bool
+	pool  string // "" when unknown: pools are kept as read
+}
+
+func newSchema(o options) schema {
+	sc := schema{known: map[string]bool{}, pool: o.pool}
+	for _, name := range o.knownRecords {
+		sc.known[name] = true
+	}
+	return sc
+}
+
+// unknownRecords returns, sorted, the record names f requires or its claims
+// hold that sc does not know. Both count, so that a file whose requires
+// was edited by hand is no easier to misread.
+func (sc schema) unknownRecords(f *fileV5) []string {
+	unknown := map[string]bool{}
+	for _, name := range f.Requires {
+		if !sc.known[name] {
+			unknown[name] = true
+		}
+	}
+	for _, c := range f.Claims {
+		if c == nil {
+			continue
+		}
+		for name := range c.Records {
+			if !sc.known[name] {
+				unknown[name] = true
+			}
+		}
+	}
+	return slices.Sorted(maps.Keys(unknown))
+}
+
+// fromV5 converts a decoded v5 (or v2) file into a State, copying
+// everything so that the result shares nothing with f, filling in the pool
+// of devices recorded without one, and validates it. filled counts those
+// devices.
+func (sc schema) fromV5(f *fileV5) (st *claimstate.State, filled int, err error) {
+	st = claimstate.New()
 	for key, c := range f.Claims {
 		if c == nil {
-			return nil, fmt.Errorf("claim %q: null entry", key)
+			return nil, 0, fmt.Errorf("claim %q: null entry", key)
 		}
 		var phase claimstate.Phase
 		switch c.Phase {
@@ -218,7 +215,7 @@ func fromV3(f *fileV3) (*claimstate.State, error) {
 		case phaseCompleted:
 			phase = claimstate.PrepareCompleted
 		default:
-			return nil, fmt.Errorf("claim %q: unknown phase %q (allowed: %s, %s)", key, c.Phase, phaseStarted, phaseCompleted)
+			return nil, 0, fmt.Errorf("claim %q: unknown phase %q (allowed: %s, %s)", key, c.Phase, phaseStarted, phaseCompleted)
 		}
 		out := &claimstate.Claim{
 			UID:       c.UID,
@@ -228,6 +225,7 @@ func fromV3(f *fileV3) (*claimstate.State, error) {
 			StartedAt: c.StartedAt,
 			Devices:   make([]claimstate.Device, len(c.Devices)),
 			Adopted:   c.Adopted,
+			Records:   claimstate.CloneRecords(c.Records),
 		}
 		for _, p := range c.Consumers {
 			out.Consumers = append(out.Consumers, claimstate.Consumer{Name: p.Name, UID: p.UID})
@@ -243,32 +241,27 @@ func fromV3(f *fileV3) (*claimstate.State, error) {
 				ParentUUID:   d.ParentUUID,
 				CDIDeviceIDs: append([]string(nil), d.CDIDeviceIDs...),
 			}
-			if m := d.DynamicMIG; m != nil {
-				out.Devices[i].DynamicMIG = &claimstate.DynamicMIG{Profile: m.Profile, ProfileID: m.ProfileID, Start: m.Start, Size: m.Size, GIID: m.GIID, CIID: m.CIID}
-			}
-			if sh := d.Sharing; sh != nil {
-				out.Devices[i].Sharing = &claimstate.Sharing{TimeSlice: sh.TimeSlice, MPSDaemon: sh.MPSDaemon}
-			}
-			if w := d.VFIO; w != nil {
-				v := &claimstate.VFIO{GPU: w.GPU, IOMMUGroup: w.IOMMUGroup}
-				for _, f := range w.Functions {
-					v.Functions = append(v.Functions, claimstate.VFIOFunction(f))
-				}
-				out.Devices[i].VFIO = v
+			if d.Pool == "" && sc.pool != "" {
+				out.Devices[i].Pool = sc.pool
+				filled++
 			}
 		}
 		st.Claims[key] = out
 	}
-	if err := validate(st); err != nil {
-		return nil, err
+	if err := sc.validate(st); err != nil {
+		return nil, 0, err
 	}
-	return st, nil
+	if err := canonicalizeRecords(st); err != nil {
+		return nil, 0, err
+	}
+	return st, filled, nil
 }
 
 // validate checks what the file format needs of a State: whatever passes is
-// written and read back unchanged. Store runs it after every mutation, so a
-// mutation can never produce a file that the next Open would move aside.
-func validate(st *claimstate.State) error {
+// written and read back unchanged (once [canonicalizeRecords] has run).
+// Store runs it after every mutation, so a mutation can never produce a
+// file that the next Open would move aside or refuse.
+func (sc schema) validate(st *claimstate.State) error {
 	for key, c := range st.Claims {
 		if key == "" {
 			return errors.New("claim with an empty UID key")
@@ -285,6 +278,48 @@ func validate(st *claimstate.State) error {
 		// encoding/json refuses to write times outside these years.
 		if y := c.StartedAt.Year(); y < 0 || y > 9999 {
 			return fmt.Errorf("claim %q: startedAt %v outside years 0-9999", key, c.StartedAt)
+		}
+		if sc.pool != "" {
+			for _, d := range c.Devices {
+				if d.Pool == "" {
+					return fmt.Errorf("claim %q: device %q has no pool (this node's is %q)", key, d.Name, sc.pool)
+				}
+			}
+		}
+		for _, name := range c.RecordNames() {
+			if !sc.known[name] {
+				return fmt.Errorf("claim %q: record %q: not a known record (known: %s)", key, name, sc.knownList())
+			}
+			rec := c.Records[name]
+			if len(rec) == 0 {
+				return fmt.Errorf("claim %q: record %q is empty, not JSON", key, name)
+			}
+			if !json.Valid(rec) {
+				return fmt.Errorf("claim %q: record %q is not valid JSON", key, name)
+			}
+		}
+	}
+	return nil
+}
+
+func (sc schema) knownList() string {
+	if len(sc.known) == 0 {
+		return "none"
+	}
+	return strings.Join(slices.Sorted(maps.Keys(sc.known)), ", ")
+}
+
+// canonicalizeRecords rewrites every record of st, which must be valid
+// JSON, in the form encode writes it (compact, HTML characters escaped), so
+// that the state in memory equals the state read back from the file.
+func canonicalizeRecords(st *claimstate.State) error {
+	for key, c := range st.Claims {
+		for name, rec := range c.Records {
+			out, err := json.Marshal(rec)
+			if err != nil {
+				return fmt.Errorf("claim %q: record %q: %w", key, name, err)
+			}
+			c.Records[name] = out
 		}
 	}
 	return nil

@@ -13,6 +13,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/hardware"
+	"github.com/gpudra/gpudra/pkg/preparer"
 )
 
 // Retry delays while discovery fails: GPUs that are bound late or a driver
@@ -32,29 +33,56 @@ func (d *Driver) discover(ctx context.Context) error {
 }
 
 // install derives the devices from an inventory and makes them current.
+// The publishing rules are preparer.Publish's, fed the prepared claims; a
+// checkpoint that cannot be read (a newer plugin wrote it) is passed as
+// unknown, and the features decide what that means for them.
 func (d *Driver) install(ctx context.Context, inv *hardware.Inventory) error {
-	inv = d.keepPassedThrough(ctx, inv)
-	model, unknown, err := d.buildModel(ctx, inv)
+	state, err := d.store.Read(ctx)
 	if err != nil {
-		return fmt.Errorf("build device model: %w", err)
+		klog.FromContext(ctx).V(2).Info("Publishing without the prepared claims: the checkpoint cannot be read", "err", err)
+		state = nil
 	}
-	previous := d.state.Swap(&nodeState{inv: inv, model: model, unknownMIG: unknown})
-	d.reportProblems(ctx, previous, inv)
-	var before map[string][]string
+	previous := d.state.Load()
+	var prevInv *hardware.Inventory
 	if previous != nil {
-		before = previous.unknownMIG
+		prevInv = previous.Inventory
 	}
-	d.reportUnknownMIG(ctx, before, unknown)
+	pub, err := preparer.Publish(inv, prevInv, state, d.features.Publishers)
+	if err != nil {
+		return err
+	}
+	d.state.Store(pub)
+	d.reportProblems(ctx, prevInv, inv)
+	var before []preparer.Notice
+	if previous != nil {
+		before = previous.Notices
+	}
+	d.reportNotices(ctx, before, pub.Notices)
 	return nil
+}
+
+// reportNotices logs what the features left out at every publication, and
+// records a Node event when it changes.
+func (d *Driver) reportNotices(ctx context.Context, before, now []preparer.Notice) {
+	logger := klog.FromContext(ctx)
+	if len(now) == 0 && len(before) > 0 {
+		logger.Info("Devices left out by an earlier publication are back", "reasons", len(before))
+	}
+	for _, n := range now {
+		logger.Error(nil, "Devices left out of the publication", "reason", n.Reason, "detail", n.Message)
+		if !slices.Contains(before, n) {
+			d.Event(corev1.EventTypeWarning, n.Reason, n.Message)
+		}
+	}
 }
 
 // reportProblems logs the GPUs and MIG devices discovery left out, and
 // records a Node event when that set changes: an operator should learn that
 // a GPU is missing, not find it by counting devices.
-func (d *Driver) reportProblems(ctx context.Context, previous *nodeState, inv *hardware.Inventory) {
+func (d *Driver) reportProblems(ctx context.Context, previous, inv *hardware.Inventory) {
 	var before []hardware.Problem
 	if previous != nil {
-		before = previous.inv.Problems
+		before = previous.Problems
 	}
 	if len(inv.Problems) == 0 {
 		if len(before) > 0 {
@@ -71,13 +99,13 @@ func (d *Driver) reportProblems(ctx context.Context, previous *nodeState, inv *h
 		for i, p := range inv.Problems {
 			msgs[i] = p.Err
 		}
-		d.event(corev1.EventTypeWarning, "GPUsLeftOut", fmt.Sprintf("%d GPU(s) or MIG device(s) left out of the published devices: %s", len(inv.Problems), strings.Join(msgs, "; ")))
+		d.Event(corev1.EventTypeWarning, "GPUsLeftOut", fmt.Sprintf("%d GPU(s) or MIG device(s) left out of the published devices: %s", len(inv.Problems), strings.Join(msgs, "; ")))
 	}
 }
 
 // publish hands the current devices to the ResourceSlice controller.
 func (d *Driver) publish(ctx context.Context) error {
-	res := d.current().model.DriverResources(d.cfg.NodeName)
+	res := d.current().Model.DriverResources(d.cfg.NodeName)
 	if err := d.helper.PublishResources(ctx, res); err != nil {
 		return fmt.Errorf("publish ResourceSlices: %w", err)
 	}
@@ -108,7 +136,7 @@ func (d *Driver) discoveryLoop(ctx context.Context, lastErr error) {
 		case <-d.rebuild:
 			rebuild = true
 		}
-		before := d.current().model.DriverResources(d.cfg.NodeName)
+		before := d.current().Model.DriverResources(d.cfg.NodeName)
 		err := d.discover(ctx)
 		if err != nil {
 			if lastErr == nil {
@@ -121,12 +149,12 @@ func (d *Driver) discoveryLoop(ctx context.Context, lastErr error) {
 			continue
 		}
 		if lastErr != nil {
-			logger.Info("GPU discovery works again", "devices", len(d.current().model.Devices))
-			d.event(corev1.EventTypeNormal, "GPUDiscoveryRecovered", fmt.Sprintf("GPU discovery works again: %d devices", len(d.current().model.Devices)))
+			logger.Info("GPU discovery works again", "devices", len(d.current().Model.Devices))
+			d.Event(corev1.EventTypeNormal, "GPUDiscoveryRecovered", fmt.Sprintf("GPU discovery works again: %d devices", len(d.current().Model.Devices)))
 		}
 		lastErr = nil
-		if after := d.current().model.DriverResources(d.cfg.NodeName); rebuild || !equality.Semantic.DeepEqual(before, after) {
-			logger.Info("Devices changed; republishing", "devices", len(d.current().model.Devices))
+		if after := d.current().Model.DriverResources(d.cfg.NodeName); rebuild || !equality.Semantic.DeepEqual(before, after) {
+			logger.Info("Devices changed; republishing", "devices", len(d.current().Model.Devices))
 			if err := d.publish(ctx); err != nil {
 				logger.Error(err, "Republishing devices")
 			}
@@ -141,13 +169,13 @@ func (d *Driver) logDiscovery(logger klog.Logger, err, previous error, retry tim
 	if err == nil {
 		return
 	}
-	published := len(d.current().model.Devices)
+	published := len(d.current().Model.Devices)
 	if errors.Is(err, hardware.ErrUnavailable) {
 		logger.Error(err, "NVML is not available; publishing the devices known so far and retrying", "publishedDevices", published, "retryIn", retry)
 	} else {
 		logger.Error(err, "GPU discovery failed; publishing the devices known so far and retrying", "publishedDevices", published, "retryIn", retry)
 	}
 	if previous == nil || previous.Error() != err.Error() {
-		d.event(corev1.EventTypeWarning, "GPUDiscoveryFailed", fmt.Sprintf("GPU discovery failed; publishing the devices known so far and retrying: %v", err))
+		d.Event(corev1.EventTypeWarning, "GPUDiscoveryFailed", fmt.Sprintf("GPU discovery failed; publishing the devices known so far and retrying: %v", err))
 	}
 }

@@ -21,20 +21,21 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/record"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
-	"k8s.io/utils/keymutex"
 
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/checkpoint"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/devicestatus"
+	"github.com/gpudra/gpudra/pkg/features"
+	"github.com/gpudra/gpudra/pkg/features/passthrough"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/mps"
+	"github.com/gpudra/gpudra/pkg/preparer"
 	"github.com/gpudra/gpudra/pkg/timeslice"
-	"github.com/gpudra/gpudra/pkg/vfio"
 )
 
 // Config is what the kubelet plugin needs to run on one node.
@@ -100,8 +101,9 @@ type Config struct {
 
 	// BootIDPath overrides /proc/sys/kernel/random/boot_id (tests).
 	BootIDPath string
-	// Faults, if set, is called before each step of a preparation and may
-	// fail it; for crash tests only.
+	// Faults, if set, is called before each of the preparer's own steps
+	// and may fail it; for crash tests only (a configurator's steps are
+	// failed with a failing configurator).
 	Faults func(step Step, claimUID string) error
 	// Clock, if set, replaces time.Now (tests).
 	Clock func() time.Time
@@ -117,68 +119,61 @@ const (
 	DefaultMPSSuperviseInterval = 5 * time.Second
 )
 
-// claimLockBuckets is the number of per-claim locks. The default of
-// keymutex (one per CPU) would let only two claims of a 2-core node prepare
-// at once and defeat the checkpoint's group commit; with 4096 buckets two
-// concurrent claims share a lock rarely, and then only wait for each other.
-const claimLockBuckets = 4096
+// MIGMode is how a node offers the GPUs whose MIG mode is on.
+type MIGMode string
 
-// nodeState is one discovery result and the devices derived from it.
-type nodeState struct {
-	inv   *hardware.Inventory
-	model *devicemodel.Model
-	// unknownMIG lists, by GPU UUID, the MIG instances of unknown
-	// ownership that kept a GPU out of the dynamic MIG devices.
-	unknownMIG map[string][]string
-}
+const (
+	// MIGModeDynamic publishes every profile at every placement of such a
+	// GPU, with shared counters so that the scheduler never hands out
+	// overlapping placements, and creates the MIG device at Prepare and
+	// destroys it at Unprepare. It needs partitionable devices in the API
+	// server; without them the plugin falls back to MIGModeStatic.
+	MIGModeDynamic MIGMode = "dynamic"
+	// MIGModeStatic publishes the MIG devices that exist (an operator's
+	// layout) and never creates or destroys one.
+	MIGModeStatic MIGMode = "static"
+)
+
+// MIGModes lists the valid modes.
+var MIGModes = []MIGMode{MIGModeDynamic, MIGModeStatic}
+
+// VFIOConfig is what VFIO passthrough needs on this node.
+type VFIOConfig = passthrough.Config
+
+// Step names a point in the preparation of a claim at which the crash
+// tests inject failures.
+type Step = preparer.Step
+
+// The preparer's steps, in order.
+const (
+	StepWriteCDISpec    = preparer.StepWriteCDISpec
+	StepRecordCompleted = preparer.StepRecordCompleted
+)
 
 // Driver is gpudra's kubelet plugin. It implements [kubeletplugin.DRAPlugin].
+// It is a shell: discovery and publishing (discovery.go), the preparer
+// (package preparer) with the node's features (package features), the
+// sweep (sweep.go) and Node events (events.go).
 type Driver struct {
 	cfg      Config
 	logger   klog.Logger
 	helper   *kubeletplugin.Helper
 	store    *checkpoint.Store
 	cdi      *cdi.Writer
-	recorder record.EventRecorder
-	nodeRef  *corev1.ObjectReference
+	events   *events
+	features *features.Set
+	prep     *preparer.Preparer
+	sweeper  *sweeper
 
-	state atomic.Pointer[nodeState]
-	// mig creates and destroys MIG devices; dynamicMIG says whether the
-	// node publishes dynamic MIG devices now (it stops when the API server
-	// lacks partitionable devices).
-	mig        hardware.MIGManager
-	dynamicMIG atomic.Bool
-	// migSwitcher switches MIG modes; nil unless MIGModeSwitching.
-	migSwitcher hardware.MIGModeSwitcher
+	// state is the current publication.
+	state atomic.Pointer[preparer.Published]
 	// rebuild asks the discovery loop to rebuild and republish the devices.
 	rebuild chan struct{}
 	// status writes claims' status.devices.
 	status *devicestatus.Writer
-	// claimLocks serializes Prepare and Unprepare per claim UID inside this
-	// process; different claims proceed in parallel.
-	claimLocks keymutex.KeyMutex
-	// timeSliceMu serializes changes of GPUs' time slices.
-	timeSliceMu sync.Mutex
-	// vfio binds GPUs to VFIO; nil without Config.VFIO. vfioBeside says
-	// whether VFIO devices are published beside CUDA devices now (it
-	// stops when the API server lacks partitionable devices).
-	vfio       *vfio.Binder
-	vfioBeside atomic.Bool
-	// sharing says whether full GPUs are published for sharing now (it
-	// stops when the API server lacks consumable capacity).
-	sharing atomic.Bool
-	// adoptPending is set when the checkpoint was found unreadable while
-	// running; adoptNow wakes the sweep to adopt the claims on the node.
-	adoptPending atomic.Bool
-	adoptNow     chan struct{}
-	// sweepMu serializes sweeps; goneOnce holds the claims the last sweep
-	// found gone from the API server.
-	sweepMu  sync.Mutex
-	goneOnce map[string]bool
 
-	stopBroadcast func()
-	cancel        context.CancelFunc
-	wg            sync.WaitGroup
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 }
 
 var _ kubeletplugin.DRAPlugin = &Driver{}
@@ -196,69 +191,82 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 	ctx = klog.NewContext(ctx, logger)
 	ctx, cancel := context.WithCancel(ctx)
 	d := &Driver{
-		cfg:        cfg,
-		logger:     logger,
-		claimLocks: keymutex.NewHashed(claimLockBuckets),
-		cancel:     cancel,
-		adoptNow:   make(chan struct{}, 1),
-		rebuild:    make(chan struct{}, 1),
-		goneOnce:   map[string]bool{},
-		nodeRef:    &corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: cfg.NodeName},
+		cfg:     cfg,
+		logger:  logger,
+		cancel:  cancel,
+		rebuild: make(chan struct{}, 1),
+		events:  newEvents(cfg.KubeClient, cfg.NodeName),
 	}
 	defer func() {
 		if finalErr != nil {
 			d.Stop()
 		}
 	}()
-	d.startEvents()
-	d.setUpMIGMode()
-	if err := d.setUpVFIO(); err != nil {
+	if err := d.setUpFeatures(); err != nil {
 		return nil, err
 	}
-	if err := cfg.Sharing.Validate(); err != nil {
-		return nil, fmt.Errorf("plugin config: %w", err)
-	}
-	d.sharing.Store(cfg.Sharing.Enabled())
 	var err error
 	if d.status, err = devicestatus.NewWriter(cfg.KubeClient, cfg.DriverName, cfg.NodeName); err != nil {
 		return nil, err
 	}
 
-	opts := []checkpoint.Option{checkpoint.WithCorruptHandler(d.onCorruptCheckpoint)}
+	opts := []checkpoint.Option{
+		checkpoint.WithCorruptHandler(d.onCorruptCheckpoint),
+		checkpoint.WithPool(cfg.NodeName),
+		checkpoint.WithKnownRecords(preparer.RecordNames(d.features.Configurators)...),
+	}
 	if cfg.BootIDPath != "" {
 		opts = append(opts, checkpoint.WithBootIDPath(cfg.BootIDPath))
 	}
-	_, statErr := os.Stat(filepath.Join(cfg.PluginDataDir, checkpoint.FileName))
+	_, statErr := os.Lstat(filepath.Join(cfg.PluginDataDir, checkpoint.FileName))
 	checkpointMissing := errors.Is(statErr, fs.ErrNotExist)
 	store, report, err := checkpoint.Open(ctx, cfg.PluginDataDir, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("open checkpoint: %w", err)
 	}
 	d.store = store
-	d.reportCheckpoint(report)
+	d.events.reportCheckpoint(logger, report)
 
 	if d.cdi, err = cdi.NewWriter(cfg.CDIDir, cfg.DriverName); err != nil {
 		return nil, err
 	}
+	if removed, err := d.cdi.RemoveStaleTemps(); err != nil {
+		logger.Error(err, "Removing CDI spec temp files a killed plugin left behind")
+	} else if len(removed) > 0 {
+		logger.Info("Removed CDI spec temp files a killed plugin left behind", "files", removed)
+	}
+	d.prep = preparer.New(preparer.Config{
+		DriverName:    cfg.DriverName,
+		NodeName:      cfg.NodeName,
+		Store:         store,
+		CDI:           d.cdi,
+		Node:          &node{d: d},
+		Configurators: d.features.Configurators,
+		Clock:         cfg.Clock,
+		Faults:        cfg.Faults,
+	})
+	d.sweeper = &sweeper{d: d, goneOnce: map[string]bool{}, adoptNow: make(chan struct{}, 1)}
+
 	// The first discovery happens before registration, so that the kubelet
 	// never calls Prepare on a plugin that does not know its devices yet.
 	// A failure is not fatal: the pool is published empty and discovery
 	// keeps trying in the background.
 	inv, discoverErr := cfg.Hardware.Discover(ctx)
-	if lost := report.Corrupt != nil || checkpointMissing; lost {
+	if report.Corrupt != nil || checkpointMissing || store.NeedsAdoption() {
 		// Specs on the node may belong to running pods, and MIG instances
 		// to their claims: adopt them before anything is removed.
-		if err := d.adoptSpecs(ctx); err != nil {
+		var adoptInv *hardware.Inventory
+		if discoverErr == nil {
+			adoptInv = inv
+		}
+		if err := d.prep.Adopt(ctx, adoptInv); err != nil {
 			return nil, fmt.Errorf("adopt claims after losing the checkpoint: %w", err)
 		}
-		if discoverErr == nil && d.dynamicMIG.Load() {
-			if err := d.rebuildMIGOwnership(ctx, inv); err != nil {
-				logger.Error(err, "Rebuilding the ownership of MIG instances after losing the checkpoint; instances not accounted for are kept and their GPUs left out")
-			}
-		}
 	}
-	d.removeOrphanSpecs(ctx)
-	d.restoreSharing(ctx)
+	d.sweeper.removeOrphanSpecs(ctx)
+	if err := d.prep.Restore(ctx); err != nil {
+		logger.Error(err, "Restoring what prepared claims set up (time slices, MPS daemons); their records stay, and Prepare, Unprepare and supervision try again")
+	}
 	if discoverErr == nil {
 		discoverErr = d.install(ctx, inv)
 	}
@@ -300,10 +308,45 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 	}()
 	go func() {
 		defer d.wg.Done()
-		d.sweepLoop(ctx)
+		d.sweeper.loop(ctx)
 	}()
-	logger.Info("Kubelet plugin started", "devices", len(d.current().model.Devices), "pluginDataDir", cfg.PluginDataDir, "cdiDir", cfg.CDIDir)
+	logger.Info("Kubelet plugin started", "devices", len(d.current().Model.Devices), "pluginDataDir", cfg.PluginDataDir, "cdiDir", cfg.CDIDir)
 	return d, nil
+}
+
+// setUpFeatures builds the node's features from the config.
+func (d *Driver) setUpFeatures() error {
+	cfg := &d.cfg
+	o := features.Options{
+		MIG:            cfg.MIG,
+		VFIO:           cfg.VFIO,
+		TimeSlicer:     cfg.TimeSlicer,
+		DataDir:        cfg.PluginDataDir,
+		State:          func(ctx context.Context) (*claimstate.State, error) { return d.store.Read(ctx) },
+		MPS:            cfg.MPS,
+		MPSUnavailable: cfg.MPSUnavailable,
+		Sharing:        cfg.Sharing,
+		MIGModeNode:    modeSwitchNode{d},
+	}
+	switch {
+	case cfg.MIGMode != MIGModeDynamic:
+		d.logger.Info("Static MIG: publishing the MIG devices that exist; none is created or destroyed")
+	case cfg.MIG == nil:
+		d.logger.Info("Static MIG: this hardware cannot create MIG devices")
+	default:
+		o.DynamicMIG = true
+		if cfg.MIGModeSwitching {
+			if o.MIGModeSwitcher, _ = cfg.Hardware.(hardware.MIGModeSwitcher); o.MIGModeSwitcher == nil {
+				d.logger.Info("MIG mode switching asked for, but this hardware cannot switch MIG modes")
+			}
+		}
+	}
+	set, err := features.New(o)
+	if err != nil {
+		return fmt.Errorf("plugin config: %w", err)
+	}
+	d.features = set
+	return nil
 }
 
 // Stop unregisters from the kubelet and stops all background work. The
@@ -323,9 +366,7 @@ func (d *Driver) Stop() {
 			d.logger.Error(err, "Closing checkpoint")
 		}
 	}
-	if d.stopBroadcast != nil {
-		d.stopBroadcast()
-	}
+	d.events.stop()
 }
 
 // CheckpointWrites returns how many times the checkpoint file was written.
@@ -333,7 +374,7 @@ func (d *Driver) CheckpointWrites() int64 { return d.store.Writes() }
 
 // Devices returns the devices the plugin currently publishes.
 func (d *Driver) Devices() []resourceapi.Device {
-	return d.current().model.APIDevices()
+	return d.current().Model.APIDevices()
 }
 
 func (c *Config) validate() error {
@@ -385,31 +426,11 @@ func (c *Config) setDefaults() {
 	}
 }
 
-// setUpMIGMode decides whether the node starts in dynamic MIG mode.
-func (d *Driver) setUpMIGMode() {
-	d.mig = d.cfg.MIG
-	switch {
-	case d.cfg.MIGMode != MIGModeDynamic:
-		d.logger.Info("Static MIG: publishing the MIG devices that exist; none is created or destroyed")
-	case d.mig == nil:
-		d.logger.Info("Static MIG: this hardware cannot create MIG devices")
-	default:
-		d.dynamicMIG.Store(true)
-		if d.cfg.MIGModeSwitching {
-			if d.migSwitcher, _ = d.cfg.Hardware.(hardware.MIGModeSwitcher); d.migSwitcher == nil {
-				d.logger.Info("MIG mode switching asked for, but this hardware cannot switch MIG modes")
-			}
-		}
-	}
-}
-
-func (d *Driver) now() time.Time { return d.cfg.Clock() }
-
-func (d *Driver) current() *nodeState {
+func (d *Driver) current() *preparer.Published {
 	if s := d.state.Load(); s != nil {
 		return s
 	}
-	return &nodeState{inv: &hardware.Inventory{}, model: &devicemodel.Model{}}
+	return &preparer.Published{Inventory: &hardware.Inventory{}, Model: &devicemodel.Model{}}
 }
 
 // HandleError implements [kubeletplugin.DRAPlugin]. Publishing errors are
@@ -426,10 +447,10 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 	disabled := dropped.DisabledFeatures()
 	logger := klog.FromContext(ctx).WithValues("pool", dropped.PoolName, "sliceIndex", dropped.SliceIndex, "disabledFeatures", disabled)
 	fellBack := false
-	for _, f := range d.fallbacks() {
-		if slices.Contains(disabled, f.feature) && f.on.Swap(false) {
-			logger.Error(err, f.log)
-			d.event(corev1.EventTypeWarning, f.reason, f.event)
+	for _, f := range d.features.Fallbacks() {
+		if slices.Contains(disabled, f.Feature) && f.On.Swap(false) {
+			logger.Error(err, f.Log)
+			d.Event(corev1.EventTypeWarning, f.Reason, f.Event)
 			fellBack = true
 		}
 	}
@@ -441,45 +462,7 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 		return
 	}
 	logger.Error(err, "The API server dropped fields of a ResourceSlice; it lacks features gpudra uses")
-	d.event(corev1.EventTypeWarning, "ResourceSliceFieldsDropped", fmt.Sprintf("API server dropped ResourceSlice fields; disabled features: %v", disabled))
-}
-
-// fallback is a publishing choice that needs an API feature: when the API
-// server drops the feature's fields, the choice is turned off (on) and the
-// devices are published without it, with a log line and a Node event.
-type fallback struct {
-	feature       string
-	on            *atomic.Bool
-	log           string
-	reason, event string
-}
-
-// fallbacks are the plugin's publishing choices that depend on API
-// features. Half-published devices would be worse than none: counter-less
-// dynamic MIG devices let the scheduler hand out overlapping placements,
-// counter-less VFIO devices a GPU both ways, and shareable GPUs without
-// consumable capacity ignore their caps.
-func (d *Driver) fallbacks() []fallback {
-	return []fallback{
-		{
-			feature: "DRAPartitionableDevices", on: &d.dynamicMIG,
-			log:    "The API server lacks partitionable devices (DRAPartitionableDevices): falling back to static MIG, publishing the MIG devices that exist",
-			reason: "DynamicMIGUnavailable",
-			event:  "The API server dropped the shared counters of the dynamic MIG devices (DRAPartitionableDevices off): gpudra falls back to static MIG and publishes the MIG devices that exist",
-		},
-		{
-			feature: "DRAPartitionableDevices", on: &d.vfioBeside,
-			log:    "The API server lacks partitionable devices (DRAPartitionableDevices): VFIO devices are no longer published beside the CUDA devices; run with --vfio=only to offer GPUs for passthrough without shared counters",
-			reason: "VFIOUnavailable",
-			event:  "The API server dropped the shared counters that keep VFIO and CUDA devices of one GPU apart (DRAPartitionableDevices off): gpudra stops publishing VFIO devices; --vfio=only offers GPUs for passthrough without counters",
-		},
-		{
-			feature: "DRAConsumableCapacity", on: &d.sharing,
-			log:    "The API server lacks consumable capacity (DRAConsumableCapacity): publishing full GPUs unshared instead of --sharing=" + d.cfg.Sharing.String(),
-			reason: "GPUSharingUnavailable",
-			event:  fmt.Sprintf("The API server dropped the consumable capacity of shared GPUs (DRAConsumableCapacity off): gpudra publishes the GPUs unshared instead of --sharing=%s", d.cfg.Sharing),
-		},
-	}
+	d.Event(corev1.EventTypeWarning, "ResourceSliceFieldsDropped", fmt.Sprintf("API server dropped ResourceSlice fields; disabled features: %v", disabled))
 }
 
 // WatchHealthStatus implements [kubeletplugin.DRAPlugin]. The health

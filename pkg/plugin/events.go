@@ -3,6 +3,9 @@ package plugin
 import (
 	"fmt"
 
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -14,37 +17,60 @@ import (
 // eventComponent is the source of the Node events gpudra records.
 const eventComponent = "gpudra-kubelet-plugin"
 
-func (d *Driver) startEvents() {
-	broadcaster := record.NewBroadcaster()
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: d.cfg.KubeClient.CoreV1().Events("")})
-	d.recorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: eventComponent, Host: d.cfg.NodeName})
-	d.stopBroadcast = broadcaster.Shutdown
+// events records Node events.
+type events struct {
+	recorder record.EventRecorder
+	nodeRef  *corev1.ObjectReference
+	stop     func()
 }
 
-// event records an event on this node's Node object, where operators look
+func newEvents(client kubernetes.Interface, nodeName string) *events {
+	broadcaster := record.NewBroadcaster()
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	return &events{
+		recorder: broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: eventComponent, Host: nodeName}),
+		nodeRef:  &corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: nodeName},
+		stop:     broadcaster.Shutdown,
+	}
+}
+
+// Event records an event on this node's Node object, where operators look
 // for node-level trouble.
-func (d *Driver) event(eventType, reason, message string) {
-	if d.recorder != nil {
-		d.recorder.Event(d.nodeRef, eventType, reason, message)
+func (d *Driver) Event(eventType, reason, message string) {
+	d.events.recorder.Event(d.events.nodeRef, eventType, reason, message)
+}
+
+// onCorruptCheckpoint is called by the checkpoint store, on its own
+// goroutine, when the file turns out unreadable while the plugin runs. The
+// store refuses every call until the claims prepared on the node are
+// adopted: the next Prepare or Unprepare adopts them first, and the sweep
+// is woken to do it at once.
+func (d *Driver) onCorruptCheckpoint(cf checkpoint.CorruptFile) {
+	d.logger.Error(cf.Err, "Checkpoint became unreadable; moved aside. Claims with a CDI spec on this node are adopted before anything else is prepared", "movedTo", cf.Path)
+	d.Event(corev1.EventTypeWarning, "CheckpointUnreadable",
+		fmt.Sprintf("gpudra checkpoint was unreadable and was moved to %s: %v", cf.Path, cf.Err))
+	if d.sweeper != nil {
+		d.sweeper.wake()
 	}
 }
 
 // reportCheckpoint logs and records what opening the checkpoint found.
-func (d *Driver) reportCheckpoint(r checkpoint.OpenReport) {
+func (e *events) reportCheckpoint(logger klog.Logger, r checkpoint.OpenReport) {
+	event := func(eventType, reason, message string) { e.recorder.Event(e.nodeRef, eventType, reason, message) }
 	switch {
 	case r.Corrupt != nil:
-		d.logger.Error(r.Corrupt.Err, "Checkpoint unreadable; moved aside. Claims with a CDI spec on this node are adopted, since they may belong to running pods",
+		logger.Error(r.Corrupt.Err, "Checkpoint unreadable; moved aside. Claims with a CDI spec on this node are adopted, since they may belong to running pods",
 			"movedTo", r.Corrupt.Path)
-		d.event(corev1.EventTypeWarning, "CheckpointUnreadable",
+		event(corev1.EventTypeWarning, "CheckpointUnreadable",
 			fmt.Sprintf("gpudra checkpoint was unreadable and was moved to %s: %v", r.Corrupt.Path, r.Corrupt.Err))
 	case r.NewerVersion != "":
-		d.logger.Error(nil, "Checkpoint was written by a newer gpudra and is left untouched; claims cannot be prepared until that version runs again or the file is removed",
+		logger.Error(nil, "Checkpoint was written by a newer gpudra and is left untouched; claims cannot be prepared until that version runs again or the file is removed",
 			"version", r.NewerVersion)
-		d.event(corev1.EventTypeWarning, "CheckpointTooNew",
+		event(corev1.EventTypeWarning, "CheckpointTooNew",
 			fmt.Sprintf("gpudra checkpoint has schema version %s, newer than this plugin understands", r.NewerVersion))
 	case r.BootIDChanged:
-		d.logger.Info("Checkpoint is from a previous boot; its state was discarded")
+		logger.Info("Checkpoint is from a previous boot; its state was discarded")
 	case r.Migrated != "":
-		d.logger.Info("Checkpoint migrated to the current schema", "from", r.Migrated)
+		logger.Info("Checkpoint migrated to the current schema", "from", r.Migrated)
 	}
 }

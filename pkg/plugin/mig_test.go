@@ -131,7 +131,7 @@ func TestDynamicMIGPrepareCreatesAndUnprepareDestroys(t *testing.T) {
 		t.Errorf("MIG access nodes %v, want those of GI %d and CI %d", caps, migs[0].GICapMinor, migs[0].CICapMinor)
 	}
 	cp := h.checkpoint()
-	if !strings.Contains(cp, `"dynamicMIG":{"profile":"3g.40gb"`) || !strings.Contains(cp, migs[0].UUID) || !strings.HasPrefix(cp, `{"version":"v3"`) {
+	if !strings.Contains(cp, `"dynamicMIG":{"devices":[{"device":"`) || !strings.Contains(cp, `"profile":"3g.40gb"`) || !strings.Contains(cp, migs[0].UUID) || !strings.HasPrefix(cp, `{"version":"v5"`) || !strings.Contains(cp, `"requires":["dynamicMIG"]`) {
 		t.Errorf("checkpoint does not record the created instance %s:\n%s", migs[0].UUID, cp)
 	}
 

@@ -85,8 +85,8 @@ func TestTimeSlicingOneIntervalPerGPU(t *testing.T) {
 	if got := interval(); got != v1beta1.LongTimeSlice {
 		t.Fatalf("GPU time slice after the first claim = %q, want Long", got)
 	}
-	if cp := h.checkpoint(); !strings.HasPrefix(cp, `{"version":"v4"`) || !strings.Contains(cp, `"timeSlice":"Long"`) {
-		t.Errorf("checkpoint does not record the hold as v4: %s", cp)
+	if cp := h.checkpoint(); !strings.HasPrefix(cp, `{"version":"v5"`) || !strings.Contains(cp, `"timeSlicing":{"gpus":[{"device":"gpu-7","gpu":"`+gpu+`","interval":"Long"}]}`) {
+		t.Errorf("checkpoint does not record the hold as a v5 timeSlicing record: %s", cp)
 	}
 
 	short := h.shareClaim("gpu-7", "share-b", fmt.Sprintf(timeSlicingConfig, "Short"))
@@ -156,7 +156,7 @@ func TestTimeSlicingSetFailureRollsBack(t *testing.T) {
 	if msg := prepareError(h, c); !strings.Contains(msg, "kept the start record") {
 		t.Errorf("error %q does not say the record was kept", msg)
 	}
-	if cp := h.checkpoint(); !strings.Contains(cp, `"phase":"PrepareStarted"`) || !strings.Contains(cp, `"timeSlice":"Medium"`) {
+	if cp := h.checkpoint(); !strings.Contains(cp, `"phase":"PrepareStarted"`) || !strings.Contains(cp, `"interval":"Medium"`) {
 		t.Errorf("checkpoint lost the unfinished hold: %s", cp)
 	}
 	setter.fail = nil
@@ -453,7 +453,7 @@ func TestMPSDaemonOfAdoptedClaim(t *testing.T) {
 	}
 	h.cfg.MPS = newMPSManager(t, root)
 	h.start()
-	if cp := h.checkpoint(); !strings.Contains(cp, `"adopted":true`) || !strings.Contains(cp, `"mpsDaemon":"`+string(c.UID)+`"`) {
+	if cp := h.checkpoint(); !strings.Contains(cp, `"adopted":true`) || !strings.Contains(cp, `"mps":{"daemons":[{"id":"`+string(c.UID)+`"`) {
 		t.Fatalf("adopted record does not own the MPS daemon: %s", cp)
 	}
 	if !alive(rec.PID) {

@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -10,25 +11,44 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/claimstate"
+	"github.com/gpudra/gpudra/pkg/preparer"
 )
 
 // apiCallTimeout bounds each API call of the sweep, so that one hung
 // connection cannot stall it.
 const apiCallTimeout = 10 * time.Second
 
-// sweepLoop runs Sweep every SweepInterval, and at once when the
-// checkpoint was found unreadable, until ctx ends.
-func (d *Driver) sweepLoop(ctx context.Context) {
-	ticker := time.NewTicker(d.cfg.SweepInterval)
+// sweeper cleans up what the kubelet will never ask for.
+type sweeper struct {
+	d *Driver
+	// mu serializes sweeps; goneOnce holds the claims the last sweep found
+	// gone from the API server.
+	mu       sync.Mutex
+	goneOnce map[string]bool
+	// adoptNow wakes the loop when the checkpoint was found unreadable.
+	adoptNow chan struct{}
+}
+
+// wake makes the loop sweep at once.
+func (w *sweeper) wake() {
+	select {
+	case w.adoptNow <- struct{}{}:
+	default:
+	}
+}
+
+// loop sweeps every SweepInterval, and at once when woken, until ctx ends.
+func (w *sweeper) loop(ctx context.Context) {
+	ticker := time.NewTicker(w.d.cfg.SweepInterval)
 	defer ticker.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
-		case <-d.adoptNow:
+		case <-w.adoptNow:
 		}
-		d.Sweep(ctx)
+		w.sweep(ctx)
 	}
 }
 
@@ -38,15 +58,17 @@ func (d *Driver) sweepLoop(ctx context.Context) {
 // row are released, and CDI specs with no record that are older than the
 // call timeout are removed. After the checkpoint was lost it first adopts
 // the claims whose specs are on the node.
-func (d *Driver) Sweep(ctx context.Context) {
-	d.sweepMu.Lock()
-	defer d.sweepMu.Unlock()
+func (d *Driver) Sweep(ctx context.Context) { d.sweeper.sweep(ctx) }
+
+func (w *sweeper) sweep(ctx context.Context) {
+	d := w.d
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	logger := klog.FromContext(ctx).WithName("sweep")
 	ctx = klog.NewContext(ctx, logger)
-	if d.adoptPending.Swap(false) {
-		if err := d.adoptSpecs(ctx); err != nil {
+	if d.store.NeedsAdoption() {
+		if err := d.prep.Adopt(ctx, d.current().Inventory); err != nil {
 			logger.Error(err, "Adopting claims; no CDI spec is removed until that works")
-			d.adoptPending.Store(true)
 			return
 		}
 	}
@@ -56,38 +78,39 @@ func (d *Driver) Sweep(ctx context.Context) {
 		return
 	}
 	lookup := &apiLookup{d: d}
-	d.nameAdopted(ctx, state, lookup)
-	plan := state.PlanSweep(d.now(), d.cfg.CallTimeout, func(c *claimstate.Claim) bool {
-		return d.goneTwice(c.UID, lookup.gone(ctx, c))
+	w.nameAdopted(ctx, state, lookup)
+	plan := state.PlanSweep(d.cfg.Clock(), d.cfg.CallTimeout, func(c *claimstate.Claim) bool {
+		return w.goneTwice(c.UID, lookup.gone(ctx, c))
 	})
 	for _, c := range plan.RollBack {
-		d.sweepClaim(ctx, logger, c, claimstate.PrepareStarted, "Rolled back a preparation the kubelet gave up on")
+		w.sweepClaim(ctx, logger, c, claimstate.PrepareStarted, "Rolled back a preparation the kubelet gave up on")
 	}
 	for _, c := range plan.Release {
-		d.sweepClaim(ctx, logger, c, claimstate.PrepareCompleted, "Released a claim whose ResourceClaim and pods are gone")
+		w.sweepClaim(ctx, logger, c, claimstate.PrepareCompleted, "Released a claim whose ResourceClaim and pods are gone")
 	}
-	d.removeOrphanSpecs(ctx)
+	w.removeOrphanSpecs(ctx)
 }
 
 // goneTwice reports a claim gone only when the previous sweep found it gone
 // too: a claim and its pods can vanish from the API server (a forced
 // deletion) a little before the containers on the node stop.
-func (d *Driver) goneTwice(uid string, gone bool) bool {
+func (w *sweeper) goneTwice(uid string, gone bool) bool {
 	if !gone {
-		delete(d.goneOnce, uid)
+		delete(w.goneOnce, uid)
 		return false
 	}
-	if d.goneOnce[uid] {
-		delete(d.goneOnce, uid)
+	if w.goneOnce[uid] {
+		delete(w.goneOnce, uid)
 		return true
 	}
-	d.goneOnce[uid] = true
+	w.goneOnce[uid] = true
 	return false
 }
 
 // nameAdopted fills in the namespace, name and consumers of adopted claims
 // that the API server still has, so that the usual rules apply to them.
-func (d *Driver) nameAdopted(ctx context.Context, state *claimstate.State, lookup *apiLookup) {
+func (w *sweeper) nameAdopted(ctx context.Context, state *claimstate.State, lookup *apiLookup) {
+	d := w.d
 	for uid, c := range state.Claims {
 		if !c.Adopted || c.Name != "" {
 			continue
@@ -96,7 +119,7 @@ func (d *Driver) nameAdopted(ctx context.Context, state *claimstate.State, looku
 		if !ok {
 			continue
 		}
-		consumers := consumersOf(claim)
+		consumers := preparer.ConsumersOf(claim)
 		err := d.store.Update(ctx, func(s *claimstate.State) error {
 			if rec := s.Claims[uid]; rec != nil && rec.Adopted && rec.Name == "" {
 				named := rec.Clone()
@@ -115,9 +138,9 @@ func (d *Driver) nameAdopted(ctx context.Context, state *claimstate.State, looku
 
 // sweepClaim undoes one claim under its lock, if it is still in the phase
 // the sweep saw: a Prepare or Unprepare may have won the race.
-func (d *Driver) sweepClaim(ctx context.Context, logger klog.Logger, c *claimstate.Claim, phase claimstate.Phase, msg string) {
-	d.claimLocks.LockKey(c.UID)
-	defer func() { _ = d.claimLocks.UnlockKey(c.UID) }()
+func (w *sweeper) sweepClaim(ctx context.Context, logger klog.Logger, c *claimstate.Claim, phase claimstate.Phase, msg string) {
+	d := w.d
+	defer d.prep.LockClaim(c.UID)()
 	state, err := d.store.Read(ctx)
 	if err != nil {
 		logger.Error(err, "Reading checkpoint")
@@ -127,7 +150,7 @@ func (d *Driver) sweepClaim(ctx context.Context, logger klog.Logger, c *claimsta
 	if current == nil || current.Phase != phase || !current.StartedAt.Equal(c.StartedAt) {
 		return
 	}
-	if err := d.rollBack(ctx, current, true); err != nil {
+	if err := d.prep.RollBack(ctx, current, true); err != nil {
 		logger.Error(err, "Sweeping claim", "claim", klog.KRef(c.Namespace, c.Name), "claimUID", c.UID)
 		return
 	}
@@ -202,7 +225,8 @@ func (l *apiLookup) claimByUID(ctx context.Context, uid string) (*resourceapi.Re
 // removeOrphanSpecs removes CDI specs of this driver that no claim record
 // owns and that are older than the kubelet's call timeout (a younger one may
 // belong to a preparation in flight in a second plugin instance).
-func (d *Driver) removeOrphanSpecs(ctx context.Context) {
+func (w *sweeper) removeOrphanSpecs(ctx context.Context) {
+	d := w.d
 	logger := klog.FromContext(ctx)
 	uids, err := d.cdi.ClaimUIDs()
 	if err != nil {
@@ -217,18 +241,13 @@ func (d *Driver) removeOrphanSpecs(ctx context.Context) {
 		logger.Error(err, "Reading checkpoint")
 		return
 	}
-	if d.adoptPending.Load() {
-		// The read found the checkpoint unreadable: the specs may belong
-		// to running pods. Adopt first (next sweep, promptly).
-		return
-	}
 	for _, uid := range uids {
 		if state.Claims[uid] != nil {
 			continue
 		}
-		d.claimLocks.LockKey(uid)
-		removed, err := d.cdi.RemoveIfOlder(uid, d.now().Add(-d.cfg.CallTimeout))
-		_ = d.claimLocks.UnlockKey(uid)
+		unlock := d.prep.LockClaim(uid)
+		removed, err := d.cdi.RemoveIfOlder(uid, d.cfg.Clock().Add(-d.cfg.CallTimeout))
+		unlock()
 		if err != nil {
 			logger.Error(err, "Removing orphaned CDI spec", "claimUID", uid)
 		} else if removed {

@@ -88,7 +88,7 @@ func TestVFIODevicesBesideCUDA(t *testing.T) {
 			t.Errorf("VFIO claim's CDI spec has NVIDIA driver node %s:\n%s", not, spec)
 		}
 	}
-	if cp := h.checkpoint(); !strings.Contains(cp, `"vfio":{"gpu":"`+bdf+`"`) || !strings.HasPrefix(cp, `{"version":"v4"`) {
+	if cp := h.checkpoint(); !strings.Contains(cp, `"vfio":{"devices":[{"device":"`) || !strings.Contains(cp, `"gpu":"`+bdf+`"`) || !strings.HasPrefix(cp, `{"version":"v5"`) {
 		t.Errorf("checkpoint lacks the VFIO record: %s", cp)
 	}
 

@@ -1,0 +1,74 @@
+package cdi
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+)
+
+// RecordsAnnotation is the spec annotation that carries what the device
+// configurators set up for the claim (the checkpoint's records), so that a
+// claim adopted from its spec after the checkpoint was lost knows its MIG
+// instances, passthrough, time slices and daemons, and Unprepare undoes
+// them. CDI spec annotations never reach the container.
+const RecordsAnnotation = "gpudra.io/records"
+
+// SetRecords stores a claim's records in its spec; nil records leave the
+// spec without the annotation.
+func SetRecords(spec *cdispec.Spec, records map[string]json.RawMessage) error {
+	if len(records) == 0 {
+		return nil
+	}
+	data, err := json.Marshal(records)
+	if err != nil {
+		return fmt.Errorf("records annotation: %w", err)
+	}
+	if spec.Annotations == nil {
+		spec.Annotations = map[string]string{}
+	}
+	spec.Annotations[RecordsAnnotation] = string(data)
+	v, err := cdispec.MinimumRequiredVersion(spec)
+	if err != nil {
+		return fmt.Errorf("records annotation: %w", err)
+	}
+	spec.Version = v
+	return nil
+}
+
+// SpecContent is what a claim's spec file says about the claim.
+type SpecContent struct {
+	// DeviceNames are the names of the spec's devices as the device model
+	// names them (the CDI device names without the "<uid>-" prefix).
+	DeviceNames []string
+	// Records are the records the spec carries, nil if none.
+	Records map[string]json.RawMessage
+}
+
+// Read parses a claim's spec file.
+func (w *Writer) Read(claimUID string) (SpecContent, error) {
+	data, err := os.ReadFile(w.Path(claimUID))
+	if err != nil {
+		return SpecContent{}, fmt.Errorf("read CDI spec for claim %s: %w", claimUID, err)
+	}
+	spec, err := cdiapi.ParseSpec(data)
+	if err != nil {
+		return SpecContent{}, fmt.Errorf("parse CDI spec for claim %s: %w", claimUID, err)
+	}
+	var out SpecContent
+	prefix := DeviceName(claimUID, "")
+	for _, d := range spec.Devices {
+		if name, ok := strings.CutPrefix(d.Name, prefix); ok && name != "" {
+			out.DeviceNames = append(out.DeviceNames, name)
+		}
+	}
+	if raw, ok := spec.Annotations[RecordsAnnotation]; ok {
+		if err := json.Unmarshal([]byte(raw), &out.Records); err != nil {
+			return out, fmt.Errorf("CDI spec for claim %s: annotation %s: %w", claimUID, RecordsAnnotation, err)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,99 @@
+// Package features registers gpudra's device features: one package each
+// under pkg/features, each a configurator of the preparer and, where it
+// shapes what the node publishes, a publisher. The kubelet plugin and
+// `gpudra inspect` get the same set from here, so that what inspect shows
+// is what the plugin publishes. Adding a feature adds its package and a
+// line in New.
+package features
+
+import (
+	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/features/dynamicmig"
+	"github.com/gpudra/gpudra/pkg/features/migmode"
+	"github.com/gpudra/gpudra/pkg/features/mpsdaemon"
+	"github.com/gpudra/gpudra/pkg/features/passthrough"
+	"github.com/gpudra/gpudra/pkg/features/sharing"
+	"github.com/gpudra/gpudra/pkg/features/timeslicing"
+	"github.com/gpudra/gpudra/pkg/hardware"
+	"github.com/gpudra/gpudra/pkg/mps"
+	"github.com/gpudra/gpudra/pkg/preparer"
+	"github.com/gpudra/gpudra/pkg/timeslice"
+)
+
+// Options are the node's feature settings.
+type Options struct {
+	// DynamicMIG publishes dynamic MIG devices; MIG creates and destroys
+	// them (nil: static MIG whatever DynamicMIG says).
+	DynamicMIG bool
+	MIG        hardware.MIGManager
+	// MIGModeSwitcher, if set with DynamicMIG, switches MIG modes at
+	// Prepare; MIGModeNode rediscovers after a switch.
+	MIGModeSwitcher hardware.MIGModeSwitcher
+	MIGModeNode     migmode.Node
+	// VFIO, if set, offers GPUs for passthrough.
+	VFIO *passthrough.Config
+	// TimeSlicer sets time slices (nil refuses TimeSlicing); DataDir holds
+	// its lock file and State reads the checkpoint.
+	TimeSlicer timeslice.Setter
+	DataDir    string
+	State      timeslicing.State
+	// MPS runs MPS daemons (nil refuses MPS, MPSUnavailable says why).
+	MPS            *mps.Manager
+	MPSUnavailable string
+	// Sharing publishes full GPUs shareable.
+	Sharing devicemodel.Sharing
+}
+
+// Set is the node's features.
+type Set struct {
+	// Configurators in the order they apply (and undo in reverse): the
+	// MIG mode before the MIG devices, MIG devices before the passthrough
+	// and sharing that use them, the MPS daemon last since it serves
+	// devices by UUID.
+	Configurators []preparer.Configurator
+	// Publishers in the order they shape the publication.
+	Publishers []preparer.Publisher
+	// MIG is the MIG publisher, for the plugin's startup log.
+	MIG *dynamicmig.Publisher
+}
+
+// New builds the node's features.
+func New(o Options) (*Set, error) {
+	dynamic := o.DynamicMIG && o.MIG != nil
+	var switchable func(hardware.GPU) bool
+	var switcher hardware.MIGModeSwitcher
+	if dynamic && o.MIGModeSwitcher != nil {
+		switchable, switcher = migmode.CanSwitch, o.MIGModeSwitcher
+	}
+	vfio, err := passthrough.New(o.VFIO)
+	if err != nil {
+		return nil, err
+	}
+	shares, err := sharing.NewPublisher(o.Sharing)
+	if err != nil {
+		return nil, err
+	}
+	migPublisher := dynamicmig.NewPublisher(dynamic, switchable)
+	return &Set{
+		Configurators: []preparer.Configurator{
+			migmode.New(switcher, o.MIGModeNode),
+			dynamicmig.New(o.MIG),
+			vfio,
+			timeslicing.New(o.TimeSlicer, o.DataDir, o.State, o.MPS != nil),
+			mpsdaemon.New(o.MPS, o.MPSUnavailable, o.TimeSlicer != nil),
+		},
+		Publishers: []preparer.Publisher{migPublisher, vfio, shares},
+		MIG:        migPublisher,
+	}, nil
+}
+
+// Fallbacks are the publishers' fallbacks.
+func (s *Set) Fallbacks() []preparer.Fallback {
+	var out []preparer.Fallback
+	for _, p := range s.Publishers {
+		if f, ok := p.(preparer.FallbackProvider); ok {
+			out = append(out, f.Fallbacks()...)
+		}
+	}
+	return out
+}

@@ -1,0 +1,320 @@
+// Package passthrough is the configurator of VFIO passthrough: GPUs
+// published as gpu-vfio-<minor> devices whose IOMMU group is bound to a
+// VFIO driver at Prepare and given back at Unprepare. Its record names
+// each PCI function and the driver to give it back to before any is
+// unbound.
+package passthrough
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync/atomic"
+
+	"k8s.io/klog/v2"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/gpudra/gpudra/api/resource/v1beta1"
+	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/hardware"
+	"github.com/gpudra/gpudra/pkg/preparer"
+	"github.com/gpudra/gpudra/pkg/vfio"
+)
+
+// Name is the configurator's record name in the checkpoint.
+const Name = "vfio"
+
+// Record lists the passed-through GPUs of one claim.
+type Record struct {
+	Devices []Passthrough `json:"devices"`
+}
+
+// Passthrough is one GPU's IOMMU group bound to VFIO.
+type Passthrough struct {
+	// Device is the published device name.
+	Device string `json:"device"`
+	// GPU is the GPU's PCI bus ID.
+	GPU        string     `json:"gpu"`
+	IOMMUGroup int        `json:"iommuGroup"`
+	Functions  []Function `json:"functions"`
+}
+
+// Function is one PCI function of a bound IOMMU group.
+type Function struct {
+	BusID string `json:"busID"`
+	// Driver is the VFIO driver it is bound to.
+	Driver string `json:"driver"`
+	// OriginalDriver and OriginalDriverOverride are what it had before.
+	OriginalDriver         string `json:"originalDriver,omitempty"`
+	OriginalDriverOverride string `json:"originalDriverOverride,omitempty"`
+}
+
+func (p *Passthrough) vfio() vfio.Record {
+	out := vfio.Record{GPU: p.GPU, IOMMUGroup: p.IOMMUGroup}
+	for _, f := range p.Functions {
+		out.Functions = append(out.Functions, vfio.Function(f))
+	}
+	return out
+}
+
+func fromVFIO(device string, r vfio.Record) Passthrough {
+	out := Passthrough{Device: device, GPU: r.GPU, IOMMUGroup: r.IOMMUGroup}
+	for _, f := range r.Functions {
+		out.Functions = append(out.Functions, Function(f))
+	}
+	return out
+}
+
+// Config is what VFIO passthrough needs on this node.
+type Config struct {
+	// Mode is how GPUs are offered for passthrough. With
+	// devicemodel.VFIOBeside and an API server without partitionable
+	// devices, no VFIO device is published (see --vfio=only).
+	Mode devicemodel.VFIOMode
+	// FS is sysfs (vfio.Dir of --sysfs-root on a real node).
+	FS vfio.FS
+	// Busy tells who holds a GPU; Prepare refuses a GPU in use.
+	Busy vfio.BusyChecker
+	// Modules loads the VFIO driver's module.
+	Modules vfio.ModuleLoader
+	// GPUDriver is the VFIO driver GPUs are bound to: vfio.VFIOPCI, or
+	// vfio.NVGraceGPUVFIOPCI on Grace systems. Empty means vfio-pci.
+	GPUDriver string
+	// GPUs, if not empty, are the minors of the GPUs offered for
+	// passthrough; the others are not.
+	GPUs []int
+}
+
+// ModelOption is the device-model option that offers the GPUs of c for
+// passthrough: those with an IOMMU group in sysfs (and among GPUs, if
+// set), with their PCI IDs and group.
+func (c *Config) ModelOption() devicemodel.Option {
+	return devicemodel.WithVFIO(c.Mode, func(gpu hardware.GPU) (devicemodel.VFIOInfo, bool) {
+		if len(c.GPUs) > 0 && !slices.Contains(c.GPUs, gpu.Minor) {
+			return devicemodel.VFIOInfo{}, false
+		}
+		if !vfio.ValidBusID(gpu.PCIBusID) {
+			return devicemodel.VFIOInfo{}, false
+		}
+		pci, err := vfio.ReadPCIDevice(c.FS, gpu.PCIBusID)
+		if err != nil || pci.IOMMUGroup == nil {
+			// IOMMU off or the function unknown to sysfs: no passthrough.
+			return devicemodel.VFIOInfo{}, false
+		}
+		return devicemodel.VFIOInfo{VendorID: "0x" + pci.VendorID, DeviceID: "0x" + pci.DeviceID, IOMMUGroup: *pci.IOMMUGroup}, true
+	})
+}
+
+// Configurator passes GPUs through.
+type Configurator struct {
+	cfg    *Config
+	binder *vfio.Binder
+	// beside says whether VFIO devices are published beside CUDA devices
+	// now (it stops when the API server lacks partitionable devices).
+	beside atomic.Bool
+}
+
+var (
+	_ preparer.Configurator     = &Configurator{}
+	_ preparer.Editor           = &Configurator{}
+	_ preparer.Publisher        = &Configurator{}
+	_ preparer.FallbackProvider = &Configurator{}
+)
+
+// New returns the configurator; cfg nil means this node passes nothing
+// through (claims for VFIO devices are refused, records of earlier ones
+// cannot be undone and say so). One per process: sysfs writes that
+// outlive a cancelled call are tracked by its binder.
+func New(cfg *Config) (*Configurator, error) {
+	c := &Configurator{cfg: cfg}
+	if cfg == nil {
+		return c, nil
+	}
+	var opts []vfio.Option
+	if cfg.GPUDriver != "" {
+		opts = append(opts, vfio.WithGPUDriver(cfg.GPUDriver))
+	}
+	b, err := vfio.NewBinder(cfg.FS, cfg.Busy, cfg.Modules, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("VFIO: %w", err)
+	}
+	c.binder = b
+	c.beside.Store(cfg.Mode == devicemodel.VFIOBeside)
+	return c, nil
+}
+
+// Name implements [preparer.Configurator].
+func (c *Configurator) Name() string { return Name }
+
+// Plan implements [preparer.Configurator]: it records, for each VFIO
+// device, what binding its IOMMU group changes. It reads sysfs only.
+func (c *Configurator) Plan(_ context.Context, cl *preparer.Claim) (json.RawMessage, error) {
+	var rec Record
+	for _, d := range cl.Devices {
+		if d.Model.Kind != devicemodel.KindVFIO || slices.ContainsFunc(rec.Devices, func(p Passthrough) bool { return p.Device == d.Model.Name() }) {
+			continue
+		}
+		name := d.Model.Name()
+		if c.binder == nil {
+			return nil, fmt.Errorf("device %s: this node does not pass GPUs through (no --vfio)", name)
+		}
+		planned, err := c.binder.Plan(d.Model.GPU.PCIBusID)
+		if err != nil {
+			return nil, fmt.Errorf("device %s: %w", name, err)
+		}
+		// A function on a VFIO driver already is not in the state to plan
+		// from: its "original" driver would be the VFIO driver, and the GPU
+		// would never be given back. Some record, or someone else, holds it.
+		for _, f := range planned.Functions {
+			if isVFIODriver(f.OriginalDriver) || isVFIODriver(f.OriginalDriverOverride) {
+				return nil, fmt.Errorf("device %s: PCI function %s of GPU %s is bound to %s (driver_override %q) already: another claim holds it, or a passthrough was not undone (after a lost checkpoint, give it back by hand: clear driver_override and bind it to nvidia)",
+					name, f.BusID, planned.GPU, f.OriginalDriver, f.OriginalDriverOverride)
+			}
+		}
+		rec.Devices = append(rec.Devices, fromVFIO(name, planned))
+	}
+	if len(rec.Devices) == 0 {
+		return nil, nil
+	}
+	return preparer.Encode(rec)
+}
+
+// Apply implements [preparer.Configurator]: it binds the IOMMU groups and
+// gives each VFIO device its device nodes.
+func (c *Configurator) Apply(ctx context.Context, cl *preparer.Claim, raw json.RawMessage) (json.RawMessage, error) {
+	rec, err := preparer.Record[Record](Name, raw)
+	if err != nil {
+		return nil, err
+	}
+	if c.binder == nil {
+		return nil, errors.New("this node does not pass GPUs through (no --vfio)")
+	}
+	for i := range rec.Devices {
+		p := &rec.Devices[i]
+		if err := c.binder.Bind(ctx, p.vfio()); err != nil {
+			return nil, fmt.Errorf("device %s: pass GPU %s through: %w", p.Device, p.GPU, err)
+		}
+	}
+	if err := c.Edits(ctx, cl, raw); err != nil {
+		return nil, err
+	}
+	return raw, nil
+}
+
+// Edits implements [preparer.Editor]: the VFIO device nodes of each
+// passed-through GPU, as the device's VfioDeviceConfig asks.
+func (c *Configurator) Edits(_ context.Context, cl *preparer.Claim, raw json.RawMessage) error {
+	rec, err := preparer.Record[Record](Name, raw)
+	if err != nil {
+		return err
+	}
+	if c.cfg == nil {
+		return errors.New("this node does not pass GPUs through (no --vfio)")
+	}
+	for i := range rec.Devices {
+		p := &rec.Devices[i]
+		for _, d := range cl.Devices {
+			if d.Model.Name() != p.Device {
+				continue
+			}
+			opts := vfio.NodeOptions{APIDevice: true}
+			if vc, ok := d.Config.Config.(*v1beta1.VfioDeviceConfig); ok {
+				opts = vfio.NodeOptions{PreferIOMMUFD: vc.IOMMU.PreferIOMMUFD(), APIDevice: vc.IOMMU.APIDevice()}
+			}
+			nodes, err := vfio.DeviceNodes(c.cfg.FS, p.vfio(), opts)
+			if err != nil {
+				return fmt.Errorf("device %s: %w", p.Device, err)
+			}
+			edits := &cdispec.ContainerEdits{}
+			for _, n := range nodes.DeviceNodes {
+				edits.DeviceNodes = append(edits.DeviceNodes, &cdispec.DeviceNode{Path: n.Path, Type: "c", Major: n.Major, Minor: n.Minor})
+			}
+			d.AddEdits(edits)
+		}
+	}
+	return nil
+}
+
+// Undo implements [preparer.Configurator]: it gives the IOMMU groups back
+// to their drivers. Idempotent, and safe on groups never bound.
+func (c *Configurator) Undo(ctx context.Context, _ string, raw json.RawMessage) error {
+	rec, err := preparer.Record[Record](Name, raw)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for i := range rec.Devices {
+		p := &rec.Devices[i]
+		if c.binder == nil {
+			errs = append(errs, fmt.Errorf("device %s: GPU %s was passed through, but this node does not pass GPUs through now (no --vfio); give it back by hand or run the plugin with --vfio", p.Device, p.GPU))
+			continue
+		}
+		if err := c.binder.Restore(ctx, p.vfio()); err != nil {
+			errs = append(errs, fmt.Errorf("device %s: %w", p.Device, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Publish implements [preparer.Publisher]. It offers the GPUs for
+// passthrough, and puts back into a new inventory the GPUs that claims
+// hold passed through, as the previous publication saw them: NVML stops
+// listing a GPU once it is bound to vfio-pci, but its devices must stay
+// published while the claim holds it (its VFIO device is allocated, and
+// its counters keep the GPU's other devices from being allocated) until
+// Unprepare gives it back. A GPU the plugin never saw before it was bound
+// (a restart while passed through) cannot be put back, and stays out until
+// it is restored.
+func (c *Configurator) Publish(in *preparer.PublishInput) {
+	if c.cfg == nil {
+		return
+	}
+	if c.cfg.Mode != devicemodel.VFIOBeside || c.beside.Load() {
+		in.Options = append(in.Options, c.cfg.ModelOption())
+	}
+	if in.State == nil || in.Previous == nil {
+		return
+	}
+	held := map[string]bool{}
+	for _, cl := range in.State.Claims {
+		if cl.Records[Name] == nil {
+			continue
+		}
+		for _, d := range cl.Devices {
+			held[d.UUID] = true
+		}
+	}
+	var missing []hardware.GPU
+	for _, g := range in.Previous.GPUs {
+		if held[g.UUID] && !slices.ContainsFunc(in.Inventory.GPUs, func(n hardware.GPU) bool { return n.UUID == g.UUID }) {
+			missing = append(missing, g)
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	out := *in.Inventory
+	out.GPUs = append(slices.Clone(in.Inventory.GPUs), missing...)
+	slices.SortStableFunc(out.GPUs, func(a, b hardware.GPU) int { return a.Index - b.Index })
+	in.Inventory = &out
+	klog.Background().V(2).Info("Keeping GPUs passed through with VFIO, which discovery no longer lists", "gpus", len(missing))
+}
+
+// Fallbacks implements [preparer.FallbackProvider].
+func (c *Configurator) Fallbacks() []preparer.Fallback {
+	if c.cfg == nil || c.cfg.Mode != devicemodel.VFIOBeside {
+		return nil
+	}
+	return []preparer.Fallback{{
+		Feature: "DRAPartitionableDevices", On: &c.beside,
+		Log:    "The API server lacks partitionable devices (DRAPartitionableDevices): VFIO devices are no longer published beside the CUDA devices; run with --vfio=only to offer GPUs for passthrough without shared counters",
+		Reason: "VFIOUnavailable",
+		Event:  "The API server dropped the shared counters that keep VFIO and CUDA devices of one GPU apart (DRAPartitionableDevices off): gpudra stops publishing VFIO devices; --vfio=only offers GPUs for passthrough without counters",
+	}}
+}
+
+func isVFIODriver(name string) bool {
+	return name == vfio.VFIOPCI || name == vfio.NVGraceGPUVFIOPCI
+}

@@ -1,0 +1,332 @@
+// Package timeslicing is the configurator of GpuConfig sharing strategy
+// TimeSlicing: one time-slice interval per GPU, held by every claim that
+// asked for it, set by the first holder and reset to Default by the last.
+// The holds live in the claims' records; timeslice.Policy decides from
+// them what to set.
+package timeslicing
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gofrs/flock"
+
+	"github.com/gpudra/gpudra/api/resource/v1beta1"
+	"github.com/gpudra/gpudra/pkg/claimstate"
+	"github.com/gpudra/gpudra/pkg/config"
+	"github.com/gpudra/gpudra/pkg/features/sharing"
+	"github.com/gpudra/gpudra/pkg/preparer"
+	"github.com/gpudra/gpudra/pkg/timeslice"
+)
+
+// Name is the configurator's record name in the checkpoint.
+const Name = "timeSlicing"
+
+// LockFileName is the lock file, in the plugin's data directory, that
+// every change of a GPU's time slice is made under, by every plugin
+// instance on the node.
+const LockFileName = "timeslice.lock"
+
+// Record lists a claim's holds.
+type Record struct {
+	GPUs []Hold `json:"gpus"`
+}
+
+// Hold is a claim's time slice on one GPU.
+type Hold struct {
+	// Device is the published device name.
+	Device string `json:"device"`
+	// GPU is the GPU's UUID.
+	GPU      string                    `json:"gpu"`
+	Interval v1beta1.TimeSliceInterval `json:"interval"`
+}
+
+// State reads the node's prepared-claim state (the checkpoint).
+type State func(ctx context.Context) (*claimstate.State, error)
+
+// Configurator sets time slices.
+type Configurator struct {
+	setter timeslice.Setter
+	state  State
+	// mu and lock serialize every change of a GPU's time slice, in this
+	// process and across plugin instances (a rolling update), so that a
+	// reset by the last holder never lands after a new holder's setting.
+	mu   sync.Mutex
+	lock *flock.Flock
+	// mpsAvailable adds MPS to the strategies an error offers.
+	mpsAvailable bool
+}
+
+var (
+	_ preparer.Configurator = &Configurator{}
+	_ preparer.Guard        = &Configurator{}
+	_ preparer.Restorer     = &Configurator{}
+)
+
+// New returns the configurator. setter nil refuses the strategy; dataDir
+// holds the lock file; state reads the checkpoint; mpsAvailable says
+// whether the node offers MPS instead.
+func New(setter timeslice.Setter, dataDir string, state State, mpsAvailable bool) *Configurator {
+	return &Configurator{setter: setter, state: state, lock: flock.New(filepath.Join(dataDir, LockFileName)), mpsAvailable: mpsAvailable}
+}
+
+// Name implements [preparer.Configurator].
+func (c *Configurator) Name() string { return Name }
+
+// Unavailable says why the node cannot set time slices.
+const Unavailable = "no nvidia-smi: see --nvidia-smi-path"
+
+// Plan implements [preparer.Configurator]: the holds of the claim's full
+// GPUs whose config asks for TimeSlicing. A MIG device's time slice cannot
+// be tuned: its containers share it with the driver's scheduling. A share
+// whose caps MPS enforces cannot be time-sliced instead.
+func (c *Configurator) Plan(_ context.Context, cl *preparer.Claim) (json.RawMessage, error) {
+	var rec Record
+	intervals := timeslice.New()
+	claim := timeslice.Claim{UID: cl.UID, Namespace: cl.Namespace, Name: cl.Name}
+	for _, d := range cl.Devices {
+		if d.State.AdminAccess {
+			// Admin access (monitoring) must not change how the device is
+			// shared with the claims that use it.
+			continue
+		}
+		strategy, ts, _ := sharing.Settings(d.Config.Config)
+		if strategy != v1beta1.TimeSlicingStrategy {
+			continue
+		}
+		capped, _, err := sharing.ShareLimits(d)
+		if err != nil {
+			return nil, err
+		}
+		if capped {
+			return nil, fmt.Errorf("device %s: %s: sharing.strategy TimeSlicing: the device is a share of a GPU shared by %s, whose caps only MPS enforces; allowed here: sharing.strategy MPS, or no sharing setting",
+				d.Model.Name(), d.Config.Origin, d.Model.Sharing)
+		}
+		if d.Config.Kind == config.MIG {
+			continue
+		}
+		if c.setter == nil {
+			hint := ""
+			if c.mpsAvailable {
+				hint = ", sharing.strategy MPS"
+			}
+			return nil, fmt.Errorf("device %s: %s: sharing.strategy %s: this node cannot set time slices (%s); allowed here: no sharing setting%s",
+				d.Model.Name(), d.Config.Origin, strategy, Unavailable, hint)
+		}
+		interval := v1beta1.DefaultTimeSlice
+		if ts != nil && ts.Interval != nil {
+			interval = *ts.Interval
+		}
+		// One claim must not ask for two intervals on one GPU.
+		if _, err := intervals.Acquire(d.State.UUID, claim, interval); err != nil {
+			return nil, fmt.Errorf("device %s: %s: %w", d.Model.Name(), d.Config.Origin, err)
+		}
+		rec.GPUs = append(rec.GPUs, Hold{Device: d.Model.Name(), GPU: d.State.UUID, Interval: interval})
+	}
+	if len(rec.GPUs) == 0 {
+		return nil, nil
+	}
+	return preparer.Encode(rec)
+}
+
+// Guard implements [preparer.Guard]: another claim must not hold one of
+// the claim's GPUs with another interval. It runs inside the checkpoint
+// update that records the start, so two claims cannot both pass with
+// different intervals.
+func (c *Configurator) Guard(s *claimstate.State, cl *claimstate.Claim, raw json.RawMessage) error {
+	rec, err := preparer.Record[Record](Name, raw)
+	if err != nil {
+		return err
+	}
+	policy, err := policyOf(s, cl.UID)
+	if err != nil {
+		return err
+	}
+	claim := timeslice.Claim{UID: cl.UID, Namespace: cl.Namespace, Name: cl.Name}
+	for _, h := range rec.GPUs {
+		if _, err := policy.Acquire(h.GPU, claim, h.Interval); err != nil {
+			return &preparer.RefusedError{Err: err}
+		}
+	}
+	return nil
+}
+
+// Apply implements [preparer.Configurator]: the policy, rebuilt from the
+// other claims' records, says which GPUs this claim is the first to hold;
+// those are set.
+func (c *Configurator) Apply(ctx context.Context, cl *preparer.Claim, raw json.RawMessage) (json.RawMessage, error) {
+	rec, err := preparer.Record[Record](Name, raw)
+	if err != nil {
+		return nil, err
+	}
+	if c.setter == nil {
+		return nil, fmt.Errorf("this node cannot set time slices (%s)", Unavailable)
+	}
+	unlock, err := c.acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	s, err := c.state(ctx)
+	if err != nil {
+		return nil, err
+	}
+	policy, err := policyOf(s, cl.UID)
+	if err != nil {
+		return nil, err
+	}
+	claim := timeslice.Claim{UID: cl.UID, Namespace: cl.Namespace, Name: cl.Name}
+	for _, h := range sortedHolds(rec) {
+		step, err := policy.Acquire(h.GPU, claim, h.Interval)
+		if err != nil {
+			return nil, err
+		}
+		if !step.Set {
+			continue
+		}
+		if err := c.setter.Set(ctx, step.GPU, step.Interval); err != nil {
+			return nil, fmt.Errorf("set time slice %s on GPU %s: %w", step.Interval, step.GPU, err)
+		}
+	}
+	return raw, nil
+}
+
+// Undo implements [preparer.Configurator]: the GPUs of which the claim is
+// the last holder go back to Default. The claim's record is still in the
+// checkpoint; the caller forgets it only once this succeeded, so a failed
+// reset is tried again.
+func (c *Configurator) Undo(ctx context.Context, claimUID string, raw json.RawMessage) error {
+	rec, err := preparer.Record[Record](Name, raw)
+	if err != nil {
+		return err
+	}
+	if len(rec.GPUs) == 0 {
+		return nil
+	}
+	if c.setter == nil {
+		return fmt.Errorf("claim %s holds time slices on GPUs %v, but this node cannot set time slices now (%s)", claimUID, gpus(rec), Unavailable)
+	}
+	unlock, err := c.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	s, err := c.state(ctx)
+	if err != nil {
+		return err
+	}
+	policy, err := policyOf(s, claimUID)
+	if err != nil {
+		return err
+	}
+	claim := timeslice.Claim{UID: claimUID}
+	for _, h := range sortedHolds(rec) {
+		// Hold it in the policy, then release it: the step says whether
+		// this claim was the last holder. A hold the others contradict
+		// (never set) releases nothing.
+		if _, err := policy.Acquire(h.GPU, claim, h.Interval); err != nil {
+			continue
+		}
+		step := policy.Release(h.GPU, claimUID)
+		if !step.Set {
+			continue
+		}
+		if err := c.setter.Set(ctx, step.GPU, step.Interval); err != nil {
+			return fmt.Errorf("reset time slice of GPU %s to %s: %w", step.GPU, step.Interval, err)
+		}
+	}
+	return nil
+}
+
+// Restore implements [preparer.Restorer]: the intervals held are applied
+// again, since the setting is lost when the driver reloads.
+func (c *Configurator) Restore(ctx context.Context, claims []*claimstate.Claim) error {
+	if c.setter == nil {
+		return fmt.Errorf("%d prepared claim(s) hold time slices, but this node cannot set time slices now (%s)", len(claims), Unavailable)
+	}
+	unlock, err := c.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	s := claimstate.New()
+	for _, cl := range claims {
+		s.Claims[cl.UID] = cl
+	}
+	policy, rebuildErr := policyOf(s, "")
+	var errs []error
+	if rebuildErr != nil {
+		errs = append(errs, rebuildErr)
+	}
+	for _, step := range policy.Reapply() {
+		if err := c.setter.Set(ctx, step.GPU, step.Interval); err != nil {
+			errs = append(errs, fmt.Errorf("set time slice %s on GPU %s: %w", step.Interval, step.GPU, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// acquire takes the time-slice lock, in process and across processes.
+func (c *Configurator) acquire(ctx context.Context) (func(), error) {
+	c.mu.Lock()
+	ok, err := c.lock.TryLockContext(ctx, 10*time.Millisecond)
+	if err != nil || !ok {
+		c.mu.Unlock()
+		if err == nil {
+			err = ctx.Err()
+		}
+		return nil, fmt.Errorf("take the time-slice lock %s: %w", c.lock.Path(), err)
+	}
+	return func() {
+		_ = c.lock.Unlock()
+		c.mu.Unlock()
+	}, nil
+}
+
+// policyOf rebuilds the node's time-slice holds from every record but the
+// claim with UID except. Unreadable records are an error: a hold that
+// cannot be read may be the one that keeps a GPU's interval.
+func policyOf(s *claimstate.State, except string) (*timeslice.Policy, error) {
+	var records []timeslice.Record
+	for uid, cl := range s.Claims {
+		raw := cl.Records[Name]
+		if uid == except || raw == nil {
+			continue
+		}
+		rec, err := preparer.Record[Record](Name, raw)
+		if err != nil {
+			return timeslice.New(), fmt.Errorf("claim %s: %w", uid, err)
+		}
+		for _, h := range rec.GPUs {
+			records = append(records, timeslice.Record{GPU: h.GPU, Claim: timeslice.Claim{UID: uid, Namespace: cl.Namespace, Name: cl.Name}, Interval: h.Interval})
+		}
+	}
+	return timeslice.Rebuild(records)
+}
+
+func sortedHolds(rec *Record) []Hold {
+	byGPU := map[string]Hold{}
+	for _, h := range rec.GPUs {
+		byGPU[h.GPU] = h
+	}
+	out := make([]Hold, 0, len(byGPU))
+	for _, gpu := range slices.Sorted(maps.Keys(byGPU)) {
+		out = append(out, byGPU[gpu])
+	}
+	return out
+}
+
+func gpus(rec *Record) []string {
+	out := make([]string, 0, len(rec.GPUs))
+	for _, h := range sortedHolds(rec) {
+		out = append(out, h.GPU)
+	}
+	return out
+}

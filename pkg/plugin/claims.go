@@ -1,0 +1,128 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/pkg/claimstate"
+	"github.com/gpudra/gpudra/pkg/devicestatus"
+)
+
+// statusTimeout bounds the removal of a claim's status.devices after
+// Unprepare, which runs in the background: a status write must never hold
+// up Unprepare, and an API server that does not answer must not pile up
+// goroutines for ever.
+const statusTimeout = 10 * time.Second
+
+// PrepareResourceClaims implements [kubeletplugin.DRAPlugin]. Claims of one
+// call are prepared concurrently; their checkpoint writes are
+// group-committed. Each claim gets its own result; the call itself fails
+// only if the plugin cannot work at all.
+func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
+	results := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	if len(claims) == 1 {
+		results[claims[0].UID] = d.prepareClaim(ctx, claims[0])
+		return results, nil
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, claim := range claims {
+		wg.Go(func() {
+			r := d.prepareClaim(ctx, claim)
+			mu.Lock()
+			results[claim.UID] = r
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return results, nil
+}
+
+// UnprepareResourceClaims implements [kubeletplugin.DRAPlugin]. Unpreparing
+// a claim this node does not know succeeds: the call is idempotent.
+func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
+	results := make(map[types.UID]error, len(claims))
+	if len(claims) == 1 {
+		results[claims[0].UID] = d.unprepareClaim(ctx, claims[0])
+		return results, nil
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, claim := range claims {
+		wg.Go(func() {
+			err := d.unprepareClaim(ctx, claim)
+			mu.Lock()
+			results[claim.UID] = err
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return results, nil
+}
+
+func (d *Driver) prepareClaim(ctx context.Context, claim *resourceapi.ResourceClaim) kubeletplugin.PrepareResult {
+	logger := klog.FromContext(ctx).WithValues("claim", klog.KObj(claim), "claimUID", claim.UID)
+	ctx = klog.NewContext(ctx, logger)
+	prepared, err := d.prep.Prepare(ctx, claim)
+	if err != nil {
+		logger.Error(err, "Prepare failed")
+		return kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, err)}
+	}
+	if prepared.Record != nil && d.prep.ReportsStatus(prepared.Record) {
+		d.recordDeviceStatus(ctx, claim, prepared.Record.Devices)
+	}
+	logger.V(2).Info("Prepared", "devices", len(prepared.Devices))
+	return kubeletplugin.PrepareResult{Devices: prepared.Devices}
+}
+
+func (d *Driver) unprepareClaim(ctx context.Context, claim kubeletplugin.NamespacedObject) error {
+	logger := klog.FromContext(ctx).WithValues("claim", claim.NamespacedName, "claimUID", claim.UID)
+	ctx = klog.NewContext(ctx, logger)
+	reported, err := d.prep.Unprepare(ctx, claim)
+	if err != nil {
+		return err
+	}
+	if reported {
+		// The claim usually outlives its pods a moment; drop the UUIDs of
+		// devices that no longer exist. Gone claims need nothing. In the
+		// background, bounded, so that an API server that does not answer
+		// never holds up Unprepare.
+		d.wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statusTimeout)
+			defer cancel()
+			if err := d.status.Remove(ctx, claim); err != nil {
+				logger.Error(err, "Removing the claim's device status (status.devices)")
+			}
+		})
+	}
+	return nil
+}
+
+// recordDeviceStatus writes the claim's status.devices entries (KEP-4817)
+// for devices whose identity exists only since Prepare (MIG devices created
+// on demand) and is published nowhere else; other devices carry theirs as
+// a slice attribute, so most claims cost no extra API write. A failure is
+// logged, not returned: the status serves monitoring, and an API server or
+// RBAC without it must not keep pods from starting.
+func (d *Driver) recordDeviceStatus(ctx context.Context, claim *resourceapi.ResourceClaim, devices []claimstate.Device) {
+	statuses := make([]devicestatus.Device, 0, len(devices))
+	seen := map[string]bool{}
+	for _, cd := range devices {
+		key := cd.Name + "@" + cd.ShareID
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		statuses = append(statuses, devicestatus.Device{Pool: cd.Pool, Name: cd.Name, ShareID: cd.ShareID, UUID: cd.UUID, ParentUUID: cd.ParentUUID})
+	}
+	if err := d.status.Record(ctx, claim, statuses); err != nil {
+		klog.FromContext(ctx).Error(err, "Writing the claim's device status (status.devices); the devices are prepared all the same")
+	}
+}

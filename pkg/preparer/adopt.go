@@ -1,0 +1,137 @@
+package preparer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+
+	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/pkg/cdi"
+	"github.com/gpudra/gpudra/pkg/checkpoint"
+	"github.com/gpudra/gpudra/pkg/claimstate"
+	"github.com/gpudra/gpudra/pkg/hardware"
+)
+
+// view reads the state; when the checkpoint was found damaged, it first
+// adopts what is prepared on the node, so that no decision is ever taken
+// against the empty state a damaged file leaves.
+func (p *Preparer) view(ctx context.Context, fn func(*claimstate.State) error) error {
+	err := p.cfg.Store.View(ctx, fn)
+	if !errors.Is(err, checkpoint.ErrNeedsAdoption) {
+		return err
+	}
+	if err := p.Adopt(ctx, nil); err != nil {
+		return fmt.Errorf("the checkpoint was lost and the claims prepared on this node could not be adopted yet (retry): %w", err)
+	}
+	return p.cfg.Store.View(ctx, fn)
+}
+
+// update is Store.Update with the same adoption as view.
+func (p *Preparer) update(ctx context.Context, mutate func(*claimstate.State) error) error {
+	err := p.cfg.Store.Update(ctx, mutate)
+	if !errors.Is(err, checkpoint.ErrNeedsAdoption) {
+		return err
+	}
+	if err := p.Adopt(ctx, nil); err != nil {
+		return fmt.Errorf("the checkpoint was lost and the claims prepared on this node could not be adopted yet (retry): %w", err)
+	}
+	return p.cfg.Store.Update(ctx, mutate)
+}
+
+// Adopt records every claim prepared on the node that the checkpoint no
+// longer knows, after the checkpoint was lost: the claims whose CDI specs
+// are in the directory (with the records their specs carry), and whatever
+// the configurators' adopters find (MIG instances of claims the API server
+// allocated here). Such a claim may belong to a running pod: removing its
+// spec would break the pod's container restarts and free its devices for
+// another claim. An adopted claim keeps its devices until the kubelet
+// unprepares it or the sweep finds it gone. inv is the node's hardware, or
+// nil to adopt from the specs and the API server alone.
+//
+// Adopt clears the checkpoint's need for adoption only once the adopted
+// claims are recorded; until then every Prepare and Unprepare tries again.
+func (p *Preparer) Adopt(ctx context.Context, inv *hardware.Inventory) error {
+	p.adoptMu.Lock()
+	defer p.adoptMu.Unlock()
+	logger := klog.FromContext(ctx)
+	uids, err := p.cfg.CDI.ClaimUIDs()
+	if err != nil {
+		return err
+	}
+	in := &Adoption{Inventory: inv, Claims: map[string]*claimstate.Claim{}}
+	for _, uid := range uids {
+		content, err := p.cfg.CDI.Read(uid)
+		if err != nil {
+			// An unreadable spec still names the claim: hold the claim
+			// with what could be read rather than lose track of it.
+			logger.Error(err, "Adopting a claim whose CDI spec cannot be read in full", "claimUID", uid)
+		}
+		c := &claimstate.Claim{UID: uid, Phase: claimstate.PrepareCompleted, Adopted: true, Records: content.Records}
+		for _, name := range content.DeviceNames {
+			device, shareID := SplitShareName(name)
+			c.Devices = append(c.Devices, claimstate.Device{
+				Pool:         p.cfg.NodeName,
+				Name:         device,
+				ShareID:      shareID,
+				CDIDeviceIDs: []string{cdi.DeviceID(p.cfg.DriverName, uid, name)},
+			})
+		}
+		in.Claims[uid] = c
+	}
+	allocated, allocErr := p.cfg.Node.Allocated(ctx)
+	if allocErr == nil {
+		in.Allocated = allocated
+	}
+	var errs []error
+	for _, conf := range p.cfg.Configurators {
+		if a, ok := conf.(Adopter); ok {
+			if err := a.Adopt(ctx, in); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", conf.Name(), err))
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		// Something on the node may be unaccounted for: do not let the
+		// checkpoint be used as if it were complete.
+		return err
+	}
+	now := p.cfg.Clock()
+	var adopted []string
+	err = p.cfg.Store.Recover(ctx, func(s *claimstate.State) error {
+		adopted = adopted[:0]
+		for _, uid := range sortedKeys(in.Claims) {
+			c := in.Claims[uid]
+			if s.Adopt(uid, c.Devices, c.Records, now) {
+				rec := s.Claims[uid]
+				rec.Namespace, rec.Name, rec.Consumers = c.Namespace, c.Name, c.Consumers
+				adopted = append(adopted, uid)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("record adopted claims: %w", err)
+	}
+	if len(adopted) > 0 {
+		logger.Info("Adopted claims prepared on this node that the checkpoint no longer knew", "claimUIDs", adopted)
+	}
+	if allocErr != nil {
+		logger.Error(allocErr, "Adopted the claims with CDI specs; the API server's allocations could not be read, so work of claims without a spec stays unaccounted for")
+	}
+	return nil
+}
+
+// shareIDSuffix matches a CDI device name of a share: the device name and
+// the share ID the allocator made, a UUID (see cdi.ShareName).
+var shareIDSuffix = regexp.MustCompile(`^(.+)-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$`)
+
+// SplitShareName splits the name of a claim's CDI device into the device
+// name and the share ID, "" for a device allocated whole.
+func SplitShareName(name string) (device, shareID string) {
+	if m := shareIDSuffix.FindStringSubmatch(name); m != nil {
+		return m[1], m[2]
+	}
+	return name, ""
+}

@@ -1,0 +1,625 @@
+package preparer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/keymutex"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/gpudra/gpudra/pkg/cdi"
+	"github.com/gpudra/gpudra/pkg/checkpoint"
+	"github.com/gpudra/gpudra/pkg/claimstate"
+)
+
+// Step names a point of a preparation at which tests inject failures.
+type Step string
+
+// The preparer's own steps, in order. A configurator's steps are its Plan,
+// Apply and Undo: tests fail those with a failing configurator.
+const (
+	StepWriteCDISpec    Step = "WriteCDISpec"
+	StepRecordCompleted Step = "RecordCompleted"
+)
+
+// claimLockBuckets is the number of per-claim locks. The default of
+// keymutex (one per CPU) would let only two claims of a 2-core node prepare
+// at once and defeat the checkpoint's group commit; with 4096 buckets two
+// concurrent claims share a lock rarely, and then only wait for each other.
+const claimLockBuckets = 4096
+
+// Node is what the preparer needs of the node's published devices; the
+// kubelet-plugin shell implements it.
+type Node interface {
+	// Claim looks the intent's devices up among the published devices,
+	// resolves the claim's opaque configs and returns the claim to prepare
+	// with the CDI edits every device of it needs (driver files).
+	Claim(ctx context.Context, claim *resourceapi.ResourceClaim, intent claimstate.Intent) (*Claim, *cdispec.ContainerEdits, error)
+	// Allocated lists the API server's claims allocated from this node's
+	// pool, for adoption; an error if the API server cannot be asked.
+	Allocated(ctx context.Context) ([]AllocatedClaim, error)
+}
+
+// Config is what a Preparer works with.
+type Config struct {
+	DriverName string
+	// NodeName is this node and its pool.
+	NodeName string
+	Store    *checkpoint.Store
+	CDI      *cdi.Writer
+	Node     Node
+	// Configurators in the order they apply; they undo in reverse.
+	Configurators []Configurator
+	// Clock replaces time.Now (tests); nil means time.Now.
+	Clock func() time.Time
+	// Faults, if set, is called before each of the preparer's steps and
+	// may fail it (tests).
+	Faults func(step Step, claimUID string) error
+}
+
+// Preparer prepares and unprepares claims through the configurators. Its
+// methods are safe for concurrent use; calls for one claim are serialized.
+type Preparer struct {
+	cfg        Config
+	claimLocks keymutex.KeyMutex
+	// adoptMu serializes adoptions.
+	adoptMu sync.Mutex
+}
+
+// New returns a Preparer.
+func New(cfg Config) *Preparer {
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	return &Preparer{cfg: cfg, claimLocks: keymutex.NewHashed(claimLockBuckets)}
+}
+
+// RecordNames are the names of the records the configurators own: what a
+// checkpoint may require of its reader.
+func RecordNames(cs []Configurator) []string {
+	names := make([]string, 0, len(cs))
+	for _, c := range cs {
+		names = append(names, c.Name())
+	}
+	return names
+}
+
+// LockClaim takes the lock of one claim; the returned function releases
+// it. The sweep takes it before it undoes a claim.
+func (p *Preparer) LockClaim(uid string) func() {
+	p.claimLocks.LockKey(uid)
+	return func() { _ = p.claimLocks.UnlockKey(uid) }
+}
+
+// Prepared is the outcome of a Prepare.
+type Prepared struct {
+	// Devices are what the kubelet gets.
+	Devices []kubeletplugin.Device
+	// Record is the claim's completed record; nil for a claim with no
+	// device of this driver.
+	Record *claimstate.Claim
+}
+
+// Prepare prepares one claim and returns what the kubelet gets. A claim
+// prepared before is answered from its record before anything else is
+// looked at, so a retry succeeds even if the node's devices changed since.
+func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (Prepared, error) {
+	out, err := p.prepare(ctx, claim)
+	if err != nil {
+		return Prepared{}, err
+	}
+	if out == nil {
+		// Nothing of ours in this claim: nothing to set up or record.
+		return Prepared{Devices: []kubeletplugin.Device{}}, nil
+	}
+	return Prepared{Devices: kubeletDevices(out.Devices), Record: out}, nil
+}
+
+func (p *Preparer) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (*claimstate.Claim, error) {
+	intent, err := IntentOf(claim, p.cfg.DriverName, p.cfg.NodeName)
+	if err != nil {
+		return nil, err
+	}
+	if len(intent.Devices) == 0 {
+		return nil, nil
+	}
+	unlock := p.LockClaim(intent.UID)
+	defer unlock()
+
+	var action claimstate.PrepareAction
+	var existing *claimstate.Claim
+	err = p.view(ctx, func(s *claimstate.State) error {
+		var err error
+		action, existing, err = s.PlanPrepare(intent)
+		if existing != nil {
+			existing = existing.Clone()
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case existing != nil && existing.Adopted:
+		return p.completeAdopted(ctx, claim, intent, existing)
+	case action == claimstate.ActionReturnRecorded:
+		if err := p.repairSpec(ctx, claim, existing); err != nil {
+			return nil, err
+		}
+		return existing, nil
+	case action == claimstate.ActionRollbackThenPrepare:
+		// Before planning: a plan reads the hardware's state (a VFIO plan
+		// records each function's driver as the one to give it back to),
+		// and a half-done preparation is not the state to plan from.
+		klog.FromContext(ctx).Info("Rolling back an interrupted preparation before preparing again", "startedAt", existing.StartedAt)
+		if err := p.RollBack(ctx, existing, false); err != nil {
+			return nil, err
+		}
+	}
+	c, common, err := p.cfg.Node.Claim(ctx, claim, intent)
+	if err != nil {
+		return nil, err
+	}
+	records := map[string]json.RawMessage{}
+	for _, conf := range p.cfg.Configurators {
+		rec, err := conf.Plan(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		if rec != nil {
+			records[conf.Name()] = rec
+		}
+	}
+	return p.execute(ctx, c, common, records)
+}
+
+// execute carries out a planned claim: start record, configurators, CDI
+// spec, completion record. On failure it undoes what it did.
+//
+// A claim no configurator planned anything for gets no start record. It
+// would cost a checkpoint write per claim, and nothing needs it: the
+// per-claim CDI spec is named after the claim UID, so it can always be
+// found again, and specs without a completed record are removed at start
+// and by the sweep. Anything else is set up only after a start record
+// names it, so that gpudra never holds hardware state no record owns.
+func (p *Preparer) execute(ctx context.Context, c *Claim, common *cdispec.ContainerEdits, records map[string]json.RawMessage) (_ *claimstate.Claim, finalErr error) {
+	uid := c.UID
+	var startedAt time.Time
+	if len(records) > 0 {
+		startedAt = p.cfg.Clock()
+		in := c.Intent()
+		in.Records = records
+		if err := p.recordStart(ctx, in, startedAt); err != nil {
+			return nil, err
+		}
+		// done holds the records as applied; on failure every configurator
+		// that got to Apply undoes its record (the one that failed too: it
+		// may have done part of its work).
+		var applied []Configurator
+		defer func() {
+			if finalErr != nil {
+				finalErr = errors.Join(finalErr, p.abandon(ctx, uid, startedAt, applied, records))
+			}
+		}()
+		for _, conf := range p.cfg.Configurators {
+			rec, ok := records[conf.Name()]
+			if !ok {
+				continue
+			}
+			applied = append(applied, conf)
+			done, err := conf.Apply(ctx, c, rec)
+			if err != nil {
+				return nil, err
+			}
+			records[conf.Name()] = done
+		}
+	}
+	if err := p.fault(StepWriteCDISpec, uid); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if finalErr == nil {
+			return
+		}
+		// A failed write may have left the file behind; remove it either way.
+		if err := p.cfg.CDI.Remove(uid); err != nil {
+			finalErr = errors.Join(finalErr, fmt.Errorf("roll back: %w", err))
+		}
+	}()
+	spec, err := p.spec(c, common, records)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.cfg.CDI.Write(uid, spec); err != nil {
+		return nil, err
+	}
+	if err := p.fault(StepRecordCompleted, uid); err != nil {
+		return nil, err
+	}
+	in := c.Intent()
+	if len(records) > 0 {
+		in.Records = records
+	}
+	if err := p.cfg.Store.Update(ctx, func(s *claimstate.State) error { return s.RecordCompleted(in, startedAt) }); err != nil {
+		if isConflict(err) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("record completion in checkpoint: %w", err)
+	}
+	return &claimstate.Claim{UID: in.UID, Namespace: in.Namespace, Name: in.Name, Phase: claimstate.PrepareCompleted,
+		StartedAt: startedAt, Consumers: in.Consumers, Devices: in.Devices, Records: in.Records}, nil
+}
+
+// recordStart records the start of a preparation, with the guards of the
+// configurators that planned something checked in the same transaction.
+func (p *Preparer) recordStart(ctx context.Context, in claimstate.Intent, startedAt time.Time) error {
+	err := p.update(ctx, func(s *claimstate.State) error {
+		started := &claimstate.Claim{UID: in.UID, Namespace: in.Namespace, Name: in.Name, Consumers: in.Consumers, Devices: in.Devices, Records: in.Records}
+		for _, conf := range p.cfg.Configurators {
+			g, ok := conf.(Guard)
+			if rec := in.Records[conf.Name()]; ok && rec != nil {
+				if err := g.Guard(s, started, rec); err != nil {
+					return err
+				}
+			}
+		}
+		return s.RecordStarted(in, startedAt)
+	})
+	if err != nil {
+		var refused *RefusedError
+		if isConflict(err) || errors.As(err, &refused) {
+			return err
+		}
+		return fmt.Errorf("record start in checkpoint: %w", err)
+	}
+	return nil
+}
+
+// RefusedError is returned by a [Guard] that refuses a claim because of
+// another claim's records; it is not a checkpoint failure, and its text
+// stands for itself.
+type RefusedError struct{ Err error }
+
+func (e *RefusedError) Error() string { return e.Err.Error() }
+func (e *RefusedError) Unwrap() error { return e.Err }
+
+// abandon undoes a preparation that recorded its start, in reverse order,
+// then drops the start record. If an undo fails, the start record stays,
+// so that the next Prepare, Unprepare or sweep tries again.
+func (p *Preparer) abandon(ctx context.Context, uid string, startedAt time.Time, applied []Configurator, records map[string]json.RawMessage) error {
+	for _, conf := range slices.Backward(applied) {
+		if err := conf.Undo(ctx, uid, records[conf.Name()]); err != nil {
+			return fmt.Errorf("roll back (kept the start record; retried later): %s: %w", conf.Name(), err)
+		}
+	}
+	err := p.cfg.Store.Update(ctx, func(s *claimstate.State) error {
+		if c := s.Claims[uid]; c != nil && c.Phase == claimstate.PrepareStarted && c.StartedAt.Equal(startedAt) {
+			s.Remove(uid)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("roll back: drop the start record: %w", err)
+	}
+	return nil
+}
+
+// RollBack undoes what a record owns, in reverse configurator order, then
+// removes the CDI spec and, when forget is set, the record. Nothing after
+// a failed undo is undone, so the record keeps owning what is left and a
+// retry finishes the job. The caller holds the claim's lock.
+func (p *Preparer) RollBack(ctx context.Context, c *claimstate.Claim, forget bool) error {
+	if err := p.undo(ctx, c); err != nil {
+		return err
+	}
+	if err := p.cfg.CDI.Remove(c.UID); err != nil {
+		return err
+	}
+	if !forget {
+		return nil
+	}
+	return p.cfg.Store.Update(ctx, func(s *claimstate.State) error {
+		s.Remove(c.UID)
+		return nil
+	})
+}
+
+func (p *Preparer) undo(ctx context.Context, c *claimstate.Claim) error {
+	for _, name := range c.RecordNames() {
+		if !slices.ContainsFunc(p.cfg.Configurators, func(conf Configurator) bool { return conf.Name() == name }) {
+			return fmt.Errorf("claim %s holds a %q record, which no configurator of this plugin undoes", c.UID, name)
+		}
+	}
+	for _, conf := range slices.Backward(p.cfg.Configurators) {
+		rec, ok := c.Records[conf.Name()]
+		if !ok {
+			continue
+		}
+		if err := conf.Undo(ctx, c.UID, rec); err != nil {
+			return fmt.Errorf("%s: %w", conf.Name(), err)
+		}
+	}
+	return nil
+}
+
+// Unprepare undoes a claim and forgets it. Unpreparing a claim this node
+// does not know succeeds: the call is idempotent. reported says whether
+// the claim had status.devices entries that the caller should remove.
+func (p *Preparer) Unprepare(ctx context.Context, claim kubeletplugin.NamespacedObject) (reported bool, _ error) {
+	uid := string(claim.UID)
+	logger := klog.FromContext(ctx)
+	unlock := p.LockClaim(uid)
+	defer unlock()
+	var record *claimstate.Claim
+	err := p.view(ctx, func(s *claimstate.State) error {
+		if c := s.Claims[uid]; c != nil {
+			record = c.Clone()
+		}
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("unprepare claim %s: read checkpoint: %w", claim.NamespacedName, err)
+	}
+	if record == nil {
+		// Unknown claim: nothing recorded, but a crash between writing the
+		// spec and recording completion can leave a spec behind.
+		if err := p.cfg.CDI.Remove(uid); err != nil {
+			return false, fmt.Errorf("unprepare claim %s: %w", claim.NamespacedName, err)
+		}
+		logger.V(2).Info("Unprepare of a claim that is not prepared here; nothing to do")
+		return false, nil
+	}
+	if err := p.RollBack(ctx, record, true); err != nil {
+		return false, fmt.Errorf("unprepare claim %s: %w", claim.NamespacedName, err)
+	}
+	logger.V(2).Info("Unprepared", "devices", len(record.Devices))
+	return p.ReportsStatus(record), nil
+}
+
+// ReportsStatus says whether a claim's devices get status.devices entries:
+// some configurator gave them an identity at Prepare.
+func (p *Preparer) ReportsStatus(c *claimstate.Claim) bool {
+	for _, conf := range p.cfg.Configurators {
+		if r, ok := conf.(StatusReporter); ok && r.ReportsDeviceStatus() && c.Records[conf.Name()] != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// Restore runs the configurators' restores over the completed claims at
+// start. Failures are returned together; the records stay, so Prepare,
+// Unprepare and the configurators' own supervision try again.
+func (p *Preparer) Restore(ctx context.Context) error {
+	state, err := p.cfg.Store.Read(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, conf := range p.cfg.Configurators {
+		r, ok := conf.(Restorer)
+		if !ok {
+			continue
+		}
+		var claims []*claimstate.Claim
+		for _, uid := range sortedKeys(state.Claims) {
+			if c := state.Claims[uid]; c.Phase == claimstate.PrepareCompleted && c.Records[conf.Name()] != nil {
+				claims = append(claims, c)
+			}
+		}
+		if len(claims) == 0 {
+			continue
+		}
+		if err := r.Restore(ctx, claims); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", conf.Name(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// spec builds the claim's CDI spec, carrying its records for adoption.
+func (p *Preparer) spec(c *Claim, common *cdispec.ContainerEdits, records map[string]json.RawMessage) (*cdispec.Spec, error) {
+	devices := make([]cdi.SpecDevice, 0, len(c.Devices))
+	seen := map[string]bool{}
+	for _, d := range c.Devices {
+		// One device allocated for two requests (admin access) needs one
+		// CDI device; each share gets its own.
+		name := cdi.ShareName(d.Model.Name(), d.State.ShareID)
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		devices = append(devices, cdi.SpecDevice{Device: d.Model, ShareID: d.State.ShareID, Edits: d.Edits})
+	}
+	spec, err := cdi.BuildSpec(cdi.SpecInput{
+		DriverName: p.cfg.DriverName,
+		ClaimUID:   c.UID,
+		Majors:     c.Inventory.Majors,
+		Devices:    devices,
+		Common:     common,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := cdi.SetRecords(spec, records); err != nil {
+		return nil, err
+	}
+	return spec, nil
+}
+
+// repairSpec writes the CDI spec of a prepared claim again if it went
+// missing (someone cleaned /var/run/cdi): the kubelet asks again exactly
+// when a container of the claim is about to start and needs it.
+func (p *Preparer) repairSpec(ctx context.Context, claim *resourceapi.ResourceClaim, record *claimstate.Claim) error {
+	if p.cfg.CDI.Exists(record.UID) {
+		return nil
+	}
+	klog.FromContext(ctx).Info("CDI spec of a prepared claim is missing; writing it again")
+	in := claimstate.Intent{UID: record.UID, Namespace: record.Namespace, Name: record.Name, Consumers: record.Consumers, Devices: record.Clone().Devices}
+	c, common, err := p.cfg.Node.Claim(ctx, claim, in)
+	if err != nil {
+		return fmt.Errorf("write the missing CDI spec again: %w", err)
+	}
+	for _, conf := range p.cfg.Configurators {
+		e, ok := conf.(Editor)
+		if rec := record.Records[conf.Name()]; ok && rec != nil {
+			if err := e.Edits(ctx, c, rec); err != nil {
+				return fmt.Errorf("write the missing CDI spec again: %s: %w", conf.Name(), err)
+			}
+		}
+	}
+	spec, err := p.spec(c, common, record.Records)
+	if err != nil {
+		return fmt.Errorf("write the missing CDI spec again: %w", err)
+	}
+	return p.cfg.CDI.Write(record.UID, spec)
+}
+
+// completeAdopted answers a Prepare of a claim adopted after the checkpoint
+// was lost. Its devices are set up and may serve running containers, so
+// nothing is set up again: the record learns what the spec could not tell
+// (requests, admin access, the claim's name and pods) and stops being
+// adopted.
+func (p *Preparer) completeAdopted(ctx context.Context, claim *resourceapi.ResourceClaim, intent claimstate.Intent, adopted *claimstate.Claim) (*claimstate.Claim, error) {
+	if !sameIdentity(adopted.Devices, intent.Devices) {
+		return nil, fmt.Errorf("claim %s/%s (uid %s) was adopted after the checkpoint was lost with devices %v, not %v: unprepare it first",
+			intent.Namespace, intent.Name, intent.UID, identities(adopted.Devices), identities(intent.Devices))
+	}
+	rec := adopted.Clone()
+	rec.Adopted = false
+	rec.Namespace, rec.Name, rec.Consumers = intent.Namespace, intent.Name, intent.Consumers
+	for i := range rec.Devices {
+		for _, want := range intent.Devices {
+			if want.Name == rec.Devices[i].Name && want.ShareID == rec.Devices[i].ShareID {
+				rec.Devices[i].Requests = want.Requests
+				rec.Devices[i].AdminAccess = want.AdminAccess
+				rec.Devices[i].CDIDeviceIDs = want.CDIDeviceIDs
+			}
+		}
+	}
+	err := p.cfg.Store.Update(ctx, func(s *claimstate.State) error {
+		cur := s.Claims[rec.UID]
+		if cur == nil || !cur.Adopted {
+			return fmt.Errorf("claim %s changed while it was being completed; retry", rec.UID)
+		}
+		s.Claims[rec.UID] = rec
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	klog.FromContext(ctx).Info("Prepare of an adopted claim: its devices are kept as they are", "devices", len(rec.Devices))
+	if err := p.repairSpec(ctx, claim, rec); err != nil {
+		return nil, err
+	}
+	return rec, nil
+}
+
+func (p *Preparer) fault(step Step, claimUID string) error {
+	if p.cfg.Faults == nil {
+		return nil
+	}
+	if err := p.cfg.Faults(step, claimUID); err != nil {
+		return fmt.Errorf("injected fault at %s: %w", step, err)
+	}
+	return nil
+}
+
+// IntentOf reads what the claim asks of this driver from its allocation:
+// the consumer pods and the devices with their CDI IDs.
+func IntentOf(claim *resourceapi.ResourceClaim, driverName, pool string) (claimstate.Intent, error) {
+	intent := claimstate.Intent{UID: string(claim.UID), Namespace: claim.Namespace, Name: claim.Name}
+	if claim.Status.Allocation == nil {
+		return intent, fmt.Errorf("claim is not allocated")
+	}
+	intent.Consumers = ConsumersOf(claim)
+	for _, r := range claim.Status.Allocation.Devices.Results {
+		if r.Driver != driverName {
+			continue
+		}
+		if r.Pool != pool {
+			return intent, fmt.Errorf("request %s: device %s is from pool %q, but this node's pool is %q", r.Request, r.Device, r.Pool, pool)
+		}
+		cd := claimstate.Device{
+			Requests:    []string{r.Request},
+			Pool:        r.Pool,
+			Name:        r.Device,
+			AdminAccess: r.AdminAccess != nil && *r.AdminAccess,
+		}
+		if r.ShareID != nil {
+			cd.ShareID = string(*r.ShareID)
+		}
+		cd.CDIDeviceIDs = []string{cdi.DeviceID(driverName, string(claim.UID), cdi.ShareName(r.Device, cd.ShareID))}
+		intent.Devices = append(intent.Devices, cd)
+	}
+	return intent, nil
+}
+
+// ConsumersOf returns the pods a claim is reserved for.
+func ConsumersOf(claim *resourceapi.ResourceClaim) []claimstate.Consumer {
+	var out []claimstate.Consumer
+	for _, ref := range claim.Status.ReservedFor {
+		if ref.Resource == "pods" && ref.APIGroup == "" {
+			out = append(out, claimstate.Consumer{Name: ref.Name, UID: string(ref.UID)})
+		}
+	}
+	return out
+}
+
+func kubeletDevices(devices []claimstate.Device) []kubeletplugin.Device {
+	out := make([]kubeletplugin.Device, 0, len(devices))
+	for _, d := range devices {
+		kd := kubeletplugin.Device{
+			Requests:     d.Requests,
+			PoolName:     d.Pool,
+			DeviceName:   d.Name,
+			CDIDeviceIDs: d.CDIDeviceIDs,
+		}
+		if d.ShareID != "" {
+			id := types.UID(d.ShareID)
+			kd.ShareID = &id
+		}
+		out = append(out, kd)
+	}
+	return out
+}
+
+// sameIdentity compares devices by pool, name and share.
+func sameIdentity(a, b []claimstate.Device) bool {
+	return slices.Equal(identities(a), identities(b))
+}
+
+func identities(ds []claimstate.Device) []string {
+	out := make([]string, 0, len(ds))
+	for _, d := range ds {
+		id := d.Pool + "/" + d.Name
+		if d.ShareID != "" {
+			id += "@" + d.ShareID
+		}
+		if !slices.Contains(out, id) {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func isConflict(err error) bool {
+	var conflict *claimstate.ConflictError
+	var self *claimstate.SelfConflictError
+	return errors.As(err, &conflict) || errors.As(err, &self)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	return slices.Sorted(maps.Keys(m))
+}

@@ -1,0 +1,86 @@
+package preparer
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/gpudra/gpudra/pkg/claimstate"
+	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/hardware"
+)
+
+// Publisher is implemented by features that shape what the node publishes:
+// device-model options, GPUs left out or kept. Publish must be pure: it
+// reads its input and its own settings only.
+type Publisher interface {
+	Publish(in *PublishInput)
+}
+
+// PublishInput is what publishers read and add to.
+type PublishInput struct {
+	// Inventory is what discovery found; a publisher may replace it (never
+	// modify it) to leave GPUs out or keep some in.
+	Inventory *hardware.Inventory
+	// Previous is the inventory of the last publication, nil at first.
+	Previous *hardware.Inventory
+	// State is the prepared-claim state; nil when the checkpoint cannot be
+	// read.
+	State *claimstate.State
+	// Options are the device-model options.
+	Options []devicemodel.Option
+	// Notices are conditions an operator should hear about.
+	Notices []Notice
+}
+
+// Notice is something a publication left out or changed that an operator
+// should hear about: logged at every publication, recorded as a Node event
+// when it changes.
+type Notice struct {
+	Reason  string
+	Message string
+}
+
+// Fallback is a publishing choice that needs an API feature: when the API
+// server drops the feature's fields, the choice is turned off (On) and the
+// devices are published without it, with a log line and a Node event.
+// Half-published devices would be worse than none: counter-less dynamic
+// MIG devices let the scheduler hand out overlapping placements,
+// counter-less VFIO devices a GPU both ways, and shareable GPUs without
+// consumable capacity ignore their caps.
+type Fallback struct {
+	// Feature is the API server's feature gate, as DroppedFieldsError
+	// names it.
+	Feature       string
+	On            *atomic.Bool
+	Log           string
+	Reason, Event string
+}
+
+// FallbackProvider is implemented by publishers with fallbacks.
+type FallbackProvider interface {
+	Fallbacks() []Fallback
+}
+
+// Published is one publication: the inventory the devices were built from
+// and the devices.
+type Published struct {
+	Inventory *hardware.Inventory
+	Model     *devicemodel.Model
+	Notices   []Notice
+}
+
+// Publish derives the devices a node publishes from its hardware, its
+// prepared claims and the features' publishing choices. It is pure, and
+// it is the one place those rules live: the kubelet plugin, `gpudra
+// inspect` and the local cluster all call it.
+func Publish(inv, previous *hardware.Inventory, state *claimstate.State, publishers []Publisher) (*Published, error) {
+	in := &PublishInput{Inventory: inv, Previous: previous, State: state}
+	for _, p := range publishers {
+		p.Publish(in)
+	}
+	model, err := devicemodel.Build(in.Inventory, in.Options...)
+	if err != nil {
+		return nil, fmt.Errorf("build device model: %w", err)
+	}
+	return &Published{Inventory: in.Inventory, Model: model, Notices: in.Notices}, nil
+}
