@@ -27,8 +27,8 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/checkpoint"
-	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/claimstate"
+	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/devicestatus"
 	"github.com/gpudra/gpudra/pkg/features"
 	"github.com/gpudra/gpudra/pkg/features/passthrough"

@@ -153,4 +153,6 @@ func (m modeSwitchNode) Rediscover(ctx context.Context) (*hardware.Inventory, er
 }
 
 // Event records a Node event.
-func (m modeSwitchNode) Event(eventType, reason, message string) { m.d.Event(eventType, reason, message) }
+func (m modeSwitchNode) Event(eventType, reason, message string) {
+	m.d.Event(eventType, reason, message)
+}

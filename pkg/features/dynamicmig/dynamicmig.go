@@ -319,4 +319,3 @@ func instanceAt(inv *hardware.Inventory, p hardware.MIGPlacement) *hardware.MIGD
 	}
 	return nil
 }
-
