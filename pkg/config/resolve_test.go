@@ -275,7 +275,7 @@ func TestResolveErrors(t *testing.T) {
 		"invalid MPS settings": {
 			configs: configs{claimCfg(doc("MigDeviceConfig", `"sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 150, "defaultPinnedDeviceMemoryLimit": "512Ki"}}`))},
 			want: `claim config #0 (all requests): [sharing.mpsConfig.defaultActiveThreadPercentage: Invalid value: 150: must be between 0 and 100, inclusive, ` +
-				`sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "512Ki": must be at least 1Mi]`,
+				`sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "512Ki": must be from 1Mi to 9223372036854775806 bytes]`,
 		},
 		"strategy behind a disabled feature gate": {
 			configs:  configs{claimCfg(gpuMPS, "gpu")},

@@ -13,6 +13,11 @@
 // "associated-node:patch" on resource "resourceclaims/driver", named after
 // the driver, which a ServiceAccount holds only while its token names the
 // node the claim is allocated on. deployments/rbac grants it.
+//
+// Every API call is bounded by a timeout ([WithTimeout], default
+// [DefaultTimeout]) and made once: during an API outage a status write
+// fails promptly instead of holding up Prepare or Unprepare, and whether to
+// try again later is the caller's decision.
 package devicestatus
 
 import (
@@ -46,6 +51,13 @@ const (
 
 // fieldManagerMaxLength is the API server's limit on a field manager name.
 const fieldManagerMaxLength = 128
+
+// DefaultTimeout bounds each API call of a Writer unless [WithTimeout] says
+// otherwise: ample for one apply to a healthy API server, short enough that
+// a caller blocked on it during an outage is not noticed by the kubelet
+// (whose NodePrepareResources and NodeUnprepareResources calls time out
+// after 45s).
+const DefaultTimeout = 5 * time.Second
 
 // Device is one device this driver prepared for a claim.
 type Device struct {
@@ -91,6 +103,7 @@ type Writer struct {
 	node         string
 	fieldManager string
 	now          func() time.Time
+	timeout      time.Duration
 }
 
 // Option configures a Writer.
@@ -99,6 +112,13 @@ type Option func(*Writer)
 // WithClock replaces time.Now, which stamps new Ready conditions.
 func WithClock(now func() time.Time) Option {
 	return func(w *Writer) { w.now = now }
+}
+
+// WithTimeout bounds each API call of the Writer to d, which must be
+// positive; the default is [DefaultTimeout]. A call also ends when its
+// context does, whichever comes first.
+func WithTimeout(d time.Duration) Option {
+	return func(w *Writer) { w.timeout = d }
 }
 
 // NewWriter returns a Writer for driverName's kubelet plugin on nodeName.
@@ -117,9 +137,13 @@ func NewWriter(client kubernetes.Interface, driverName, nodeName string, opts ..
 		node:         nodeName,
 		fieldManager: FieldManager(driverName, nodeName),
 		now:          time.Now,
+		timeout:      DefaultTimeout,
 	}
 	for _, opt := range opts {
 		opt(w)
+	}
+	if w.timeout <= 0 {
+		return nil, fmt.Errorf("device status writer: timeout %v: must be positive", w.timeout)
 	}
 	return w, nil
 }
@@ -149,7 +173,10 @@ func (w *Writer) FieldManager() string { return w.fieldManager }
 // Every device must be allocated to the claim by this writer's driver: the
 // error for one that is not is permanent. API errors are returned wrapped
 // (apierrors' predicates see through); a missing permission shows as an
-// Invalid error naming resourceclaims/driver, or as Forbidden.
+// Invalid error naming resourceclaims/driver, or as Forbidden. An API
+// server that does not answer within the writer's timeout gives an error
+// that errors.Is reports as context.DeadlineExceeded: transient, the same
+// call may succeed later. Record makes one API call and never retries.
 func (w *Writer) Record(ctx context.Context, claim *resourceapi.ResourceClaim, devices []Device) error {
 	if claim == nil || claim.Namespace == "" || claim.Name == "" {
 		return errors.New("record device status: no claim, or one without namespace and name")
@@ -181,7 +208,9 @@ func (w *Writer) Record(ctx context.Context, claim *resourceapi.ResourceClaim, d
 // Remove removes this writer's status entries from the claim, for when the
 // claim is unprepared but may live on. A claim that is gone, or that was
 // recreated under the same name (another UID), has none of its entries:
-// that is success. Removing entries that are not there is a no-op.
+// that is success. Removing entries that are not there is a no-op. Like
+// Record, it makes one API call bounded by the writer's timeout, never
+// retries, and reports an unanswered call as context.DeadlineExceeded.
 func (w *Writer) Remove(ctx context.Context, claim kubeletplugin.NamespacedObject) error {
 	if claim.Namespace == "" || claim.Name == "" {
 		return fmt.Errorf("remove device status: claim %q in namespace %q: both must be set", claim.Name, claim.Namespace)
@@ -204,12 +233,24 @@ func (w *Writer) Remove(ctx context.Context, claim kubeletplugin.NamespacedObjec
 	return nil
 }
 
-// apply applies ac to the claim's status. Force: the entries are this
-// writer's alone, and an entry another manager wrote for the same device
-// (an older plugin instance) is taken over rather than left in conflict.
+// apply applies ac to the claim's status, within the writer's timeout.
+// Force: the entries are this writer's alone, and an entry another manager
+// wrote for the same device (an older plugin instance) is taken over rather
+// than left in conflict.
 func (w *Writer) apply(ctx context.Context, ac *resourceac.ResourceClaimApplyConfiguration) (*resourceapi.ResourceClaim, error) {
-	return w.client.ResourceV1().ResourceClaims(*ac.GetNamespace()).ApplyStatus(ctx, ac,
+	callCtx, cancel := context.WithTimeout(ctx, w.timeout)
+	defer cancel()
+	claim, err := w.client.ResourceV1().ResourceClaims(*ac.GetNamespace()).ApplyStatus(callCtx, ac,
 		metav1.ApplyOptions{FieldManager: w.fieldManager, Force: true})
+	if err != nil && ctx.Err() == nil && errors.Is(callCtx.Err(), context.DeadlineExceeded) {
+		// client-go words an expired context in several ways (transport,
+		// rate limiter), not all of them wrapping it: say what happened.
+		if !errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("%w: %w", context.DeadlineExceeded, err)
+		}
+		return nil, fmt.Errorf("API server did not answer within %v: %w", w.timeout, err)
+	}
+	return claim, err
 }
 
 type deviceKey struct{ pool, name, shareID string }

@@ -3,7 +3,11 @@ package devicestatus
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,7 +18,9 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/utils/ptr"
@@ -386,5 +392,125 @@ func TestRequiresClaimName(t *testing.T) {
 	}
 	if len(client.Actions()) != 0 {
 		t.Errorf("calls reached the API: %v", client.Actions())
+	}
+}
+
+// TestAPICallTimeout runs Record and Remove against a real HTTP server
+// standing in for an API server behind a partition: it takes the request
+// and answers late or never. Every call must return within the writer's
+// timeout with an error that says so, after exactly one request.
+func TestAPICallTimeout(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	ref := kubeletplugin.NamespacedObject{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "claim"}, UID: "claim-uid"}
+	never := time.Duration(-1)
+	for _, tc := range []struct {
+		name string
+		// delay is how long the server takes to answer; never: it does not.
+		delay     time.Duration
+		parentCtx time.Duration // a deadline of the caller's own, if set
+		call      func(context.Context, *Writer) error
+		wantErr   bool
+		wantMsg   string
+	}{
+		{name: "remove, no answer", delay: never, call: func(ctx context.Context, w *Writer) error { return w.Remove(ctx, ref) },
+			wantErr: true, wantMsg: "remove device status of claim ns/claim (driver gpu.nvidia.com, node node-a): API server did not answer within 300ms"},
+		{name: "record, no answer", delay: never, call: func(ctx context.Context, w *Writer) error { return w.Record(ctx, allocatedClaim(), ourDevices) },
+			wantErr: true, wantMsg: "record device status of claim ns/claim (driver gpu.nvidia.com, node node-a): API server did not answer within 300ms"},
+		{name: "remove, answer too late", delay: 3 * timeout, call: func(ctx context.Context, w *Writer) error { return w.Remove(ctx, ref) },
+			wantErr: true, wantMsg: "API server did not answer within 300ms"},
+		{name: "remove, answer in time", delay: 0, call: func(ctx context.Context, w *Writer) error { return w.Remove(ctx, ref) }},
+		{name: "record, answer in time", delay: timeout / 10, call: func(ctx context.Context, w *Writer) error { return w.Record(ctx, allocatedClaim(), ourDevices) }},
+		// The caller's shorter deadline wins, and is reported as the
+		// caller's, not as the writer's timeout.
+		{name: "remove, caller's deadline first", delay: never, parentCtx: timeout / 3, call: func(ctx context.Context, w *Writer) error { return w.Remove(ctx, ref) },
+			wantErr: true, wantMsg: "remove device status of claim ns/claim"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var requests atomic.Int32
+			done := make(chan struct{})
+			srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+				requests.Add(1)
+				if r.Method != http.MethodPatch || r.URL.Path != "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/claim/status" {
+					t.Errorf("unexpected request %s %s", r.Method, r.URL.Path)
+				}
+				if tc.delay == never {
+					select {
+					case <-r.Context().Done():
+					case <-done:
+					}
+					return
+				}
+				select {
+				case <-time.After(tc.delay):
+				case <-done:
+					return
+				}
+				claim := allocatedClaim()
+				claim.APIVersion, claim.Kind = "resource.k8s.io/v1", "ResourceClaim"
+				rw.Header().Set("Content-Type", "application/json")
+				_ = json.NewEncoder(rw).Encode(claim)
+			}))
+			t.Cleanup(srv.Close)
+			t.Cleanup(func() { close(done) })
+			client, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w, err := NewWriter(client, driver, node, WithTimeout(timeout))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			if tc.parentCtx > 0 {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, tc.parentCtx)
+				defer cancel()
+			}
+
+			start := time.Now()
+			errc := make(chan error, 1)
+			go func() { errc <- tc.call(ctx, w) }()
+			// Generous slack for a loaded machine; without the timeout the
+			// calls that get no answer never return at all.
+			limit := timeout + 2*time.Second
+			select {
+			case err = <-errc:
+			case <-time.After(limit):
+				t.Fatalf("call still blocked after %v; the timeout is %v", limit, timeout)
+			}
+			if elapsed := time.Since(start); elapsed > limit {
+				t.Errorf("call took %v, want at most the timeout %v (plus slack)", elapsed, timeout)
+			}
+			if got := requests.Load(); got != 1 {
+				t.Errorf("server saw %d requests, want exactly 1 (no retries)", got)
+			}
+			if !tc.wantErr {
+				if err != nil {
+					t.Errorf("unexpected error: %v", err)
+				}
+				return
+			}
+			if err == nil || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), tc.wantMsg) {
+				t.Errorf("got error %v, want context.DeadlineExceeded and %q", err, tc.wantMsg)
+			}
+			if tc.parentCtx > 0 && strings.Contains(err.Error(), "did not answer within") {
+				t.Errorf("the caller's deadline is reported as the writer's timeout: %v", err)
+			}
+		})
+	}
+}
+
+func TestWithTimeoutMustBePositive(t *testing.T) {
+	for _, d := range []time.Duration{0, -time.Second} {
+		if _, err := NewWriter(fake.NewClientset(), driver, node, WithTimeout(d)); err == nil || !strings.Contains(err.Error(), "must be positive") {
+			t.Errorf("WithTimeout(%v): got %v, want an error", d, err)
+		}
+	}
+	w, err := NewWriter(fake.NewClientset(), driver, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.timeout != DefaultTimeout {
+		t.Errorf("default timeout %v, want %v", w.timeout, DefaultTimeout)
 	}
 }

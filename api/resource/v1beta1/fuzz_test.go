@@ -20,6 +20,9 @@ func FuzzDecodeMatchesAPIMachinery(f *testing.F) {
 		doc("GpuConfig", `"sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}`),
 		doc("GpuConfig", `"sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi", "defaultPerDevicePinnedMemoryLimit": {"0": "5Gi", "GPU-1": 1e6}}}`),
 		doc("MigDeviceConfig", `"sharing": {"strategy": "MPS", "mpsConfig": {}}`),
+		// Limits past int64 bytes: decoded like the API machinery does,
+		// refused by Validate.
+		doc("GpuConfig", `"sharing": {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": 1e19, "defaultPerDevicePinnedMemoryLimit": {"0": "20E", "1": "9999Ei", "2": "9223372036854775808"}}}`),
 		doc("MigDeviceConfig", `"sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {}}`),
 		doc("VfioDeviceConfig", ""),
 		doc("VfioDeviceConfig", `"iommu": {"backendPolicy": "PreferIommuFD", "enableAPIDevice": false}`),

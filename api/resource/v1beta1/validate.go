@@ -3,6 +3,7 @@ package v1beta1
 import (
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,6 +44,17 @@ func (f Features) allows(s SharingStrategy) bool {
 // daemon takes limits in whole megabytes (MiB), so anything smaller would be
 // rounded to 0, which means no limit.
 var minPinnedMemoryLimit = resource.MustParse("1Mi")
+
+// maxPinnedMemoryLimit is the largest MPS pinned memory limit. The plugin
+// hands limits to the daemon setup as int64 byte counts (Quantity.Value),
+// which overflows silently above math.MaxInt64 (1e19 becomes 0, 2^63
+// becomes negative). The quantity parser clamps binary-suffixed values of
+// 8Ei and more ("9999Ei") to exactly math.MaxInt64, so that value cannot be
+// told from an overflow and is refused as well.
+var maxPinnedMemoryLimit = *resource.NewQuantity(math.MaxInt64-1, resource.BinarySI)
+
+// pinnedMemoryRange is the allowed range, as error messages give it.
+var pinnedMemoryRange = fmt.Sprintf("must be from %s to %d bytes", minPinnedMemoryLimit.String(), maxPinnedMemoryLimit.Value())
 
 // validateStrategy reports whether s is a known strategy the caller serves.
 // It returns false when the rest of the sharing setting should not be
@@ -87,9 +99,20 @@ func validateMpsConfig(c *MpsConfig, path *field.Path) field.ErrorList {
 	return errs
 }
 
+// validatePinnedMemoryLimit refuses a limit outside
+// [minPinnedMemoryLimit, maxPinnedMemoryLimit], so that every accepted limit
+// is an exact int64 byte count downstream. A fractional byte count is
+// accepted: Quantity.Value rounds it up, and the daemon takes whole MiB.
 func validatePinnedMemoryLimit(q resource.Quantity, path *field.Path) field.ErrorList {
-	if q.Cmp(minPinnedMemoryLimit) < 0 {
-		return field.ErrorList{field.Invalid(path, q.String(), "must be at least 1Mi")}
+	switch {
+	case q.Cmp(minPinnedMemoryLimit) < 0:
+		return field.ErrorList{field.Invalid(path, q.String(), pinnedMemoryRange)}
+	case q.Cmp(maxPinnedMemoryLimit) > 0:
+		msg := pinnedMemoryRange
+		if q.Cmp(*resource.NewQuantity(math.MaxInt64, resource.BinarySI)) == 0 {
+			msg += fmt.Sprintf(" (quantities of 8Ei and more are read as %d)", int64(math.MaxInt64))
+		}
+		return field.ErrorList{field.Invalid(path, q.String(), msg)}
 	}
 	return nil
 }

@@ -1,11 +1,14 @@
 package v1beta1
 
 import (
+	"math/big"
 	"reflect"
+	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
 )
 
@@ -150,6 +153,13 @@ func TestNormalize(t *testing.T) {
 	}
 }
 
+// The allowed range of a pinned memory limit, as errors give it, and the
+// note on a value the parser clamped.
+const (
+	pinnedRange = `must be from 1Mi to 9223372036854775806 bytes`
+	clampNote   = ` (quantities of 8Ei and more are read as 9223372036854775807)`
+)
+
 func TestValidate(t *testing.T) {
 	mps := func(c MpsConfig) *GpuConfig { return gpuSharing(&GpuSharing{Strategy: MpsStrategy, MpsConfig: &c}) }
 	limits := func(kv ...string) MpsPerDevicePinnedMemoryLimit {
@@ -234,7 +244,50 @@ func TestValidate(t *testing.T) {
 		"pinned memory below 1Mi": {
 			config:   mps(MpsConfig{DefaultPinnedDeviceMemoryLimit: ptr.To(resource.MustParse("1M"))}),
 			features: allFeatures,
-			want:     `sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "1M": must be at least 1Mi`,
+			want:     `sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "1M": must be from 1Mi to 9223372036854775806 bytes`,
+		},
+		"pinned memory 1e19 overflows int64": {
+			config:   mps(MpsConfig{DefaultPinnedDeviceMemoryLimit: ptr.To(resource.MustParse("1e19"))}),
+			features: allFeatures,
+			want:     `sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "10e18": ` + pinnedRange,
+		},
+		"pinned memory 2^63 overflows int64": {
+			config:   mps(MpsConfig{DefaultPinnedDeviceMemoryLimit: ptr.To(resource.MustParse("9223372036854775808"))}),
+			features: allFeatures,
+			want:     `sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "9223372036854775808": ` + pinnedRange,
+		},
+		"pinned memory 9999Ei, clamped by the parser": {
+			config:   mps(MpsConfig{DefaultPinnedDeviceMemoryLimit: ptr.To(resource.MustParse("9999Ei"))}),
+			features: allFeatures,
+			want:     `sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "9223372036854775807": ` + pinnedRange + clampNote,
+		},
+		"pinned memory 2^63-1, which clamped values equal": {
+			config:   mps(MpsConfig{DefaultPinnedDeviceMemoryLimit: ptr.To(resource.MustParse("9223372036854775807"))}),
+			features: allFeatures,
+			want:     `sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "9223372036854775807": ` + pinnedRange + clampNote,
+		},
+		"pinned memory at the maximum": {
+			config:   mps(MpsConfig{DefaultPinnedDeviceMemoryLimit: ptr.To(resource.MustParse("9223372036854775806"))}),
+			features: allFeatures,
+		},
+		"pinned memory 7Ei and fractions": {
+			config: mps(MpsConfig{
+				DefaultPinnedDeviceMemoryLimit:    ptr.To(resource.MustParse("7Ei")),
+				DefaultPerDevicePinnedMemoryLimit: limits("0", "1.5Gi", "1", "0.1Gi", "2", "1048576.5"),
+			}),
+			features: allFeatures,
+		},
+		"per-device pinned memory overflows, each named": {
+			config:   mps(MpsConfig{DefaultPerDevicePinnedMemoryLimit: limits("0", "20E", "GPU-0a1b", "8Ei", "1", "2Gi")}),
+			features: allFeatures,
+			want: `[sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[0]: Invalid value: "20E": ` + pinnedRange + `, ` +
+				`sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[GPU-0a1b]: Invalid value: "9223372036854775807": ` + pinnedRange + clampNote + `]`,
+		},
+		"mig MPS pinned memory overflows": {
+			config: migSharing(&MigDeviceSharing{Strategy: MpsStrategy, MpsConfig: &MpsConfig{
+				DefaultPinnedDeviceMemoryLimit: ptr.To(resource.MustParse("1e19"))}}),
+			features: allFeatures,
+			want:     `sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "10e18": ` + pinnedRange,
 		},
 		"per-device key neither index nor UUID": {
 			config:   mps(MpsConfig{DefaultPerDevicePinnedMemoryLimit: limits("gpu0", "1Gi")}),
@@ -245,7 +298,7 @@ func TestValidate(t *testing.T) {
 			config:   mps(MpsConfig{DefaultPerDevicePinnedMemoryLimit: limits("-1", "1Gi", "1", "-5Gi")}),
 			features: allFeatures,
 			want: `[sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[-1]: Invalid value: "-1": must be a device index (0, 1, ...) or a device UUID (GPU-... or MIG-...), ` +
-				`sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[1]: Invalid value: "-5Gi": must be at least 1Mi]`,
+				`sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[1]: Invalid value: "-5Gi": must be from 1Mi to 9223372036854775806 bytes]`,
 		},
 		"every problem at once, feature off": {
 			config: gpuSharing(&GpuSharing{Strategy: MpsStrategy, TimeSlicingConfig: &TimeSlicingConfig{},
@@ -292,7 +345,7 @@ func TestValidate(t *testing.T) {
 		"mig MPS bad config": {
 			config:   migSharing(&MigDeviceSharing{Strategy: MpsStrategy, MpsConfig: &MpsConfig{DefaultPinnedDeviceMemoryLimit: ptr.To(resource.MustParse("0"))}}),
 			features: allFeatures,
-			want:     `sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "0": must be at least 1Mi`,
+			want:     `sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "0": must be from 1Mi to 9223372036854775806 bytes`,
 		},
 	}
 	for name, tc := range tests {
@@ -407,5 +460,59 @@ func assertEveryFieldSet(t *testing.T, v reflect.Value, path string) {
 		if v.IsZero() {
 			t.Errorf("fixture leaves %s unset", path)
 		}
+	}
+}
+
+// TestPinnedMemoryLimitValue checks what the plugin relies on: every limit
+// validation accepts becomes, through Quantity.Value, the byte count it
+// says (rounded up), at least 1 MiB; every limit that would not is refused.
+func TestPinnedMemoryLimitValue(t *testing.T) {
+	tests := []struct {
+		in    string
+		valid bool
+	}{
+		{"1Mi", true},
+		{"1048576.5", true},
+		{"0.1Gi", true},
+		{"10Gi", true},
+		{"7Ei", true},
+		{"9e18", true},
+		{"9223372036854775806", true},
+		{"9223372036854775807", false},
+		{"9223372036854775808", false},
+		{"9.3e18", false},
+		{"1e19", false},
+		{"20E", false},
+		{"8Ei", false},
+		{"9999Ei", false},
+		{"1048575", false},
+		{"0", false},
+		{"-1Gi", false},
+		{"-9999Ei", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			q := resource.MustParse(tt.in)
+			errs := validatePinnedMemoryLimit(q, field.NewPath("limit"))
+			if valid := len(errs) == 0; valid != tt.valid {
+				t.Fatalf("valid = %v (%v), want %v", valid, errs, tt.valid)
+			}
+			// The exact byte count, rounded up, in arbitrary precision.
+			r, ok := new(big.Rat).SetString(q.AsDec().String())
+			if !ok {
+				t.Fatalf("cannot read %s as a number", q.AsDec())
+			}
+			exact := new(big.Int).Add(r.Num(), new(big.Int).Sub(r.Denom(), big.NewInt(1)))
+			exact.Div(exact, r.Denom())
+			if !tt.valid {
+				if !strings.Contains(errs.ToAggregate().Error(), "limit: Invalid value") {
+					t.Errorf("error %v does not name the field", errs)
+				}
+				return
+			}
+			if v := q.Value(); v < 1<<20 || big.NewInt(v).Cmp(exact) != 0 {
+				t.Errorf("Value() = %d, want %s", v, exact)
+			}
+		})
 	}
 }
