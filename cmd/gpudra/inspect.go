@@ -8,9 +8,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/features"
+	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/inspect"
 	"github.com/gpudra/gpudra/pkg/plugin"
+	"github.com/gpudra/gpudra/pkg/preparer"
 )
 
 type inspectOptions struct {
@@ -83,28 +86,29 @@ func (o *inspectOptions) run(cmd *cobra.Command) error {
 		if err != nil {
 			return fmt.Errorf("node %s: discover GPUs: %w", name, err)
 		}
-		opts, err := o.modelOptions(cmd, name, mode)
+		set, err := o.features(cmd, name, mode, hw)
 		if err != nil {
 			return err
 		}
-		model, err := devicemodel.Build(inv, opts...)
+		// The plugin's own publishing rules, without its checkpoint: MIG
+		// instances count as gpudra's, as the plugin counts them when it
+		// cannot read its records.
+		pub, err := preparer.Publish(inv, nil, nil, set.Publishers)
 		if err != nil {
 			return fmt.Errorf("node %s: %w", name, err)
 		}
-		nodes = append(nodes, inspect.Node{Name: name, Inventory: inv, Model: model})
+		nodes = append(nodes, inspect.Node{Name: name, Inventory: pub.Inventory, Model: pub.Model})
 	}
 	return inspect.Write(cmd.OutOrStdout(), o.output, o.driverName, nodes)
 }
 
-// modelOptions are the device-model options the node's plugin would
-// build with: MIG mode, passthrough and sharing as the flags (or the
-// simulated node) say. Passthrough beside CUDA devices is shown as if the
-// API server had partitionable devices.
-func (o *inspectOptions) modelOptions(cmd *cobra.Command, node, migMode string) ([]devicemodel.Option, error) {
-	var opts []devicemodel.Option
-	if plugin.MIGMode(migMode) == plugin.MIGModeDynamic {
-		opts = append(opts, devicemodel.WithDynamicMIG())
-	}
+// features are the features the node's plugin would publish with: MIG
+// mode, passthrough and sharing as the flags (or the simulated node) say.
+// Passthrough beside CUDA devices is shown as if the API server had
+// partitionable devices.
+func (o *inspectOptions) features(cmd *cobra.Command, node, migMode string, hw hardware.Hardware) (*features.Set, error) {
+	fo := features.Options{DynamicMIG: plugin.MIGMode(migMode) == plugin.MIGModeDynamic}
+	fo.MIG, _ = hw.(hardware.MIGManager)
 	fleetNode, err := o.hw.fleetNode(node)
 	if err != nil {
 		return nil, err
@@ -113,19 +117,15 @@ func (o *inspectOptions) modelOptions(cmd *cobra.Command, node, migMode string) 
 	if err != nil {
 		return nil, err
 	}
-	if vfioConfig != nil {
-		opts = append(opts, vfioConfig.ModelOption())
-	}
+	fo.VFIO = vfioConfig
 	sharing := o.sharing
 	if fleetNode != nil && fleetNode.Sharing != "" && !cmd.Flags().Changed("sharing") {
 		if sharing, err = devicemodel.ParseSharing(fleetNode.Sharing); err != nil {
 			return nil, err
 		}
 	}
-	if sharing.Enabled() {
-		opts = append(opts, devicemodel.WithSharing(sharing))
-	}
-	return opts, nil
+	fo.Sharing = sharing
+	return features.New(fo)
 }
 
 func (o *inspectOptions) nodeNames() ([]string, error) {
