@@ -4,9 +4,17 @@
 //
 // The file names its schema version and carries no checksum: older versions
 // are migrated when read, a newer version is never overwritten, and unknown
-// fields within a known version are tolerated. The file is replaced
-// atomically (temp file, rename) without fsync, because its content is only
-// valid for the boot that wrote it; docs/checkpoint.md gives the reasoning.
+// fields within a known version are tolerated. What each device
+// configurator set up for a claim is kept as an opaque, named record; a
+// file that requires a record this process does not know is left alone
+// like a newer version, so a new feature needs no new schema version. The
+// file is replaced atomically (temp file, rename) without fsync, because
+// its content is only valid for the boot that wrote it; docs/checkpoint.md
+// gives the reasoning.
+//
+// A lost file (unreadable, not a regular file, or gone) is moved aside and
+// the Store refuses every call with [ErrNeedsAdoption] until its owner has
+// adopted the claims still prepared on the node ([Store.Recover]).
 //
 // A [Store] serialises the updates of one process and group-commits
 // concurrent ones into a single write. An exclusive flock on checkpoint.lock

@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -126,6 +127,15 @@ func testClaim(uid string) *claimstate.Claim {
 	}
 }
 
+// withRecords sets c's records from name/JSON pairs and returns c.
+func withRecords(c *claimstate.Claim, nameJSON ...string) *claimstate.Claim {
+	c.Records = map[string]json.RawMessage{}
+	for i := 0; i+1 < len(nameJSON); i += 2 {
+		c.Records[nameJSON[i]] = json.RawMessage(nameJSON[i+1])
+	}
+	return c
+}
+
 func addClaim(c *claimstate.Claim) func(*claimstate.State) error {
 	return func(st *claimstate.State) error {
 		st.Claims[c.UID] = c.Clone()
@@ -167,4 +177,13 @@ func movedAside(tb testing.TB, dir string) []string {
 		tb.Fatal(err)
 	}
 	return m
+}
+
+// dump shows a state in failure messages.
+func dump(st *claimstate.State) string {
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return fmt.Sprintf("%+v (%v)", st, err)
+	}
+	return string(b)
 }

@@ -83,7 +83,7 @@ type loaded struct {
 	tornPath string
 	tornErr  error
 	// corrupt is the unreadable file of the current boot this load moved
-	// aside; snapshot.lost is then set too.
+	// aside (or found gone); snapshot.lost is then set too.
 	corrupt *CorruptFile
 }
 
@@ -120,7 +120,20 @@ func (s *Store) load() (loaded, error) {
 func (s *Store) loadFile(lost *lossRecord) (loaded, error) {
 	f, fi, err := openRegular(s.path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return loaded{snapshot: snapshot{state: claimstate.New(), id: fileID{missing: true}}, rewrite: true}, nil
+		l := loaded{snapshot: snapshot{state: claimstate.New(), id: fileID{missing: true}}, rewrite: true}
+		if s.cur.id.known() && !s.cur.id.missing && s.cur.newer == nil && lost == nil {
+			// The file this Store last read or wrote is gone, and no
+			// Store removes one without the marker: someone deleted it,
+			// or an older plugin moved it aside. Its claims are lost all
+			// the same.
+			reason := fmt.Errorf("%s disappeared while in use", s.path)
+			l.lost = &lossRecord{BootID: s.bootID, Reason: reason.Error(), Since: s.now().UTC()}
+			if err := s.writeMarker(l.lost); err != nil {
+				return loaded{}, fmt.Errorf("%v: %w", reason, err)
+			}
+			l.corrupt = &CorruptFile{Err: reason}
+		}
+		return l, nil
 	}
 	var notRegular *notRegularError
 	if errors.As(err, &notRegular) {

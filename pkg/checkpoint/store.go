@@ -32,7 +32,8 @@ var ErrClosed = errors.New("checkpoint store is closed")
 // means the file was current (or absent) and was used as it was.
 type OpenReport struct {
 	// Migrated is the schema version the file was migrated from (e.g.
-	// "v1"), or "". The file has been rewritten in the current version.
+	// "v1"), or "". The file has been rewritten in the current version
+	// (when Corrupt is set too, it will be at Recover).
 	Migrated string
 	// BootIDChanged reports that the file held state of a previous boot,
 	// which was discarded: the devices it describes were reset by the
@@ -58,9 +59,10 @@ type OpenReport struct {
 	UnknownRecords string
 }
 
-// CorruptFile is an unreadable checkpoint that was moved aside.
+// CorruptFile is an unreadable checkpoint that was moved aside (or one
+// that disappeared under a running Store).
 type CorruptFile struct {
-	// Path is where the file is now.
+	// Path is where the file is now; "" when it disappeared.
 	Path string
 	// Err says why it could not be read.
 	Err error
@@ -73,6 +75,12 @@ type CorruptFile struct {
 // One goroutine, the committer, does all reads and writes of the file:
 // it takes the flock, re-reads the file only if someone else replaced it,
 // applies every queued mutation, writes once, and lets the flock go.
+//
+// When the file is lost (found unreadable, not a regular file, or gone
+// under the Store), the Store does not go on with an empty state: every
+// call fails with ErrNeedsAdoption until the owner has adopted the claims
+// still prepared on the node with Recover. The adopt-pending marker in the
+// directory carries that condition to every process sharing it.
 type Store struct {
 	path       string
 	markerPath string
@@ -253,7 +261,8 @@ func (s *Store) Read(ctx context.Context) (*claimstate.State, error) {
 
 // View calls fn with the freshest state, like Read but without copying it:
 // fn must not modify the state nor keep references into it after it
-// returns. It serves hot paths that look at one claim of many.
+// returns. It serves hot paths that look at one claim of many. Like Read,
+// it fails without calling fn while the checkpoint needs adoption.
 func (s *Store) View(ctx context.Context, fn func(*claimstate.State) error) error {
 	if err := ctx.Err(); err != nil {
 		return err

@@ -64,24 +64,28 @@ func TestRoundTrip(t *testing.T) {
 	}
 }
 
-// TestV3WireFormat pins the field names of v3: changing one breaks every
-// existing file and needs a new version.
-func TestV3WireFormat(t *testing.T) {
+// TestV5WireFormat pins the field names of v5: changing one breaks every
+// existing file and needs a new version. Records are written verbatim but
+// compact, whatever form the caller gave them in.
+func TestV5WireFormat(t *testing.T) {
 	c := testClaim("u")
 	c.Devices = c.Devices[1:]
-	c.Devices[0].DynamicMIG = &claimstate.DynamicMIG{Profile: "1g.10gb", ProfileID: 19, Start: 0, Size: 1, GIID: 7, CIID: 0}
+	c.Records = map[string]json.RawMessage{
+		"vfio":    json.RawMessage(`{"devices": [ {"device": "gpu-vfio-1", "iommuGroup": 20} ]}`),
+		"example": json.RawMessage(`"<&>"`),
+	}
 	st := &claimstate.State{Claims: map[string]*claimstate.Claim{"u": c}}
 	data, err := encode("boot-x", st)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `{"version":"v3","bootID":"boot-x","claims":{"u":{"uid":"u","namespace":"ns-u","name":"claim-u",` +
+	want := `{"version":"v5","bootID":"boot-x","requires":["example","vfio"],"claims":{"u":{"uid":"u","namespace":"ns-u","name":"claim-u",` +
 		`"phase":"PrepareCompleted","startedAt":"2026-11-22T10:30:00.123456789Z",` +
 		`"consumers":[{"name":"pod-u","uid":"pod-uid-u"}],"devices":[{"requests":["mig/small"],"pool":"node-1",` +
 		`"name":"gpu-1-mig-1g10gb-19-0","shareID":"share-1","adminAccess":true,` +
 		`"uuid":"MIG-11111111-2222-3333-4444-555555555555","parentUUID":"GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",` +
-		`"cdiDeviceIDs":["k8s.gpu.nvidia.com/claim=u-mig"],` +
-		`"dynamicMIG":{"profile":"1g.10gb","profileID":19,"start":0,"size":1,"giID":7}}]}}}` + "\n"
+		`"cdiDeviceIDs":["k8s.gpu.nvidia.com/claim=u-mig"]}],` +
+		`"records":{"example":"\u003c\u0026\u003e","vfio":{"devices":[{"device":"gpu-vfio-1","iommuGroup":20}]}}}}}` + "\n"
 	if string(data) != want {
 		t.Errorf("encoded\n%s\nwant\n%s", data, want)
 	}
@@ -89,38 +93,17 @@ func TestV3WireFormat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.from != versionV3 || d.bootID != "boot-x" || !reflect.DeepEqual(d.state, st) {
-		t.Errorf("decode = %+v, want v3 boot-x %+v", d, st)
+	if err := canonicalizeRecords(st); err != nil {
+		t.Fatal(err)
+	}
+	if d.from != versionV5 || d.bootID != "boot-x" || !reflect.DeepEqual(d.state, st) {
+		t.Errorf("decode = %+v, want v5 boot-x %+v", d, st)
 	}
 }
 
-// TestV4WireFormat pins the field names v4 adds: devices[].sharing.
-func TestV4WireFormat(t *testing.T) {
-	c := testClaim("u")
-	c.Devices = c.Devices[:1]
-	c.Devices[0].Sharing = &claimstate.Sharing{TimeSlice: "Long", MPSDaemon: "u"}
-	c.Devices[0].VFIO = &claimstate.VFIO{GPU: "0000:1b:00.0", IOMMUGroup: 20, Functions: []claimstate.VFIOFunction{{BusID: "0000:1b:00.0", Driver: "vfio-pci", OriginalDriver: "nvidia"}}}
-	st := &claimstate.State{Claims: map[string]*claimstate.Claim{"u": c}}
-	data, err := encode("boot-x", st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.HasPrefix(string(data), `{"version":"v4",`) || !strings.Contains(string(data), `"sharing":{"timeSlice":"Long","mpsDaemon":"u"}`) ||
-		!strings.Contains(string(data), `"vfio":{"gpu":"0000:1b:00.0","iommuGroup":20,"functions":[{"busID":"0000:1b:00.0","driver":"vfio-pci","originalDriver":"nvidia"}]}`) {
-		t.Errorf("encoded %s, want v4 with devices[].sharing and devices[].vfio", data)
-	}
-	d, err := testSchema.decode(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d.from != versionV4 || !reflect.DeepEqual(d.state, st) {
-		t.Errorf("decode = %+v, want v4 %+v", d, st)
-	}
-}
-
-// TestWrittenVersion: the Store writes v2 until a claim holds a dynamic MIG
-// device (v3) or a shared device (v4), so an older plugin keeps reading
-// nodes that never used them; a v2 file is read without migration.
+// TestWrittenVersion: the Store writes v2 until a claim holds a record, so
+// an older plugin keeps reading nodes whose claims need none; a v2 file is
+// read without migration.
 func TestWrittenVersion(t *testing.T) {
 	e := newTestEnv(t)
 	s, _ := e.open(t)
@@ -129,38 +112,25 @@ func TestWrittenVersion(t *testing.T) {
 	if err := s.Update(ctx, addClaim(plain)); err != nil {
 		t.Fatal(err)
 	}
-	if got := readFile(t, e.path()); !strings.HasPrefix(got, `{"version":"v2"`) {
-		t.Errorf("file without dynamic MIG = %s, want v2", got)
+	if got := readFile(t, e.path()); !strings.HasPrefix(got, `{"version":"v2","bootID":"boot-a","claims":`) {
+		t.Errorf("file without records = %s, want v2 without requires", got)
 	}
-	mig := testClaim("mig")
-	mig.Devices = mig.Devices[1:]
-	mig.Devices[0].DynamicMIG = &claimstate.DynamicMIG{Profile: "1g.10gb", ProfileID: 19, Start: 3, Size: 1}
-	if err := s.Update(ctx, addClaim(mig)); err != nil {
-		t.Fatal(err)
-	}
-	if got := readFile(t, e.path()); !strings.HasPrefix(got, `{"version":"v3"`) {
-		t.Errorf("file with dynamic MIG = %s, want v3", got)
-	}
-	shared := testClaim("shared")
-	shared.Devices = shared.Devices[:1]
-	shared.Devices[0].Sharing = &claimstate.Sharing{MPSDaemon: "shared"}
-	if err := s.Update(ctx, addClaim(shared)); err != nil {
-		t.Fatal(err)
-	}
-	if got := readFile(t, e.path()); !strings.HasPrefix(got, `{"version":"v4"`) {
-		t.Errorf("file with a shared device = %s, want v4", got)
-	}
-	if err := s.Update(ctx, func(st *claimstate.State) error { st.Remove("shared"); return nil }); err != nil {
-		t.Fatal(err)
-	}
-	if got := readFile(t, e.path()); !strings.HasPrefix(got, `{"version":"v3"`) {
-		t.Errorf("file once the shared claim is gone = %s, want v3 again", got)
-	}
-	if err := s.Update(ctx, func(st *claimstate.State) error { st.Remove("mig"); return nil }); err != nil {
-		t.Fatal(err)
-	}
-	if got := readFile(t, e.path()); !strings.HasPrefix(got, `{"version":"v2"`) {
-		t.Errorf("file once the dynamic MIG claim is gone = %s, want v2 again", got)
+	for _, step := range []struct {
+		name   string
+		mutate func(*claimstate.State) error
+		want   string
+	}{
+		{"a MIG record", addClaim(withRecords(testClaim("mig"), recordDynamicMIG, `{"devices":[]}`)), `{"version":"v5","bootID":"boot-a","requires":["dynamicMIG"],`},
+		{"an MPS record", addClaim(withRecords(testClaim("mps"), recordMPS, `{"daemons":[]}`)), `{"version":"v5","bootID":"boot-a","requires":["dynamicMIG","mps"],`},
+		{"the MIG claim gone", func(st *claimstate.State) error { st.Remove("mig"); return nil }, `{"version":"v5","bootID":"boot-a","requires":["mps"],`},
+		{"the MPS claim's record dropped", func(st *claimstate.State) error { st.Claims["mps"].Records = nil; return nil }, `{"version":"v2","bootID":"boot-a","claims":`},
+	} {
+		if err := s.Update(ctx, step.mutate); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		if got := readFile(t, e.path()); !strings.HasPrefix(got, step.want) {
+			t.Errorf("file after %s = %s, want it to begin %s", step.name, got, step.want)
+		}
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
@@ -209,6 +179,26 @@ func TestFailedMutationLeavesStateUnchanged(t *testing.T) {
 			st.Claims["keep"].StartedAt = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
 			return nil
 		}, "outside years"},
+		{"record not JSON", func(st *claimstate.State) error {
+			st.Claims["keep"].Records = map[string]json.RawMessage{"example": json.RawMessage(`{"devices":[`)}
+			return nil
+		}, `record "example" is not valid JSON`},
+		{"record two JSON values", func(st *claimstate.State) error {
+			st.Claims["keep"].Records = map[string]json.RawMessage{"example": json.RawMessage(`{} {}`)}
+			return nil
+		}, `record "example" is not valid JSON`},
+		{"record empty", func(st *claimstate.State) error {
+			st.Claims["keep"].Records = map[string]json.RawMessage{"example": nil}
+			return nil
+		}, `record "example" is empty`},
+		{"record without a name", func(st *claimstate.State) error {
+			st.Claims["keep"].Records = map[string]json.RawMessage{"": json.RawMessage(`{}`)}
+			return nil
+		}, "record with an empty name"},
+		{"record unknown", func(st *claimstate.State) error {
+			st.Claims["keep"].Records = map[string]json.RawMessage{"gpuFirmware": json.RawMessage(`{}`)}
+			return nil
+		}, `record "gpuFirmware": not a known record`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -287,6 +287,9 @@ func (sc schema) validate(st *claimstate.State) error {
 			}
 		}
 		for _, name := range c.RecordNames() {
+			if name == "" {
+				return fmt.Errorf("claim %q: record with an empty name", key)
+			}
 			if !sc.known[name] {
 				return fmt.Errorf("claim %q: record %q: not a known record (known: %s)", key, name, sc.knownList())
 			}
