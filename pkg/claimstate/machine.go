@@ -52,8 +52,12 @@ type ConflictError struct {
 }
 
 func (e *ConflictError) Error() string {
-	return fmt.Sprintf("device %s is already prepared for claim %s/%s (uid %s); a device goes to one claim at a time unless allocated with admin access or as a share",
-		e.Device, e.Holder.Namespace, e.Holder.Name, e.Holder.UID)
+	holder := fmt.Sprintf("%s/%s (uid %s)", e.Holder.Namespace, e.Holder.Name, e.Holder.UID)
+	if e.Holder.Name == "" {
+		holder = fmt.Sprintf("uid %s (adopted after the checkpoint was lost; its name is not known yet)", e.Holder.UID)
+	}
+	return fmt.Sprintf("device %s is already prepared for claim %s; a device goes to one claim at a time unless allocated with admin access or as a share",
+		e.Device, holder)
 }
 
 // PlanPrepare decides what Prepare must do for the intent. It returns the

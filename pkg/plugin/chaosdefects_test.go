@@ -1,0 +1,169 @@
+package plugin_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/vfio/fakesysfs"
+)
+
+// Regression tests of the defects an independent chaos run found (issue
+// "Prove the crash-safety claims at scale"), one per defect where the
+// plugin is where it showed.
+
+// damageCheckpoint overwrites the running plugin's checkpoint with garbage.
+func damageCheckpoint(t *testing.T, h *harness) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(h.cfg.PluginDataDir, "checkpoint.json"), []byte("garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Defect 1: the Prepare that found a checkpoint damaged while running
+// checked conflicts against the empty state, and a GPU in use went to a
+// second claim. Now the claims on the node are adopted first.
+func TestDamagedCheckpointNeverGivesAHeldGPUAway(t *testing.T) {
+	h := newHarness(t)
+	first := h.claim("gpu-3")
+	h.mustPrepare(first)
+	damageCheckpoint(t, h)
+	second := h.claim("gpu-3")
+	if msg := prepareError(h, second); !strings.Contains(msg, "already prepared for claim") {
+		t.Fatalf("second claim for the held GPU: %q, want a conflict", msg)
+	}
+	if !strings.Contains(h.checkpoint(), string(first.UID)) {
+		t.Errorf("first claim not adopted: %s", h.checkpoint())
+	}
+	// The first claim is still prepared (the kubelet may ask again), and
+	// once it is unprepared the GPU is free.
+	h.mustPrepare(first)
+	h.mustUnprepare(first)
+	h.mustPrepare(second)
+}
+
+// Defect 1, MIG part: runtime adoption skipped the MIG ownership, so a
+// running MIG claim could not be re-prepared and its instance leaked after
+// Unprepare. The claim's spec carries its records now.
+func TestDamagedCheckpointKeepsMIGOwnership(t *testing.T) {
+	h := newMIGHarness(t)
+	claim := h.claim(h.migName(0, "1g.10gb", 0))
+	h.mustPrepare(claim)
+	if n := len(h.migDevices(0)); n != 1 {
+		t.Fatalf("%d MIG devices after prepare, want 1", n)
+	}
+	damageCheckpoint(t, h)
+	h.mustPrepare(claim) // the kubelet asks again: adopted, nothing created twice
+	if n := len(h.migDevices(0)); n != 1 {
+		t.Fatalf("%d MIG devices after re-prepare over the adopted record, want 1", n)
+	}
+	h.mustUnprepare(claim)
+	if migs := h.migDevices(0); len(migs) != 0 {
+		t.Errorf("MIG instance leaked after unprepare of the adopted claim: %+v", migs)
+	}
+}
+
+// Defect 5: one claim holding gpu-N and gpu-vfio-N was prepared, giving
+// the container /dev/nvidiaN of a GPU bound to vfio-pci.
+func TestClaimWithGPUAndItsVFIODeviceIsRefused(t *testing.T) {
+	var fake *fakesysfs.Sysfs
+	h := newHarness(t, withVFIO(t, devicemodel.VFIOBeside, &fake))
+	claim := h.claim("gpu-2", "gpu-vfio-2")
+	msg := prepareError(h, claim)
+	if !strings.Contains(msg, "gpu-2") || !strings.Contains(msg, "gpu-vfio-2") || !strings.Contains(msg, "same GPU") {
+		t.Fatalf("prepare = %q, want a refusal naming both devices", msg)
+	}
+	if len(h.specFiles()) != 0 {
+		t.Errorf("refused claim left specs: %v", h.specFiles())
+	}
+}
+
+// Defect 8: during an API partition, Unprepare of a dynamic-MIG claim
+// blocked on the claim's status write. It must return without waiting.
+func TestUnprepareDoesNotWaitForTheStatusWrite(t *testing.T) {
+	h := newMIGHarness(t)
+	claim := h.claim(h.migName(0, "1g.10gb", 0))
+	h.mustPrepare(claim)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	blocked := make(chan struct{}, 1)
+	h.client.PrependReactor("*", "resourceclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "status" {
+			return false, nil, nil
+		}
+		select {
+		case blocked <- struct{}{}:
+		default:
+		}
+		<-release // an API server that does not answer
+		return false, nil, nil
+	})
+	h.mustUnprepare(claim) // returns while the status write hangs
+	if migs := h.migDevices(0); len(migs) != 0 {
+		t.Errorf("MIG instance not destroyed: %+v", migs)
+	}
+	select {
+	case <-blocked:
+	case <-time.After(10 * time.Second):
+		t.Error("the status write was never attempted")
+	}
+}
+
+// Defect 9: a checkpoint of a newer version dropped the node's MIG GPUs
+// from the slices with a misleading "gpudra did not create" event.
+func TestNewerCheckpointKeepsMIGGPUsPublished(t *testing.T) {
+	h := newMIGHarness(t)
+	claim := h.claim(h.migName(0, "1g.10gb", 0))
+	h.mustPrepare(claim)
+	before := len(h.driver.Devices())
+	h.stop()
+	if err := os.WriteFile(filepath.Join(h.cfg.PluginDataDir, "checkpoint.json"), []byte(`{"version":"v99","bootID":"boot-1"}`+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h.start()
+	if got := len(h.driver.Devices()); got != before {
+		t.Errorf("%d devices published with a newer checkpoint, want %d as before", got, before)
+	}
+	if _, err := h.waitForEvent("CheckpointTooNew"); err != nil {
+		t.Error(err)
+	}
+	events, err := h.client.CoreV1().Events("").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range events.Items {
+		if e.Reason == "MIGOwnershipUnknown" {
+			t.Errorf("misleading event: %s", e.Message)
+		}
+	}
+	if msg := prepareError(h, h.claim(h.migName(1, "1g.10gb", 0))); !strings.Contains(msg, "newer") {
+		t.Errorf("prepare with a newer checkpoint: %q, want it refused as newer", msg)
+	}
+}
+
+// Restarted plugin: a record of a configurator name this plugin does not
+// know is treated like a newer checkpoint, and left alone.
+func TestUnknownRecordLeavesCheckpointAlone(t *testing.T) {
+	h := newHarness(t)
+	h.stop()
+	content := `{"version":"v5","bootID":"boot-1","requires":["computeDomainChannel"],"claims":{}}` + "\n"
+	path := filepath.Join(h.cfg.PluginDataDir, "checkpoint.json")
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h.start()
+	if msg := prepareError(h, h.claim("gpu-0")); !strings.Contains(msg, "computeDomainChannel") {
+		t.Errorf("prepare = %q, want the unknown record named", msg)
+	}
+	if data, _ := os.ReadFile(path); string(data) != content {
+		t.Errorf("checkpoint rewritten:\n%s", data)
+	}
+}
