@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
 
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
@@ -71,4 +72,19 @@ func (w *Writer) Read(claimUID string) (SpecContent, error) {
 		}
 	}
 	return out, nil
+}
+
+// allocIDSuffix matches a CDI device name of one allocation of a shareable
+// device: the device name and the share ID the allocator made, a UUID (see
+// [ShareName]).
+var allocIDSuffix = regexp.MustCompile(`^(.+)-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$`)
+
+// SplitDeviceName splits the name of a claim's CDI device (without the
+// claim UID) into the device name and the share ID, "" for a device
+// allocated whole: the inverse of [ShareName].
+func SplitDeviceName(name string) (device, shareID string) {
+	if m := allocIDSuffix.FindStringSubmatch(name); m != nil {
+		return m[1], m[2]
+	}
+	return name, ""
 }

@@ -246,25 +246,3 @@ func (w *Writer) RemoveIfOlder(claimUID string, cutoff time.Time) (bool, error) 
 	}
 	return true, w.Remove(claimUID)
 }
-
-// DeviceNames returns the names of the devices in a claim's spec, as the
-// device model names them: the CDI device names without the "<uid>-"
-// prefix.
-func (w *Writer) DeviceNames(claimUID string) ([]string, error) {
-	data, err := os.ReadFile(w.Path(claimUID))
-	if err != nil {
-		return nil, fmt.Errorf("read CDI spec for claim %s: %w", claimUID, err)
-	}
-	spec, err := cdiapi.ParseSpec(data)
-	if err != nil {
-		return nil, fmt.Errorf("parse CDI spec for claim %s: %w", claimUID, err)
-	}
-	prefix := DeviceName(claimUID, "")
-	names := make([]string, 0, len(spec.Devices))
-	for _, d := range spec.Devices {
-		if name, ok := strings.CutPrefix(d.Name, prefix); ok && name != "" {
-			names = append(names, name)
-		}
-	}
-	return names, nil
-}

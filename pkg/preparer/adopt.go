@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 
 	"k8s.io/klog/v2"
 
@@ -43,8 +42,8 @@ func (p *Preparer) update(ctx context.Context, mutate func(*claimstate.State) er
 // Adopt records every claim prepared on the node that the checkpoint no
 // longer knows, after the checkpoint was lost: the claims whose CDI specs
 // are in the directory (with the records their specs carry), and whatever
-// the configurators' adopters find (MIG instances of claims the API server
-// allocated here). Such a claim may belong to a running pod: removing its
+// the configurators' adopters find (their work for claims the API server
+// allocated here but whose specs were never written). Such a claim may belong to a running pod: removing its
 // spec would break the pod's container restarts and free its devices for
 // another claim. An adopted claim keeps its devices until the kubelet
 // unprepares it or the sweep finds it gone. inv is the node's hardware, or
@@ -70,11 +69,11 @@ func (p *Preparer) Adopt(ctx context.Context, inv *hardware.Inventory) error {
 		}
 		c := &claimstate.Claim{UID: uid, Phase: claimstate.PrepareCompleted, Adopted: true, Records: content.Records}
 		for _, name := range content.DeviceNames {
-			device, shareID := SplitShareName(name)
+			device, allocID := cdi.SplitDeviceName(name)
 			c.Devices = append(c.Devices, claimstate.Device{
 				Pool:         p.cfg.NodeName,
 				Name:         device,
-				ShareID:      shareID,
+				ShareID:      allocID,
 				CDIDeviceIDs: []string{cdi.DeviceID(p.cfg.DriverName, uid, name)},
 			})
 		}
@@ -121,17 +120,4 @@ func (p *Preparer) Adopt(ctx context.Context, inv *hardware.Inventory) error {
 		logger.Error(allocErr, "Adopted the claims with CDI specs; the API server's allocations could not be read, so work of claims without a spec stays unaccounted for")
 	}
 	return nil
-}
-
-// shareIDSuffix matches a CDI device name of a share: the device name and
-// the share ID the allocator made, a UUID (see cdi.ShareName).
-var shareIDSuffix = regexp.MustCompile(`^(.+)-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$`)
-
-// SplitShareName splits the name of a claim's CDI device into the device
-// name and the share ID, "" for a device allocated whole.
-func SplitShareName(name string) (device, shareID string) {
-	if m := shareIDSuffix.FindStringSubmatch(name); m != nil {
-		return m[1], m[2]
-	}
-	return name, ""
 }

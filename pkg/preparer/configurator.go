@@ -1,7 +1,6 @@
 // Package preparer prepares and unprepares claims on a node without
-// knowing any device feature. Each feature (MIG devices created on demand,
-// MIG mode switching, VFIO passthrough, time-slicing, MPS daemons, ...)
-// is a [Configurator] in a package of its own; the preparer runs the
+// knowing any device feature. Each feature (see package features) is a
+// [Configurator] in a package of its own; the preparer runs the
 // claim state machine (package claimstate) through them: it asks each to
 // plan, records the start of the preparation when any planned something,
 // applies them in order, writes the claim's CDI spec, records completion,
@@ -91,7 +90,7 @@ type Adopter interface {
 }
 
 // StatusReporter is implemented by configurators whose devices get an
-// identity only at Prepare (a MIG device created on demand): claims that
+// identity only at Prepare (a device created on demand): claims that
 // hold their records get status.devices entries (KEP-4817) naming it.
 type StatusReporter interface {
 	ReportsDeviceStatus() bool
@@ -133,8 +132,7 @@ type Device struct {
 	// its UUID and ParentUUID where they decide them.
 	State *claimstate.Device
 	// Model is the published device it was allocated as. A configurator
-	// replaces it with what the container gets (the MIG device created
-	// for a placement).
+	// replaces it with what the container gets (the device it created).
 	Model *devicemodel.Device
 	// Config is the device's resolved opaque config, with its origin.
 	Config config.Device

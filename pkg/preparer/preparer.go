@@ -35,7 +35,7 @@ const (
 // claimLockBuckets is the number of per-claim locks. The default of
 // keymutex (one per CPU) would let only two claims of a 2-core node prepare
 // at once and defeat the checkpoint's group commit; with 4096 buckets two
-// concurrent claims share a lock rarely, and then only wait for each other.
+// concurrent claims get one lock rarely, and then only wait for each other.
 const claimLockBuckets = 4096
 
 // Node is what the preparer needs of the node's published devices; the
@@ -158,9 +158,9 @@ func (p *Preparer) prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 		}
 		return existing, nil
 	case action == claimstate.ActionRollbackThenPrepare:
-		// Before planning: a plan reads the hardware's state (a VFIO plan
-		// records each function's driver as the one to give it back to),
-		// and a half-done preparation is not the state to plan from.
+		// Before planning: a plan reads the hardware's state (what to give
+		// back to whom at Undo), and a half-done preparation is not the
+		// state to plan from.
 		klog.FromContext(ctx).Info("Rolling back an interrupted preparation before preparing again", "startedAt", existing.StartedAt)
 		if err := p.RollBack(ctx, existing, false); err != nil {
 			return nil, err
@@ -433,7 +433,8 @@ func (p *Preparer) spec(c *Claim, common *cdispec.ContainerEdits, records map[st
 	seen := map[string]bool{}
 	for _, d := range c.Devices {
 		// One device allocated for two requests (admin access) needs one
-		// CDI device; each share gets its own.
+		// CDI device; each allocation of a device with a shareID gets its
+		// own.
 		name := cdi.ShareName(d.Model.Name(), d.State.ShareID)
 		if seen[name] {
 			continue
@@ -594,7 +595,7 @@ func kubeletDevices(devices []claimstate.Device) []kubeletplugin.Device {
 	return out
 }
 
-// sameIdentity compares devices by pool, name and share.
+// sameIdentity compares devices by pool, name and shareID.
 func sameIdentity(a, b []claimstate.Device) bool {
 	return slices.Equal(identities(a), identities(b))
 }

@@ -43,10 +43,9 @@ type Notice struct {
 // Fallback is a publishing choice that needs an API feature: when the API
 // server drops the feature's fields, the choice is turned off (On) and the
 // devices are published without it, with a log line and a Node event.
-// Half-published devices would be worse than none: counter-less dynamic
-// MIG devices let the scheduler hand out overlapping placements,
-// counter-less VFIO devices a GPU both ways, and shareable GPUs without
-// consumable capacity ignore their caps.
+// Half-published devices would be worse than none: a device whose shared
+// counters or consumable capacity the API server dropped would be handed
+// out more often than the hardware allows.
 type Fallback struct {
 	// Feature is the API server's feature gate, as DroppedFieldsError
 	// names it.
