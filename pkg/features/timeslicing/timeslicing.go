@@ -159,8 +159,14 @@ func (c *Configurator) Guard(s *claimstate.State, cl *claimstate.Claim, raw json
 }
 
 // Apply implements [preparer.Configurator]: the policy, rebuilt from the
-// other claims' records, says which GPUs this claim is the first to hold;
-// those are set.
+// other claims' records, gives the interval in force on each GPU, and it
+// is set, also when the claim joins holders of the same interval. A
+// joiner cannot tell whether the holder it joins is being unprepared right
+// now (its record goes only after its reset): under the lock, a reset that
+// got there first is set right again by the joiner, and a reset that comes
+// later sees the joiner's start record and leaves the GPU alone. Setting
+// the interval in force again is harmless, and heals a GPU whose setting
+// was lost (a driver reload).
 func (c *Configurator) Apply(ctx context.Context, cl *preparer.Claim, raw json.RawMessage) (json.RawMessage, error) {
 	rec, err := preparer.Record[Record](Name, raw)
 	if err != nil {
@@ -187,9 +193,6 @@ func (c *Configurator) Apply(ctx context.Context, cl *preparer.Claim, raw json.R
 		step, err := policy.Acquire(h.GPU, claim, h.Interval)
 		if err != nil {
 			return nil, err
-		}
-		if !step.Set {
-			continue
 		}
 		if err := c.setter.Set(ctx, step.GPU, step.Interval); err != nil {
 			return nil, fmt.Errorf("set time slice %s on GPU %s: %w", step.Interval, step.GPU, err)

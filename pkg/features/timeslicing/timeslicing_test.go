@@ -1,0 +1,111 @@
+package timeslicing_test
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gpudra/gpudra/api/resource/v1beta1"
+	"github.com/gpudra/gpudra/pkg/claimstate"
+	"github.com/gpudra/gpudra/pkg/features/timeslicing"
+	"github.com/gpudra/gpudra/pkg/hardware"
+	"github.com/gpudra/gpudra/pkg/preparer"
+	"github.com/gpudra/gpudra/pkg/timeslice"
+)
+
+const gpu = "GPU-0b5c1a52-7c1e-4a47-9b0e-3b8e0f1d2c3a"
+
+// sharedState is the checkpoint both plugin instances of a rolling update
+// read.
+type sharedState struct {
+	mu sync.Mutex
+	s  *claimstate.State
+}
+
+func (st *sharedState) read(context.Context) (*claimstate.State, error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.s.Clone(), nil
+}
+
+func (st *sharedState) set(uid string, rec json.RawMessage) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if rec == nil {
+		delete(st.s.Claims, uid)
+		return
+	}
+	st.s.Claims[uid] = &claimstate.Claim{UID: uid, Phase: claimstate.PrepareStarted, Records: map[string]json.RawMessage{timeslicing.Name: rec}}
+}
+
+// gatedSetter blocks every reset to Default until released.
+type gatedSetter struct {
+	timeslice.Memory
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g *gatedSetter) Set(ctx context.Context, gpuUUID string, interval v1beta1.TimeSliceInterval) error {
+	if interval == v1beta1.DefaultTimeSlice {
+		g.entered <- struct{}{}
+		<-g.release
+	}
+	return g.Memory.Set(ctx, gpuUUID, interval)
+}
+
+func record(t *testing.T, interval v1beta1.TimeSliceInterval) json.RawMessage {
+	t.Helper()
+	rec, err := json.Marshal(timeslicing.Record{GPUs: []timeslicing.Hold{{Device: "gpu-0", GPU: gpu, Interval: interval}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
+// TestRollingUpdateResetAndJoin: the old plugin instance resets the GPU
+// as its last holder leaves while the new instance prepares a claim that
+// joins with the same interval. Whatever the timing, the GPU ends with the
+// joiner's interval: the reset and the join are serialized across
+// instances, and the join sets the interval again.
+func TestRollingUpdateResetAndJoin(t *testing.T) {
+	dir := t.TempDir()
+	state := &sharedState{s: claimstate.New()}
+	setter := &gatedSetter{entered: make(chan struct{}), release: make(chan struct{})}
+	if err := setter.Memory.Set(context.Background(), gpu, v1beta1.LongTimeSlice); err != nil {
+		t.Fatal(err)
+	}
+	oldInstance := timeslicing.New(setter, dir, state.read, false)
+	newInstance := timeslicing.New(setter, dir, state.read, false)
+	long := record(t, v1beta1.LongTimeSlice)
+	state.set("leaving", long)
+
+	undone := make(chan error, 1)
+	go func() { undone <- oldInstance.Undo(context.Background(), "leaving", long) }()
+	<-setter.entered // the old instance decided to reset and is resetting
+
+	state.set("joining", long) // the new instance's start record
+	joiner := &preparer.Claim{UID: "joining", Inventory: &hardware.Inventory{}}
+	applied := make(chan error, 1)
+	go func() {
+		_, err := newInstance.Apply(context.Background(), joiner, long)
+		applied <- err
+	}()
+	select {
+	case err := <-applied:
+		t.Fatalf("the join ran while the other instance was resetting the GPU (err %v)", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(setter.release)
+	if err := <-undone; err != nil {
+		t.Fatal(err)
+	}
+	state.set("leaving", nil)
+	if err := <-applied; err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := setter.Interval(gpu); got != v1beta1.LongTimeSlice {
+		t.Errorf("GPU interval after the reset and the join = %q, want Long", got)
+	}
+}
