@@ -11,6 +11,8 @@ import (
 	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	kjson "sigs.k8s.io/json"
+
+	"github.com/gpudra/gpudra/internal/strictjson"
 )
 
 // Decode decodes one opaque parameters document, as found in
@@ -56,10 +58,10 @@ func decode(raw []byte, strict bool) (runtime.Object, error) {
 		}
 		return nil, fmt.Errorf("invalid JSON: %w", err)
 	}
-	if kind := jsonKind(raw); kind != jsonObject {
-		return nil, fmt.Errorf("expected a JSON object with apiVersion and kind, got %s", describe(raw))
+	if kind := strictjson.KindOf(raw); kind != strictjson.Object {
+		return nil, fmt.Errorf("expected a JSON object with apiVersion and kind, got %s", strictjson.Describe(raw))
 	}
-	top, err := members(raw)
+	top, err := strictjson.Members(raw)
 	if err != nil {
 		return nil, err
 	}
@@ -68,10 +70,8 @@ func decode(raw []byte, strict bool) (runtime.Object, error) {
 		return nil, utilerrors.NewAggregate(errs)
 	}
 
-	c := checker{strict: strict}
-	c.check(raw, typeOf(obj), nil)
-	if len(c.errs) > 0 {
-		return nil, utilerrors.NewAggregate(c.errs)
+	if errs := strictjson.Check(raw, obj, strict); len(errs) > 0 {
+		return nil, utilerrors.NewAggregate(errs)
 	}
 
 	// The checker follows the decoder's rules, so this should not fail; the
@@ -105,7 +105,7 @@ func (e *decoderError) Unwrap() error { return e.err }
 
 // newObject returns an empty object of the kind top names, or errors that
 // say what apiVersion and kind are supported.
-func newObject(top []member) (runtime.Object, []error) {
+func newObject(top []strictjson.Member) (runtime.Object, []error) {
 	var errs []error
 	apiVersion, err := stringMember(top, "apiVersion")
 	if err != nil {
@@ -147,21 +147,21 @@ func newObject(top []member) (runtime.Object, []error) {
 
 // stringMember returns the value of the last member called name (the one
 // decoding keeps), "" when there is none or it is null.
-func stringMember(ms []member, name string) (string, error) {
+func stringMember(ms []strictjson.Member, name string) (string, error) {
 	var value string
 	for _, m := range ms {
-		if m.name != name {
+		if m.Name != name {
 			continue
 		}
-		switch jsonKind(m.value) {
-		case jsonNull:
+		switch strictjson.KindOf(m.Value) {
+		case strictjson.Null:
 			value = ""
-		case jsonString:
-			if err := json.Unmarshal(m.value, &value); err != nil {
+		case strictjson.String:
+			if err := json.Unmarshal(m.Value, &value); err != nil {
 				return "", fmt.Errorf("%s: %w", name, err)
 			}
 		default:
-			return "", fmt.Errorf("%s: expected string, got %s", name, describe(m.value))
+			return "", fmt.Errorf("%s: expected string, got %s", name, strictjson.Describe(m.Value))
 		}
 	}
 	return value, nil

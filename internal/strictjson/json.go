@@ -1,4 +1,4 @@
-package v1beta1
+package strictjson
 
 import (
 	"bytes"
@@ -7,44 +7,44 @@ import (
 	"reflect"
 )
 
-// jsonType is the type of a JSON value, as error messages name it.
-type jsonType string
+// Type is the type of a JSON value, as error messages name it.
+type Type string
 
 const (
-	jsonObject  jsonType = "object"
-	jsonArray   jsonType = "array"
-	jsonString  jsonType = "string"
-	jsonNumber  jsonType = "number"
-	jsonBoolean jsonType = "boolean"
-	jsonNull    jsonType = "null"
+	Object  Type = "object"
+	Array   Type = "array"
+	String  Type = "string"
+	Number  Type = "number"
+	Boolean Type = "boolean"
+	Null    Type = "null"
 )
 
-// jsonKind returns the type of the valid JSON value raw.
-func jsonKind(raw []byte) jsonType {
+// KindOf returns the type of the valid JSON value raw.
+func KindOf(raw []byte) Type {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
-		return jsonNull
+		return Null
 	}
 	switch raw[0] {
 	case '{':
-		return jsonObject
+		return Object
 	case '[':
-		return jsonArray
+		return Array
 	case '"':
-		return jsonString
+		return String
 	case 't', 'f':
-		return jsonBoolean
+		return Boolean
 	case 'n':
-		return jsonNull
+		return Null
 	}
-	return jsonNumber
+	return Number
 }
 
-// describe names the type of raw for an error message, with the value for
+// Describe names the type of raw for an error message, with the value for
 // numbers as encoding/json does ("number 1.5").
-func describe(raw []byte) string {
-	kind := jsonKind(raw)
-	if kind == jsonNumber {
+func Describe(raw []byte) string {
+	kind := KindOf(raw)
+	if kind == Number {
 		return fmt.Sprintf("%s %s", kind, abbreviate(raw))
 	}
 	return string(kind)
@@ -54,17 +54,17 @@ func describe(raw []byte) string {
 func expected(t reflect.Type) string {
 	switch t.Kind() {
 	case reflect.Struct, reflect.Map:
-		return string(jsonObject)
+		return string(Object)
 	case reflect.Slice, reflect.Array:
-		return string(jsonArray)
+		return string(Array)
 	case reflect.Bool:
-		return string(jsonBoolean)
+		return string(Boolean)
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
 		return "int"
 	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
 		return "non-negative int"
 	case reflect.Float32, reflect.Float64:
-		return string(jsonNumber)
+		return string(Number)
 	}
 	return t.Kind().String()
 }
@@ -79,20 +79,20 @@ func abbreviate(raw []byte) string {
 	return string(raw[:limit]) + "..."
 }
 
-// member is one name/value pair of a JSON object. Unlike a map, a list of
-// members keeps repeated names, so that duplicates can be reported.
-type member struct {
-	name  string
-	value json.RawMessage
+// Member is one name/value pair of a JSON object. Unlike a map, a list of
+// Members keeps repeated names, so that duplicates can be reported.
+type Member struct {
+	Name  string
+	Value json.RawMessage
 }
 
-// members returns the members of the valid JSON object raw, in order.
-func members(raw []byte) ([]member, error) {
+// Members returns the members of the valid JSON object raw, in order.
+func Members(raw []byte) ([]Member, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	if _, err := dec.Token(); err != nil { // the opening brace
 		return nil, err
 	}
-	var ms []member
+	var ms []Member
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
@@ -103,7 +103,7 @@ func members(raw []byte) ([]member, error) {
 		if err := dec.Decode(&value); err != nil {
 			return nil, err
 		}
-		ms = append(ms, member{name: name, value: value})
+		ms = append(ms, Member{Name: name, Value: value})
 	}
 	return ms, nil
 }

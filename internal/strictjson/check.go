@@ -1,4 +1,10 @@
-package v1beta1
+// Package strictjson checks a JSON document against the Go type it decodes
+// into and reports every problem with its field path: unknown and
+// duplicate fields, wrong types, and errors of custom unmarshalers such as
+// resource.Quantity's, all at once. The opaque config APIs (and the
+// webhook that validates them) decode through it, so a user fixing a
+// config sees every mistake in one message.
+package strictjson
 
 import (
 	"encoding/json"
@@ -28,13 +34,18 @@ var (
 	quantityType    = reflect.TypeFor[resource.Quantity]()
 )
 
-func typeOf(obj runtime.Object) reflect.Type {
-	return reflect.TypeOf(obj).Elem()
+// Check checks raw against the type of obj (a pointer to a struct) and
+// returns every problem, each naming its field path. strict also reports
+// unknown and duplicate fields.
+func Check(raw json.RawMessage, obj runtime.Object, strict bool) []error {
+	c := checker{strict: strict}
+	c.check(raw, reflect.TypeOf(obj).Elem(), nil)
+	return c.errs
 }
 
 func (c *checker) check(raw json.RawMessage, t reflect.Type, path *field.Path) {
-	kind := jsonKind(raw)
-	if kind == jsonNull {
+	kind := KindOf(raw)
+	if kind == Null {
 		return // null leaves any Go value as it is.
 	}
 	if reflect.PointerTo(t).Implements(unmarshalerType) {
@@ -53,11 +64,11 @@ func (c *checker) check(raw json.RawMessage, t reflect.Type, path *field.Path) {
 	case reflect.Pointer:
 		c.check(raw, t.Elem(), path)
 	case reflect.Struct:
-		if c.expect(kind == jsonObject, raw, t, path) {
+		if c.expect(kind == Object, raw, t, path) {
 			c.checkStruct(raw, t, path)
 		}
 	case reflect.Map:
-		if c.expect(kind == jsonObject && t.Key().Kind() == reflect.String, raw, t, path) {
+		if c.expect(kind == Object && t.Key().Kind() == reflect.String, raw, t, path) {
 			keyPath := func(name string) *field.Path { return path.Key(name) }
 			c.checkMembers(raw, path, keyPath, func(name string, value json.RawMessage) {
 				c.check(value, t.Elem(), path.Key(name))
@@ -65,31 +76,31 @@ func (c *checker) check(raw json.RawMessage, t reflect.Type, path *field.Path) {
 		}
 	case reflect.Slice:
 		var items []json.RawMessage
-		if c.expect(kind == jsonArray && json.Unmarshal(raw, &items) == nil, raw, t, path) {
+		if c.expect(kind == Array && json.Unmarshal(raw, &items) == nil, raw, t, path) {
 			for i, item := range items {
 				c.check(item, t.Elem(), path.Index(i))
 			}
 		}
 	case reflect.String:
-		c.expect(kind == jsonString, raw, t, path)
+		c.expect(kind == String, raw, t, path)
 	case reflect.Bool:
-		c.expect(kind == jsonBoolean, raw, t, path)
+		c.expect(kind == Boolean, raw, t, path)
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
 		_, err := strconv.ParseInt(string(raw), 10, t.Bits())
-		c.expect(kind == jsonNumber && err == nil, raw, t, path)
+		c.expect(kind == Number && err == nil, raw, t, path)
 	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
 		_, err := strconv.ParseUint(string(raw), 10, t.Bits())
-		c.expect(kind == jsonNumber && err == nil, raw, t, path)
+		c.expect(kind == Number && err == nil, raw, t, path)
 	case reflect.Float32, reflect.Float64:
 		_, err := strconv.ParseFloat(string(raw), t.Bits())
-		c.expect(kind == jsonNumber && err == nil, raw, t, path)
+		c.expect(kind == Number && err == nil, raw, t, path)
 	}
 }
 
 // expect records a type error unless ok, and returns ok.
 func (c *checker) expect(ok bool, raw json.RawMessage, t reflect.Type, path *field.Path) bool {
 	if !ok {
-		c.errs = append(c.errs, fmt.Errorf("%s: expected %s, got %s", path, expected(t), describe(raw)))
+		c.errs = append(c.errs, fmt.Errorf("%s: expected %s, got %s", path, expected(t), Describe(raw)))
 	}
 	return ok
 }
@@ -112,19 +123,19 @@ func (c *checker) checkStruct(raw json.RawMessage, t reflect.Type, path *field.P
 // repeats of a name as duplicates instead when strict; pathOf gives the path
 // of a member.
 func (c *checker) checkMembers(raw json.RawMessage, path *field.Path, pathOf func(string) *field.Path, each func(name string, value json.RawMessage)) {
-	ms, err := members(raw)
+	ms, err := Members(raw)
 	if err != nil {
 		c.errs = append(c.errs, fmt.Errorf("%s: %w", path, err))
 		return
 	}
 	seen := make(map[string]bool, len(ms))
 	for _, m := range ms {
-		if seen[m.name] && c.strict {
-			c.errs = append(c.errs, fmt.Errorf("duplicate field %q", pathOf(m.name).String()))
+		if seen[m.Name] && c.strict {
+			c.errs = append(c.errs, fmt.Errorf("duplicate field %q", pathOf(m.Name).String()))
 			continue
 		}
-		seen[m.name] = true
-		each(m.name, m.value)
+		seen[m.Name] = true
+		each(m.Name, m.Value)
 	}
 }
 
