@@ -66,15 +66,46 @@ func (l *eventLog) last(id string) mps.Event {
 }
 
 // newRoot returns a short root directory (socket paths must stay under 108
-// bytes). Removing it at the end makes every fake process left exit.
+// bytes; t.TempDir's names the test). At the end, the fake processes of
+// the daemons under it are killed (like real ones, they outlive their
+// directories) and it is removed.
 func newRoot(t *testing.T) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "mps")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	t.Cleanup(func() {
+		if err := mpsfake.Kill(fakesUnder(dir)); err != nil {
+			t.Error(err)
+		}
+		_ = os.RemoveAll(dir)
+	})
 	return dir
+}
+
+// fakesUnder returns the live fake processes (daemons, clients, servers)
+// whose pipe directory is under root.
+func fakesUnder(root string) []mpsfake.Proc {
+	var out []mpsfake.Proc
+	for _, p := range mpsfake.Procs(fakeBin) {
+		if strings.HasPrefix(p.PipeDir, root+string(filepath.Separator)) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// daemonsOf returns the PIDs of the fake control daemons of dirs that run
+// now, found in /proc by their pipe directory, not through their pid file.
+func daemonsOf(dirs mps.Dirs) []int {
+	var pids []int
+	for _, p := range mpsfake.Procs(fakeBin) {
+		if p.IsDaemon() && p.PipeDir == dirs.Pipe {
+			pids = append(pids, p.PID)
+		}
+	}
+	return pids
 }
 
 func testContext(t *testing.T) context.Context {

@@ -31,6 +31,10 @@ type LaunchRequest struct {
 // into its pipe directory, checks it in /proc, and talks to it through the
 // control binary, whatever the launcher; so the daemon's PID must be
 // visible in the Manager's PID namespace (the plugin runs with hostPID).
+// A daemon that has not written its pid file, or lost it, is found in /proc
+// by the control binary's name, -d and the CUDA_MPS_PIPE_DIRECTORY of its
+// environment, so that a failed start or Stop can kill it: the daemon must
+// run with req.Argv's program and req.Env's pipe directory.
 type Launcher interface {
 	// Launch starts the daemon and may return before it is ready; the
 	// Manager waits for the pid file. The daemon must not be a process
@@ -85,6 +89,10 @@ func (l ProcessLauncher) Launch(ctx context.Context, req LaunchRequest) error {
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Run(); err != nil {
+		if ctx.Err() != nil {
+			// Killed because ctx ended, not failed by itself.
+			err = fmt.Errorf("%w (%v)", ctx.Err(), err)
+		}
 		return fmt.Errorf("launch daemon %s: %s: %w: output %q", req.ID, strings.Join(argv, " "), err, tail(out.Name(), 2048))
 	}
 	return nil

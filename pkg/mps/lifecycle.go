@@ -53,10 +53,12 @@ func (m *Manager) startedAs(ref procRef, spec Spec) error {
 }
 
 // launch starts the daemon of spec and applies its limits. restart says
-// that it ran before and died.
+// that it ran before and died. Once the daemon has been launched, a failure
+// leaves no daemon of spec.ID running: whatever was forked is killed, even
+// if ctx has ended.
 func (m *Manager) launch(ctx context.Context, spec Spec, dirs Dirs, prev *state, restart bool) (Daemon, error) {
 	if err := ctx.Err(); err != nil {
-		return Daemon{}, err
+		return Daemon{}, fmt.Errorf("cancelled before the daemon was launched: %w", err)
 	}
 	if err := checkExecutable(m.opts.binary); err != nil {
 		return Daemon{}, err
@@ -81,6 +83,12 @@ func (m *Manager) launch(ctx context.Context, spec Spec, dirs Dirs, prev *state,
 	if ref, ok := m.find(dirs, nil); ok {
 		return Daemon{}, fmt.Errorf("a daemon already serves %s (pid %d) that gpudra's record does not name", dirs.Pipe, ref.PID)
 	}
+	// A daemon of this directory that the pid file does not name (its start
+	// was cut short before it wrote the file, or the file was removed) can
+	// be neither adopted nor supervised, and holds the directory's lock.
+	if _, err := m.killStrays(ctx, spec.ID, dirs, "its pid file does not name it; starting a new daemon"); err != nil {
+		return Daemon{}, err
+	}
 	if prev != nil && prev.Daemon != nil {
 		m.waitExited(ctx, *prev.Daemon)
 	}
@@ -94,47 +102,59 @@ func (m *Manager) launch(ctx context.Context, spec Spec, dirs Dirs, prev *state,
 	if spec.MultiUser {
 		argv = append(argv, "-M")
 	}
-	env := mergeEnv(m.opts.daemonEnv, []string{
+	req := LaunchRequest{ID: spec.ID, Argv: argv, Dirs: dirs, Env: mergeEnv(m.opts.daemonEnv, []string{
 		EnvPipeDirectory + "=" + dirs.Pipe,
 		EnvLogDirectory + "=" + dirs.Log,
 		EnvVisibleDevices + "=" + strings.Join(spec.DeviceUUIDs, ","),
-	})
-	if err := m.opts.launcher.Launch(ctx, LaunchRequest{ID: spec.ID, Argv: argv, Env: env, Dirs: dirs}); err != nil {
+	})}
+
+	began := time.Now()
+	d, err := m.startDaemon(ctx, req, st)
+	if err == nil {
+		return d, nil
+	}
+	// The launcher may have forked the daemon before it failed or ctx
+	// ended, and a daemon may come up without its pid file or its limits:
+	// none may run on, unknown to gpudra or serving without limits.
+	if _, kerr := m.killDaemons(context.WithoutCancel(ctx), dirs); kerr != nil {
+		err = fmt.Errorf("%w; after that: %w", err, kerr)
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		// Cut short by the caller: neither a failure of the daemon nor the
+		// start timeout.
+		waited := time.Since(began).Round(time.Millisecond)
+		if errors.Is(err, cerr) {
+			return Daemon{}, fmt.Errorf("cancelled after %v: %w", waited, err)
+		}
+		return Daemon{}, fmt.Errorf("cancelled after %v (%w): %w", waited, cerr, err)
+	}
+	return Daemon{}, err
+}
+
+// startDaemon launches req's daemon, waits until it is up, records it in st
+// and applies its limits. After a failure, launch kills what it started.
+func (m *Manager) startDaemon(ctx context.Context, req LaunchRequest, st *state) (Daemon, error) {
+	if err := m.opts.launcher.Launch(ctx, req); err != nil {
 		return Daemon{}, err
 	}
-	ref, err := m.waitReady(ctx, dirs, strings.Join(argv, " "))
+	ref, err := m.waitReady(ctx, req.Dirs, strings.Join(req.Argv, " "))
 	if err != nil {
-		// A daemon that comes up after all, late, would run without its
-		// limits: it must not be left behind.
-		if late, ok := m.find(dirs, nil); ok {
-			m.kill(ctx, dirs, late)
-		}
 		return Daemon{}, err
 	}
 	st.Daemon, st.BootID = &ref, m.bootID
-	if err := writeState(dirs, st); err != nil {
-		m.kill(ctx, dirs, ref)
+	if err := writeState(req.Dirs, st); err != nil {
 		return Daemon{}, fmt.Errorf("record daemon: %w", err)
 	}
-	if err := m.applyLimits(ctx, spec, dirs); err != nil {
-		// A daemon without its limits must serve no one.
-		m.kill(ctx, dirs, ref)
+	if err := m.applyLimits(ctx, st.Spec, req.Dirs); err != nil {
 		return Daemon{}, err
 	}
-	return Daemon{Spec: spec.clone(), Dirs: dirs, PID: ref.PID, Restarts: st.Restarts}, nil
-}
-
-// kill ends a daemon at once, with its servers, and waits (up to the stop
-// timeout, even if ctx has ended) until they are gone.
-func (m *Manager) kill(ctx context.Context, dirs Dirs, ref procRef) {
-	refs := append([]procRef{ref}, m.proc.serversOf(dirs.Pipe, ref.PID)...)
-	m.killAll(context.WithoutCancel(ctx), refs)
-	_ = os.Remove(filepath.Join(dirs.Pipe, PIDFileName))
+	return Daemon{Spec: st.Spec.clone(), Dirs: req.Dirs, PID: ref.PID, Restarts: st.Restarts}, nil
 }
 
 // waitReady waits for the daemon just launched to write its pid file and
 // open its control socket.
 func (m *Manager) waitReady(ctx context.Context, dirs Dirs, command string) (procRef, error) {
+	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, m.opts.startTimeout)
 	defer cancel()
 	base := filepath.Base(m.opts.binary)
@@ -153,6 +173,9 @@ func (m *Manager) waitReady(ctx context.Context, dirs Dirs, command string) (pro
 		}
 		select {
 		case <-ctx.Done():
+			if err := caller.Err(); err != nil {
+				return procRef{}, fmt.Errorf("%s: daemon not up (%w): %s", command, err, m.daemonOutput(dirs))
+			}
 			return procRef{}, fmt.Errorf("%s: daemon not up after %v (%w): %s", command, m.opts.startTimeout, ctx.Err(), m.daemonOutput(dirs))
 		case <-time.After(m.opts.pollInterval):
 		}

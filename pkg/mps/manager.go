@@ -338,12 +338,13 @@ func (m *Manager) lock(ctx context.Context, id string) (func(), error) {
 		}
 		m.mu.Unlock()
 	}
+	began := time.Now()
 	select {
 	case l.ch <- struct{}{}:
 		return func() { <-l.ch; release() }, nil
 	case <-ctx.Done():
 		release()
-		return nil, ctx.Err()
+		return nil, fmt.Errorf("cancelled after %v waiting for another operation on it: %w", time.Since(began).Round(time.Millisecond), ctx.Err())
 	}
 }
 

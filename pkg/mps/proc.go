@@ -161,6 +161,32 @@ func (p procFS) serversOf(pipe string, daemonPID int) []procRef {
 	return out
 }
 
+// daemonsOf returns the live control daemons (the program named base, run
+// with -d) whose environment names pipe, whatever their pid file says: a
+// daemon that has not written it yet, or whose file or whole directory was
+// removed, runs all the same. A -d invocation that has not forked yet looks
+// the same, and is one too.
+func (p procFS) daemonsOf(base, pipe string) []procRef {
+	entries, err := os.ReadDir(p.root)
+	if err != nil {
+		return nil
+	}
+	var out []procRef
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || !p.isCommand(pid, base, "-d") {
+			continue
+		}
+		if v, found := p.environ(pid, EnvPipeDirectory); !found || filepath.Clean(v) != pipe {
+			continue
+		}
+		if st, ok := p.alive(pid); ok {
+			out = append(out, procRef{PID: pid, StartTime: st.startTime})
+		}
+	}
+	return out
+}
+
 // procRef names one process for as long as it lives: a PID alone may be
 // given to another process once this one is gone.
 type procRef struct {

@@ -60,7 +60,7 @@ func (m *Manager) SuperviseOnce(ctx context.Context) error {
 func (m *Manager) check(ctx context.Context, id string) error {
 	unlock, err := m.lock(ctx, id)
 	if err != nil {
-		return err
+		return fmt.Errorf("check MPS daemon %s: %w", id, err)
 	}
 	defer unlock()
 	m.mu.Lock()

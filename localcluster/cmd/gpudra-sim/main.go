@@ -175,8 +175,9 @@ func run(ctx context.Context, o options) (finalErr error) {
 		return fmt.Errorf("simulated MPS control binary: %w", err)
 	}
 	defer removeMPS()
-	// The simulated daemons live as long as their claims (they exit when
-	// the node removes their directories), not the fake's default bound.
+	// The simulated daemons live as long as their claims (they are stopped
+	// when their claims are unprepared, and killed by removeMPS), not the
+	// fake's default bound.
 	_ = os.Setenv(mpsfake.EnvMaxLifetime, "0")
 
 	progress("starting the local cluster: fleet %s, %d nodes", o.fleet, len(fleet.Nodes))

@@ -17,9 +17,14 @@
 // applying them; FAKE_MPS_FAIL_START_IF=<path> makes the daemon fail at
 // start while <path> exists.
 //
-// Every fake process exits by itself once its pipe directory is gone, or
-// after a maximum lifetime (3 minutes, or $GPUDRA_FAKE_MPS_MAX_LIFETIME as a
-// Go duration, 0 for none), so a failed test leaves nothing running for long.
+// Like the real daemon, the fake runs until it is told to quit or killed:
+// removing its pid file or its directories does not end it (it keeps its
+// listening socket open, though clients can no longer reach it by path). A test finds the fakes it
+// started with [Procs] and ends them with [Kill]; the cleanup of [SetUp]
+// kills every fake left. As a last resort, for a test binary killed before
+// its cleanup ran, every fake process exits after a maximum lifetime (3
+// minutes, or $GPUDRA_FAKE_MPS_MAX_LIFETIME as a Go duration, 0 for none),
+// far longer than any test needs a daemon.
 package mpsfake
 
 import (
@@ -87,10 +92,8 @@ func Main() (code int, ok bool) {
 	switch filepath.Base(os.Args[0]) {
 	case ControlName:
 		return control(os.Args[1:]), true
-	case ServerName:
-		return linger(os.Getenv(mps.EnvPipeDirectory)), true
-	case SleeperName:
-		return linger(""), true
+	case ServerName, SleeperName:
+		return linger(), true
 	}
 	return 0, false
 }
@@ -116,9 +119,10 @@ func Install(dir string) error {
 
 // SetUp installs the fake programs in a new temporary directory, for a
 // TestMain that called [Main] first, and returns the directory and a
-// function that removes it. Under the race detector every process would
-// sleep a second at exit; the fakes are many short processes, so SetUp
-// turns that off for the processes the test starts.
+// function that kills every fake process still running from it and removes
+// it. Under the race detector every process would sleep a second at exit;
+// the fakes are many short processes, so SetUp turns that off for the
+// processes the test starts.
 func SetUp() (dir string, cleanup func(), err error) {
 	dir, err = os.MkdirTemp("", "gpudra-mpsfake")
 	if err != nil {
@@ -131,19 +135,19 @@ func SetUp() (dir string, cleanup func(), err error) {
 	if !strings.Contains(os.Getenv("GORACE"), "atexit_sleep_ms") {
 		_ = os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	}
-	return dir, func() { _ = os.RemoveAll(dir) }, nil
+	return dir, func() {
+		if err := Kill(Procs(dir)); err != nil {
+			fmt.Fprintln(os.Stderr, "mpsfake:", err)
+		}
+		_ = os.RemoveAll(dir)
+	}, nil
 }
 
 // Alive reports whether pid is a process that has not exited (a zombie
 // has), as tests of the daemons' lifecycle check it.
 func Alive(pid int) bool {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(data)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
+	_, ok := liveStartTime(pid)
+	return ok
 }
 
 // ReadRecord reads what the daemon with log directory logDir was told.
@@ -326,10 +330,12 @@ func daemon(pipe, logDir string, args []string) int {
 			delete(d.serverByPID, pid)
 		}
 	}
+	// The real daemon runs until quit or killed, whatever happens to its
+	// directories; only the fake's last-resort lifetime ends it otherwise.
 	go func() {
 		born := time.Now()
 		for range time.Tick(100 * time.Millisecond) {
-			if _, err := os.Stat(pipe); err != nil || expired(born) {
+			if expired(born) {
 				mu.Lock()
 				stopServers()
 				os.Exit(0)
@@ -517,10 +523,10 @@ func showPct(p *float64) string {
 	return strconv.FormatFloat(*p, 'f', 1, 64)
 }
 
-// fakeLinger is a process that waits to be killed: an MPS server, or an
-// unrelated program. It exits by itself on SIGTERM, when dir (if given)
-// disappears, or when its lifetime is over.
-func linger(dir string) int {
+// linger is a process that waits to be killed: an MPS server, or an
+// unrelated program. It exits by itself on SIGTERM or when its lifetime is
+// over; like a real server, not when its pipe directory disappears.
+func linger() int {
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM)
 	born := time.Now()
@@ -533,11 +539,6 @@ func linger(dir string) int {
 		case <-tick.C:
 			if expired(born) {
 				return 0
-			}
-			if dir != "" {
-				if _, err := os.Stat(dir); err != nil {
-					return 0
-				}
 			}
 		}
 	}
