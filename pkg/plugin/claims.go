@@ -26,45 +26,37 @@ const statusTimeout = 10 * time.Second
 // group-committed. Each claim gets its own result; the call itself fails
 // only if the plugin cannot work at all.
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
-	results := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
-	if len(claims) == 1 {
-		results[claims[0].UID] = d.prepareClaim(ctx, claims[0])
-		return results, nil
-	}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for _, claim := range claims {
-		wg.Go(func() {
-			r := d.prepareClaim(ctx, claim)
-			mu.Lock()
-			results[claim.UID] = r
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	return results, nil
+	return perClaim(claims, func(c *resourceapi.ResourceClaim) types.UID { return c.UID },
+		func(c *resourceapi.ResourceClaim) kubeletplugin.PrepareResult { return d.prepareClaim(ctx, c) }), nil
 }
 
 // UnprepareResourceClaims implements [kubeletplugin.DRAPlugin]. Unpreparing
 // a claim this node does not know succeeds: the call is idempotent.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
-	results := make(map[types.UID]error, len(claims))
+	return perClaim(claims, func(c kubeletplugin.NamespacedObject) types.UID { return c.UID },
+		func(c kubeletplugin.NamespacedObject) error { return d.unprepareClaim(ctx, c) }), nil
+}
+
+// perClaim runs do for every claim, concurrently when there are several,
+// and returns the results by claim UID.
+func perClaim[C, R any](claims []C, uid func(C) types.UID, do func(C) R) map[types.UID]R {
+	results := make(map[types.UID]R, len(claims))
 	if len(claims) == 1 {
-		results[claims[0].UID] = d.unprepareClaim(ctx, claims[0])
-		return results, nil
+		results[uid(claims[0])] = do(claims[0])
+		return results
 	}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, claim := range claims {
 		wg.Go(func() {
-			err := d.unprepareClaim(ctx, claim)
+			r := do(claim)
 			mu.Lock()
-			results[claim.UID] = err
+			results[uid(claim)] = r
 			mu.Unlock()
 		})
 	}
 	wg.Wait()
-	return results, nil
+	return results
 }
 
 func (d *Driver) prepareClaim(ctx context.Context, claim *resourceapi.ResourceClaim) kubeletplugin.PrepareResult {

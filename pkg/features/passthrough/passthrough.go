@@ -31,40 +31,13 @@ type Record struct {
 	Devices []Passthrough `json:"devices"`
 }
 
-// Passthrough is one GPU's IOMMU group bound to VFIO.
+// Passthrough is one GPU's IOMMU group bound to VFIO: the binder's own
+// record (what Bind changes and Restore puts back), with the device it
+// was bound for.
 type Passthrough struct {
 	// Device is the published device name.
 	Device string `json:"device"`
-	// GPU is the GPU's PCI bus ID.
-	GPU        string     `json:"gpu"`
-	IOMMUGroup int        `json:"iommuGroup"`
-	Functions  []Function `json:"functions"`
-}
-
-// Function is one PCI function of a bound IOMMU group.
-type Function struct {
-	BusID string `json:"busID"`
-	// Driver is the VFIO driver it is bound to.
-	Driver string `json:"driver"`
-	// OriginalDriver and OriginalDriverOverride are what it had before.
-	OriginalDriver         string `json:"originalDriver,omitempty"`
-	OriginalDriverOverride string `json:"originalDriverOverride,omitempty"`
-}
-
-func (p *Passthrough) vfio() vfio.Record {
-	out := vfio.Record{GPU: p.GPU, IOMMUGroup: p.IOMMUGroup}
-	for _, f := range p.Functions {
-		out.Functions = append(out.Functions, vfio.Function(f))
-	}
-	return out
-}
-
-func fromVFIO(device string, r vfio.Record) Passthrough {
-	out := Passthrough{Device: device, GPU: r.GPU, IOMMUGroup: r.IOMMUGroup}
-	for _, f := range r.Functions {
-		out.Functions = append(out.Functions, Function(f))
-	}
-	return out
+	vfio.Record
 }
 
 // Config is what VFIO passthrough needs on this node.
@@ -173,7 +146,7 @@ func (c *Configurator) Plan(_ context.Context, cl *preparer.Claim) (json.RawMess
 					name, f.BusID, planned.GPU, f.OriginalDriver, f.OriginalDriverOverride)
 			}
 		}
-		rec.Devices = append(rec.Devices, fromVFIO(name, planned))
+		rec.Devices = append(rec.Devices, Passthrough{Device: name, Record: planned})
 	}
 	if len(rec.Devices) == 0 {
 		return nil, nil
@@ -193,7 +166,7 @@ func (c *Configurator) Apply(ctx context.Context, cl *preparer.Claim, raw json.R
 	}
 	for i := range rec.Devices {
 		p := &rec.Devices[i]
-		if err := c.binder.Bind(ctx, p.vfio()); err != nil {
+		if err := c.binder.Bind(ctx, p.Record); err != nil {
 			return nil, fmt.Errorf("device %s: pass GPU %s through: %w", p.Device, p.GPU, err)
 		}
 	}
@@ -223,7 +196,7 @@ func (c *Configurator) Edits(_ context.Context, cl *preparer.Claim, raw json.Raw
 			if vc, ok := d.Config.Config.(*v1beta1.VfioDeviceConfig); ok {
 				opts = vfio.NodeOptions{PreferIOMMUFD: vc.IOMMU.PreferIOMMUFD(), APIDevice: vc.IOMMU.APIDevice()}
 			}
-			nodes, err := vfio.DeviceNodes(c.cfg.FS, p.vfio(), opts)
+			nodes, err := vfio.DeviceNodes(c.cfg.FS, p.Record, opts)
 			if err != nil {
 				return fmt.Errorf("device %s: %w", p.Device, err)
 			}
@@ -251,7 +224,7 @@ func (c *Configurator) Undo(ctx context.Context, _ string, raw json.RawMessage) 
 			errs = append(errs, fmt.Errorf("device %s: GPU %s was passed through, but this node does not pass GPUs through now (no --vfio); give it back by hand or run the plugin with --vfio", p.Device, p.GPU))
 			continue
 		}
-		if err := c.binder.Restore(ctx, p.vfio()); err != nil {
+		if err := c.binder.Restore(ctx, p.Record); err != nil {
 			errs = append(errs, fmt.Errorf("device %s: %w", p.Device, err))
 		}
 	}
