@@ -452,6 +452,10 @@ func BenchmarkPrepareOneMIGClaim(b *testing.B) {
 				if n := len(h.migDevices(0)); n != 0 {
 					b.Fatalf("GPU 0 holds %d MIG devices after unprepare, want none", n)
 				}
+				// The status removal runs after Unprepare returns.
+				for deadline := time.Now().Add(10 * time.Second); stub != nil && stub.count() < applies+1 && time.Now().Before(deadline); {
+					time.Sleep(time.Millisecond)
+				}
 				if stub != nil && (stub.count() != applies+1 || strings.Contains(stub.last(), `"devices"`)) {
 					b.Fatalf("unprepare applied %d status patches, want 1 without devices: %s", stub.count()-applies, stub.last())
 				}

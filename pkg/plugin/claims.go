@@ -85,8 +85,11 @@ func (d *Driver) unprepareClaim(ctx context.Context, claim kubeletplugin.Namespa
 		// The claim usually outlives its pods a moment; drop the UUIDs of
 		// devices that no longer exist. Gone claims need nothing. In the
 		// background, bounded, so that an API server that does not answer
-		// never holds up Unprepare.
+		// never holds up Unprepare; a Prepare of the same claim waits for
+		// it, so that its own status is never overwritten by the removal.
+		done := d.statusWrites.start(claim.UID)
 		d.wg.Go(func() {
+			defer done()
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statusTimeout)
 			defer cancel()
 			if err := d.status.Remove(ctx, claim); err != nil {
@@ -97,6 +100,46 @@ func (d *Driver) unprepareClaim(ctx context.Context, claim kubeletplugin.Namespa
 	return nil
 }
 
+// pendingWrites tracks the background status removals per claim.
+type pendingWrites struct {
+	mu      sync.Mutex
+	pending map[types.UID]chan struct{}
+}
+
+// start registers a write for the claim; the returned function ends it.
+func (p *pendingWrites) start(uid types.UID) func() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.pending == nil {
+		p.pending = map[types.UID]chan struct{}{}
+	}
+	ch := make(chan struct{})
+	p.pending[uid] = ch
+	return func() {
+		p.mu.Lock()
+		if p.pending[uid] == ch {
+			delete(p.pending, uid)
+		}
+		p.mu.Unlock()
+		close(ch)
+	}
+}
+
+// wait waits until the claim's pending write, if any, is done (it is
+// bounded by statusTimeout) or ctx ends.
+func (p *pendingWrites) wait(ctx context.Context, uid types.UID) {
+	p.mu.Lock()
+	ch := p.pending[uid]
+	p.mu.Unlock()
+	if ch == nil {
+		return
+	}
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
+}
+
 // recordDeviceStatus writes the claim's status.devices entries (KEP-4817)
 // for devices whose identity exists only since Prepare (MIG devices created
 // on demand) and is published nowhere else; other devices carry theirs as
@@ -104,6 +147,7 @@ func (d *Driver) unprepareClaim(ctx context.Context, claim kubeletplugin.Namespa
 // logged, not returned: the status serves monitoring, and an API server or
 // RBAC without it must not keep pods from starting.
 func (d *Driver) recordDeviceStatus(ctx context.Context, claim *resourceapi.ResourceClaim, devices []claimstate.Device) {
+	d.statusWrites.wait(ctx, claim.UID)
 	statuses := make([]devicestatus.Device, 0, len(devices))
 	seen := map[string]bool{}
 	for _, cd := range devices {

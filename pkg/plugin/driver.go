@@ -169,8 +169,10 @@ type Driver struct {
 	state atomic.Pointer[preparer.Published]
 	// rebuild asks the discovery loop to rebuild and republish the devices.
 	rebuild chan struct{}
-	// status writes claims' status.devices.
-	status *devicestatus.Writer
+	// status writes claims' status.devices; statusWrites tracks the
+	// removals that run after Unprepare.
+	status       *devicestatus.Writer
+	statusWrites pendingWrites
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
