@@ -188,13 +188,21 @@ func TestKubeletPluginRunsAsServiceAccount(t *testing.T) {
 	}
 	// A finished pod's claims are unprepared: the plugin removes the
 	// claim's CDI spec.
+	specs := func() []string {
+		entries, _ := os.ReadDir(node.CDIDir())
+		var files []string
+		for _, e := range entries {
+			if !e.IsDir() { // the writer's staging directory stays
+				files = append(files, e.Name())
+			}
+		}
+		return files
+	}
 	err = wait.PollUntilContextTimeout(ctx, pollPeriod, 30*time.Second, true, func(context.Context) (bool, error) {
-		entries, err := os.ReadDir(node.CDIDir())
-		return err == nil && len(entries) == 0, nil
+		return len(specs()) == 0, nil
 	})
 	if err != nil {
-		entries, _ := os.ReadDir(node.CDIDir())
-		t.Errorf("claim not unprepared: CDI specs left %v", entries)
+		t.Errorf("claim not unprepared: CDI specs left %v", specs())
 	}
 	if got := refused.list(); len(got) != 0 {
 		t.Errorf("the API server refused the plugin %d requests:\n%s", len(got), strings.Join(got, "\n"))

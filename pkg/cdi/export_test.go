@@ -1,5 +1,5 @@
 package cdi
 
-// TempPattern is the os.CreateTemp pattern Write uses for a claim's temp
-// file, so that tests can leave one behind as a killed Write would.
-func TempPattern(w *Writer, claimUID string) string { return w.tempPattern(claimUID) }
+// StagingDir is the directory Write stages specs in, so that tests can
+// leave a file behind as a killed Write would.
+func StagingDir(w *Writer) string { return w.staging }

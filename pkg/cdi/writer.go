@@ -22,15 +22,26 @@ import (
 type Writer struct {
 	dir        string
 	driverName string
+	// staging is this driver's private subdirectory of dir, where specs
+	// are written and validated before they are renamed into dir; stage
+	// is the CDI library's cache over it.
+	staging string
+	stage   *cdiapi.Cache
 }
 
 // NewWriter returns a writer for dir (usually /var/run/cdi), creating it if
 // needed.
 func NewWriter(dir, driverName string) (*Writer, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	staging := filepath.Join(dir, "."+Vendor(driverName)+".staging")
+	if err := os.MkdirAll(staging, 0o755); err != nil {
 		return nil, fmt.Errorf("create CDI spec directory: %w", err)
 	}
-	return &Writer{dir: dir, driverName: driverName}, nil
+	// No auto-refresh: the cache only writes, it never resolves devices.
+	stage, err := cdiapi.NewCache(cdiapi.WithSpecDirs(staging), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		return nil, fmt.Errorf("CDI cache for %s: %w", staging, err)
+	}
+	return &Writer{dir: dir, driverName: driverName, staging: staging, stage: stage}, nil
 }
 
 // Dir is the directory the writer writes to.
@@ -46,24 +57,21 @@ func (w *Writer) Path(claimUID string) string {
 	return filepath.Join(w.dir, w.specName(claimUID)+".json")
 }
 
-// tempInfix marks the temp files of Write: <spec file>.tmp-<random>, the
-// convention of checkpoint.WriteFileAtomic. The name does not end in .json
-// or .yaml, so the CDI library (and every runtime using it) skips it.
+// tempInfix marks the temp files of an earlier Write: <spec file>.tmp-<random>.
+// The name does not end in .json or .yaml, so the CDI library (and every
+// runtime using it) skips it.
 const tempInfix = ".tmp-"
-
-// tempPattern is the os.CreateTemp pattern of a claim's temp files.
-func (w *Writer) tempPattern(claimUID string) string {
-	return w.specName(claimUID) + ".json" + tempInfix + "*"
-}
 
 // Write validates spec and replaces the claim's spec file with it.
 //
-// It does not use the CDI library's Cache.WriteSpec, whose temp file is
-// named spec.<random>.tmp whatever the vendor: a crash between creating and
-// renaming it leaves a file nobody can attribute. Write names its temp file
-// after the claim's spec ([Writer.RemoveStaleTemps] removes it after a
-// crash), then validates the bytes written with the library's own reader,
-// the check runtimes apply, before renaming the file into place.
+// The CDI library's Cache.WriteSpec validates the spec in memory and
+// writes it atomically, but its temp file is named spec.<random>.tmp
+// whatever the vendor: a crash between creating and renaming it would
+// leave a file nobody can attribute. So the library writes into this
+// driver's own staging subdirectory (runtimes do not look into
+// subdirectories), and the finished file is renamed into place:
+// everything a killed Write leaves is in the staging directory, which
+// [Writer.RemoveStaleTemps] empties.
 func (w *Writer) Write(claimUID string, spec *cdispec.Spec) error {
 	if err := w.write(claimUID, spec); err != nil {
 		return fmt.Errorf("write CDI spec for claim %s: %w", claimUID, err)
@@ -72,31 +80,17 @@ func (w *Writer) Write(claimUID string, spec *cdispec.Spec) error {
 }
 
 func (w *Writer) write(claimUID string, spec *cdispec.Spec) error {
-	data, err := json.Marshal(spec)
-	if err != nil {
-		return fmt.Errorf("marshal: %w", err)
+	name := w.specName(claimUID) + ".json"
+	// The staging directory goes when someone cleans the CDI directory.
+	if err := os.MkdirAll(w.staging, 0o755); err != nil {
+		return fmt.Errorf("create CDI staging directory: %w", err)
 	}
-	f, err := os.CreateTemp(w.dir, w.tempPattern(claimUID))
-	if err != nil {
-		return err
+	if err := w.stage.WriteSpec(spec, name); err != nil {
+		return fmt.Errorf("invalid CDI spec: %w", err)
 	}
-	tmp := f.Name()
-	// No fsync, as the library: /var/run/cdi is a tmpfs, and a spec lost
-	// to a power loss is rewritten when the claim is prepared again.
-	_, err = f.Write(data)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		if _, verr := cdiapi.ReadSpec(tmp, 0); verr != nil {
-			err = fmt.Errorf("invalid CDI spec: %w", verr)
-		}
-	}
-	if err == nil {
-		err = os.Rename(tmp, w.Path(claimUID))
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
+	staged := filepath.Join(w.staging, name)
+	if err := os.Rename(staged, w.Path(claimUID)); err != nil {
+		_ = os.Remove(staged)
 		return err
 	}
 	return nil
@@ -104,7 +98,8 @@ func (w *Writer) write(claimUID string, spec *cdispec.Spec) error {
 
 // libraryTemp matches the temp files of the CDI library's spec writer
 // (os.CreateTemp(dir, "spec.*.tmp") in tags.cncf.io/container-device-interface
-// v1.1.1), which Write used before it named its own.
+// v1.1.1), which Write left in the CDI directory itself before it wrote
+// through the staging directory.
 var libraryTemp = regexp.MustCompile(`^spec\.[0-9]+\.tmp$`)
 
 // maxSpecSize bounds what RemoveStaleTemps reads of a library temp file to
@@ -140,6 +135,22 @@ func (w *Writer) RemoveStaleTemps() ([]string, error) {
 	prefix := w.specName("")
 	var removed []string
 	var errs []error
+	// Everything in the staging directory is a Write that did not finish.
+	staged, err := os.ReadDir(w.staging)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("list CDI staging directory: %w", err))
+	}
+	for _, e := range staged {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		path := filepath.Join(w.staging, e.Name())
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove stale CDI temp file: %w", err))
+			continue
+		}
+		removed = append(removed, path)
+	}
 	for _, e := range entries {
 		name := e.Name()
 		if !e.Type().IsRegular() {

@@ -242,8 +242,9 @@ func TestWriteInvalidSpec(t *testing.T) {
 				t.Fatalf("Write = %v, want an error naming the claim", err)
 			}
 			entries, _ := os.ReadDir(dir)
-			if len(entries) != 0 {
-				t.Errorf("a refused spec left files behind: %v", entries)
+			staged, _ := os.ReadDir(cdi.StagingDir(w))
+			if len(entries) != 1 || len(staged) != 0 {
+				t.Errorf("a refused spec left files behind: %v, staged %v", entries, staged)
 			}
 		})
 	}
@@ -354,7 +355,7 @@ func TestClaimUIDs(t *testing.T) {
 		t.Errorf("ClaimUIDs of an empty directory = %q, %v", got, err)
 	}
 	gone := newWriter(t, filepath.Join(t.TempDir(), "gone"))
-	if err := os.Remove(gone.Dir()); err != nil {
+	if err := os.RemoveAll(gone.Dir()); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := gone.ClaimUIDs(); err == nil || !strings.Contains(err.Error(), gone.Dir()) {
@@ -500,19 +501,18 @@ func TestRemoveStaleTemps(t *testing.T) {
 		}
 		return data
 	}
-	// createTemp creates a temp file the way a killed Write leaves it.
-	createTemp := func(uid string, data []byte) string {
-		f, err := os.CreateTemp(dir, cdi.TempPattern(w, uid))
+	// createTemp creates a file the way a killed Write leaves it: the
+	// library's temp file or the finished spec, in the staging directory.
+	createTemp := func(name string, data []byte) string {
+		path := filepath.Join(cdi.StagingDir(w), name)
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		rel, err := filepath.Rel(dir, path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := f.Write(data); err != nil {
-			t.Fatal(err)
-		}
-		if err := f.Close(); err != nil {
-			t.Fatal(err)
-		}
-		return filepath.Base(f.Name())
+		return rel
 	}
 
 	tests := []struct {
@@ -521,8 +521,9 @@ func TestRemoveStaleTemps(t *testing.T) {
 		data        []byte
 		wantRemoved bool
 	}{
-		{"our temp, killed before writing", createTemp(claimUID, nil), nil, true},
-		{"our temp, killed before renaming", createTemp(liveUID, ourSpec), nil, true},
+		{"staged temp, killed before writing", createTemp("spec.1.tmp", nil), nil, true},
+		{"staged spec, killed before renaming", createTemp(filepath.Base(w.Path(liveUID)), ourSpec), nil, true},
+		{"temp of an earlier Write", filepath.Base(w.Path(claimUID)) + ".tmp-42", nil, true},
 		{"library temp holding our spec", "spec.1804289383.tmp", ourSpec, true},
 		{"library temp, empty", "spec.846930886.tmp", nil, false},
 		{"library temp holding another vendor's spec", "spec.1681692777.tmp", specOfKind("nvidia.com/gpu"), false},
@@ -567,7 +568,7 @@ func TestRemoveStaleTemps(t *testing.T) {
 	if fi, err := os.Stat(dirLikeTemp); err != nil || !fi.IsDir() {
 		t.Errorf("directory %s removed: %v", dirLikeTemp, err)
 	}
-	if want := 3; len(removed) != want {
+	if want := 4; len(removed) != want {
 		t.Errorf("removed %q, want %d files", removed, want)
 	}
 	// Our live spec still resolves, and a second run finds nothing.
@@ -579,7 +580,7 @@ func TestRemoveStaleTemps(t *testing.T) {
 	}
 
 	gone := newWriter(t, filepath.Join(t.TempDir(), "gone"))
-	if err := os.Remove(gone.Dir()); err != nil {
+	if err := os.RemoveAll(gone.Dir()); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := gone.RemoveStaleTemps(); err == nil || !strings.Contains(err.Error(), gone.Dir()) {
@@ -617,7 +618,10 @@ func TestWriteLeavesNoTemps(t *testing.T) {
 	for _, e := range entries {
 		names = append(names, e.Name())
 	}
-	if want := []string{filepath.Base(w.Path(claimUID)), filepath.Base(w.Path("stuck"))}; !slices.Equal(names, want) {
+	if want := []string{filepath.Base(cdi.StagingDir(w)), filepath.Base(w.Path(claimUID)), filepath.Base(w.Path("stuck"))}; !slices.Equal(names, want) {
 		t.Errorf("directory holds %q, want %q", names, want)
+	}
+	if staged, err := os.ReadDir(cdi.StagingDir(w)); err != nil || len(staged) != 0 {
+		t.Errorf("staging directory holds %v (%v), want nothing", staged, err)
 	}
 }

@@ -295,7 +295,8 @@ func (h *harness) mustUnprepare(claim *resourceapi.ResourceClaim) {
 	}
 }
 
-// specFiles lists the CDI spec files.
+// specFiles lists the files in the CDI directory (not the writer's
+// staging subdirectory, which runtimes do not read).
 func (h *harness) specFiles() []string {
 	h.tb.Helper()
 	entries, err := os.ReadDir(h.cfg.CDIDir)
@@ -304,7 +305,9 @@ func (h *harness) specFiles() []string {
 	}
 	var names []string
 	for _, e := range entries {
-		names = append(names, e.Name())
+		if !e.IsDir() {
+			names = append(names, e.Name())
+		}
 	}
 	return names
 }
