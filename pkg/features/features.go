@@ -77,7 +77,7 @@ func New(o Options) (*Set, error) {
 	return &Set{
 		Configurators: []preparer.Configurator{
 			migmode.New(switcher, o.MIGModeNode),
-			dynamicmig.New(o.MIG),
+			dynamicmig.New(o.MIG, migPublisher.Dynamic),
 			vfio,
 			timeslicing.New(o.TimeSlicer, o.DataDir, o.State, o.MPS != nil),
 			mpsdaemon.New(o.MPS, o.MPSUnavailable, o.TimeSlicer != nil),

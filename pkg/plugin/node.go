@@ -124,6 +124,14 @@ func (n *node) Allocated(ctx context.Context) ([]preparer.AllocatedClaim, error)
 	return out, nil
 }
 
+// Inventory implements [preparer.Node].
+func (n *node) Inventory() *hardware.Inventory {
+	if s := n.d.state.Load(); s != nil {
+		return s.Inventory
+	}
+	return nil
+}
+
 // configKind is the config kind a device of the model takes.
 func configKind(dev *devicemodel.Device) config.DeviceKind {
 	switch dev.Kind {

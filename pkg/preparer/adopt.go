@@ -46,8 +46,8 @@ func (p *Preparer) update(ctx context.Context, mutate func(*claimstate.State) er
 // allocated here but whose specs were never written). Such a claim may belong to a running pod: removing its
 // spec would break the pod's container restarts and free its devices for
 // another claim. An adopted claim keeps its devices until the kubelet
-// unprepares it or the sweep finds it gone. inv is the node's hardware, or
-// nil to adopt from the specs and the API server alone.
+// unprepares it or the sweep finds it gone. inv is the node's hardware;
+// nil means the hardware as last discovered.
 //
 // Adopt clears the checkpoint's need for adoption only once the adopted
 // claims are recorded; until then every Prepare and Unprepare tries again.
@@ -55,6 +55,9 @@ func (p *Preparer) Adopt(ctx context.Context, inv *hardware.Inventory) error {
 	p.adoptMu.Lock()
 	defer p.adoptMu.Unlock()
 	logger := klog.FromContext(ctx)
+	if inv == nil {
+		inv = p.cfg.Node.Inventory()
+	}
 	uids, err := p.cfg.CDI.ClaimUIDs()
 	if err != nil {
 		return err

@@ -150,6 +150,8 @@ func (fakeNode) Claim(_ context.Context, _ *resourceapi.ResourceClaim, intent cl
 
 func (fakeNode) Allocated(context.Context) ([]preparer.AllocatedClaim, error) { return nil, nil }
 
+func (fakeNode) Inventory() *hardware.Inventory { return nil }
+
 // rig is a preparer over real files in dir, which may hold an earlier
 // process's state.
 type rig struct {

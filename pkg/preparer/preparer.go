@@ -20,6 +20,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/checkpoint"
 	"github.com/gpudra/gpudra/pkg/claimstate"
+	"github.com/gpudra/gpudra/pkg/hardware"
 )
 
 // Step names a point of a preparation at which tests inject failures.
@@ -48,6 +49,8 @@ type Node interface {
 	// Allocated lists the API server's claims allocated from this node's
 	// pool, for adoption; an error if the API server cannot be asked.
 	Allocated(ctx context.Context) ([]AllocatedClaim, error)
+	// Inventory is the node's hardware as last discovered, nil if never.
+	Inventory() *hardware.Inventory
 }
 
 // Config is what a Preparer works with.
@@ -250,6 +253,9 @@ func (p *Preparer) execute(ctx context.Context, c *Claim, common *cdispec.Contai
 	if len(records) > 0 {
 		in.Records = records
 	}
+	// The record's time is when the preparation finished, as the sweep
+	// reads it.
+	startedAt = p.cfg.Clock()
 	if err := p.cfg.Store.Update(ctx, func(s *claimstate.State) error { return s.RecordCompleted(in, startedAt) }); err != nil {
 		if isConflict(err) {
 			return nil, err

@@ -64,6 +64,10 @@ func (in *Instance) String() string {
 // Configurator creates and destroys the MIG devices of claims.
 type Configurator struct {
 	mig hardware.MIGManager
+	// dynamic says whether the node publishes dynamic MIG devices now. In
+	// static mode the MIG devices are an operator's, named like dynamic
+	// ones: adoption must never take them for gpudra's.
+	dynamic func() bool
 }
 
 var (
@@ -76,9 +80,10 @@ var (
 
 // New returns the configurator; mig nil means the hardware cannot create
 // MIG devices (static MIG only): claims of dynamic MIG devices are then
-// refused, and records of earlier ones cannot be undone.
-func New(mig hardware.MIGManager) *Configurator {
-	return &Configurator{mig: mig}
+// refused, and records of earlier ones cannot be undone. dynamic says
+// whether dynamic MIG devices are published now (see [Publisher.Dynamic]).
+func New(mig hardware.MIGManager, dynamic func() bool) *Configurator {
+	return &Configurator{mig: mig, dynamic: dynamic}
 }
 
 // Name implements [preparer.Configurator].
@@ -224,7 +229,7 @@ func (c *Configurator) Undo(ctx context.Context, _ string, raw json.RawMessage) 
 // claim the API server allocated from this node. The claim then holds
 // the instance. Anything else stays unknown: kept, and its GPU left out.
 func (c *Configurator) Adopt(_ context.Context, a *preparer.Adoption) error {
-	if a.Inventory == nil || c.mig == nil {
+	if a.Inventory == nil || c.mig == nil || !c.dynamic() {
 		return nil
 	}
 	full, err := devicemodel.Build(a.Inventory, devicemodel.WithDynamicMIG())
