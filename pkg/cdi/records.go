@@ -18,20 +18,39 @@ import (
 // them. CDI spec annotations never reach the container.
 const RecordsAnnotation = "gpudra.io/records"
 
-// SetRecords stores a claim's records in its spec; nil records leave the
-// spec without the annotation.
-func SetRecords(spec *cdispec.Spec, records map[string]json.RawMessage) error {
-	if len(records) == 0 {
-		return nil
-	}
-	data, err := json.Marshal(records)
-	if err != nil {
-		return fmt.Errorf("records annotation: %w", err)
-	}
+// DevicesAnnotation is the spec annotation that carries the hardware
+// identity of the claim's devices (UUIDs), so that a claim adopted from its
+// spec still conflicts with a claim for the same GPU under another name
+// (gpu-N beside gpu-vfio-N, a GPU beside a MIG device on it), also when
+// discovery no longer lists the GPU (passed through to VFIO).
+const DevicesAnnotation = "gpudra.io/devices"
+
+// DeviceIdentity is the hardware identity of one device of a claim.
+type DeviceIdentity struct {
+	Name       string `json:"name"`
+	ShareID    string `json:"shareID,omitempty"`
+	UUID       string `json:"uuid,omitempty"`
+	ParentUUID string `json:"parentUUID,omitempty"`
+}
+
+// SetClaim stores what adoption needs of a claim in its spec: the
+// identity of its devices and its records (nil records: none).
+func SetClaim(spec *cdispec.Spec, devices []DeviceIdentity, records map[string]json.RawMessage) error {
 	if spec.Annotations == nil {
 		spec.Annotations = map[string]string{}
 	}
-	spec.Annotations[RecordsAnnotation] = string(data)
+	data, err := json.Marshal(devices)
+	if err != nil {
+		return fmt.Errorf("devices annotation: %w", err)
+	}
+	spec.Annotations[DevicesAnnotation] = string(data)
+	if len(records) > 0 {
+		data, err := json.Marshal(records)
+		if err != nil {
+			return fmt.Errorf("records annotation: %w", err)
+		}
+		spec.Annotations[RecordsAnnotation] = string(data)
+	}
 	v, err := cdispec.MinimumRequiredVersion(spec)
 	if err != nil {
 		return fmt.Errorf("records annotation: %w", err)
@@ -47,6 +66,9 @@ type SpecContent struct {
 	DeviceNames []string
 	// Records are the records the spec carries, nil if none.
 	Records map[string]json.RawMessage
+	// Devices are the identities of the devices, nil for a spec of an
+	// older plugin.
+	Devices []DeviceIdentity
 }
 
 // Read parses a claim's spec file.
@@ -69,6 +91,11 @@ func (w *Writer) Read(claimUID string) (SpecContent, error) {
 	if raw, ok := spec.Annotations[RecordsAnnotation]; ok {
 		if err := json.Unmarshal([]byte(raw), &out.Records); err != nil {
 			return out, fmt.Errorf("CDI spec for claim %s: annotation %s: %w", claimUID, RecordsAnnotation, err)
+		}
+	}
+	if raw, ok := spec.Annotations[DevicesAnnotation]; ok {
+		if err := json.Unmarshal([]byte(raw), &out.Devices); err != nil {
+			return out, fmt.Errorf("CDI spec for claim %s: annotation %s: %w", claimUID, DevicesAnnotation, err)
 		}
 	}
 	return out, nil

@@ -36,7 +36,8 @@ func TestRecordsRoundTrip(t *testing.T) {
 		Devices: []cdispec.Device{{Name: cdi.DeviceName(uid, "gpu-1"), ContainerEdits: cdispec.ContainerEdits{Env: []string{"A=b"}}}},
 	}
 	records := map[string]json.RawMessage{"vfio": json.RawMessage(`{"devices":[{"device":"gpu-1"}]}`)}
-	if err := cdi.SetRecords(spec, records); err != nil {
+	ids := []cdi.DeviceIdentity{{Name: "gpu-1", UUID: "GPU-1"}}
+	if err := cdi.SetClaim(spec, ids, records); err != nil {
 		t.Fatal(err)
 	}
 	if spec.Version == "" {
@@ -51,6 +52,9 @@ func TestRecordsRoundTrip(t *testing.T) {
 	}
 	if len(got.DeviceNames) != 1 || got.DeviceNames[0] != "gpu-1" {
 		t.Errorf("device names %v, want [gpu-1]", got.DeviceNames)
+	}
+	if len(got.Devices) != 1 || got.Devices[0] != ids[0] {
+		t.Errorf("device identities %+v, want %+v", got.Devices, ids)
 	}
 	if string(got.Records["vfio"]) != string(records["vfio"]) {
 		t.Errorf("records %s, want %s", got.Records, records)

@@ -2,6 +2,7 @@ package plugin_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,8 +13,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/plugin"
+	"github.com/gpudra/gpudra/pkg/timeslice"
 	"github.com/gpudra/gpudra/pkg/vfio/fakesysfs"
 )
 
@@ -196,4 +199,58 @@ func TestStaticMIGInstanceSurvivesAdoption(t *testing.T) {
 	if migs := h.migDevices(0); len(migs) != 1 || migs[0].UUID != m.UUID {
 		t.Errorf("the operator's MIG device was destroyed by the unprepare of an adopted claim: %+v", migs)
 	}
+}
+
+// After a lost checkpoint, a VFIO claim adopted from its CDI spec knows its
+// passthrough (the spec carries its record): Unprepare gives the GPU back
+// to nvidia.
+func TestAdoptedVFIOClaimGivesTheGPUBack(t *testing.T) {
+	var fake *fakesysfs.Sysfs
+	h := newHarness(t, withVFIO(t, devicemodel.VFIOBeside, &fake))
+	bdf := *h.device("gpu-vfio-3").Attributes["resource.kubernetes.io/pciBusID"].StringValue
+	claim := h.claim("gpu-vfio-3")
+	h.mustPrepare(claim)
+	if b, _ := fake.Binding(bdf); b.Driver != "vfio-pci" {
+		t.Fatalf("GPU %s after prepare: %+v, want vfio-pci", bdf, b)
+	}
+	h.stop()
+	if err := os.Remove(filepath.Join(h.cfg.PluginDataDir, "checkpoint.json")); err != nil {
+		t.Fatal(err)
+	}
+	h.start()
+	if !strings.Contains(h.checkpoint(), `"vfio":{"devices":[{"device":"gpu-vfio-3"`) {
+		t.Errorf("adopted record lacks the passthrough: %s", h.checkpoint())
+	}
+	if msg := prepareError(h, h.claim("gpu-3")); !strings.Contains(msg, "already prepared for claim") {
+		t.Errorf("full GPU while the adopted claim holds it passed through: %q, want a conflict", msg)
+	}
+	h.mustUnprepare(claim)
+	if b, _ := fake.Binding(bdf); b.Driver != "nvidia" || b.Override != "" {
+		t.Errorf("after unprepare of the adopted claim GPU %s: %+v, want nvidia with no override", bdf, b)
+	}
+}
+
+// After a lost checkpoint, a time-sliced claim adopted from its CDI spec
+// keeps its interval: another interval is refused, and its Unprepare puts
+// the GPU back to Default.
+func TestAdoptedTimeSlicedClaimKeepsItsInterval(t *testing.T) {
+	setter := &timeslice.Memory{}
+	h := newHarness(t, withUnlimitedSharing(t), func(c *plugin.Config) { c.TimeSlicer = setter })
+	gpu := h.deviceUUID("gpu-7")
+	long := h.shareClaim("gpu-7", "share-a", fmt.Sprintf(timeSlicingConfig, "Long"))
+	h.mustPrepare(long)
+	h.stop()
+	if err := os.Remove(filepath.Join(h.cfg.PluginDataDir, "checkpoint.json")); err != nil {
+		t.Fatal(err)
+	}
+	h.start()
+	short := h.shareClaim("gpu-7", "share-b", fmt.Sprintf(timeSlicingConfig, "Short"))
+	if msg := prepareError(h, short); !strings.Contains(msg, "sharing.timeSlicingConfig.interval") {
+		t.Errorf("another interval beside the adopted hold: %q, want it refused naming the field", msg)
+	}
+	h.mustUnprepare(long)
+	if got, _ := setter.Interval(gpu); got != v1beta1.DefaultTimeSlice {
+		t.Errorf("after unprepare of the adopted holder: %q, want Default", got)
+	}
+	h.mustPrepare(short)
 }

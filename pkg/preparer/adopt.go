@@ -73,12 +73,18 @@ func (p *Preparer) Adopt(ctx context.Context, inv *hardware.Inventory) error {
 		c := &claimstate.Claim{UID: uid, Phase: claimstate.PrepareCompleted, Adopted: true, Records: content.Records}
 		for _, name := range content.DeviceNames {
 			device, allocID := cdi.SplitDeviceName(name)
-			c.Devices = append(c.Devices, claimstate.Device{
+			cd := claimstate.Device{
 				Pool:         p.cfg.NodeName,
 				Name:         device,
 				ShareID:      allocID,
 				CDIDeviceIDs: []string{cdi.DeviceID(p.cfg.DriverName, uid, name)},
-			})
+			}
+			for _, id := range content.Devices {
+				if id.Name == device && id.ShareID == allocID {
+					cd.UUID, cd.ParentUUID = id.UUID, id.ParentUUID
+				}
+			}
+			c.Devices = append(c.Devices, cd)
 		}
 		in.Claims[uid] = c
 	}

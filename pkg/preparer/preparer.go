@@ -458,7 +458,11 @@ func (p *Preparer) spec(c *Claim, common *cdispec.ContainerEdits, records map[st
 	if err != nil {
 		return nil, err
 	}
-	if err := cdi.SetRecords(spec, records); err != nil {
+	ids := make([]cdi.DeviceIdentity, 0, len(c.Devices))
+	for _, d := range c.Devices {
+		ids = append(ids, cdi.DeviceIdentity{Name: d.State.Name, ShareID: d.State.ShareID, UUID: d.State.UUID, ParentUUID: d.State.ParentUUID})
+	}
+	if err := cdi.SetClaim(spec, ids, records); err != nil {
 		return nil, err
 	}
 	return spec, nil
