@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/cdi"
@@ -129,4 +130,44 @@ func (p *Preparer) Adopt(ctx context.Context, inv *hardware.Inventory) error {
 		logger.Error(allocErr, "Adopted the claims with CDI specs; the API server's allocations could not be read, so work of claims without a spec stays unaccounted for")
 	}
 	return nil
+}
+
+// completeAdopted answers a Prepare of a claim adopted after the checkpoint
+// was lost. Its devices are set up and may serve running containers, so
+// nothing is set up again: the record learns what the spec could not tell
+// (requests, admin access, the claim's name and pods) and stops being
+// adopted.
+func (p *Preparer) completeAdopted(ctx context.Context, claim *resourceapi.ResourceClaim, intent claimstate.Intent, adopted *claimstate.Claim) (*claimstate.Claim, error) {
+	if !sameIdentity(adopted.Devices, intent.Devices) {
+		return nil, fmt.Errorf("claim %s/%s (uid %s) was adopted after the checkpoint was lost with devices %v, not %v: unprepare it first",
+			intent.Namespace, intent.Name, intent.UID, identities(adopted.Devices), identities(intent.Devices))
+	}
+	rec := adopted.Clone()
+	rec.Adopted = false
+	rec.Namespace, rec.Name, rec.Consumers = intent.Namespace, intent.Name, intent.Consumers
+	for i := range rec.Devices {
+		for _, want := range intent.Devices {
+			if want.Name == rec.Devices[i].Name && want.ShareID == rec.Devices[i].ShareID {
+				rec.Devices[i].Requests = want.Requests
+				rec.Devices[i].AdminAccess = want.AdminAccess
+				rec.Devices[i].CDIDeviceIDs = want.CDIDeviceIDs
+			}
+		}
+	}
+	err := p.cfg.Store.Update(ctx, func(s *claimstate.State) error {
+		cur := s.Claims[rec.UID]
+		if cur == nil || !cur.Adopted {
+			return fmt.Errorf("claim %s changed while it was being completed; retry", rec.UID)
+		}
+		s.Claims[rec.UID] = rec
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	klog.FromContext(ctx).Info("Prepare of an adopted claim: its devices are kept as they are", "devices", len(rec.Devices))
+	if err := p.repairSpec(ctx, claim, rec); err != nil {
+		return nil, err
+	}
+	return rec, nil
 }

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/keymutex"
@@ -496,46 +495,6 @@ func (p *Preparer) repairSpec(ctx context.Context, claim *resourceapi.ResourceCl
 	return p.cfg.CDI.Write(record.UID, spec)
 }
 
-// completeAdopted answers a Prepare of a claim adopted after the checkpoint
-// was lost. Its devices are set up and may serve running containers, so
-// nothing is set up again: the record learns what the spec could not tell
-// (requests, admin access, the claim's name and pods) and stops being
-// adopted.
-func (p *Preparer) completeAdopted(ctx context.Context, claim *resourceapi.ResourceClaim, intent claimstate.Intent, adopted *claimstate.Claim) (*claimstate.Claim, error) {
-	if !sameIdentity(adopted.Devices, intent.Devices) {
-		return nil, fmt.Errorf("claim %s/%s (uid %s) was adopted after the checkpoint was lost with devices %v, not %v: unprepare it first",
-			intent.Namespace, intent.Name, intent.UID, identities(adopted.Devices), identities(intent.Devices))
-	}
-	rec := adopted.Clone()
-	rec.Adopted = false
-	rec.Namespace, rec.Name, rec.Consumers = intent.Namespace, intent.Name, intent.Consumers
-	for i := range rec.Devices {
-		for _, want := range intent.Devices {
-			if want.Name == rec.Devices[i].Name && want.ShareID == rec.Devices[i].ShareID {
-				rec.Devices[i].Requests = want.Requests
-				rec.Devices[i].AdminAccess = want.AdminAccess
-				rec.Devices[i].CDIDeviceIDs = want.CDIDeviceIDs
-			}
-		}
-	}
-	err := p.cfg.Store.Update(ctx, func(s *claimstate.State) error {
-		cur := s.Claims[rec.UID]
-		if cur == nil || !cur.Adopted {
-			return fmt.Errorf("claim %s changed while it was being completed; retry", rec.UID)
-		}
-		s.Claims[rec.UID] = rec
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	klog.FromContext(ctx).Info("Prepare of an adopted claim: its devices are kept as they are", "devices", len(rec.Devices))
-	if err := p.repairSpec(ctx, claim, rec); err != nil {
-		return nil, err
-	}
-	return rec, nil
-}
-
 func (p *Preparer) fault(step Step, claimUID string) error {
 	if p.cfg.Faults == nil {
 		return nil
@@ -544,85 +503,6 @@ func (p *Preparer) fault(step Step, claimUID string) error {
 		return fmt.Errorf("injected fault at %s: %w", step, err)
 	}
 	return nil
-}
-
-// IntentOf reads what the claim asks of this driver from its allocation:
-// the consumer pods and the devices with their CDI IDs.
-func IntentOf(claim *resourceapi.ResourceClaim, driverName, pool string) (claimstate.Intent, error) {
-	intent := claimstate.Intent{UID: string(claim.UID), Namespace: claim.Namespace, Name: claim.Name}
-	if claim.Status.Allocation == nil {
-		return intent, fmt.Errorf("claim is not allocated")
-	}
-	intent.Consumers = ConsumersOf(claim)
-	for _, r := range claim.Status.Allocation.Devices.Results {
-		if r.Driver != driverName {
-			continue
-		}
-		if r.Pool != pool {
-			return intent, fmt.Errorf("request %s: device %s is from pool %q, but this node's pool is %q", r.Request, r.Device, r.Pool, pool)
-		}
-		cd := claimstate.Device{
-			Requests:    []string{r.Request},
-			Pool:        r.Pool,
-			Name:        r.Device,
-			AdminAccess: r.AdminAccess != nil && *r.AdminAccess,
-		}
-		if r.ShareID != nil {
-			cd.ShareID = string(*r.ShareID)
-		}
-		cd.CDIDeviceIDs = []string{cdi.DeviceID(driverName, string(claim.UID), cdi.ShareName(r.Device, cd.ShareID))}
-		intent.Devices = append(intent.Devices, cd)
-	}
-	return intent, nil
-}
-
-// ConsumersOf returns the pods a claim is reserved for.
-func ConsumersOf(claim *resourceapi.ResourceClaim) []claimstate.Consumer {
-	var out []claimstate.Consumer
-	for _, ref := range claim.Status.ReservedFor {
-		if ref.Resource == "pods" && ref.APIGroup == "" {
-			out = append(out, claimstate.Consumer{Name: ref.Name, UID: string(ref.UID)})
-		}
-	}
-	return out
-}
-
-func kubeletDevices(devices []claimstate.Device) []kubeletplugin.Device {
-	out := make([]kubeletplugin.Device, 0, len(devices))
-	for _, d := range devices {
-		kd := kubeletplugin.Device{
-			Requests:     d.Requests,
-			PoolName:     d.Pool,
-			DeviceName:   d.Name,
-			CDIDeviceIDs: d.CDIDeviceIDs,
-		}
-		if d.ShareID != "" {
-			id := types.UID(d.ShareID)
-			kd.ShareID = &id
-		}
-		out = append(out, kd)
-	}
-	return out
-}
-
-// sameIdentity compares devices by pool, name and shareID.
-func sameIdentity(a, b []claimstate.Device) bool {
-	return slices.Equal(identities(a), identities(b))
-}
-
-func identities(ds []claimstate.Device) []string {
-	out := make([]string, 0, len(ds))
-	for _, d := range ds {
-		id := d.Pool + "/" + d.Name
-		if d.ShareID != "" {
-			id += "@" + d.ShareID
-		}
-		if !slices.Contains(out, id) {
-			out = append(out, id)
-		}
-	}
-	slices.Sort(out)
-	return out
 }
 
 func isConflict(err error) bool {
