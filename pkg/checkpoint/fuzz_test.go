@@ -139,7 +139,9 @@ func roundTrip(t *testing.T, sc schema, st *claimstate.State, what string) {
 // lists are the same, and times are compared as instants in their zone.
 func sameState(a, b *claimstate.State) bool {
 	eq := equality.Semantic.Copy()
-	if err := eq.AddFunc(func(x, y time.Time) bool { return x.Equal(y) && x.Format(time.RFC3339Nano) == y.Format(time.RFC3339Nano) }); err != nil {
+	if err := eq.AddFunc(func(x, y time.Time) bool {
+		return x.Equal(y) && x.Format(time.RFC3339Nano) == y.Format(time.RFC3339Nano)
+	}); err != nil {
 		panic(err)
 	}
 	return eq.DeepEqual(a, b)
