@@ -7,8 +7,8 @@ import (
 	"slices"
 	"testing"
 
-	cdispec "tags.cncf.io/container-device-interface/specs-go"
 	"sigs.k8s.io/yaml"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpudra/gpudra/pkg/cdi"
 )
