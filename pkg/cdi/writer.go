@@ -77,6 +77,15 @@ func (w *Writer) write(claimUID string, spec *cdispec.Spec) error {
 		return fmt.Errorf("marshal: %w", err)
 	}
 	f, err := os.CreateTemp(w.dir, w.tempPattern(claimUID))
+	if errors.Is(err, fs.ErrNotExist) {
+		// The directory went away under the running plugin (a tmpfs
+		// remounted, an operator's cleanup): create it again, as at start,
+		// rather than fail every prepare until a restart.
+		if mkErr := os.MkdirAll(w.dir, 0o755); mkErr != nil {
+			return fmt.Errorf("create CDI spec directory: %w", mkErr)
+		}
+		f, err = os.CreateTemp(w.dir, w.tempPattern(claimUID))
+	}
 	if err != nil {
 		return err
 	}
@@ -226,7 +235,11 @@ func (w *Writer) ClaimUIDs() ([]string, error) {
 		if e.IsDir() || !strings.HasPrefix(name, prefix) || !strings.HasSuffix(name, ".json") {
 			continue
 		}
-		uids = append(uids, strings.TrimSuffix(strings.TrimPrefix(name, prefix), ".json"))
+		// A name with no UID is no spec Write made (claims have UIDs), and
+		// a claim with an empty UID cannot be recorded.
+		if uid := strings.TrimSuffix(strings.TrimPrefix(name, prefix), ".json"); uid != "" {
+			uids = append(uids, uid)
+		}
 	}
 	return uids, nil
 }

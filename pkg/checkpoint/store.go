@@ -128,6 +128,8 @@ type snapshot struct {
 type request struct {
 	mutate  func(*claimstate.State) error
 	recover bool
+	// requireAdoption, for RequireAdoption, is the loss to record.
+	requireAdoption *lossRecord
 	taken   bool // guarded by Store.mu: the committer has it
 	done    chan struct{}
 
