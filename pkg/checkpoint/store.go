@@ -130,8 +130,8 @@ type request struct {
 	recover bool
 	// requireAdoption, for RequireAdoption, is the loss to record.
 	requireAdoption *lossRecord
-	taken   bool // guarded by Store.mu: the committer has it
-	done    chan struct{}
+	taken           bool // guarded by Store.mu: the committer has it
+	done            chan struct{}
 
 	err      error
 	state    *claimstate.State // a Read's result
