@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
-	"k8s.io/klog/v2/ktesting"
+	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/claimstate"
 )
@@ -214,7 +214,7 @@ func FuzzOpen(f *testing.F) {
 		e := newTestEnv(t)
 		e.setBootID(t, fuzzBootID)
 		writeFile(t, e.path(), string(data))
-		_, ctx := ktesting.NewTestContext(t)
+		ctx := klog.NewContext(t.Context(), klog.Logger{}) // discards: logging each run would dominate
 		s, report, err := Open(ctx, e.dir, e.options(WithPool(fuzzPool))...)
 		if err != nil {
 			t.Fatalf("Open failed because of the content %q: %v", data, err)
