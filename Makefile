@@ -39,9 +39,35 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchtime 300x ./pkg/plugin/ ./pkg/checkpoint/
 	$(GO) test -run '^$$' -bench . -benchtime 300x ./pkg/devicemodel/
 
-# A longer fuzz run of the opaque-config decoder and validator.
+# Every decoder of user or on-disk input, fuzzed for FUZZTIME each (make
+# fuzz FUZZTIME=30s); `make test` runs their seed corpora as ordinary tests.
+# Go fuzzes one target per invocation. New inputs that widen coverage are
+# minimized for at most FUZZMINIMIZETIME: with the default of 60 s the
+# slower targets (fleet files, checkpoint files) spend most of their time
+# minimizing. A crash stops the run; its input is in the package's
+# testdata/fuzz/<target>/, which `go test` then runs as a regression test.
+FUZZTIME ?= 2m
+FUZZMINIMIZETIME ?= 10s
+FUZZ_TARGETS := \
+	./api/resource/v1beta1:FuzzDecodeMatchesAPIMachinery \
+	./pkg/config:FuzzDecodeValidate \
+	./pkg/config:FuzzResolve \
+	./pkg/checkpoint:FuzzDecode \
+	./pkg/checkpoint:FuzzOpen \
+	./pkg/hardware/sim:FuzzParse \
+	./pkg/cdi:FuzzRead \
+	./pkg/features/migmode:FuzzRecord \
+	./pkg/features/dynamicmig:FuzzRecord \
+	./pkg/features/passthrough:FuzzRecord \
+	./pkg/features/timeslicing:FuzzRecord \
+	./pkg/features/mpsdaemon:FuzzRecord
+
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzDecodeValidate -fuzztime 2m ./pkg/config/
+	@set -e; for target in $(FUZZ_TARGETS); do \
+		pkg=$${target%%:*}; name=$${target##*:}; \
+		echo "== $$name in $$pkg for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) $$pkg; \
+	done
 
 # The local cluster's load run: 800 pods with one-GPU claims, and 800
 # without, on 100 simulated 8-GPU nodes. Not part of test.

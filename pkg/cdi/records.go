@@ -2,6 +2,7 @@ package cdi
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"regexp"
@@ -78,6 +79,11 @@ func (w *Writer) Read(claimUID string) (SpecContent, error) {
 		return SpecContent{}, fmt.Errorf("read CDI spec for claim %s: %w", claimUID, err)
 	}
 	spec, err := cdiapi.ParseSpec(data)
+	if err == nil && spec == nil {
+		// A YAML null ("null", "~", a document marker alone) parses
+		// without error to no spec.
+		err = errors.New("the file holds no spec (YAML null)")
+	}
 	if err != nil {
 		return SpecContent{}, fmt.Errorf("parse CDI spec for claim %s: %w", claimUID, err)
 	}

@@ -2,6 +2,8 @@ package cdi_test
 
 import (
 	"encoding/json"
+	"os"
+	"strings"
 	"testing"
 
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
@@ -58,5 +60,33 @@ func TestRecordsRoundTrip(t *testing.T) {
 	}
 	if string(got.Records["vfio"]) != string(records["vfio"]) {
 		t.Errorf("records %s, want %s", got.Records, records)
+	}
+}
+
+// TestReadDamagedSpec: a claim's spec file that holds no spec, or a
+// damaged one, is an error for Read, never a panic (adoption reads every
+// spec at start, so a panic was a crash loop; found by FuzzRead).
+func TestReadDamagedSpec(t *testing.T) {
+	w, err := cdi.NewWriter(t.TempDir(), "gpu.nvidia.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid := "11111111-2222-3333-4444-555555555555"
+	for name, content := range map[string]string{
+		"YAML null":        "null",
+		"YAML tilde":       "~\n",
+		"document marker":  "---\n",
+		"empty":            "",
+		"truncated":        `{"cdiVersion":"0.6.0","kind":"k8s.gpu.nvidia.com/claim","devi`,
+		"records not JSON": `{"cdiVersion":"0.6.0","kind":"k8s.gpu.nvidia.com/claim","annotations":{"gpudra.io/records":"{"},"devices":[]}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			if err := os.WriteFile(w.Path(uid), []byte(content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := w.Read(uid); err == nil || !strings.Contains(err.Error(), uid) {
+				t.Errorf("Read = %v, want an error naming the claim", err)
+			}
+		})
 	}
 }

@@ -81,7 +81,9 @@ func (w *Writer) Write(claimUID string, spec *cdispec.Spec) error {
 
 func (w *Writer) write(claimUID string, spec *cdispec.Spec) error {
 	name := w.specName(claimUID) + ".json"
-	// The staging directory goes when someone cleans the CDI directory.
+	// The staging directory, or the whole CDI directory, goes when someone
+	// cleans it (a tmpfs remounted, an operator's cleanup): create it
+	// again, as at start, rather than fail every prepare until a restart.
 	if err := os.MkdirAll(w.staging, 0o755); err != nil {
 		return fmt.Errorf("create CDI staging directory: %w", err)
 	}
@@ -237,7 +239,11 @@ func (w *Writer) ClaimUIDs() ([]string, error) {
 		if e.IsDir() || !strings.HasPrefix(name, prefix) || !strings.HasSuffix(name, ".json") {
 			continue
 		}
-		uids = append(uids, strings.TrimSuffix(strings.TrimPrefix(name, prefix), ".json"))
+		// A name with no UID is no spec Write made (claims have UIDs), and
+		// a claim with an empty UID cannot be recorded.
+		if uid := strings.TrimSuffix(strings.TrimPrefix(name, prefix), ".json"); uid != "" {
+			uids = append(uids, uid)
+		}
 	}
 	return uids, nil
 }

@@ -319,6 +319,7 @@ func TestClaimUIDs(t *testing.T) {
 		"k8s.gpu.nvidia.com-claim.json",             // ours, but not per claim
 		"k8s.gpu.nvidia.com-claim_uid-yaml.yaml",    // not what the writer writes
 		"k8s.gpu.nvidia.com-claim_uid-tmp.json.tmp", // a temp file
+		"k8s.gpu.nvidia.com-claim_.json",            // no claim UID: nothing Write makes
 		"spec.1234.tmp",
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte("{}"), 0o644); err != nil {
@@ -623,5 +624,22 @@ func TestWriteLeavesNoTemps(t *testing.T) {
 	}
 	if staged, err := os.ReadDir(cdi.StagingDir(w)); err != nil || len(staged) != 0 {
 		t.Errorf("staging directory holds %v (%v), want nothing", staged, err)
+	}
+}
+
+// TestWriteRecreatesDirectory: a spec directory removed under the running
+// plugin is created again by the next Write, as NewWriter does at start,
+// rather than failing every prepare until a restart.
+func TestWriteRecreatesDirectory(t *testing.T) {
+	n := loadNode(t)
+	w := newWriter(t, filepath.Join(t.TempDir(), "run", "cdi"))
+	if err := os.RemoveAll(filepath.Dir(w.Dir())); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Write("uid-a", buildSpec(t, n, "uid-a", nil, "gpu-4")); err != nil {
+		t.Fatalf("Write into a removed directory: %v", err)
+	}
+	if got, err := w.ClaimUIDs(); err != nil || !slices.Equal(got, []string{"uid-a"}) {
+		t.Errorf("ClaimUIDs = %q, %v", got, err)
 	}
 }

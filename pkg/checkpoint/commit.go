@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"slices"
 
 	"github.com/gpudra/gpudra/pkg/claimstate"
 )
@@ -73,7 +74,7 @@ func (s *Store) commit(batch []*request) {
 		}
 		return
 	}
-	if s.cur.lost != nil {
+	if s.cur.lost != nil || slices.ContainsFunc(batch, requiresAdoption) {
 		batch = s.serveWhileLost(batch)
 	}
 	next := s.cur.state

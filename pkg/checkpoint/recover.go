@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/gpudra/gpudra/pkg/claimstate"
@@ -103,13 +104,48 @@ func (s *Store) NeedsAdoption() bool {
 	return s.pub.lost != nil
 }
 
+// RequireAdoption makes the checkpoint need adoption, as a lost one does,
+// in this Store and in every process sharing the directory, until a
+// Recover succeeds: for an owner that finds claims prepared on the node
+// that the checkpoint does not record and that it cannot adopt yet (at
+// the first start on a node, with no checkpoint, nothing else would stop
+// the next Update from deciding against a state that lacks them). The
+// state the file holds stays, and Recover's mutation sees it. reason is
+// recorded in the adopt-pending marker and in the errors of the calls
+// refused meanwhile. It does nothing while adoption is pending already.
+func (s *Store) RequireAdoption(ctx context.Context, reason string) error {
+	return s.do(ctx, &request{requireAdoption: &lossRecord{BootID: s.bootID, Reason: reason, Since: s.now()}})
+}
+
+func requiresAdoption(r *request) bool { return r.requireAdoption != nil }
+
 // serveWhileLost serves the requests of a batch in order while a loss is
-// pending: each fails until a Recover succeeds. It returns the requests
-// after that Recover, which apply normally; none if none succeeded.
+// pending, or may become pending in the batch (RequireAdoption): each
+// fails until a Recover succeeds. It returns the requests after that
+// Recover, which apply normally; none if none succeeded.
 func (s *Store) serveWhileLost(batch []*request) (rest []*request) {
 	for i, r := range batch {
+		if r.requireAdoption != nil {
+			if s.cur.lost == nil {
+				r.err = s.markLost(r.requireAdoption)
+			}
+			continue
+		}
 		if s.cur.lost == nil {
-			return batch[i:]
+			if !slices.ContainsFunc(batch[i+1:], requiresAdoption) {
+				return batch[i:]
+			}
+			// Before a RequireAdoption of the same batch: in order, alone.
+			if r.mutate == nil {
+				r.state = s.cur.state.Clone()
+				continue
+			}
+			if next, ok := r.apply(s.cur.state, s.schema); ok {
+				if err := s.persist(next); err != nil {
+					r.err = err
+				}
+			}
+			continue
 		}
 		if !r.recover {
 			r.err = &needsAdoptionError{path: s.path, lost: s.cur.lost}
@@ -179,6 +215,21 @@ func (s *Store) readMarker() (*lossRecord, error) {
 		}, nil
 	}
 	return &rec, nil
+}
+
+// markLost records a pending loss of the checkpoint, which stays where it
+// is, in the marker.
+func (s *Store) markLost(rec *lossRecord) error {
+	if err := s.writeMarker(rec); err != nil {
+		return fmt.Errorf("write %s: %w", s.markerPath, err)
+	}
+	mid, err := statPath(s.markerPath)
+	if err != nil {
+		mid = fileID{} // unknown: the next refresh reads it again
+	}
+	s.cur.lost, s.cur.markerID = rec, mid
+	s.logger.Error(nil, "Checkpoint needs adoption; nothing is served until the claims on the node are adopted", "reason", rec.Reason)
+	return nil
 }
 
 func (s *Store) writeMarker(rec *lossRecord) error {

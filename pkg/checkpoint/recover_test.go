@@ -402,3 +402,59 @@ func TestAdoptPendingMarkerOfPreviousBoot(t *testing.T) {
 		})
 	}
 }
+
+// TestRequireAdoption: an owner that finds claims on the node the checkpoint
+// does not record, and cannot adopt them, makes the checkpoint need
+// adoption: every call but Recover fails, in this Store, in another sharing
+// the directory and in a Store opened later (a restarted plugin), while the
+// file and its claims stay; the first Recover, which sees those claims,
+// ends it for all.
+func TestRequireAdoption(t *testing.T) {
+	e := newTestEnv(t)
+	ctx := t.Context()
+	a, _ := e.open(t)
+	b, _ := e.open(t)
+	if err := a.Update(ctx, addClaim(testClaim("held"))); err != nil {
+		t.Fatal(err)
+	}
+	before := readFile(t, e.path())
+
+	if err := a.RequireAdoption(ctx, "spec of claim x names a record this plugin does not know"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.RequireAdoption(ctx, "again"); err != nil {
+		t.Fatalf("RequireAdoption while adoption is pending: %v", err)
+	}
+	if err := a.Update(ctx, addClaim(testClaim("a"))); !errors.Is(err, ErrNeedsAdoption) || !strings.Contains(err.Error(), "does not know") {
+		t.Errorf("a.Update = %v, want ErrNeedsAdoption with the reason", err)
+	}
+	if _, err := b.Read(ctx); !errors.Is(err, ErrNeedsAdoption) {
+		t.Errorf("b.Read = %v, want ErrNeedsAdoption", err)
+	}
+	c, report := e.open(t)
+	if report.Corrupt == nil || report.Corrupt.Path != "" || !strings.Contains(report.Corrupt.Err.Error(), "does not know") {
+		t.Errorf("a Store opened meanwhile reports %+v, want the pending adoption with its reason", report.Corrupt)
+	}
+	if got := readFile(t, e.path()); got != before || len(movedAside(t, e.dir)) != 0 {
+		t.Errorf("the checkpoint was changed or moved aside:\n%s", got)
+	}
+
+	err := c.Recover(ctx, func(st *claimstate.State) error {
+		if st.Claims["held"] == nil {
+			return errors.New("the recorded claim is not in the state Recover sees")
+		}
+		st.Claims["x"] = testClaim("x")
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, s := range map[string]*Store{"a": a, "b": b, "c": c} {
+		if st, err := s.Read(ctx); err != nil || st.Claims["held"] == nil || st.Claims["x"] == nil {
+			t.Errorf("%s after Recover: %v, claims %v", name, err, st)
+		}
+	}
+	if exists(t, e.markerPath()) {
+		t.Error("marker left after Recover")
+	}
+}

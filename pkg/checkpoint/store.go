@@ -128,8 +128,10 @@ type snapshot struct {
 type request struct {
 	mutate  func(*claimstate.State) error
 	recover bool
-	taken   bool // guarded by Store.mu: the committer has it
-	done    chan struct{}
+	// requireAdoption, for RequireAdoption, is the loss to record.
+	requireAdoption *lossRecord
+	taken           bool // guarded by Store.mu: the committer has it
+	done            chan struct{}
 
 	err      error
 	state    *claimstate.State // a Read's result

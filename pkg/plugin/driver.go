@@ -262,7 +262,19 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 			adoptInv = inv
 		}
 		if err := d.prep.Adopt(ctx, adoptInv); err != nil {
-			return nil, fmt.Errorf("adopt claims after losing the checkpoint: %w", err)
+			// Not fatal: exiting would only restart the plugin into the
+			// same failure. The checkpoint refuses every call until an
+			// adoption works (also when it was merely missing, and in the
+			// next process), and each Prepare, Unprepare and sweep tries
+			// again and says why it fails; no spec is removed meanwhile.
+			logger.Error(err, "Adopting the claims prepared on this node failed; every Prepare and Unprepare fails until it works, and each tries again")
+			d.Event(corev1.EventTypeWarning, "ClaimAdoptionFailed",
+				fmt.Sprintf("gpudra could not adopt the claims prepared on this node, so it prepares and unprepares nothing until it can: %v", err))
+			if !store.NeedsAdoption() {
+				if err := store.RequireAdoption(ctx, fmt.Sprintf("claims with CDI specs on this node could not be adopted: %v", err)); err != nil {
+					return nil, fmt.Errorf("adopt claims after losing the checkpoint: %w", err)
+				}
+			}
 		}
 	}
 	d.sweeper.removeOrphanSpecs(ctx)

@@ -58,6 +58,12 @@ func (d *Driver) onCorruptCheckpoint(cf checkpoint.CorruptFile) {
 func (e *events) reportCheckpoint(logger klog.Logger, r checkpoint.OpenReport) {
 	event := func(eventType, reason, message string) { e.recorder.Event(e.nodeRef, eventType, reason, message) }
 	switch {
+	case r.Corrupt != nil && r.Corrupt.Path == "":
+		// Nothing was moved aside now: an earlier process found the claims
+		// on the node not recorded and could not adopt them.
+		logger.Error(r.Corrupt.Err, "The claims prepared on this node are not all recorded; they are adopted before anything else is prepared")
+		event(corev1.EventTypeWarning, "CheckpointUnreadable",
+			fmt.Sprintf("gpudra checkpoint needs the claims on this node adopted: %v", r.Corrupt.Err))
 	case r.Corrupt != nil:
 		logger.Error(r.Corrupt.Err, "Checkpoint unreadable; moved aside. Claims with a CDI spec on this node are adopted, since they may belong to running pods",
 			"movedTo", r.Corrupt.Path)

@@ -153,7 +153,7 @@ func (h *harness) start() {
 	h.tb.Helper()
 	var logger klog.Logger
 	if t, ok := h.tb.(*testing.T); ok {
-		logger = ktesting.NewLogger(t, ktesting.NewConfig(ktesting.Verbosity(2)))
+		logger = ktesting.NewLogger(t, ktesting.NewConfig(ktesting.Verbosity(2), ktesting.BufferLogs(true)))
 	} else {
 		logger = klog.NewKlogr().V(10) // benchmarks: quiet
 	}

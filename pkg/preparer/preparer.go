@@ -298,10 +298,21 @@ type RefusedError struct{ Err error }
 func (e *RefusedError) Error() string { return e.Err.Error() }
 func (e *RefusedError) Unwrap() error { return e.Err }
 
+// rollbackTimeout bounds the rollback of a failed preparation, which runs
+// on when the caller's context has ended: as long as the kubelet gives a
+// call.
+const rollbackTimeout = 45 * time.Second
+
 // abandon undoes a preparation that recorded its start, in reverse order,
 // then drops the start record. If an undo fails, the start record stays,
 // so that the next Prepare, Unprepare or sweep tries again.
+//
+// It goes on when ctx has ended (the kubelet gave up on the call, or went
+// away): that is when a preparation is most often abandoned, and what
+// was set up would otherwise wait, held, for the retry or the sweep.
 func (p *Preparer) abandon(ctx context.Context, uid string, startedAt time.Time, applied []Configurator, records map[string]json.RawMessage) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	defer cancel()
 	for _, conf := range slices.Backward(applied) {
 		if err := conf.Undo(ctx, uid, records[conf.Name()]); err != nil {
 			return fmt.Errorf("roll back (kept the start record; retried later): %s: %w", conf.Name(), err)

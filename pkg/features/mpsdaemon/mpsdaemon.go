@@ -235,6 +235,11 @@ func (c *Configurator) Edits(_ context.Context, cl *preparer.Claim, raw json.Raw
 		if c.mps == nil {
 			return fmt.Errorf("devices %v are served by MPS daemon %s, but this node cannot run MPS daemons now (%s)", dm.Devices, dm.ID, c.unavailable)
 		}
+		// The ID names the host directories mounted into the containers:
+		// one from a damaged record must not reach outside the MPS root.
+		if err := mps.ValidateID(dm.ID); err != nil {
+			return fmt.Errorf("devices %v: MPS daemon of the claim's record: %w", dm.Devices, err)
+		}
 		edits := mps.Daemon{Dirs: c.mps.Dirs(dm.ID)}.ContainerEdits()
 		for _, d := range cl.Devices {
 			if slices.Contains(dm.Devices, d.Model.Name()) {
