@@ -1,0 +1,498 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"regexp"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// maxLive bounds the claims on the node at once.
+const maxLive = 10
+
+// trial is one seed's run: a fresh node, rounds of kubelet calls with
+// kills in between, and a drain at the end.
+type trial struct {
+	seed       uint64
+	rng        *rand.Rand
+	o          *Options
+	n          *node
+	sched      *scheduler
+	sum        *Summary
+	live       liveClaims
+	seq        int
+	profiles   []string // MIG profiles published
+	initial    []string // devices published at the first start
+	violations []string
+	claims     int
+	kills      int
+	inOutage   bool
+	// wait waits for the calls issue started.
+	wait func()
+}
+
+func newTrial(seed uint64, o *Options, dir, mpsControl string, sum *Summary) *trial {
+	rng := rand.New(rand.NewPCG(seed, 0x6770756472614348))
+	p := profileExclusive
+	if rng.IntN(2) == 1 {
+		p = profileShared
+	}
+	return &trial{
+		seed: seed, rng: rng, o: o, sum: sum, live: liveClaims{},
+		n: &node{dir: dir, binary: o.Binary, mpsControl: mpsControl, profile: p, callTimout: o.CallTimeout},
+	}
+}
+
+func (t *trial) violate(format string, args ...any) {
+	t.violations = append(t.violations, fmt.Sprintf(format, args...))
+}
+
+// listSlices implements kubeClient for the scheduler.
+func (t *trial) listSlices(ctx context.Context) ([]*resourceapi.ResourceSlice, error) {
+	return t.n.listSlices(ctx)
+}
+
+func (t *trial) run(ctx context.Context, outage bool) (err error) {
+	n, err := newNode(t.n.dir, t.n.binary, t.n.mpsControl, t.n.profile, t.n.callTimout)
+	if err != nil {
+		return err
+	}
+	t.n = n
+	defer n.stop()
+	if t.sched, err = newScheduler(t); err != nil {
+		return err
+	}
+	if err := n.start(ctx); err != nil {
+		return err
+	}
+	if t.initial, err = t.waitForPool(ctx, nil, time.Minute); err != nil {
+		return err
+	}
+	published, err := n.listSlices(ctx)
+	if err != nil {
+		return err
+	}
+	t.profiles = migProfiles(published)
+	if len(t.profiles) == 0 {
+		return errors.New("the node publishes no MIG devices")
+	}
+	outageAt := -1
+	if outage {
+		outageAt = t.rng.IntN(t.o.Steps)
+	}
+	for step := range t.o.Steps {
+		if step == outageAt {
+			if err := t.outage(ctx); err != nil {
+				return err
+			}
+		}
+		if err := t.step(ctx); err != nil {
+			return err
+		}
+	}
+	return t.drain(ctx)
+}
+
+// waitForPool waits until the API server has the node's complete pool:
+// the devices of want, or any devices when want is nil. It returns them.
+func (t *trial) waitForPool(ctx context.Context, want []string, timeout time.Duration) ([]string, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		list, err := t.n.listSlices(ctx)
+		if err == nil && complete(list) {
+			devices, _ := index(list)
+			got := deviceNames(devices)
+			if len(got) > 0 && (want == nil || slices.Equal(got, want)) {
+				return got, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("the node's pool is not published as expected after %v", timeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// complete reports whether the slices of the newest generation are all
+// there.
+func complete(list []*resourceapi.ResourceSlice) bool {
+	var gen, count, want int64
+	for _, s := range list {
+		gen = max(gen, s.Spec.Pool.Generation)
+	}
+	for _, s := range list {
+		if s.Spec.Pool.Generation == gen {
+			count++
+			want = s.Spec.Pool.ResourceSliceCount
+		}
+	}
+	return count > 0 && count == want
+}
+
+// newClaim makes a claim of a random kind, as a user and the scheduler
+// would: the claim and its pod in the API server, allocated and reserved
+// for the pod. nil when it does not fit.
+func (t *trial) newClaim(ctx context.Context) (*claim, error) {
+	kinds := kindsOf(t.n.profile)
+	k := kinds[t.rng.IntN(len(kinds))]
+	t.seq++
+	name := fmt.Sprintf("c%d-%s", t.seq, k)
+	claims := t.n.client.ResourceV1().ResourceClaims(namespace)
+	obj, err := claims.Create(ctx, &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
+		Spec:       claimSpec(k, t.rng, t.profiles),
+	}, metav1.CreateOptions{})
+	if err != nil {
+		return nil, err
+	}
+	alloc, err := t.sched.allocate(ctx, obj)
+	if err != nil {
+		return nil, fmt.Errorf("allocate %s: %w", name, err)
+	}
+	if alloc == nil {
+		t.sum.NoFit++
+		return nil, claims.Delete(ctx, name, metav1.DeleteOptions{})
+	}
+	pod, err := t.n.client.CoreV1().Pods(namespace).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "pod-" + name}}, metav1.CreateOptions{})
+	if err != nil {
+		return nil, err
+	}
+	obj.Status.Allocation = alloc
+	obj.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod.Name, UID: pod.UID}}
+	if obj, err = claims.UpdateStatus(ctx, obj, metav1.UpdateOptions{}); err != nil {
+		return nil, err
+	}
+	t.sum.Claims[k]++
+	t.claims++
+	c := &claim{obj: obj, kind: k}
+	t.live[obj.UID] = c
+	return c, nil
+}
+
+// forget removes a claim the plugin unprepared: its objects leave the
+// API server and its devices the scheduler.
+func (t *trial) forget(ctx context.Context, c *claim) error {
+	delete(t.live, c.obj.UID)
+	t.sched.release(c.obj.UID)
+	if c.forced {
+		return nil
+	}
+	return t.deleteObjects(ctx, c)
+}
+
+func (t *trial) deleteObjects(ctx context.Context, c *claim) error {
+	if err := t.n.client.ResourceV1().ResourceClaims(namespace).Delete(ctx, c.obj.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	pod := c.obj.Status.ReservedFor[0].Name
+	if err := t.n.client.CoreV1().Pods(namespace).Delete(ctx, pod, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	return nil
+}
+
+// call is one DRA call of a round.
+type call struct {
+	prepare bool
+	claims  []*claim
+	result  map[types.UID]outcome
+}
+
+// plan decides a round's calls: new claims to prepare, Prepare retries,
+// re-prepares of prepared claims (a kubelet restart), unprepares (the pod
+// ended, or the kubelet gave up on a claim that keeps failing), and now
+// and then a forced deletion of a prepared claim and its pod.
+func (t *trial) plan(ctx context.Context) ([]*call, error) {
+	var prep, unprep []*claim
+	for range t.rng.IntN(4) {
+		if len(t.live) >= maxLive {
+			break
+		}
+		c, err := t.newClaim(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if c != nil {
+			prep = append(prep, c)
+		}
+	}
+	for _, uid := range slices.Sorted(maps.Keys(t.live)) {
+		c := t.live[uid]
+		if slices.Contains(prep, c) {
+			continue
+		}
+		switch c.phase {
+		case phaseAllocated:
+			if c.failures >= 3 && t.rng.IntN(2) == 0 {
+				t.sum.GivenUp++
+				c.phase = phaseReleasing
+				unprep = append(unprep, c)
+			} else {
+				prep = append(prep, c)
+			}
+		case phasePrepared:
+			switch r := t.rng.Float64(); {
+			case r < 0.3:
+				c.phase = phaseReleasing
+				unprep = append(unprep, c)
+			case r < 0.45 && !c.forced:
+				prep = append(prep, c)
+			case r < 0.5 && !c.forced:
+				// The pod and claim are force-deleted: the scheduler hands
+				// the devices out again at once, while the node still has
+				// them prepared until the kubelet unprepares the claim or
+				// the sweep finds it gone.
+				c.forced = true
+				t.sum.ForcedDeletions++
+				t.sched.release(c.obj.UID)
+				if err := t.deleteObjects(ctx, c); err != nil {
+					return nil, err
+				}
+			}
+		case phaseReleasing:
+			unprep = append(unprep, c)
+		}
+	}
+	return append(t.calls(prep, true), t.calls(unprep, false)...), nil
+}
+
+// calls groups claims into calls of one to three claims, as the kubelet
+// sends a pod's claims together.
+func (t *trial) calls(group []*claim, prepare bool) []*call {
+	t.rng.Shuffle(len(group), func(i, j int) { group[i], group[j] = group[j], group[i] })
+	var calls []*call
+	for len(group) > 0 {
+		k := min(len(group), 1+t.rng.IntN(3))
+		calls = append(calls, &call{prepare: prepare, claims: group[:k]})
+		group = group[k:]
+	}
+	return calls
+}
+
+// step runs one round: its calls at once, maybe a kill midway, then the
+// checks.
+func (t *trial) step(ctx context.Context) error {
+	if !t.n.running() {
+		if err := t.n.kill(); err != nil {
+			t.violate("crash: %v", err)
+		}
+		if err := t.restart(ctx); err != nil {
+			return err
+		}
+	}
+	calls, err := t.plan(ctx)
+	if err != nil {
+		return err
+	}
+	t.issue(ctx, calls)
+	kill := t.rng.Float64() < t.o.KillProbability
+	delay := time.Duration(t.rng.Float64() * t.rng.Float64() * float64(t.o.MaxKillDelay))
+	if kill {
+		time.Sleep(delay)
+		t.kills++
+		t.sum.Kills++
+		if err := t.n.kill(); err != nil {
+			t.violate("crash: %v", err)
+		}
+	}
+	refused := t.collect(ctx, calls)
+	if kill || !t.n.running() {
+		if !kill {
+			if err := t.n.kill(); err != nil {
+				t.violate("crash: %v", err)
+			}
+		}
+		t.checkNode(ctx, "after a kill", false)
+		return t.restart(ctx)
+	}
+	return t.checkRefused(ctx, refused)
+}
+
+// issue starts the calls; collect waits for them.
+func (t *trial) issue(ctx context.Context, calls []*call) {
+	var wg sync.WaitGroup
+	for _, c := range calls {
+		t.sum.Calls++
+		wg.Go(func() {
+			if c.prepare {
+				c.result = t.n.prepare(ctx, c.claims)
+			} else {
+				c.result = t.n.unprepare(ctx, c.claims)
+			}
+		})
+	}
+	t.wait = wg.Wait
+}
+
+// collect waits for the calls and takes in their outcomes. It returns
+// the claims whose Prepare the plugin refused.
+func (t *trial) collect(ctx context.Context, calls []*call) []*claim {
+	t.wait()
+	var refused []*claim
+	for _, cl := range calls {
+		transport := false
+		for _, c := range cl.claims {
+			o := cl.result[c.obj.UID]
+			switch {
+			case o.transport != nil:
+				transport = true
+			case o.err != "":
+				t.sum.ClaimErrors++
+				t.sum.ErrorMessages[normalize(o.err)]++
+				if cl.prepare && c.phase == phasePrepared && !t.inOutage {
+					t.violate("idempotent: claim %s (%s): Prepare of a prepared claim failed: %s", c.obj.Name, c.kind, o.err)
+				}
+				if cl.prepare && c.phase == phaseAllocated {
+					c.failures++
+					refused = append(refused, c)
+				}
+			case cl.prepare:
+				for _, v := range resultMatches(c, o) {
+					t.violate("%s", v)
+				}
+				if c.phase == phasePrepared && !slices.Equal(c.cdiIDs, o.cdiIDs) {
+					t.violate("idempotent: claim %s (%s): Prepare returned %v, earlier %v", c.obj.Name, c.kind, o.cdiIDs, c.cdiIDs)
+				}
+				if c.phase == phaseAllocated {
+					c.phase, c.cdiIDs, c.failures = phasePrepared, o.cdiIDs, 0
+					t.sum.Prepared[c.kind]++
+				}
+			default:
+				if err := t.forget(ctx, c); err != nil {
+					t.violate("harness: %v", err)
+				}
+			}
+		}
+		if transport {
+			t.sum.TransportErrors++
+		}
+	}
+	return refused
+}
+
+// checkRefused checks that a refused Prepare left nothing behind: no
+// checkpoint entry, no CDI spec (what it may have set up on the
+// hardware is checked, as all hardware state is, after the next kill
+// and at the end).
+func (t *trial) checkRefused(ctx context.Context, refused []*claim) error {
+	if len(refused) == 0 {
+		return nil
+	}
+	o, err := t.n.observe(ctx)
+	if err != nil {
+		return err
+	}
+	for _, c := range refused {
+		if c.phase != phaseAllocated {
+			continue
+		}
+		if rec := o.claims[string(c.obj.UID)]; rec != nil {
+			t.violate("half-done: claim %s (%s): Prepare failed, but the checkpoint holds it (%s)", c.obj.Name, c.kind, rec.Phase)
+		}
+		if o.specs[string(c.obj.UID)] != nil {
+			t.violate("half-done: claim %s (%s): Prepare failed, but its CDI spec is there", c.obj.Name, c.kind)
+		}
+	}
+	return nil
+}
+
+// checkNode checks the invariants and records what it finds.
+func (t *trial) checkNode(ctx context.Context, when string, final bool) {
+	o, err := t.n.observe(ctx)
+	if err != nil {
+		t.violate("harness: observe the node %s: %v", when, err)
+		return
+	}
+	for _, v := range o.check(t.live, final) {
+		t.violate("%s (%s)", v, when)
+	}
+}
+
+// restart starts the plugin again, as the kubelet restarts its pod.
+func (t *trial) restart(ctx context.Context) error {
+	t.sum.Restarts++
+	var err error
+	for range 3 {
+		if err = t.n.start(ctx); err == nil {
+			return nil
+		}
+		t.violate("restart: %v", err)
+		_ = t.n.kill()
+	}
+	return err
+}
+
+// drain unprepares every claim, as the kubelet does when the pods go,
+// and checks that nothing is left.
+func (t *trial) drain(ctx context.Context) error {
+	for round := 0; round < 40 && len(t.live) > 0; round++ {
+		if !t.n.running() {
+			if err := t.n.kill(); err != nil {
+				t.violate("crash: %v", err)
+			}
+			if err := t.restart(ctx); err != nil {
+				return err
+			}
+		}
+		var calls []*call
+		for _, uid := range slices.Sorted(maps.Keys(t.live)) {
+			c := t.live[uid]
+			c.phase = phaseReleasing
+			calls = append(calls, &call{claims: []*claim{c}})
+		}
+		t.issue(ctx, calls)
+		t.collect(ctx, calls)
+		if len(t.live) > 0 {
+			time.Sleep(250 * time.Millisecond)
+		}
+	}
+	for _, c := range t.live {
+		t.violate("drain: claim %s (%s) could not be unprepared", c.obj.Name, c.kind)
+	}
+	// MPS daemons stop asynchronously to their Unprepare's return? They
+	// must not: give them a moment anyway before counting leaks.
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		daemons, err := mpsDaemons(t.n.mpsRoot())
+		if err == nil && len(daemons) == 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.checkNode(ctx, "at the end", true)
+	if _, err := t.waitForPool(ctx, t.initial, 10*time.Second); err != nil {
+		list, _ := t.n.listSlices(ctx)
+		devices, _ := index(list)
+		t.violate("published: at the end the pool has %v, at the start %v", deviceNames(devices), t.initial)
+	}
+	return nil
+}
+
+var (
+	uidPattern   = regexp.MustCompile(`[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`)
+	claimPattern = regexp.MustCompile(`c[0-9]+-[a-z+-]+`)
+	numPattern   = regexp.MustCompile(`[0-9]+`)
+)
+
+// normalize makes an error message a category: UIDs, names and numbers
+// replaced, cut to a line.
+func normalize(msg string) string {
+	msg = uidPattern.ReplaceAllString(msg, "<uid>")
+	msg = claimPattern.ReplaceAllString(msg, "<claim>")
+	msg = numPattern.ReplaceAllString(msg, "N")
+	if len(msg) > 200 {
+		msg = msg[:200] + "..."
+	}
+	return msg
+}
