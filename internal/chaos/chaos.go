@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -53,13 +54,15 @@ type Options struct {
 	Keep bool
 	// Out gets a line per trial and the summary; nil discards them.
 	Out io.Writer
+	// Trace writes every call, outcome and kill of the trials to Out.
+	Trace bool
 }
 
 // ShortOptions are the options of the short form that `go test` runs.
 func ShortOptions() Options {
 	return Options{
 		Trials: 10, Seed: 1, Steps: 6, KillProbability: 0.6, MaxKillDelay: 150 * time.Millisecond,
-		Outage: 3 * time.Second, OutageEvery: 10, CallTimeout: 10 * time.Second,
+		Outage: 3 * time.Second, OutageEvery: 10, CallTimeout: 45 * time.Second,
 	}
 }
 
@@ -67,7 +70,7 @@ func ShortOptions() Options {
 func LongOptions() Options {
 	return Options{
 		Trials: 1000, Seed: 1, Steps: 12, KillProbability: 0.6, MaxKillDelay: 200 * time.Millisecond,
-		Outage: 30 * time.Second, OutageEvery: 100, CallTimeout: 10 * time.Second,
+		Outage: 30 * time.Second, OutageEvery: 100, CallTimeout: 45 * time.Second,
 	}
 }
 
@@ -85,10 +88,10 @@ type Summary struct {
 	// ClaimErrors (per-claim errors: refusals, conflicts) and their
 	// most frequent messages.
 	Kills, Restarts, Calls, TransportErrors, ClaimErrors int
-	ForcedDeletions, GivenUp, NoFit                       int
-	ErrorMessages                                         map[string]int
-	Outages                                               []OutageFigures
-	Duration                                              time.Duration
+	ForcedDeletions, GivenUp, NoFit                      int
+	ErrorMessages                                        map[string]int
+	Outages                                              []OutageFigures
+	Duration                                             time.Duration
 }
 
 // OutageFigures is what one API outage did.
@@ -122,7 +125,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	if o.WorkDir == "" {
 		o.WorkDir = "/tmp"
 	}
-	work, err := os.MkdirTemp(o.WorkDir, "gchaos-")
+	work, err := os.MkdirTemp(o.WorkDir, "gc")
 	if err != nil {
 		return nil, err
 	}
@@ -150,8 +153,10 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		if o.Trials == 1 && o.Outage > 0 {
 			outage = true // a replay of one seed replays its outage too
 		}
-		dir, err := os.MkdirTemp(work, fmt.Sprintf("t%d-", seed))
-		if err != nil {
+		// Short: MPS pipe directories under it must fit unix socket
+		// paths (mps.MaxPipeDirLength).
+		dir := filepath.Join(work, strconv.FormatUint(seed, 10))
+		if err := os.Mkdir(dir, 0o755); err != nil {
 			return sum, err
 		}
 		t := newTrial(seed, &o, dir, filepath.Join(mpsBin, mpsfake.ControlName), sum)

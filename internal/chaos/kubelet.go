@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
@@ -44,8 +46,8 @@ type claim struct {
 
 // outcome is what one call said about one claim.
 type outcome struct {
-	transport error    // the call itself failed (the plugin died, timed out)
-	err       string   // the claim's own error
+	transport error    // the call did not reach an answer (the plugin died, the call timed out)
+	err       string   // the claim's error, or the call's when the plugin failed it as a whole
 	cdiIDs    []string // Prepare: the claim's CDI device IDs, sorted
 	devices   []*drapb.Device
 }
@@ -67,7 +69,7 @@ func (n *node) prepare(ctx context.Context, cs []*claim) map[types.UID]outcome {
 	for _, c := range cs {
 		switch {
 		case err != nil:
-			out[c.obj.UID] = outcome{transport: err}
+			out[c.obj.UID] = callFailed(err)
 		case resp.Claims[string(c.obj.UID)] == nil:
 			out[c.obj.UID] = outcome{err: "no result for the claim"}
 		case resp.Claims[string(c.obj.UID)].Error != "":
@@ -94,7 +96,7 @@ func (n *node) unprepare(ctx context.Context, cs []*claim) map[types.UID]outcome
 	for _, c := range cs {
 		switch {
 		case err != nil:
-			out[c.obj.UID] = outcome{transport: err}
+			out[c.obj.UID] = callFailed(err)
 		case resp.Claims[string(c.obj.UID)] == nil:
 			out[c.obj.UID] = outcome{err: "no result for the claim"}
 		default:
@@ -102,6 +104,18 @@ func (n *node) unprepare(ctx context.Context, cs []*claim) map[types.UID]outcome
 		}
 	}
 	return out
+}
+
+// callFailed is the outcome of a call that failed as a whole: the plugin
+// is gone or did not answer in time (transport), or it answered with an
+// error for the whole call (the kubeletplugin helper does when it cannot
+// get a claim from the API server), which counts as each claim's.
+func callFailed(err error) outcome {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+		return outcome{transport: err}
+	}
+	return outcome{err: err.Error()}
 }
 
 // resultMatches checks what a successful Prepare returned against the
@@ -137,4 +151,15 @@ func resultMatches(c *claim, o outcome) []string {
 		}
 	}
 	return v
+}
+
+// String renders the outcome for traces.
+func (o outcome) String() string {
+	switch {
+	case o.transport != nil:
+		return "call failed: " + o.transport.Error()
+	case o.err != "":
+		return "error: " + o.err
+	}
+	return fmt.Sprintf("ok %v", o.cdiIDs)
 }

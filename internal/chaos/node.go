@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -32,13 +33,16 @@ const (
 	namespace  = "default"
 )
 
-// fleetYAML is the simulated node: four H100s, the third in MIG mode for
+// fleetYAML is the simulated node: six H100s, two of them in MIG mode for
 // dynamic MIG; every GPU has an IOMMU group, so it is also offered for
 // VFIO passthrough beside its CUDA devices.
 const fleetYAML = `nodes:
 - name: chaos-0
   gpus:
   - model: H100-SXM5-80GB
+  - model: H100-SXM5-80GB
+  - model: H100-SXM5-80GB
+    migEnabled: true
   - model: H100-SXM5-80GB
   - model: H100-SXM5-80GB
     migEnabled: true
@@ -164,7 +168,10 @@ func (n *node) start(ctx context.Context) error {
 	exited := make(chan error, 1)
 	n.exited = exited
 	go func() { exited <- cmd.Wait() }()
-	conn, err := grpc.NewClient("unix://"+n.socket(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// The socket appears once the plugin serves: retry the connection
+	// at once, not after gRPC's default backoff of a second.
+	conn, err := grpc.NewClient("unix://"+n.socket(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.5, MaxDelay: 100 * time.Millisecond}, MinConnectTimeout: time.Second}))
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -18,25 +19,39 @@ import (
 // the pool is published again, and the time both take is recorded.
 func (t *trial) outage(ctx context.Context) error {
 	f := OutageFigures{Seed: t.seed, Duration: t.o.Outage, Mode: []cutMode{cutRefuse, cutBlackhole}[t.rng.IntN(2)]}
-	var pending []*claim
-	for range 6 {
-		if len(pending) == 2 || len(t.live) >= maxLive {
-			break
-		}
-		c, err := t.newClaim(ctx)
-		if err != nil {
-			return err
-		}
-		if c != nil {
-			pending = append(pending, c)
-		}
-	}
 	if !t.n.running() {
 		if err := t.n.kill(); err != nil {
 			t.violate("crash: %v", err)
 		}
 		if err := t.restart(ctx); err != nil {
 			return err
+		}
+	}
+	// Two claims to prepare during the outage; room is made for them by
+	// unpreparing others when the node is full.
+	var pending []*claim
+	for range 10 {
+		if len(pending) == 2 {
+			break
+		}
+		if len(t.live) < maxLive {
+			c, err := t.newClaim(ctx)
+			if err != nil {
+				return err
+			}
+			if c != nil {
+				pending = append(pending, c)
+				continue
+			}
+		}
+		for _, uid := range slices.Sorted(maps.Keys(t.live)) {
+			if c := t.live[uid]; !slices.Contains(pending, c) {
+				c.phase = phaseReleasing
+				calls := []*call{{claims: []*claim{c}}}
+				t.issue(ctx, calls)
+				t.collect(ctx, calls)
+				break
+			}
 		}
 	}
 	t.inOutage = true

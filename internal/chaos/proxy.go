@@ -3,14 +3,16 @@ package chaos
 import (
 	"net"
 	"sync"
+	"time"
 )
 
 // cutMode is how an API outage looks to the plugin.
 type cutMode string
 
 const (
-	// cutRefuse: the API server is down. Connections are closed, new
-	// ones closed as soon as they are made.
+	// cutRefuse: the API server is down. Connections are closed, and new
+	// ones are refused (nothing listens on the port until the outage
+	// ends).
 	cutRefuse cutMode = "refuse"
 	// cutBlackhole: a network partition. Connections stay open and
 	// carry nothing, new ones are accepted and carry nothing; when the
@@ -22,11 +24,12 @@ const (
 // proxy is a loopback TCP proxy between the plugin and the API server
 // that can be cut.
 type proxy struct {
-	ln     net.Listener
+	addr   string
 	target string
 
 	mu    sync.Mutex
-	cut   cutMode // "" when up
+	cut   cutMode      // "" when up
+	ln    net.Listener // nil while refusing
 	open  map[net.Conn]bool
 	heal  chan struct{} // closed when a blackhole ends
 	wg    sync.WaitGroup
@@ -38,19 +41,25 @@ func startProxy(target string) (*proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &proxy{ln: ln, target: target, open: map[net.Conn]bool{}}
-	p.wg.Add(1)
-	go p.serve()
+	p := &proxy{addr: ln.Addr().String(), target: target, open: map[net.Conn]bool{}}
+	p.listenOn(ln)
 	return p, nil
 }
 
-// url is where clients reach the API server through the proxy.
-func (p *proxy) url() string { return "http://" + p.ln.Addr().String() }
+// listenOn serves ln; the caller holds mu or has not shared p yet.
+func (p *proxy) listenOn(ln net.Listener) {
+	p.ln = ln
+	p.wg.Add(1)
+	go p.serve(ln)
+}
 
-func (p *proxy) serve() {
+// url is where clients reach the API server through the proxy.
+func (p *proxy) url() string { return "http://" + p.addr }
+
+func (p *proxy) serve(ln net.Listener) {
 	defer p.wg.Done()
 	for {
-		c, err := p.ln.Accept()
+		c, err := ln.Accept()
 		if err != nil {
 			return
 		}
@@ -131,6 +140,8 @@ func (p *proxy) Cut(mode cutMode) {
 	p.cut = mode
 	p.heal = make(chan struct{})
 	if mode == cutRefuse {
+		_ = p.ln.Close()
+		p.ln = nil
 		p.closeAllLocked()
 	}
 }
@@ -141,6 +152,17 @@ func (p *proxy) Restore() {
 	defer p.mu.Unlock()
 	if p.cut == "" {
 		return
+	}
+	if p.cut == cutRefuse {
+		// The same port again: the plugin's kubeconfig names it.
+		for {
+			ln, err := net.Listen("tcp", p.addr)
+			if err == nil {
+				p.listenOn(ln)
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
 	p.cut = ""
 	close(p.heal)
@@ -162,7 +184,9 @@ func (p *proxy) Close() {
 	}
 	p.cut = ""
 	p.closeAllLocked()
+	if p.ln != nil {
+		_ = p.ln.Close()
+	}
 	p.mu.Unlock()
-	_ = p.ln.Close()
 	p.wg.Wait()
 }

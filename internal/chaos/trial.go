@@ -54,6 +54,13 @@ func newTrial(seed uint64, o *Options, dir, mpsControl string, sum *Summary) *tr
 	}
 }
 
+// trace writes a line about the trial's progress when tracing.
+func (t *trial) trace(format string, args ...any) {
+	if t.o.Trace && t.o.Out != nil {
+		fmt.Fprintf(t.o.Out, "chaos: seed %d: %s\n", t.seed, fmt.Sprintf(format, args...))
+	}
+}
+
 func (t *trial) violate(format string, args ...any) {
 	t.violations = append(t.violations, fmt.Sprintf(format, args...))
 }
@@ -161,6 +168,7 @@ func (t *trial) newClaim(ctx context.Context) (*claim, error) {
 		return nil, fmt.Errorf("allocate %s: %w", name, err)
 	}
 	if alloc == nil {
+		t.trace("%s: no fit", name)
 		t.sum.NoFit++
 		return nil, claims.Delete(ctx, name, metav1.DeleteOptions{})
 	}
@@ -175,6 +183,7 @@ func (t *trial) newClaim(ctx context.Context) (*claim, error) {
 	}
 	t.sum.Claims[k]++
 	t.claims++
+	t.trace("%s: allocated %v", name, allocated(alloc))
 	c := &claim{obj: obj, kind: k}
 	t.live[obj.UID] = c
 	return c, nil
@@ -215,7 +224,7 @@ type call struct {
 // and then a forced deletion of a prepared claim and its pod.
 func (t *trial) plan(ctx context.Context) ([]*call, error) {
 	var prep, unprep []*claim
-	for range t.rng.IntN(4) {
+	for range t.rng.IntN(5) {
 		if len(t.live) >= maxLive {
 			break
 		}
@@ -297,9 +306,13 @@ func (t *trial) step(ctx context.Context) error {
 	}
 	t.issue(ctx, calls)
 	kill := t.rng.Float64() < t.o.KillProbability
-	delay := time.Duration(t.rng.Float64() * t.rng.Float64() * float64(t.o.MaxKillDelay))
+	// Most kills come early, while the calls are in flight (a Prepare
+	// takes milliseconds; one that starts an MPS daemon, tens).
+	u := t.rng.Float64()
+	delay := time.Duration(u * u * u * float64(t.o.MaxKillDelay))
 	if kill {
 		time.Sleep(delay)
+		t.trace("SIGKILL %v after the calls", delay.Round(time.Millisecond))
 		t.kills++
 		t.sum.Kills++
 		if err := t.n.kill(); err != nil {
@@ -344,6 +357,7 @@ func (t *trial) collect(ctx context.Context, calls []*call) []*claim {
 		transport := false
 		for _, c := range cl.claims {
 			o := cl.result[c.obj.UID]
+			t.trace("%s %s: %s", map[bool]string{true: "prepare", false: "unprepare"}[cl.prepare], c.obj.Name, o)
 			switch {
 			case o.transport != nil:
 				transport = true
@@ -424,7 +438,9 @@ func (t *trial) restart(ctx context.Context) error {
 	t.sum.Restarts++
 	var err error
 	for range 3 {
+		start := time.Now()
 		if err = t.n.start(ctx); err == nil {
+			t.trace("restarted in %v", time.Since(start).Round(time.Millisecond))
 			return nil
 		}
 		t.violate("restart: %v", err)
@@ -495,4 +511,17 @@ func normalize(msg string) string {
 		msg = msg[:200] + "..."
 	}
 	return msg
+}
+
+// allocated renders an allocation's devices.
+func allocated(a *resourceapi.AllocationResult) []string {
+	var out []string
+	for _, r := range a.Devices.Results {
+		d := r.Device
+		if r.ShareID != nil {
+			d += "(share)"
+		}
+		out = append(out, d)
+	}
+	return out
 }

@@ -34,6 +34,7 @@ func main() {
 	flag.StringVar(&o.Binary, "binary", "", "gpudra binary to run (default: build ./cmd/gpudra)")
 	flag.StringVar(&o.WorkDir, "work-dir", "/tmp", "directory for the trials (keep it short: unix socket paths)")
 	flag.BoolVar(&o.Keep, "keep", false, "keep the directories and plugin logs of failing trials")
+	flag.BoolVar(&o.Trace, "trace", false, "print every call, outcome and kill")
 	flag.Parse()
 	if *seed >= 0 {
 		o.Trials, o.Seed, o.Keep = 1, uint64(*seed), true
