@@ -61,8 +61,8 @@ type Options struct {
 // ShortOptions are the options of the short form that `go test` runs.
 func ShortOptions() Options {
 	return Options{
-		Trials: 10, Seed: 1, Steps: 6, KillProbability: 0.6, MaxKillDelay: 150 * time.Millisecond,
-		Outage: 3 * time.Second, OutageEvery: 10, CallTimeout: 45 * time.Second,
+		Trials: 6, Seed: 1, Steps: 5, KillProbability: 0.6, MaxKillDelay: 150 * time.Millisecond,
+		Outage: 3 * time.Second, OutageEvery: 6, CallTimeout: 45 * time.Second,
 	}
 }
 
@@ -217,7 +217,7 @@ func (s *Summary) report(w io.Writer) {
 		fmt.Fprintf(w, "chaos: per-claim error x%d: %s\n", m.n, m.text)
 	}
 	for _, o := range s.Outages {
-		fmt.Fprintf(w, "chaos: outage (seed %d, %s, %v): %d Prepare errors and %d timed-out calls during it (e.g. %q); first Prepare %v after the API came back, complete pool %v after\n",
+		fmt.Fprintf(w, "chaos: outage (seed %d, %s, %v): %d Prepare errors and %d calls without an answer (killed or hung) during it (e.g. %q); first Prepare %v after the API came back, complete pool %v after\n",
 			o.Seed, o.Mode, o.Duration, o.PrepareErrors, o.PrepareTimeouts, o.ErrorSample, o.PrepareRecovery.Round(10*time.Millisecond), o.SliceRecovery.Round(10*time.Millisecond))
 	}
 	if len(s.FailedSeeds) > 0 {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -60,12 +61,13 @@ func pbClaims(cs []*claim) []*drapb.Claim {
 	return out
 }
 
-// prepare makes one NodePrepareResources call.
-func (n *node) prepare(ctx context.Context, cs []*claim) map[types.UID]outcome {
+// prepare makes one NodePrepareResources call through dra (the client
+// of the plugin process that runs when the call goes out).
+func prepare(ctx context.Context, dra drapb.DRAPluginClient, timeout time.Duration, cs []*claim) map[types.UID]outcome {
 	out := make(map[types.UID]outcome, len(cs))
-	callCtx, cancel := context.WithTimeout(ctx, n.callTimout)
+	callCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	resp, err := n.dra.NodePrepareResources(callCtx, &drapb.NodePrepareResourcesRequest{Claims: pbClaims(cs)})
+	resp, err := dra.NodePrepareResources(callCtx, &drapb.NodePrepareResourcesRequest{Claims: pbClaims(cs)})
 	for _, c := range cs {
 		switch {
 		case err != nil:
@@ -87,12 +89,12 @@ func (n *node) prepare(ctx context.Context, cs []*claim) map[types.UID]outcome {
 	return out
 }
 
-// unprepare makes one NodeUnprepareResources call.
-func (n *node) unprepare(ctx context.Context, cs []*claim) map[types.UID]outcome {
+// unprepare makes one NodeUnprepareResources call through dra.
+func unprepare(ctx context.Context, dra drapb.DRAPluginClient, timeout time.Duration, cs []*claim) map[types.UID]outcome {
 	out := make(map[types.UID]outcome, len(cs))
-	callCtx, cancel := context.WithTimeout(ctx, n.callTimout)
+	callCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	resp, err := n.dra.NodeUnprepareResources(callCtx, &drapb.NodeUnprepareResourcesRequest{Claims: pbClaims(cs)})
+	resp, err := dra.NodeUnprepareResources(callCtx, &drapb.NodeUnprepareResourcesRequest{Claims: pbClaims(cs)})
 	for _, c := range cs {
 		switch {
 		case err != nil:

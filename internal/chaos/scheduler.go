@@ -119,7 +119,12 @@ type scheduler struct {
 	classes classLister
 	cel     *cel.Cache
 	live    map[types.UID]*resourceapi.AllocationResult
+	// slices are the published slices, listed again after refresh.
+	slices []*resourceapi.ResourceSlice
 }
+
+// refresh makes the next allocation list the published slices again.
+func (s *scheduler) refresh() { s.slices = nil }
 
 // kubeClient is the part of the clientset the harness needs.
 type kubeClient interface {
@@ -179,11 +184,14 @@ func (s *scheduler) state() structured.AllocatedState {
 // allocate allocates the claim and remembers the result as live; nil
 // when it does not fit.
 func (s *scheduler) allocate(ctx context.Context, claim *resourceapi.ResourceClaim) (*resourceapi.AllocationResult, error) {
-	published, err := s.client.listSlices(ctx)
-	if err != nil {
-		return nil, err
+	if s.slices == nil {
+		published, err := s.client.listSlices(ctx)
+		if err != nil {
+			return nil, err
+		}
+		s.slices = published
 	}
-	a, err := structured.NewAllocator(ctx, features, s.state(), s.classes, published, s.cel)
+	a, err := structured.NewAllocator(ctx, features, s.state(), s.classes, s.slices, s.cel)
 	if err != nil {
 		return nil, err
 	}

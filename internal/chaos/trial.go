@@ -38,8 +38,6 @@ type trial struct {
 	claims     int
 	kills      int
 	inOutage   bool
-	// wait waits for the calls issue started.
-	wait func()
 }
 
 func newTrial(seed uint64, o *Options, dir, mpsControl string, sum *Summary) *trial {
@@ -57,7 +55,7 @@ func newTrial(seed uint64, o *Options, dir, mpsControl string, sum *Summary) *tr
 // trace writes a line about the trial's progress when tracing.
 func (t *trial) trace(format string, args ...any) {
 	if t.o.Trace && t.o.Out != nil {
-		fmt.Fprintf(t.o.Out, "chaos: seed %d: %s\n", t.seed, fmt.Sprintf(format, args...))
+		fmt.Fprintf(t.o.Out, "chaos: seed %d: %s %s\n", t.seed, time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
 	}
 }
 
@@ -223,6 +221,7 @@ type call struct {
 // ended, or the kubelet gave up on a claim that keeps failing), and now
 // and then a forced deletion of a prepared claim and its pod.
 func (t *trial) plan(ctx context.Context) ([]*call, error) {
+	t.sched.refresh()
 	var prep, unprep []*claim
 	for range t.rng.IntN(5) {
 		if len(t.live) >= maxLive {
@@ -304,7 +303,7 @@ func (t *trial) step(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	t.issue(ctx, calls)
+	wait := t.issue(ctx, calls)
 	kill := t.rng.Float64() < t.o.KillProbability
 	// Most kills come early, while the calls are in flight (a Prepare
 	// takes milliseconds; one that starts an MPS daemon, tens).
@@ -319,6 +318,7 @@ func (t *trial) step(ctx context.Context) error {
 			t.violate("crash: %v", err)
 		}
 	}
+	wait()
 	refused := t.collect(ctx, calls)
 	if kill || !t.n.running() {
 		if !kill {
@@ -332,26 +332,33 @@ func (t *trial) step(ctx context.Context) error {
 	return t.checkRefused(ctx, refused)
 }
 
-// issue starts the calls; collect waits for them.
-func (t *trial) issue(ctx context.Context, calls []*call) {
+// issue starts the calls to the plugin process that runs now; the
+// function it returns waits for them.
+func (t *trial) issue(ctx context.Context, calls []*call) (wait func()) {
 	var wg sync.WaitGroup
+	dra, timeout := t.n.dra, t.n.callTimout
 	for _, c := range calls {
 		t.sum.Calls++
 		wg.Go(func() {
 			if c.prepare {
-				c.result = t.n.prepare(ctx, c.claims)
+				c.result = prepare(ctx, dra, timeout, c.claims)
 			} else {
-				c.result = t.n.unprepare(ctx, c.claims)
+				c.result = unprepare(ctx, dra, timeout, c.claims)
 			}
 		})
 	}
-	t.wait = wg.Wait
+	return wg.Wait
 }
 
-// collect waits for the calls and takes in their outcomes. It returns
-// the claims whose Prepare the plugin refused.
+// roundTrip makes the calls and takes in their outcomes.
+func (t *trial) roundTrip(ctx context.Context, calls []*call) []*claim {
+	t.issue(ctx, calls)()
+	return t.collect(ctx, calls)
+}
+
+// collect takes in the outcomes of finished calls. It returns the claims
+// whose Prepare the plugin refused.
 func (t *trial) collect(ctx context.Context, calls []*call) []*claim {
-	t.wait()
 	var refused []*claim
 	for _, cl := range calls {
 		transport := false
@@ -467,8 +474,7 @@ func (t *trial) drain(ctx context.Context) error {
 			c.phase = phaseReleasing
 			calls = append(calls, &call{claims: []*claim{c}})
 		}
-		t.issue(ctx, calls)
-		t.collect(ctx, calls)
+		t.roundTrip(ctx, calls)
 		if len(t.live) > 0 {
 			time.Sleep(250 * time.Millisecond)
 		}
