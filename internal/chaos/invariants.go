@@ -302,8 +302,8 @@ func (o *observed) specMatches(c *claim, rec *ckptClaim, s *spec) []string {
 		}
 		switch p.str("type") {
 		case "gpu":
-			if minor := p.int("minor"); nodes[fmt.Sprintf("/dev/nvidia%d", minor)] != int64(minor) {
-				fail("device %s: spec lacks /dev/nvidia%d", deviceName, minor)
+			if minor, ok := nodes[fmt.Sprintf("/dev/nvidia%d", p.int("minor"))]; !ok || minor != int64(p.int("minor")) {
+				fail("device %s: spec lacks /dev/nvidia%d", deviceName, p.int("minor"))
 			}
 		case "mig":
 			parent := p.str("parentUUID")

@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -37,6 +40,7 @@ type trial struct {
 	violations []string
 	claims     int
 	kills      int
+	snapshots  int
 	inOutage   bool
 }
 
@@ -243,6 +247,7 @@ func (t *trial) plan(ctx context.Context) ([]*call, error) {
 		switch c.phase {
 		case phaseAllocated:
 			if c.failures >= 3 && t.rng.IntN(2) == 0 {
+				t.trace("%s: the kubelet gives up on it", c.obj.Name)
 				t.sum.GivenUp++
 				c.phase = phaseReleasing
 				unprep = append(unprep, c)
@@ -252,6 +257,7 @@ func (t *trial) plan(ctx context.Context) ([]*call, error) {
 		case phasePrepared:
 			switch r := t.rng.Float64(); {
 			case r < 0.3:
+				t.trace("%s: its pod ends", c.obj.Name)
 				c.phase = phaseReleasing
 				unprep = append(unprep, c)
 			case r < 0.45 && !c.forced:
@@ -263,6 +269,7 @@ func (t *trial) plan(ctx context.Context) ([]*call, error) {
 				// the sweep finds it gone.
 				c.forced = true
 				t.sum.ForcedDeletions++
+				t.trace("%s: force-deleted with its pod; its devices may go to other claims", c.obj.Name)
 				t.sched.release(c.obj.UID)
 				if err := t.deleteObjects(ctx, c); err != nil {
 					return nil, err
@@ -435,9 +442,30 @@ func (t *trial) checkNode(ctx context.Context, when string, final bool) {
 		t.violate("harness: observe the node %s: %v", when, err)
 		return
 	}
-	for _, v := range o.check(t.live, final) {
+	found := o.check(t.live, final)
+	for _, v := range found {
 		t.violate("%s (%s)", v, when)
 	}
+	if len(found) > 0 {
+		t.snapshot()
+	}
+}
+
+// snapshot copies the node's files as they are when a check fails into
+// snapshot-<n> of the trial's directory (kept with -keep): the directory
+// itself ends clean after the drain.
+func (t *trial) snapshot() {
+	t.snapshots++
+	dst := filepath.Join(t.n.dir, fmt.Sprintf("snapshot-%d", t.snapshots))
+	for _, sub := range []string{"p", "cdi", "sim"} {
+		_ = os.CopyFS(filepath.Join(dst, sub), os.DirFS(filepath.Join(t.n.dir, sub)))
+	}
+	var live []string
+	for _, c := range t.live {
+		live = append(live, fmt.Sprintf("%s %s phase=%d forced=%v uid=%s %v", c.obj.Name, c.kind, c.phase, c.forced, c.obj.UID, allocated(c.obj.Status.Allocation)))
+	}
+	slices.Sort(live)
+	_ = os.WriteFile(filepath.Join(dst, "live-claims.txt"), []byte(strings.Join(live, "\n")+"\n"), 0o644)
 }
 
 // restart starts the plugin again, as the kubelet restarts its pod.
