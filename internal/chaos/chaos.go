@@ -17,7 +17,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -30,6 +29,10 @@ type Options struct {
 	Trials int
 	// Seed is the first trial's seed.
 	Seed uint64
+	// Replay runs every trial with Seed: a trial's decisions follow from
+	// its seed, but when a kill lands depends on timing, so a failure
+	// that depends on it may take a few replays.
+	Replay bool
 	// Steps is how many rounds of kubelet calls a trial makes.
 	Steps int
 	// KillProbability is the chance that the plugin is killed during a
@@ -37,8 +40,8 @@ type Options struct {
 	// out.
 	KillProbability float64
 	MaxKillDelay    time.Duration
-	// Outage, if set, cuts the API server for this long in every
-	// OutageEvery-th trial (the last of each run of OutageEvery trials).
+	// Outage, if set, cuts the API server for this long in the trials
+	// whose seed is a multiple of OutageEvery.
 	Outage      time.Duration
 	OutageEvery int
 	// CallTimeout is the kubelet's DRA call timeout (and the plugin's
@@ -62,7 +65,7 @@ type Options struct {
 func ShortOptions() Options {
 	return Options{
 		Trials: 6, Seed: 1, Steps: 5, KillProbability: 0.6, MaxKillDelay: 150 * time.Millisecond,
-		Outage: 3 * time.Second, OutageEvery: 6, CallTimeout: 45 * time.Second,
+		Outage: 3 * time.Second, OutageEvery: 6, // seed 6 CallTimeout: 45 * time.Second,
 	}
 }
 
@@ -149,13 +152,14 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 			return sum, err
 		}
 		seed := o.Seed + uint64(i)
-		outage := o.Outage > 0 && o.OutageEvery > 0 && (i+1)%o.OutageEvery == 0
-		if o.Trials == 1 && o.Outage > 0 {
-			outage = true // a replay of one seed replays its outage too
+		if o.Replay {
+			seed = o.Seed
 		}
+		// By seed, so that a replay has the outage its trial had.
+		outage := o.Outage > 0 && o.OutageEvery > 0 && seed%uint64(o.OutageEvery) == 0
 		// Short: MPS pipe directories under it must fit unix socket
 		// paths (mps.MaxPipeDirLength).
-		dir := filepath.Join(work, strconv.FormatUint(seed, 10))
+		dir := filepath.Join(work, fmt.Sprintf("%d-%d", seed, i))
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			return sum, err
 		}
@@ -181,7 +185,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 					fmt.Fprintf(out, "chaos: seed %d: directories and plugin logs kept in %s\n", seed, kept)
 				}
 			}
-			fmt.Fprintf(out, "chaos: replay with -seed %d (make chaos CHAOS_ARGS='-seed %d', or GPUDRA_CHAOS_SEED=%d go test ./internal/chaos)\n", seed, seed, seed)
+			fmt.Fprintf(out, "chaos: replay with make chaos CHAOS_ARGS='-seed %d -trials 5' (or GPUDRA_CHAOS_SEED=%d go test -run TestChaos ./internal/chaos)\n", seed, seed)
 		}
 		_ = os.RemoveAll(dir)
 		fmt.Fprintf(out, "chaos: trial %d/%d seed %d (%s, %d claims, %d kills%s) %v: %s\n", i+1, o.Trials, seed, t.n.profile,

@@ -32,7 +32,7 @@ func TestChaos(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s=%q: %v", seedEnv, s, err)
 		}
-		o.Trials, o.Seed, o.Keep = 1, seed, true
+		o.Trials, o.Seed, o.Replay, o.Keep = 1, seed, true, true
 	}
 	o.Out = testWriter{t}
 	sum, err := chaos.Run(context.Background(), o)

@@ -150,6 +150,14 @@ func (n *node) args() []string {
 
 // start starts the plugin process and waits until it answers DRA calls.
 func (n *node) start(ctx context.Context) error {
+	if err := n.spawn(); err != nil {
+		return err
+	}
+	return n.ready(ctx)
+}
+
+// spawn starts the plugin process.
+func (n *node) spawn() error {
 	n.starts++
 	log, err := os.Create(n.logPath(n.starts))
 	if err != nil {
@@ -176,6 +184,12 @@ func (n *node) start(ctx context.Context) error {
 		return err
 	}
 	n.conn, n.dra = conn, drapb.NewDRAPluginClient(conn)
+	return nil
+}
+
+// ready waits until the plugin process answers DRA calls.
+func (n *node) ready(ctx context.Context) error {
+	exited := n.exited
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		callCtx, cancel := context.WithTimeout(ctx, time.Second)
@@ -263,14 +277,10 @@ func (n *node) logTail(i, lines int) string {
 	return strings.Join(all, "\n")
 }
 
-// logsContain reports whether any plugin log holds s.
-func (n *node) logsContain(s string) bool {
-	for i := 1; i <= n.starts; i++ {
-		if data, err := os.ReadFile(n.logPath(i)); err == nil && bytes.Contains(data, []byte(s)) {
-			return true
-		}
-	}
-	return false
+// logContains reports whether the log of the i-th plugin start holds s.
+func (n *node) logContains(i int, s string) bool {
+	data, err := os.ReadFile(n.logPath(i))
+	return err == nil && bytes.Contains(data, []byte(s))
 }
 
 // hardwarePaths of the simulated node's state.

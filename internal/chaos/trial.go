@@ -471,6 +471,23 @@ func (t *trial) snapshot() {
 // restart starts the plugin again, as the kubelet restarts its pod.
 func (t *trial) restart(ctx context.Context) error {
 	t.sum.Restarts++
+	if t.rng.Float64() < 0.25 {
+		// Killed again while it starts: adoption, restore and the first
+		// sweep are interrupted too.
+		u := t.rng.Float64()
+		delay := time.Duration(u * u * float64(300*time.Millisecond))
+		if err := t.n.spawn(); err != nil {
+			return err
+		}
+		time.Sleep(delay)
+		t.trace("SIGKILL %v into the start", delay.Round(time.Millisecond))
+		t.kills++
+		t.sum.Kills++
+		if err := t.n.kill(); err != nil {
+			t.violate("crash: %v", err)
+		}
+		t.checkNode(ctx, "after a kill during the start", false)
+	}
 	var err error
 	for range 3 {
 		start := time.Now()
@@ -521,6 +538,11 @@ func (t *trial) drain(ctx context.Context) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.checkNode(ctx, "at the end", true)
+	for i := 1; i <= t.n.starts; i++ {
+		if t.n.logContains(i, "WARNING: DATA RACE") {
+			t.violate("race: the plugin's log %s reports a data race", filepath.Base(t.n.logPath(i)))
+		}
+	}
 	if _, err := t.waitForPool(ctx, t.initial, 10*time.Second); err != nil {
 		list, _ := t.n.listSlices(ctx)
 		devices, _ := index(list)

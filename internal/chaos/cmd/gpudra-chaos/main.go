@@ -22,7 +22,7 @@ func main() {
 		os.Exit(code)
 	}
 	o := chaos.LongOptions()
-	seed := flag.Int64("seed", -1, "replay the trial of this seed alone (its outage included), keeping its directories and logs")
+	seed := flag.Int64("seed", -1, "replay the trial of this seed (its outage included) -trials times (default once), keeping the directories and logs of failures")
 	flag.IntVar(&o.Trials, "trials", o.Trials, "number of trials")
 	flag.Uint64Var(&o.Seed, "first-seed", o.Seed, "seed of the first trial; trial i uses first-seed+i")
 	flag.IntVar(&o.Steps, "steps", o.Steps, "rounds of kubelet calls per trial")
@@ -37,7 +37,10 @@ func main() {
 	flag.BoolVar(&o.Trace, "trace", false, "print every call, outcome and kill")
 	flag.Parse()
 	if *seed >= 0 {
-		o.Trials, o.Seed, o.Keep = 1, uint64(*seed), true
+		o.Seed, o.Replay, o.Keep = uint64(*seed), true, true
+		if !flagSet("trials") {
+			o.Trials = 1
+		}
 	}
 	o.Out = os.Stdout
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -53,4 +56,10 @@ func main() {
 	if len(sum.Violations) > 0 {
 		os.Exit(1)
 	}
+}
+
+func flagSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
