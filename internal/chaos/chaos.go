@@ -65,7 +65,7 @@ type Options struct {
 func ShortOptions() Options {
 	return Options{
 		Trials: 6, Seed: 1, Steps: 5, KillProbability: 0.6, MaxKillDelay: 150 * time.Millisecond,
-		Outage: 3 * time.Second, OutageEvery: 6, // seed 6 CallTimeout: 45 * time.Second,
+		Outage: 3 * time.Second, OutageEvery: 6, CallTimeout: 45 * time.Second, // an outage in the trial of seed 6
 	}
 }
 
@@ -121,6 +121,9 @@ func (s *Summary) Line() string {
 
 // Run runs the trials.
 func Run(ctx context.Context, o Options) (*Summary, error) {
+	if o.CallTimeout <= 0 || o.Steps <= 0 {
+		return nil, fmt.Errorf("chaos: CallTimeout %v and Steps %d must be positive", o.CallTimeout, o.Steps)
+	}
 	out := o.Out
 	if out == nil {
 		out = io.Discard

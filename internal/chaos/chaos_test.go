@@ -19,8 +19,12 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// seedEnv replays one trial: GPUDRA_CHAOS_SEED=<seed> go test ./internal/chaos.
-const seedEnv = "GPUDRA_CHAOS_SEED"
+// seedEnv replays one trial: GPUDRA_CHAOS_SEED=<seed> go test ./internal/chaos;
+// traceEnv set as well traces its calls.
+const (
+	seedEnv  = "GPUDRA_CHAOS_SEED"
+	traceEnv = "GPUDRA_CHAOS_TRACE"
+)
 
 // TestChaos is the short form of `make chaos`: a few trials of random
 // claims with the plugin killed at random moments, one of them with an
@@ -33,6 +37,7 @@ func TestChaos(t *testing.T) {
 			t.Fatalf("%s=%q: %v", seedEnv, s, err)
 		}
 		o.Trials, o.Seed, o.Replay, o.Keep = 1, seed, true, true
+		o.Trace = os.Getenv(traceEnv) != ""
 	}
 	o.Out = testWriter{t}
 	sum, err := chaos.Run(context.Background(), o)
