@@ -86,9 +86,18 @@ func (p *published) int(name string) int {
 	return -1
 }
 
-// observe reads the node.
-func (n *node) observe(ctx context.Context) (*observed, error) {
-	o := &observed{specs: map[string]*spec{}}
+// pool is the node's published pool: its devices by name and its counter
+// sets (set -> counter -> capacity).
+type pool struct {
+	devices map[string]*published
+	sets    map[string]map[string]int64
+}
+
+// observe reads the node. The pool is the one published at the start,
+// which must not change (the end of each trial checks it): during an API
+// outage the API server may have none.
+func (n *node) observe(p pool) (*observed, error) {
+	o := &observed{specs: map[string]*spec{}, devices: p.devices, sets: p.sets}
 	var err error
 	if o.claims, err = readCheckpoint(filepath.Join(n.pluginDir(), checkpoint.FileName)); err != nil {
 		return nil, err
@@ -108,11 +117,6 @@ func (n *node) observe(ctx context.Context) (*observed, error) {
 	if o.daemons, err = mpsDaemons(n.mpsRoot()); err != nil {
 		return nil, err
 	}
-	list, err := n.listSlices(ctx)
-	if err != nil {
-		return nil, err
-	}
-	o.devices, o.sets = index(list)
 	return o, nil
 }
 
@@ -226,9 +230,9 @@ func (n *node) listSlices(ctx context.Context) ([]*resourceapi.ResourceSlice, er
 	return out, nil
 }
 
-// index returns the devices of the newest complete generation of the
-// pool, and its counter sets.
-func index(list []*resourceapi.ResourceSlice) (map[string]*published, map[string]map[string]int64) {
+// index returns the devices of the newest generation of the pool, and
+// its counter sets.
+func index(list []*resourceapi.ResourceSlice) pool {
 	var gen int64
 	for _, s := range list {
 		gen = max(gen, s.Spec.Pool.Generation)
@@ -248,7 +252,7 @@ func index(list []*resourceapi.ResourceSlice) (map[string]*published, map[string
 			devices[d.Name] = &published{attrs: d.Attributes, consumes: d.ConsumesCounters}
 		}
 	}
-	return devices, sets
+	return pool{devices: devices, sets: sets}
 }
 
 // deviceNames returns the published device names, sorted.

@@ -37,6 +37,7 @@ type trial struct {
 	seq        int
 	profiles   []string // MIG profiles published
 	initial    []string // devices published at the first start
+	pool       pool     // the pool published at the first start
 	violations []string
 	claims     int
 	kills      int
@@ -92,6 +93,7 @@ func (t *trial) run(ctx context.Context, outage bool) (err error) {
 	if err != nil {
 		return err
 	}
+	t.pool = index(published)
 	t.profiles = migProfiles(published)
 	if len(t.profiles) == 0 {
 		return errors.New("the node publishes no MIG devices")
@@ -120,8 +122,7 @@ func (t *trial) waitForPool(ctx context.Context, want []string, timeout time.Dur
 	for {
 		list, err := t.n.listSlices(ctx)
 		if err == nil && complete(list) {
-			devices, _ := index(list)
-			got := deviceNames(devices)
+			got := deviceNames(index(list).devices)
 			if len(got) > 0 && (want == nil || slices.Equal(got, want)) {
 				return got, nil
 			}
@@ -417,7 +418,7 @@ func (t *trial) checkRefused(ctx context.Context, refused []*claim) error {
 	if len(refused) == 0 {
 		return nil
 	}
-	o, err := t.n.observe(ctx)
+	o, err := t.n.observe(t.pool)
 	if err != nil {
 		return err
 	}
@@ -437,7 +438,7 @@ func (t *trial) checkRefused(ctx context.Context, refused []*claim) error {
 
 // checkNode checks the invariants and records what it finds.
 func (t *trial) checkNode(ctx context.Context, when string, final bool) {
-	o, err := t.n.observe(ctx)
+	o, err := t.n.observe(t.pool)
 	if err != nil {
 		t.violate("harness: observe the node %s: %v", when, err)
 		return
@@ -545,8 +546,7 @@ func (t *trial) drain(ctx context.Context) error {
 	}
 	if _, err := t.waitForPool(ctx, t.initial, 10*time.Second); err != nil {
 		list, _ := t.n.listSlices(ctx)
-		devices, _ := index(list)
-		t.violate("published: at the end the pool has %v, at the start %v", deviceNames(devices), t.initial)
+		t.violate("published: at the end the pool has %v, at the start %v", deviceNames(index(list).devices), t.initial)
 	}
 	return nil
 }
