@@ -22,6 +22,7 @@ type discoveryFlags struct {
 	containerDriverRoot string
 	sysfsRoot           string
 	procRoot            string
+	simStateDir         string
 }
 
 func (f *discoveryFlags) addFlags(fs *pflag.FlagSet) {
@@ -30,6 +31,7 @@ func (f *discoveryFlags) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&f.containerDriverRoot, "container-driver-root", "", "where this process sees --driver-root, e.g. where a DaemonSet mounts it; libnvidia-ml.so.1 and the driver's files are looked up here (default: --driver-root)")
 	fs.StringVar(&f.sysfsRoot, "sysfs-root", "/sys", "sysfs mount, for PCIe roots and NUMA nodes")
 	fs.StringVar(&f.procRoot, "proc-root", "/proc", "procfs mount, for device majors and MIG capability minors")
+	fs.StringVar(&f.simStateDir, "sim-state-dir", "", "with --fleet: keep the simulated node's MIG devices, MIG modes, VFIO bindings and time slices in files in this directory, so that they outlive the process as a real node's do (default: in memory, forgotten at exit)")
 }
 
 // validate checks the roots and fills in --container-driver-root.
@@ -37,12 +39,36 @@ func (f *discoveryFlags) validate() error {
 	if f.containerDriverRoot == "" {
 		f.containerDriverRoot = f.driverRoot
 	}
-	return absolutePaths([]pathFlag{
+	paths := []pathFlag{
 		{"driver-root", &f.driverRoot},
 		{"container-driver-root", &f.containerDriverRoot},
 		{"sysfs-root", &f.sysfsRoot},
 		{"proc-root", &f.procRoot},
-	})
+	}
+	if f.simStateDir != "" {
+		if !f.simulated() {
+			return fmt.Errorf("--sim-state-dir %q: only with --fleet", f.simStateDir)
+		}
+		paths = append(paths, pathFlag{"sim-state-dir", &f.simStateDir})
+	}
+	if err := absolutePaths(paths); err != nil {
+		return err
+	}
+	if f.simStateDir != "" {
+		if err := os.MkdirAll(f.simStateDir, 0o750); err != nil {
+			return fmt.Errorf("--sim-state-dir: %w", err)
+		}
+	}
+	return nil
+}
+
+// simStateFile returns the path of one of the simulated node's state
+// files, "" when the state is kept in memory.
+func (f *discoveryFlags) simStateFile(name string) string {
+	if f.simStateDir == "" {
+		return ""
+	}
+	return filepath.Join(f.simStateDir, name)
 }
 
 // simulated reports whether a fleet replaces NVML.
@@ -64,7 +90,11 @@ func (f *discoveryFlags) nodeHardware(node string) (hw hardware.Hardware, migMod
 	if err != nil {
 		return nil, "", err
 	}
-	return n.Hardware(), n.MIGMode, nil
+	var opts []sim.HardwareOption
+	if path := f.simStateFile(sim.NVMLStateFile); path != "" {
+		opts = append(opts, sim.WithStateFile(path))
+	}
+	return n.Hardware(opts...), n.MIGMode, nil
 }
 
 // fleetNode returns the simulated node, or nil when NVML is used.

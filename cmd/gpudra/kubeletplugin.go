@@ -144,7 +144,10 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 			return err
 		}
 	}
-	timeSlicer := o.sharing.timeSlicer(&o.hw)
+	timeSlicer, err := o.sharing.timeSlicer(&o.hw)
+	if err != nil {
+		return err
+	}
 	mpsManager, mpsUnavailable := o.sharing.mpsManager(&o.hw)
 	if timeSlicer == nil {
 		logger.Info("Time-slicing is not available: nvidia-smi not found; claims asking for it are refused", "nvidiaSMIPath", o.sharing.nvidiaSMI)

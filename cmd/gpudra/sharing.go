@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/timeslice"
 )
@@ -48,17 +49,21 @@ func (f *sharingFlags) validate() error {
 }
 
 // timeSlicer returns the setter for time slices, or nil when nvidia-smi is
-// missing. Simulated GPUs (a fleet) keep their time slices in memory.
-func (f *sharingFlags) timeSlicer(hw *discoveryFlags) timeslice.Setter {
+// missing. Simulated GPUs (a fleet) keep their time slices in memory, or
+// in a file of --sim-state-dir.
+func (f *sharingFlags) timeSlicer(hw *discoveryFlags) (timeslice.Setter, error) {
 	if hw.fleet != "" {
-		return &timeslice.Memory{}
+		if path := hw.simStateFile(sim.TimeSlicesStateFile); path != "" {
+			return timeslice.LoadMemory(path)
+		}
+		return &timeslice.Memory{}, nil
 	}
 	path := f.nvidiaSMI
 	if path == "" {
 		path = filepath.Join(hw.containerDriverRoot, "usr/bin/nvidia-smi")
 	}
 	if _, err := os.Stat(path); err != nil {
-		return nil
+		return nil, nil
 	}
 	var opts []timeslice.Option
 	if hw.containerDriverRoot != "/" {
@@ -69,7 +74,7 @@ func (f *sharingFlags) timeSlicer(hw *discoveryFlags) timeslice.Setter {
 			}
 		}
 	}
-	return timeslice.NewNvidiaSMI(path, opts...)
+	return timeslice.NewNvidiaSMI(path, opts...), nil
 }
 
 // mpsManager returns the MPS manager, or nil with the reason MPS is not

@@ -50,7 +50,7 @@ func (f *vfioFlags) config(hw *discoveryFlags, fleetNode *sim.Node) (*plugin.VFI
 	}
 	c := &plugin.VFIOConfig{Mode: devicemodel.VFIOMode(f.mode), GPUDriver: f.driver, GPUs: f.gpus}
 	if fleetNode != nil {
-		fake, err := fleetNode.Sysfs()
+		fake, err := fleetNode.SysfsWithState(hw.simStateFile(sim.SysfsStateFile))
 		if err != nil {
 			return nil, err
 		}

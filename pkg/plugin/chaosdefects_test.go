@@ -2,7 +2,9 @@ package plugin_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,9 +13,11 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
+	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/timeslice"
@@ -253,4 +257,54 @@ func TestAdoptedTimeSlicedClaimKeepsItsInterval(t *testing.T) {
 		t.Errorf("after unprepare of the adopted holder: %q, want Default", got)
 	}
 	h.mustPrepare(short)
+}
+
+// writeInterruptedSpec leaves what a plugin killed between writing a
+// claim's CDI spec and recording its completion leaves: the claim's spec
+// naming the device, and no record.
+func writeInterruptedSpec(t *testing.T, h *harness, uid types.UID, device string) string {
+	t.Helper()
+	w, err := cdi.NewWriter(h.cfg.CDIDir, driverName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := fmt.Sprintf(`{"cdiVersion":"0.6.0","kind":%q,"devices":[{"name":"%s-%s","containerEdits":{"deviceNodes":[{"path":"/dev/nvidia3","type":"c","major":195,"minor":3}]}}],"containerEdits":{}}`,
+		cdi.Kind(driverName), uid, device)
+	if err := os.WriteFile(w.Path(string(uid)), []byte(spec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return w.Path(string(uid))
+}
+
+// Chaos run (internal/chaos, seed 104 of `make chaos`): a Prepare killed
+// after it wrote the claim's CDI spec left the spec behind; the kubelet's
+// retry was refused, because the GPU had gone to another claim after a
+// forced deletion, and the refused claim kept its spec, so two claims'
+// specs named one GPU until the sweep's age limit. A refused Prepare of a
+// claim without a record removes what an interrupted attempt left.
+func TestRefusedPrepareRemovesAnInterruptedAttemptsSpec(t *testing.T) {
+	t.Run("device held by another claim", func(t *testing.T) {
+		h := newHarness(t)
+		h.mustPrepare(h.claim("gpu-3"))
+		late := h.claim("gpu-3")
+		path := writeInterruptedSpec(t, h, late.UID, "gpu-3")
+		if msg := prepareError(h, late); !strings.Contains(msg, "already prepared for claim") {
+			t.Fatalf("prepare = %q, want a conflict", msg)
+		}
+		if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("the refused claim's spec from an interrupted attempt is still there (%v)", err)
+		}
+	})
+	t.Run("time slice refused by its guard", func(t *testing.T) {
+		h := newHarness(t, withUnlimitedSharing(t), func(c *plugin.Config) { c.TimeSlicer = &timeslice.Memory{} })
+		h.mustPrepare(h.shareClaim("gpu-3", "share-a", fmt.Sprintf(timeSlicingConfig, "Long")))
+		late := h.shareClaim("gpu-3", "share-b", fmt.Sprintf(timeSlicingConfig, "Short"))
+		path := writeInterruptedSpec(t, h, late.UID, "gpu-3-share-b")
+		if msg := prepareError(h, late); !strings.Contains(msg, "sharing.timeSlicingConfig.interval") {
+			t.Fatalf("prepare = %q, want the interval refused", msg)
+		}
+		if _, err := os.Stat(path); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("the refused claim's spec from an interrupted attempt is still there (%v)", err)
+		}
+	})
 }

@@ -127,7 +127,7 @@ func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 	return Prepared{Devices: kubeletDevices(out.Devices), Record: out}, nil
 }
 
-func (p *Preparer) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (*claimstate.Claim, error) {
+func (p *Preparer) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (_ *claimstate.Claim, finalErr error) {
 	intent, err := IntentOf(claim, p.cfg.DriverName, p.cfg.NodeName)
 	if err != nil {
 		return nil, err
@@ -137,6 +137,11 @@ func (p *Preparer) prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 	}
 	unlock := p.LockClaim(intent.UID)
 	defer unlock()
+	defer func() {
+		if finalErr != nil {
+			p.removeInterruptedSpec(ctx, intent.UID)
+		}
+	}()
 
 	var action claimstate.PrepareAction
 	var existing *claimstate.Claim
@@ -183,6 +188,27 @@ func (p *Preparer) prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 		}
 	}
 	return p.execute(ctx, c, common, records)
+}
+
+// removeInterruptedSpec removes, after a failed Prepare, the claim's CDI
+// spec when the checkpoint has no record of the claim: the spec is then
+// what an earlier attempt killed between writing it and recording the
+// claim left, and a refused claim must not keep naming devices that may
+// be another claim's. A spec with a record stays (a started record's is
+// removed with its rollback; a completed or adopted claim's serves
+// containers), and so does every spec while the checkpoint cannot be read
+// (an adoption may need it). The caller holds the claim's lock.
+func (p *Preparer) removeInterruptedSpec(ctx context.Context, uid string) {
+	recorded := true
+	if err := p.cfg.Store.View(ctx, func(s *claimstate.State) error {
+		recorded = s.Claims[uid] != nil
+		return nil
+	}); err != nil || recorded {
+		return
+	}
+	if err := p.cfg.CDI.Remove(uid); err != nil {
+		klog.FromContext(ctx).Error(err, "Removing the CDI spec an interrupted preparation left; the sweep removes it later")
+	}
 }
 
 // execute carries out a planned claim: start record, configurators, CDI

@@ -2,9 +2,14 @@ package timeslice
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -108,11 +113,46 @@ func (s *NvidiaSMI) Set(ctx context.Context, gpuUUID string, interval v1beta1.Ti
 
 // Memory implements [Setter] by remembering the interval set on each GPU,
 // for simulated nodes and tests. The zero value is ready to use and
-// safe for concurrent use.
+// safe for concurrent use. It forgets everything with the process, which
+// a GPU does not: [LoadMemory] makes one whose intervals live in a file.
 type Memory struct {
 	mu        sync.Mutex
 	intervals map[string]v1beta1.TimeSliceInterval
 	calls     []Step
+	// path, if set, is the file the intervals are written through to.
+	path string
+}
+
+// LoadMemory returns a Memory whose intervals live in the file at path, as
+// a GPU's time slice outlives the process that set it: the intervals in
+// the file, if it exists, are the GPUs' intervals, and every Set replaces
+// the file atomically (a temporary file renamed over it) before it
+// returns. A Set that cannot write the file fails and changes nothing. One
+// process at a time may set intervals through a file; others may read it
+// ([ReadIntervals]).
+func LoadMemory(path string) (*Memory, error) {
+	intervals, err := ReadIntervals(path)
+	if err != nil {
+		return nil, err
+	}
+	return &Memory{intervals: intervals, path: path}, nil
+}
+
+// ReadIntervals reads a file [LoadMemory] keeps: the interval last set on
+// each GPU, by UUID; empty when the file does not exist.
+func ReadIntervals(path string) (map[string]v1beta1.TimeSliceInterval, error) {
+	intervals := map[string]v1beta1.TimeSliceInterval{}
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return intervals, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("time slices: %w", err)
+	}
+	if err := json.Unmarshal(data, &intervals); err != nil {
+		return nil, fmt.Errorf("time slices %s: %w", path, err)
+	}
+	return intervals, nil
 }
 
 var _ Setter = (*Memory)(nil)
@@ -130,6 +170,13 @@ func (m *Memory) Set(ctx context.Context, gpuUUID string, interval v1beta1.TimeS
 	defer m.mu.Unlock()
 	if m.intervals == nil {
 		m.intervals = map[string]v1beta1.TimeSliceInterval{}
+	}
+	if m.path != "" {
+		next := maps.Clone(m.intervals)
+		next[gpuUUID] = interval
+		if err := writeIntervals(m.path, next); err != nil {
+			return fmt.Errorf("set time slice of GPU %s to %s: %w", gpuUUID, interval, err)
+		}
 	}
 	m.intervals[gpuUUID] = interval
 	m.calls = append(m.calls, Step{GPU: gpuUUID, Interval: interval, Set: true})
@@ -196,4 +243,25 @@ func describeOutput(out []byte) string {
 		text = text[:maxOutput] + "..."
 	}
 	return fmt.Sprintf("output: %q", text)
+}
+
+// writeIntervals replaces the file at path with intervals, atomically.
+func writeIntervals(path string, intervals map[string]v1beta1.TimeSliceInterval) error {
+	data, err := json.MarshalIndent(intervals, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = os.Remove(tmp.Name()) }() // nothing left after a successful rename
+	if _, err := tmp.Write(append(data, '\n')); err != nil {
+		_ = tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
 }

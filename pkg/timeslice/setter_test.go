@@ -375,6 +375,53 @@ func TestMemory(t *testing.T) {
 	}
 }
 
+func TestLoadMemoryOutlivesTheProcess(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "timeslices.json")
+	m, err := timeslice.LoadMemory(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Set(ctx, gpu1, long); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Set(ctx, gpu2, short); err != nil {
+		t.Fatal(err)
+	}
+	// The next process finds the GPUs as the last one left them.
+	again, err := timeslice.LoadMemory(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if iv, ok := again.Interval(gpu1); iv != long || !ok {
+		t.Errorf("after a restart Interval(gpu1) = %q, %v; want Long", iv, ok)
+	}
+	if got, err := timeslice.ReadIntervals(path); err != nil || got[gpu2] != short {
+		t.Errorf("ReadIntervals = %v, %v; want gpu2 Short", got, err)
+	}
+	// A Set that cannot be written through fails and changes nothing.
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := again.Set(ctx, gpu1, short); err == nil {
+		t.Error("Set succeeded without its file")
+	}
+	if iv, _ := again.Interval(gpu1); iv != long {
+		t.Errorf("a failed Set changed the interval to %q", iv)
+	}
+}
+
+func TestLoadMemoryRefusesAGarbledFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "timeslices.json")
+	if err := os.WriteFile(path, []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := timeslice.LoadMemory(path); err == nil {
+		t.Error("LoadMemory accepted a garbled file")
+	}
+}
+
 // TestPolicyDrivesSetter is the loop the plugin runs: each step the policy
 // returns is applied, and the GPU ends as the policy says.
 func TestPolicyDrivesSetter(t *testing.T) {

@@ -10,7 +10,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
+	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -19,6 +21,7 @@ import (
 	"github.com/gofrs/flock"
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
+	"github.com/gpudra/gpudra/pkg/checkpoint"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/config"
 	"github.com/gpudra/gpudra/pkg/features/sharing"
@@ -33,6 +36,15 @@ const Name = "timeSlicing"
 // every change of a GPU's time slice is made under, by every plugin
 // instance on the node.
 const LockFileName = "timeslice.lock"
+
+// ReleasedFileName is the file, in the plugin's data directory and
+// written under the lock, that lists the claims whose holds Undo released
+// while their records may still be in the checkpoint (a claim's record
+// goes only once all its undos succeeded). A later Undo does not count
+// them as holders: two last holders unprepared at once, in one instance
+// or two, would otherwise each leave the reset to the other, and the GPU
+// would keep an interval no claim holds.
+const ReleasedFileName = "timeslice-released.json"
 
 // Record lists a claim's holds.
 type Record struct {
@@ -60,6 +72,8 @@ type Configurator struct {
 	// reset by the last holder never lands after a new holder's setting.
 	mu   sync.Mutex
 	lock *flock.Flock
+	// released is the ReleasedFileName file.
+	released string
 	// mpsAvailable adds MPS to the strategies an error offers.
 	mpsAvailable bool
 }
@@ -74,7 +88,8 @@ var (
 // holds the lock file; state reads the checkpoint; mpsAvailable says
 // whether the node offers MPS instead.
 func New(setter timeslice.Setter, dataDir string, state State, mpsAvailable bool) *Configurator {
-	return &Configurator{setter: setter, state: state, lock: flock.New(filepath.Join(dataDir, LockFileName)), mpsAvailable: mpsAvailable}
+	return &Configurator{setter: setter, state: state, lock: flock.New(filepath.Join(dataDir, LockFileName)),
+		released: filepath.Join(dataDir, ReleasedFileName), mpsAvailable: mpsAvailable}
 }
 
 // Name implements [preparer.Configurator].
@@ -145,7 +160,7 @@ func (c *Configurator) Guard(s *claimstate.State, cl *claimstate.Claim, raw json
 	if err != nil {
 		return err
 	}
-	policy, err := policyOf(s, cl.UID)
+	policy, err := policyOf(s, cl.UID, nil)
 	if err != nil {
 		return err
 	}
@@ -184,8 +199,12 @@ func (c *Configurator) Apply(ctx context.Context, cl *preparer.Claim, raw json.R
 	if err != nil {
 		return nil, err
 	}
-	policy, err := policyOf(s, cl.UID)
+	policy, err := policyOf(s, cl.UID, nil)
 	if err != nil {
+		return nil, err
+	}
+	// A claim prepared again after a rollback holds again.
+	if err := c.updateReleased(s, cl.UID, false); err != nil {
 		return nil, err
 	}
 	claim := timeslice.Claim{UID: cl.UID, Namespace: cl.Namespace, Name: cl.Name}
@@ -225,7 +244,11 @@ func (c *Configurator) Undo(ctx context.Context, claimUID string, raw json.RawMe
 	if err != nil {
 		return err
 	}
-	policy, err := policyOf(s, claimUID)
+	released, err := c.readReleased()
+	if err != nil {
+		return err
+	}
+	policy, err := policyOf(s, claimUID, released)
 	if err != nil {
 		return err
 	}
@@ -245,7 +268,7 @@ func (c *Configurator) Undo(ctx context.Context, claimUID string, raw json.RawMe
 			return fmt.Errorf("reset time slice of GPU %s to %s: %w", step.GPU, step.Interval, err)
 		}
 	}
-	return nil
+	return c.updateReleased(s, claimUID, true)
 }
 
 // Restore implements [preparer.Restorer]: the intervals held are applied
@@ -263,7 +286,11 @@ func (c *Configurator) Restore(ctx context.Context, claims []*claimstate.Claim) 
 	for _, cl := range claims {
 		s.Claims[cl.UID] = cl
 	}
-	policy, rebuildErr := policyOf(s, "")
+	released, err := c.readReleased()
+	if err != nil {
+		return err
+	}
+	policy, rebuildErr := policyOf(s, "", released)
 	var errs []error
 	if rebuildErr != nil {
 		errs = append(errs, rebuildErr)
@@ -294,13 +321,14 @@ func (c *Configurator) acquire(ctx context.Context) (func(), error) {
 }
 
 // policyOf rebuilds the node's time-slice holds from every record but the
-// claim with UID except. Unreadable records are an error: a hold that
-// cannot be read may be the one that keeps a GPU's interval.
-func policyOf(s *claimstate.State, except string) (*timeslice.Policy, error) {
+// claim with UID except and the released claims. Unreadable records are an
+// error: a hold that cannot be read may be the one that keeps a GPU's
+// interval.
+func policyOf(s *claimstate.State, except string, released map[string]bool) (*timeslice.Policy, error) {
 	var records []timeslice.Record
 	for uid, cl := range s.Claims {
 		raw := cl.Records[Name]
-		if uid == except || raw == nil {
+		if uid == except || raw == nil || released[uid] {
 			continue
 		}
 		rec, err := preparer.Record[Record](Name, raw)
@@ -312,6 +340,57 @@ func policyOf(s *claimstate.State, except string) (*timeslice.Policy, error) {
 		}
 	}
 	return timeslice.Rebuild(records)
+}
+
+// readReleased reads the released claims; the caller holds the lock.
+func (c *Configurator) readReleased() (map[string]bool, error) {
+	released := map[string]bool{}
+	data, err := os.ReadFile(c.released)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return released, nil
+	case err != nil:
+		return nil, fmt.Errorf("read released time-slice holds: %w", err)
+	}
+	var uids []string
+	if err := json.Unmarshal(data, &uids); err != nil {
+		return nil, fmt.Errorf("read released time-slice holds %s: %w", c.released, err)
+	}
+	for _, uid := range uids {
+		released[uid] = true
+	}
+	return released, nil
+}
+
+// updateReleased adds the claim to the released claims (or takes it out),
+// and forgets those whose records are gone from s. The caller holds the
+// lock.
+func (c *Configurator) updateReleased(s *claimstate.State, uid string, release bool) error {
+	released, err := c.readReleased()
+	if err != nil {
+		return err
+	}
+	if !release && !released[uid] {
+		return nil
+	}
+	for other := range released {
+		if s.Claims[other] == nil {
+			delete(released, other)
+		}
+	}
+	if release {
+		released[uid] = true
+	} else {
+		delete(released, uid)
+	}
+	data, err := json.Marshal(slices.Sorted(maps.Keys(released)))
+	if err != nil {
+		return err
+	}
+	if err := checkpoint.WriteFileAtomic(c.released, data); err != nil {
+		return fmt.Errorf("record released time-slice holds: %w", err)
+	}
+	return nil
 }
 
 func sortedHolds(rec *Record) []Hold {

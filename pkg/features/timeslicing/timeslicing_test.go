@@ -109,3 +109,65 @@ func TestRollingUpdateResetAndJoin(t *testing.T) {
 		t.Errorf("GPU interval after the reset and the join = %q, want Long", got)
 	}
 }
+
+// TestLastTwoHoldersUnpreparedAtOnce: the last two holders of a GPU are
+// unprepared at the same time, in one plugin instance or in two. Each
+// Undo runs while the other claim's record is still in the checkpoint
+// (records go only after all their undos), so each used to find the other
+// still holding, and the GPU kept an interval no claim held (the chaos run,
+// internal/chaos, seed 1140). The one that undoes last resets it.
+func TestLastTwoHoldersUnpreparedAtOnce(t *testing.T) {
+	for name, instances := range map[string]int{"one instance": 1, "two instances": 2} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			dir := t.TempDir()
+			state := &sharedState{s: claimstate.New()}
+			setter := &timeslice.Memory{}
+			first := timeslicing.New(setter, dir, state.read, false)
+			second := first
+			if instances == 2 {
+				second = timeslicing.New(setter, dir, state.read, false)
+			}
+			medium := record(t, v1beta1.MediumTimeSlice)
+			for _, uid := range []string{"a", "b"} {
+				state.set(uid, medium)
+				if _, err := first.Apply(ctx, &preparer.Claim{UID: uid, Inventory: &hardware.Inventory{}}, medium); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Both undo before either record goes.
+			if err := first.Undo(ctx, "a", medium); err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := setter.Interval(gpu); got != v1beta1.MediumTimeSlice {
+				t.Fatalf("after the first of two holders: %q, want Medium", got)
+			}
+			if err := second.Undo(ctx, "b", medium); err != nil {
+				t.Fatal(err)
+			}
+			state.set("a", nil)
+			state.set("b", nil)
+			if got, _ := setter.Interval(gpu); got != v1beta1.DefaultTimeSlice {
+				t.Errorf("after both holders: %q, want Default", got)
+			}
+			// A claim prepared again after its rollback holds again.
+			state.set("c", medium)
+			if _, err := first.Apply(ctx, &preparer.Claim{UID: "c", Inventory: &hardware.Inventory{}}, medium); err != nil {
+				t.Fatal(err)
+			}
+			if err := first.Undo(ctx, "c", medium); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := first.Apply(ctx, &preparer.Claim{UID: "c", Inventory: &hardware.Inventory{}}, medium); err != nil {
+				t.Fatal(err)
+			}
+			state.set("d", medium)
+			if err := second.Undo(ctx, "d", medium); err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := setter.Interval(gpu); got != v1beta1.MediumTimeSlice {
+				t.Errorf("a holder prepared again after its rollback was counted as released: GPU at %q, want Medium", got)
+			}
+		})
+	}
+}

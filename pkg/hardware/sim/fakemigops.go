@@ -13,6 +13,9 @@ import (
 // offer and for handles of destroyed instances,
 // NVML_ERROR_INSUFFICIENT_RESOURCES when an instance does not fit, and
 // NVML_ERROR_IN_USE for a GPU instance that still holds compute instances.
+// With a state file ([WithStateFile]) each change is written through
+// before the call returns; one that cannot be written is undone and the
+// call answers NVML_ERROR_UNKNOWN.
 
 // overlaps reports whether memory slices [start, start+size) hold a GPU
 // instance; the caller holds nv.mu.
@@ -57,6 +60,10 @@ func (d *fakeDevice) CreateGpuInstanceWithPlacement(info *nvml.GpuInstanceProfil
 	}
 	gi := d.newGI(p, start)
 	d.gis = append(d.gis, gi)
+	if d.nv.persistLocked() != nil {
+		d.gis = d.gis[:len(d.gis)-1]
+		return nil, nvml.ERROR_UNKNOWN
+	}
 	return gi, nvml.SUCCESS
 }
 
@@ -110,18 +117,27 @@ func (d *fakeDevice) SetMigMode(mode int) (nvml.Return, nvml.Return) {
 		return nvml.SUCCESS, nvml.ERROR_IN_USE
 	}
 	enabled := mode == nvml.DEVICE_MIG_ENABLE
+	was := struct {
+		enabled, pending bool
+		minor            int
+	}{d.migEnabled, d.migPending, d.minor}
+	activation := nvml.SUCCESS
 	d.migPending = enabled
-	if d.migEnabled == enabled {
-		return nvml.SUCCESS, nvml.SUCCESS
+	switch {
+	case d.migEnabled == enabled:
+	case d.model.Architecture == nvml.DEVICE_ARCH_AMPERE:
+		activation = nvml.ERROR_RESET_REQUIRED
+	default:
+		d.migEnabled = enabled
+		if minor, ok := d.nv.minorsAfterSwitch[d.uuid]; ok {
+			d.minor = minor
+		}
 	}
-	if d.model.Architecture == nvml.DEVICE_ARCH_AMPERE {
-		return nvml.ERROR_RESET_REQUIRED, nvml.SUCCESS
+	if d.nv.persistLocked() != nil {
+		d.migEnabled, d.migPending, d.minor = was.enabled, was.pending, was.minor
+		return nvml.SUCCESS, nvml.ERROR_UNKNOWN
 	}
-	d.migEnabled = enabled
-	if minor, ok := d.nv.minorsAfterSwitch[d.uuid]; ok {
-		d.minor = minor
-	}
-	return nvml.SUCCESS, nvml.SUCCESS
+	return activation, nvml.SUCCESS
 }
 
 // CreateComputeInstance implements nvml.GpuInstance. The new compute
@@ -165,7 +181,14 @@ func (gi *fakeGI) CreateComputeInstance(info *nvml.ComputeInstanceProfileInfo) (
 	}
 	d.nv.created++
 	uuid := "MIG-" + nameUUID(fmt.Sprintf("mig/%s/%d/created/%d", d.nv.node, d.index, d.nv.created))
-	return gi.addCI(id, start, c, uuid), nvml.SUCCESS
+	ci := gi.addCI(id, start, c, uuid)
+	if d.nv.persistLocked() != nil {
+		gi.cis = gi.cis[:len(gi.cis)-1]
+		d.removeMIG(ci)
+		d.nv.created--
+		return nil, nvml.ERROR_UNKNOWN
+	}
+	return ci, nvml.SUCCESS
 }
 
 // Destroy implements nvml.GpuInstance.
@@ -182,8 +205,14 @@ func (gi *fakeGI) Destroy() nvml.Return {
 	case len(gi.cis) > 0:
 		return nvml.ERROR_IN_USE
 	}
+	i := slices.Index(d.gis, gi)
 	gi.destroyed = true
-	d.gis = slices.DeleteFunc(d.gis, func(g *fakeGI) bool { return g == gi })
+	d.gis = slices.Delete(d.gis, i, i+1)
+	if d.nv.persistLocked() != nil {
+		gi.destroyed = false
+		d.gis = slices.Insert(d.gis, i, gi)
+		return nvml.ERROR_UNKNOWN
+	}
 	return nvml.SUCCESS
 }
 
@@ -198,8 +227,17 @@ func (ci *fakeCI) Destroy() nvml.Return {
 	if ci.destroyed {
 		return nvml.ERROR_INVALID_ARGUMENT
 	}
+	i := slices.Index(ci.gi.cis, ci)
+	j := slices.IndexFunc(d.migs, func(m *fakeMIG) bool { return m.ci == ci })
+	mig := d.migs[j]
 	ci.destroyed = true
-	ci.gi.cis = slices.DeleteFunc(ci.gi.cis, func(c *fakeCI) bool { return c == ci })
-	d.removeMIG(ci)
+	ci.gi.cis = slices.Delete(ci.gi.cis, i, i+1)
+	d.migs = slices.Delete(d.migs, j, j+1)
+	if d.nv.persistLocked() != nil {
+		ci.destroyed = false
+		ci.gi.cis = slices.Insert(ci.gi.cis, i, ci)
+		d.migs = slices.Insert(d.migs, j, mig)
+		return nvml.ERROR_UNKNOWN
+	}
 	return nvml.SUCCESS
 }

@@ -36,6 +36,8 @@ type fakeNVML struct {
 	// minorsAfterSwitch are the minors GPUs, by UUID, come back with after
 	// a MIG mode switch.
 	minorsAfterSwitch map[string]int
+	// stateFile, if set, holds what can change (see state.go).
+	stateFile string
 
 	mu sync.Mutex
 	// created counts the compute instances created, which makes the
@@ -50,7 +52,7 @@ func newFakeNVML(n *Node, opts ...HardwareOption) *fakeNVML {
 		opt(&o)
 	}
 	f := &fakeNVML{
-		faults: o.faults, node: n.Name, minorsAfterSwitch: o.minorsAfterSwitch,
+		faults: o.faults, node: n.Name, minorsAfterSwitch: o.minorsAfterSwitch, stateFile: o.stateFile,
 		driverVersion: n.DriverVersion, cudaVersion: cudaVersionInt(n.CUDADriverVersion),
 	}
 	for i := range n.GPUs {

@@ -28,7 +28,8 @@ const (
 // [hardware.MIGModeSwitcher], through nvmlhw's code over the same fake:
 // MIG devices created or destroyed, and MIG modes switched, are what later
 // Discover calls see. Each call of Hardware starts from the node's
-// description; the node itself never changes.
+// description, or from the state file [WithStateFile] names; the node
+// itself never changes.
 //
 // The result is safe for concurrent use. A node that did not come from
 // [Load] or [Parse] is resolved first; if that fails, every method reports
@@ -40,7 +41,11 @@ func (n *Node) Hardware(opts ...HardwareOption) hardware.Hardware {
 	if err := errors.Join(p.errs...); err != nil {
 		return brokenHardware{err: err}
 	}
-	return nvmlhw.NewFromInterface(newFakeNVML(c, opts...), newTopology(c), systemInfo{})
+	nv := newFakeNVML(c, opts...)
+	if err := nv.loadState(); err != nil {
+		return brokenHardware{err: fmt.Errorf("simulated node %q: %w", n.Name, err)}
+	}
+	return nvmlhw.NewFromInterface(nv, newTopology(c), systemInfo{})
 }
 
 // HardwareOption configures the simulated hardware of [Node.Hardware].
@@ -49,6 +54,7 @@ type HardwareOption func(*hardwareOptions)
 type hardwareOptions struct {
 	faults            *Faults
 	minorsAfterSwitch map[string]int
+	stateFile         string
 }
 
 // WithFaults makes the hardware's NVML calls fail as f says, and count in

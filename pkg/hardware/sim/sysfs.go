@@ -26,6 +26,17 @@ const firstIOMMUGroup = 20
 // vfio-pci available as a module and iommufd offered. Each call starts
 // from the node's description.
 func (n *Node) Sysfs() (*fakesysfs.Sysfs, error) {
+	return n.sysfs("")
+}
+
+// SysfsWithState is Sysfs with the kernel's state kept in the file at
+// stateFile, so that bindings outlive the process that made them (see
+// fakesysfs.Builder.StateFile): it starts from the file when it exists.
+func (n *Node) SysfsWithState(stateFile string) (*fakesysfs.Sysfs, error) {
+	return n.sysfs(stateFile)
+}
+
+func (n *Node) sysfs(stateFile string) (*fakesysfs.Sysfs, error) {
 	c := n.clone()
 	p := &problems{where: fmt.Sprintf("simulated node %q: ", n.Name)}
 	c.resolve(p)
@@ -33,6 +44,9 @@ func (n *Node) Sysfs() (*fakesysfs.Sysfs, error) {
 		return nil, err
 	}
 	b := fakesysfs.NewBuilder().IOMMUFD()
+	if stateFile != "" {
+		b.StateFile(stateFile)
+	}
 	for i, g := range c.GPUs {
 		device, ok := pciDeviceIDs[g.Model]
 		if !ok {

@@ -51,6 +51,7 @@ type Builder struct {
 	functions []Function
 	iommufd   bool
 	noIOMMU   bool
+	stateFile string
 }
 
 // Device IDs the shorthands use.
@@ -145,6 +146,7 @@ func (b *Builder) Build() (*Sysfs, error) {
 		groupMinors: make(map[int]int),
 		devMinors:   make(map[int]bool),
 		crashAfter:  -1,
+		stateFile:   b.stateFile,
 	}
 	for _, d := range b.drivers {
 		drv := &driver{name: d.Name, vfio: d.VFIO, matches: slices.Clone(d.Matches)}
@@ -162,6 +164,11 @@ func (b *Builder) Build() (*Sysfs, error) {
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
+	}
+	if s.stateFile != "" {
+		if err := s.loadState(); err != nil {
+			return nil, err
+		}
 	}
 	return s, nil
 }

@@ -282,7 +282,7 @@ func (s *Sysfs) writeLocked(name string, data []byte) (bool, error) {
 	case e.store == nil:
 		return false, s.pathError("open", name, syscall.EACCES)
 	}
-	if err := e.store(string(data)); err != nil {
+	if err := s.change(func() error { return e.store(string(data)) }); err != nil {
 		return false, s.pathError(OpWrite, name, err)
 	}
 	return true, nil

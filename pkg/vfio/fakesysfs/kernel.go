@@ -100,7 +100,7 @@ func (s *Sysfs) Load(ctx context.Context, module string) error {
 	case f != nil:
 		return f.Err
 	}
-	return s.load(module)
+	return s.change(func() error { return s.load(module) })
 }
 
 func (s *Sysfs) load(module string) error {

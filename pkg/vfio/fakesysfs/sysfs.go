@@ -14,8 +14,10 @@
 // its bind file fails with ENOENT until Load loads the module.
 //
 // It also implements vfio.ModuleLoader (Load) and vfio.BusyChecker
-// (Holders), injects faults per operation and path (InjectFault), and
-// simulates a crash of the process using it (CrashAfterWrites, Restart).
+// (Holders), injects faults per operation and path (InjectFault),
+// simulates a crash of the process using it (CrashAfterWrites, Restart),
+// and can keep the kernel's state in a file that outlives the process
+// (Builder.StateFile; see state.go).
 package fakesysfs
 
 import (
@@ -56,6 +58,9 @@ type Sysfs struct {
 	// minor; devMinors is the set of vfio-dev minors in use.
 	groupMinors map[int]int
 	devMinors   map[int]bool
+
+	// stateFile, if set, keeps the kernel's state (state.go).
+	stateFile string
 
 	faults     []*Fault
 	crashAfter int // successful writes left before the crash; -1 for none

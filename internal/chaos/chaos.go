@@ -1,0 +1,234 @@
+// Package chaos is gpudra's chaos run: a real `gpudra kubelet-plugin`
+// process on a simulated node whose hardware outlives it, driven by a
+// harness that is the kubelet (DRA gRPC calls, retries), the scheduler
+// (allocations from the published slices with the scheduler's own
+// allocator) and the API server (package apiserver, behind a proxy that
+// can cut it), while the plugin is SIGKILLed at random moments. After
+// every kill and at the end of each trial the node is checked against
+// the driver's invariants (invariants.go). docs/chaos.md says what is run
+// and how to replay a failing trial.
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
+)
+
+// Options configure a run.
+type Options struct {
+	// Trials is how many trials run; trial i uses seed Seed+i.
+	Trials int
+	// Seed is the first trial's seed.
+	Seed uint64
+	// Replay runs every trial with Seed: a trial's decisions follow from
+	// its seed, but when a kill lands depends on timing, so a failure
+	// that depends on it may take a few replays.
+	Replay bool
+	// Steps is how many rounds of kubelet calls a trial makes.
+	Steps int
+	// KillProbability is the chance that the plugin is killed during a
+	// round; MaxKillDelay bounds how long after the round's calls went
+	// out.
+	KillProbability float64
+	MaxKillDelay    time.Duration
+	// Outage, if set, cuts the API server for this long in the trials
+	// whose seed is a multiple of OutageEvery.
+	Outage      time.Duration
+	OutageEvery int
+	// CallTimeout is the kubelet's DRA call timeout (and the plugin's
+	// --kubelet-call-timeout).
+	CallTimeout time.Duration
+	// Binary is a gpudra binary to run; empty builds one.
+	Binary string
+	// WorkDir holds the trials' directories (short: unix socket paths);
+	// default /tmp.
+	WorkDir string
+	// Keep keeps the directories of failing trials (with the plugin's
+	// logs) for inspection.
+	Keep bool
+	// Out gets a line per trial and the summary; nil discards them.
+	Out io.Writer
+	// Trace writes every call, outcome and kill of the trials to Out.
+	Trace bool
+}
+
+// ShortOptions are the options of the short form that `go test` runs.
+func ShortOptions() Options {
+	return Options{
+		Trials: 6, Seed: 1, Steps: 5, KillProbability: 0.6, MaxKillDelay: 150 * time.Millisecond,
+		Outage: 3 * time.Second, OutageEvery: 6, CallTimeout: 45 * time.Second, // an outage in the trial of seed 6
+	}
+}
+
+// LongOptions are the options of `make chaos`.
+func LongOptions() Options {
+	return Options{
+		Trials: 1000, Seed: 1, Steps: 12, KillProbability: 0.6, MaxKillDelay: 200 * time.Millisecond,
+		Outage: 30 * time.Second, OutageEvery: 100, CallTimeout: 45 * time.Second,
+	}
+}
+
+// Summary is what a run found.
+type Summary struct {
+	Trials int
+	// Violations are the invariant violations, each with its trial's
+	// seed; FailedSeeds the seeds of the trials that had any.
+	Violations  []string
+	FailedSeeds []uint64
+	// Claims counts the claims allocated, by kind; Prepared those that
+	// got prepared at least once.
+	Claims, Prepared map[kind]int
+	// Kills, Calls, TransportErrors (calls cut by a kill or timed out),
+	// ClaimErrors (per-claim errors: refusals, conflicts) and their
+	// most frequent messages.
+	Kills, Restarts, Calls, TransportErrors, ClaimErrors int
+	ForcedDeletions, GivenUp, NoFit                      int
+	ErrorMessages                                        map[string]int
+	Outages                                              []OutageFigures
+	Duration                                             time.Duration
+}
+
+// OutageFigures is what one API outage did.
+type OutageFigures struct {
+	Seed     uint64
+	Mode     cutMode
+	Duration time.Duration
+	// PrepareErrors are the Prepare attempts that failed during the
+	// outage (per-claim errors and calls that timed out), with a sample.
+	PrepareErrors, PrepareTimeouts int
+	ErrorSample                    string
+	// PrepareRecovery is how long after the API came back the first
+	// Prepare held up by the outage succeeded; SliceRecovery how long
+	// until the API server had the node's complete pool again (it was
+	// deleted during the outage, as the kubelet deletes the slices of a
+	// plugin that went away, and the plugin restarted without the API).
+	PrepareRecovery, SliceRecovery time.Duration
+}
+
+// Line is the summary's last line, which scripts check.
+func (s *Summary) Line() string {
+	return fmt.Sprintf("chaos: %d trials, %d invariant violations", s.Trials, len(s.Violations))
+}
+
+// Run runs the trials.
+func Run(ctx context.Context, o Options) (*Summary, error) {
+	if o.CallTimeout <= 0 || o.Steps <= 0 {
+		return nil, fmt.Errorf("chaos: CallTimeout %v and Steps %d must be positive", o.CallTimeout, o.Steps)
+	}
+	out := o.Out
+	if out == nil {
+		out = io.Discard
+	}
+	if o.WorkDir == "" {
+		o.WorkDir = "/tmp"
+	}
+	work, err := os.MkdirTemp(o.WorkDir, "gc")
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = os.RemoveAll(work) }()
+	if o.Binary == "" {
+		start := time.Now()
+		if o.Binary, err = buildBinary(ctx, work); err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(out, "chaos: built gpudra (race detector %v) in %v\n", raceEnabled, time.Since(start).Round(time.Second))
+	}
+	mpsBin, cleanup, err := mpsfake.SetUp()
+	if err != nil {
+		return nil, fmt.Errorf("fake MPS control binary: %w (the program must call mpsfake.Main first)", err)
+	}
+	defer cleanup()
+	sum := &Summary{Claims: map[kind]int{}, Prepared: map[kind]int{}, ErrorMessages: map[string]int{}}
+	start := time.Now()
+	for i := range o.Trials {
+		if err := ctx.Err(); err != nil {
+			return sum, err
+		}
+		seed := o.Seed + uint64(i)
+		if o.Replay {
+			seed = o.Seed
+		}
+		// By seed, so that a replay has the outage its trial had.
+		outage := o.Outage > 0 && o.OutageEvery > 0 && seed%uint64(o.OutageEvery) == 0
+		// Short: MPS pipe directories under it must fit unix socket
+		// paths (mps.MaxPipeDirLength).
+		dir := filepath.Join(work, fmt.Sprintf("%d-%d", seed, i))
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			return sum, err
+		}
+		t := newTrial(seed, &o, dir, filepath.Join(mpsBin, mpsfake.ControlName), sum)
+		tStart := time.Now()
+		err = t.run(ctx, outage)
+		sum.Trials++
+		if err != nil {
+			t.violate("harness: %v", err)
+		}
+		status := "ok"
+		if len(t.violations) > 0 {
+			status = fmt.Sprintf("%d VIOLATIONS", len(t.violations))
+			sum.FailedSeeds = append(sum.FailedSeeds, seed)
+			for _, v := range t.violations {
+				sum.Violations = append(sum.Violations, fmt.Sprintf("seed %d: %s", seed, v))
+				fmt.Fprintf(out, "chaos: seed %d: %s\n", seed, v)
+			}
+			if o.Keep {
+				kept := filepath.Join(o.WorkDir, fmt.Sprintf("gchaos-failed-%d", seed))
+				_ = os.RemoveAll(kept)
+				if err := os.Rename(dir, kept); err == nil {
+					fmt.Fprintf(out, "chaos: seed %d: directories and plugin logs kept in %s\n", seed, kept)
+				}
+			}
+			fmt.Fprintf(out, "chaos: replay with make chaos CHAOS_ARGS='-seed %d -trials 5' (or GPUDRA_CHAOS_SEED=%d go test -run TestChaos ./internal/chaos)\n", seed, seed)
+		}
+		_ = os.RemoveAll(dir)
+		fmt.Fprintf(out, "chaos: trial %d/%d seed %d (%s, %d claims, %d kills%s) %v: %s\n", i+1, o.Trials, seed, t.n.profile,
+			t.claims, t.kills, map[bool]string{true: ", API outage", false: ""}[outage], time.Since(tStart).Round(10*time.Millisecond), status)
+	}
+	sum.Duration = time.Since(start)
+	sum.report(out)
+	return sum, nil
+}
+
+// report prints the figures; the last line is Line.
+func (s *Summary) report(w io.Writer) {
+	fmt.Fprintf(w, "chaos: %v for %d trials; %d kills, %d restarts, %d DRA calls (%d cut by a kill or timed out), %d per-claim errors\n",
+		s.Duration.Round(time.Second), s.Trials, s.Kills, s.Restarts, s.Calls, s.TransportErrors, s.ClaimErrors)
+	var kinds []string
+	for _, k := range slices.Sorted(maps.Keys(s.Claims)) {
+		kinds = append(kinds, fmt.Sprintf("%s %d (%d prepared)", k, s.Claims[k], s.Prepared[k]))
+	}
+	fmt.Fprintf(w, "chaos: claims: %s; %d forced deletions, %d given up, %d found no fit\n", strings.Join(kinds, ", "), s.ForcedDeletions, s.GivenUp, s.NoFit)
+	type msg struct {
+		text string
+		n    int
+	}
+	var msgs []msg
+	for text, n := range s.ErrorMessages {
+		msgs = append(msgs, msg{text, n})
+	}
+	slices.SortFunc(msgs, func(a, b msg) int { return b.n - a.n })
+	for i, m := range msgs {
+		if i == 8 {
+			break
+		}
+		fmt.Fprintf(w, "chaos: per-claim error x%d: %s\n", m.n, m.text)
+	}
+	for _, o := range s.Outages {
+		fmt.Fprintf(w, "chaos: outage (seed %d, %s, %v): %d Prepare errors and %d calls without an answer (killed or hung) during it (e.g. %q); first Prepare %v after the API came back, complete pool %v after\n",
+			o.Seed, o.Mode, o.Duration, o.PrepareErrors, o.PrepareTimeouts, o.ErrorSample, o.PrepareRecovery.Round(10*time.Millisecond), o.SliceRecovery.Round(10*time.Millisecond))
+	}
+	if len(s.FailedSeeds) > 0 {
+		fmt.Fprintf(w, "chaos: failing seeds: %v\n", s.FailedSeeds)
+	}
+	fmt.Fprintln(w, s.Line())
+}

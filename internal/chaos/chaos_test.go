@@ -1,0 +1,60 @@
+package chaos_test
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"testing"
+
+	"github.com/gpudra/gpudra/internal/chaos"
+	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
+)
+
+// TestMain runs the fake MPS control binary when the test binary is
+// executed as one (the plugin starts MPS daemons through it).
+func TestMain(m *testing.M) {
+	if code, ok := mpsfake.Main(); ok {
+		os.Exit(code)
+	}
+	os.Exit(m.Run())
+}
+
+// seedEnv replays one trial: GPUDRA_CHAOS_SEED=<seed> go test ./internal/chaos;
+// traceEnv set as well traces its calls.
+const (
+	seedEnv  = "GPUDRA_CHAOS_SEED"
+	traceEnv = "GPUDRA_CHAOS_TRACE"
+)
+
+// TestChaos is the short form of `make chaos`: a few trials of random
+// claims with the plugin killed at random moments, one of them with an
+// API outage of a few seconds.
+func TestChaos(t *testing.T) {
+	o := chaos.ShortOptions()
+	if s := os.Getenv(seedEnv); s != "" {
+		seed, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("%s=%q: %v", seedEnv, s, err)
+		}
+		o.Trials, o.Seed, o.Replay, o.Keep = 1, seed, true, true
+		o.Trace = os.Getenv(traceEnv) != ""
+	}
+	o.Out = testWriter{t}
+	sum, err := chaos.Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sum.Violations) > 0 {
+		t.Errorf("%s; failing seeds %v (replay one with %s=<seed>)", sum.Line(), sum.FailedSeeds, seedEnv)
+	}
+	if sum.Kills == 0 || len(sum.Claims) < 5 {
+		t.Errorf("the run killed the plugin %d times and made claims of %d kinds: it checks little", sum.Kills, len(sum.Claims))
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p[:len(p)-1]))
+	return len(p), nil
+}

@@ -1,0 +1,338 @@
+package chaos
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
+
+	"github.com/gpudra/gpudra/internal/chaos/apiserver"
+	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
+)
+
+// Names of the simulated node.
+const (
+	driverName = "gpu.nvidia.com"
+	nodeName   = "chaos-0"
+	namespace  = "default"
+)
+
+// fleetYAML is the simulated node: six H100s, two of them in MIG mode for
+// dynamic MIG; every GPU has an IOMMU group, so it is also offered for
+// VFIO passthrough beside its CUDA devices.
+const fleetYAML = `nodes:
+- name: chaos-0
+  gpus:
+  - model: H100-SXM5-80GB
+  - model: H100-SXM5-80GB
+  - model: H100-SXM5-80GB
+    migEnabled: true
+  - model: H100-SXM5-80GB
+  - model: H100-SXM5-80GB
+    migEnabled: true
+  - model: H100-SXM5-80GB
+`
+
+// profile is how the node's plugin shares full GPUs.
+type profile string
+
+const (
+	// profileExclusive: full GPUs go to one claim each (time-slicing and
+	// MPS by claim config).
+	profileExclusive profile = "exclusive"
+	// profileShared: full GPUs are published for any number of claims
+	// (--sharing=unlimited): shares that ask for memory get capped MPS
+	// daemons, the others may time-slice or ask for MPS.
+	profileShared profile = "shared"
+)
+
+// node is one simulated GPU node: directories that outlive the plugin
+// process (checkpoint, CDI specs, the simulated hardware's state, MPS
+// daemons), the API server with the outage proxy in front of it, and the
+// plugin process.
+type node struct {
+	dir        string
+	binary     string
+	mpsControl string
+	profile    profile
+	callTimout time.Duration
+
+	api    *apiserver.Server
+	proxy  *proxy
+	client kubernetes.Interface // the harness's, straight to the API server
+
+	cmd    *exec.Cmd
+	exited chan error // the plugin process's exit, once
+	conn   *grpc.ClientConn
+	dra    drapb.DRAPluginClient
+	starts int
+}
+
+func (n *node) pluginDir() string { return filepath.Join(n.dir, "p") }
+func (n *node) cdiDir() string    { return filepath.Join(n.dir, "cdi") }
+func (n *node) simDir() string    { return filepath.Join(n.dir, "sim") }
+func (n *node) mpsRoot() string   { return filepath.Join(n.dir, "m") }
+func (n *node) socket() string    { return filepath.Join(n.pluginDir(), "dra.sock") }
+func (n *node) logPath(i int) string {
+	return filepath.Join(n.dir, fmt.Sprintf("plugin-%02d.log", i))
+}
+
+// newNode sets up the node's directories, API server and proxy; the
+// plugin is started by start.
+func newNode(dir, binary, mpsControl string, p profile, callTimeout time.Duration) (*node, error) {
+	n := &node{dir: dir, binary: binary, mpsControl: mpsControl, profile: p, callTimout: callTimeout}
+	for _, d := range []string{n.pluginDir(), n.cdiDir(), n.simDir(), n.mpsRoot(), filepath.Join(n.dir, "r")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.WriteFile(filepath.Join(n.dir, "fleet.yaml"), []byte(fleetYAML), 0o644); err != nil {
+		return nil, err
+	}
+	var err error
+	if n.api, err = apiserver.Start(); err != nil {
+		return nil, err
+	}
+	if n.proxy, err = startProxy(n.api.Addr()); err != nil {
+		n.api.Close()
+		return nil, err
+	}
+	if err := apiserver.WriteKubeconfig(filepath.Join(n.dir, "kubeconfig"), n.proxy.url()); err != nil {
+		return nil, err
+	}
+	if n.client, err = kubernetes.NewForConfig(apiserver.RESTConfig(n.api.URL())); err != nil {
+		return nil, err
+	}
+	_, err = n.client.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, metav1.CreateOptions{})
+	return n, err
+}
+
+// args are the plugin's command line.
+func (n *node) args() []string {
+	sharing := "none"
+	if n.profile == profileShared {
+		sharing = "unlimited"
+	}
+	return []string{
+		"kubelet-plugin",
+		"--node-name=" + nodeName,
+		"--kubeconfig=" + filepath.Join(n.dir, "kubeconfig"),
+		"--fleet=" + filepath.Join(n.dir, "fleet.yaml"),
+		"--sim-state-dir=" + n.simDir(),
+		"--plugin-data-dir=" + n.pluginDir(),
+		"--registrar-dir=" + filepath.Join(n.dir, "r"),
+		"--cdi-dir=" + n.cdiDir(),
+		"--mps-root=" + n.mpsRoot(),
+		"--mps-control-binary=" + n.mpsControl,
+		"--sharing=" + sharing,
+		"--vfio=beside",
+		"--sweep-interval=1s",
+		"--kubelet-call-timeout=" + n.callTimout.String(),
+		"-v=4",
+	}
+}
+
+// start starts the plugin process and waits until it answers DRA calls.
+func (n *node) start(ctx context.Context) error {
+	if err := n.spawn(); err != nil {
+		return err
+	}
+	return n.ready(ctx)
+}
+
+// spawn starts the plugin process.
+func (n *node) spawn() error {
+	n.starts++
+	log, err := os.Create(n.logPath(n.starts))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = log.Close() }() // the child has its own descriptor
+	cmd := exec.Command(n.binary, n.args()...)
+	cmd.Stdout, cmd.Stderr = log, log
+	// MPS daemons outlive the plugin, as on a node; a failed trial's
+	// daemons end with their directories or after this long.
+	cmd.Env = append(os.Environ(), mpsfake.EnvMaxLifetime+"=20m")
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start plugin: %w", err)
+	}
+	n.cmd = cmd
+	exited := make(chan error, 1)
+	n.exited = exited
+	go func() { exited <- cmd.Wait() }()
+	// The socket appears once the plugin serves: retry the connection
+	// at once, not after gRPC's default backoff of a second.
+	conn, err := grpc.NewClient("unix://"+n.socket(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.5, MaxDelay: 100 * time.Millisecond}, MinConnectTimeout: time.Second}))
+	if err != nil {
+		return err
+	}
+	n.conn, n.dra = conn, drapb.NewDRAPluginClient(conn)
+	return nil
+}
+
+// ready waits until the plugin process answers DRA calls.
+func (n *node) ready(ctx context.Context) error {
+	exited := n.exited
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		callCtx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err := n.dra.NodePrepareResources(callCtx, &drapb.NodePrepareResourcesRequest{})
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case err := <-exited:
+			exited <- err
+			return fmt.Errorf("plugin exited at start (%v): %s", err, n.logTail(n.starts, 20))
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("plugin does not answer DRA calls after a minute: %w", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// kill SIGKILLs the plugin process and waits for it to be gone. It
+// returns the exit error of a process that had already exited by itself
+// (a crash, not the kill), nil otherwise.
+func (n *node) kill() error {
+	if n.cmd == nil {
+		return nil
+	}
+	var crashed error
+	select {
+	case err := <-n.exited:
+		crashed = fmt.Errorf("plugin exited by itself (%v): %s", err, n.logTail(n.starts, 30))
+	default:
+		_ = n.cmd.Process.Signal(syscall.SIGKILL)
+		<-n.exited
+	}
+	_ = n.conn.Close()
+	n.cmd, n.conn, n.dra = nil, nil, nil
+	return crashed
+}
+
+// running reports whether the plugin process is up.
+func (n *node) running() bool {
+	if n.cmd == nil {
+		return false
+	}
+	select {
+	case err := <-n.exited:
+		n.exited <- err
+		return false
+	default:
+		return true
+	}
+}
+
+// stop ends the plugin (SIGTERM, as the kubelet stops a pod), the proxy
+// and the API server. The directories stay for the caller to inspect or
+// remove.
+func (n *node) stop() {
+	if n.cmd != nil {
+		_ = n.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-n.exited:
+		case <-time.After(10 * time.Second):
+			_ = n.cmd.Process.Signal(syscall.SIGKILL)
+			<-n.exited
+		}
+		_ = n.conn.Close()
+		n.cmd = nil
+	}
+	n.proxy.Close()
+	n.api.Close()
+}
+
+// logTail returns the last lines of the log of the i-th plugin start.
+func (n *node) logTail(i, lines int) string {
+	data, err := os.ReadFile(n.logPath(i))
+	if err != nil {
+		return err.Error()
+	}
+	all := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(all) > lines {
+		all = all[len(all)-lines:]
+	}
+	return strings.Join(all, "\n")
+}
+
+// logContains reports whether the log of the i-th plugin start holds s.
+func (n *node) logContains(i int, s string) bool {
+	data, err := os.ReadFile(n.logPath(i))
+	return err == nil && bytes.Contains(data, []byte(s))
+}
+
+// hardwarePaths of the simulated node's state.
+func (n *node) nvmlState() string       { return filepath.Join(n.simDir(), sim.NVMLStateFile) }
+func (n *node) sysfsState() string      { return filepath.Join(n.simDir(), sim.SysfsStateFile) }
+func (n *node) timeSlicesState() string { return filepath.Join(n.simDir(), sim.TimeSlicesStateFile) }
+
+// buildBinary builds gpudra into dir, with the race detector when this
+// program has it, and returns its path.
+func buildBinary(ctx context.Context, dir string) (string, error) {
+	root, err := moduleRoot(ctx)
+	if err != nil {
+		return "", err
+	}
+	out := filepath.Join(dir, "gpudra")
+	args := []string{"build", "-o", out}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	cmd := exec.CommandContext(ctx, "go", append(args, "./cmd/gpudra")...)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
+	if os.Getenv("CGO_CFLAGS") == "" {
+		// go-nvml's header marks calls deprecated that the bindings wrap.
+		cmd.Env = append(cmd.Env, "CGO_CFLAGS=-O2 -g -Wno-deprecated-declarations")
+	}
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/gpudra: %w: %s", err, msg)
+	}
+	return out, nil
+}
+
+// moduleRoot is the directory of the driver module.
+func moduleRoot(ctx context.Context) (string, error) {
+	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("not inside the gpudra module: run from its directory")
+	}
+	return filepath.Dir(mod), nil
+}
+
+// pidAlive reports whether pid is a live process (not a zombie).
+func pidAlive(pid int) bool { return pid > 0 && mpsfake.Alive(pid) }
+
+func atoi(s string) int {
+	n, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil {
+		return -1
+	}
+	return n
+}
