@@ -106,8 +106,9 @@ type OutageFigures struct {
 	// outage (per-claim errors and calls that timed out), with a sample.
 	PrepareErrors, PrepareTimeouts int
 	ErrorSample                    string
-	// PrepareRecovery is how long after the API came back the first
-	// Prepare held up by the outage succeeded; SliceRecovery how long
+	// PrepareRecovery is how long after the API came back the plugin
+	// first answered a Prepare held up by the outage for the claim itself
+	// (prepared, or refused for a reason of its own); SliceRecovery how long
 	// until the API server had the node's complete pool again (it was
 	// deleted during the outage, as the kubelet deletes the slices of a
 	// plugin that went away, and the plugin restarted without the API).
@@ -224,7 +225,7 @@ func (s *Summary) report(w io.Writer) {
 		fmt.Fprintf(w, "chaos: per-claim error x%d: %s\n", m.n, m.text)
 	}
 	for _, o := range s.Outages {
-		fmt.Fprintf(w, "chaos: outage (seed %d, %s, %v): %d Prepare errors and %d calls without an answer (killed or hung) during it (e.g. %q); first Prepare %v after the API came back, complete pool %v after\n",
+		fmt.Fprintf(w, "chaos: outage (seed %d, %s, %v): %d Prepare errors and %d calls without an answer (killed or hung) during it (e.g. %q); Prepare answered again %v after the API came back, complete pool %v after\n",
 			o.Seed, o.Mode, o.Duration, o.PrepareErrors, o.PrepareTimeouts, o.ErrorSample, o.PrepareRecovery.Round(10*time.Millisecond), o.SliceRecovery.Round(10*time.Millisecond))
 	}
 	if len(s.FailedSeeds) > 0 {

@@ -47,8 +47,11 @@ type claim struct {
 
 // outcome is what one call said about one claim.
 type outcome struct {
-	transport error    // the call did not reach an answer (the plugin died, the call timed out)
-	err       string   // the claim's error, or the call's when the plugin failed it as a whole
+	transport error  // the call did not reach an answer (the plugin died, the call timed out)
+	err       string // the claim's error, or the call's when the plugin failed it as a whole
+	// whole: err is the call's (the kubeletplugin helper fails a call as
+	// a whole when it cannot get a claim from the API server).
+	whole bool
 	cdiIDs    []string // Prepare: the claim's CDI device IDs, sorted
 	devices   []*drapb.Device
 }
@@ -117,7 +120,7 @@ func callFailed(err error) outcome {
 	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
 		return outcome{transport: err}
 	}
-	return outcome{err: err.Error()}
+	return outcome{err: err.Error(), whole: true}
 }
 
 // resultMatches checks what a successful Prepare returned against the

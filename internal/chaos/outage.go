@@ -40,14 +40,17 @@ func (t *trial) outage(ctx context.Context) error {
 	sliceDone := make(chan error, 1)
 
 	// The kubelet retries the pending claims' Prepare, one call at a
-	// time, while the outage runs its course.
+	// time, while the outage runs its course, and after it until the
+	// plugin answers for each claim: prepared, or refused for a reason of
+	// its own (another claim's time slice on a shared GPU).
 	var inflight []*call
 	done := make(chan struct{}, 1)
 	next := time.Now()
+	answered := map[*claim]bool{}
 	for {
 		var due []*claim
 		for _, c := range pending {
-			if c.phase == phaseAllocated && t.live[c.obj.UID] == c {
+			if c.phase == phaseAllocated && t.live[c.obj.UID] == c && !answered[c] {
 				due = append(due, c)
 			}
 		}
@@ -56,7 +59,7 @@ func (t *trial) outage(ctx context.Context) error {
 		}
 		now := time.Now()
 		if now.After(deadline) {
-			t.violate("outage: %d claims still not prepared 3 minutes after the API server came back", len(due))
+			t.violate("outage: %d claims still failing as a whole 3 minutes after the API server came back", len(due))
 			break
 		}
 		if inflight == nil && len(due) > 0 && !now.Before(next) {
@@ -87,8 +90,11 @@ func (t *trial) outage(ctx context.Context) error {
 					}
 				case !restored && c.phase == phasePrepared:
 					t.violate("outage: claim %s prepared while the plugin could not reach the API server", c.obj.Name)
-				case restored && c.phase == phasePrepared && f.PrepareRecovery == 0:
-					f.PrepareRecovery = time.Since(restoreAt)
+				case restored && o.transport == nil && !o.whole:
+					answered[c] = true
+					if f.PrepareRecovery == 0 {
+						f.PrepareRecovery = time.Since(restoreAt)
+					}
 				}
 			}
 			inflight = nil
