@@ -51,9 +51,9 @@ type outcome struct {
 	err       string // the claim's error, or the call's when the plugin failed it as a whole
 	// whole: err is the call's (the kubeletplugin helper fails a call as
 	// a whole when it cannot get a claim from the API server).
-	whole bool
-	cdiIDs    []string // Prepare: the claim's CDI device IDs, sorted
-	devices   []*drapb.Device
+	whole   bool
+	cdiIDs  []string // Prepare: the claim's CDI device IDs, sorted
+	devices []*drapb.Device
 }
 
 func pbClaims(cs []*claim) []*drapb.Claim {
