@@ -152,8 +152,10 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	sum := &Summary{Claims: map[kind]int{}, Prepared: map[kind]int{}, ErrorMessages: map[string]int{}}
 	start := time.Now()
 	for i := range o.Trials {
-		if err := ctx.Err(); err != nil {
-			return sum, err
+		if ctx.Err() != nil {
+			// Interrupted: the figures of the trials that ran.
+			fmt.Fprintf(out, "chaos: interrupted after %d of %d trials\n", sum.Trials, o.Trials)
+			break
 		}
 		seed := o.Seed + uint64(i)
 		if o.Replay {
@@ -170,6 +172,11 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		t := newTrial(seed, &o, dir, filepath.Join(mpsBin, mpsfake.ControlName), sum)
 		tStart := time.Now()
 		err = t.run(ctx, outage)
+		if ctx.Err() != nil {
+			_ = os.RemoveAll(dir)
+			fmt.Fprintf(out, "chaos: interrupted during trial %d (seed %d), which does not count\n", i+1, seed)
+			break
+		}
 		sum.Trials++
 		if err != nil {
 			t.violate("harness: %v", err)
