@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -71,7 +70,7 @@ type node struct {
 	binary     string
 	mpsControl string
 	profile    profile
-	callTimout time.Duration
+	callTimeout time.Duration
 
 	api    *apiserver.Server
 	proxy  *proxy
@@ -96,7 +95,7 @@ func (n *node) logPath(i int) string {
 // newNode sets up the node's directories, API server and proxy; the
 // plugin is started by start.
 func newNode(dir, binary, mpsControl string, p profile, callTimeout time.Duration) (*node, error) {
-	n := &node{dir: dir, binary: binary, mpsControl: mpsControl, profile: p, callTimout: callTimeout}
+	n := &node{dir: dir, binary: binary, mpsControl: mpsControl, profile: p, callTimeout: callTimeout}
 	for _, d := range []string{n.pluginDir(), n.cdiDir(), n.simDir(), n.mpsRoot(), filepath.Join(n.dir, "r")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err
@@ -143,7 +142,7 @@ func (n *node) args() []string {
 		"--sharing=" + sharing,
 		"--vfio=beside",
 		"--sweep-interval=1s",
-		"--kubelet-call-timeout=" + n.callTimout.String(),
+		"--kubelet-call-timeout=" + n.callTimeout.String(),
 		"-v=4",
 	}
 }
@@ -328,11 +327,3 @@ func moduleRoot(ctx context.Context) (string, error) {
 
 // pidAlive reports whether pid is a live process (not a zombie).
 func pidAlive(pid int) bool { return pid > 0 && mpsfake.Alive(pid) }
-
-func atoi(s string) int {
-	n, err := strconv.Atoi(strings.TrimSpace(s))
-	if err != nil {
-		return -1
-	}
-	return n
-}

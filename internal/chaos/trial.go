@@ -53,7 +53,7 @@ func newTrial(seed uint64, o *Options, dir, mpsControl string, sum *Summary) *tr
 	}
 	return &trial{
 		seed: seed, rng: rng, o: o, sum: sum, live: liveClaims{},
-		n: &node{dir: dir, binary: o.Binary, mpsControl: mpsControl, profile: p, callTimout: o.CallTimeout},
+		n: &node{dir: dir, binary: o.Binary, mpsControl: mpsControl, profile: p, callTimeout: o.CallTimeout},
 	}
 }
 
@@ -74,7 +74,7 @@ func (t *trial) listSlices(ctx context.Context) ([]*resourceapi.ResourceSlice, e
 }
 
 func (t *trial) run(ctx context.Context, outage bool) (err error) {
-	n, err := newNode(t.n.dir, t.n.binary, t.n.mpsControl, t.n.profile, t.n.callTimout)
+	n, err := newNode(t.n.dir, t.n.binary, t.n.mpsControl, t.n.profile, t.n.callTimeout)
 	if err != nil {
 		return err
 	}
@@ -344,7 +344,7 @@ func (t *trial) step(ctx context.Context) error {
 // function it returns waits for them.
 func (t *trial) issue(ctx context.Context, calls []*call) (wait func()) {
 	var wg sync.WaitGroup
-	dra, timeout := t.n.dra, t.n.callTimout
+	dra, timeout := t.n.dra, t.n.callTimeout
 	for _, c := range calls {
 		t.sum.Calls++
 		wg.Go(func() {
