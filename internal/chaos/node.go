@@ -66,10 +66,10 @@ const (
 // daemons), the API server with the outage proxy in front of it, and the
 // plugin process.
 type node struct {
-	dir        string
-	binary     string
-	mpsControl string
-	profile    profile
+	dir         string
+	binary      string
+	mpsControl  string
+	profile     profile
 	callTimeout time.Duration
 
 	api    *apiserver.Server
