@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gpudra/gpudra/pkg/mps"
+	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
 
 // hookLauncher runs the real launcher, then after.
@@ -242,5 +243,51 @@ func TestDaemonOutlivesItsDirectory(t *testing.T) {
 	}
 	if got := fakesUnder(filepath.Dir(d.Dirs.Root)); len(got) != 0 {
 		t.Errorf("fake processes left: %+v", got)
+	}
+}
+
+// A launcher orphaned by a killed plugin forks its daemon whenever it gets
+// to run, here while Stop looks through /proc: after Stop has listed the
+// processes, so the daemon is not in the list, and the launcher exits
+// before Stop reads it (chaos seed 508). Stop must still find the daemon
+// and kill it.
+func TestStopFindsADaemonForkedWhileItLooks(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	m := newManager(t, newRoot(t), nil)
+	dirs := m.Dirs("claim")
+	forked := false
+	mps.SetAfterProcList(m, func() {
+		if forked {
+			return
+		}
+		forked = true
+		for _, d := range []string{dirs.Pipe, dirs.Log} {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				t.Error(err)
+			}
+		}
+		err := mps.ProcessLauncher{}.Launch(ctx, mps.LaunchRequest{
+			ID:   "claim",
+			Argv: []string{filepath.Join(fakeBin, mpsfake.ControlName), "-d"},
+			Env:  []string{mps.EnvPipeDirectory + "=" + dirs.Pipe, mps.EnvLogDirectory + "=" + dirs.Log, mps.EnvVisibleDevices + "=" + gpu0},
+			Dirs: dirs,
+		})
+		if err != nil {
+			t.Error(err)
+		}
+	})
+
+	if err := m.Stop(ctx, "claim"); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if !forked {
+		t.Fatal("Stop never looked through /proc: the test forked no daemon")
+	}
+	if pids := daemonsOf(dirs); len(pids) != 0 {
+		t.Fatalf("a daemon forked while Stop looked still runs: %v", pids)
+	}
+	if _, err := os.Stat(dirs.Root); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Stop left %s: %v", dirs.Root, err)
 	}
 }

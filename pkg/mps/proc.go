@@ -54,7 +54,12 @@ func parseProcStat(data []byte) (procStat, error) {
 }
 
 // procFS reads the process table. Its root is /proc outside tests.
-type procFS struct{ root string }
+type procFS struct {
+	root string
+	// afterList, if set, runs after daemonsOf has listed the process table
+	// and before it reads the processes: tests fork a process there.
+	afterList func()
+}
 
 func (p procFS) stat(pid int) (procStat, error) {
 	data, err := os.ReadFile(filepath.Join(p.root, strconv.Itoa(pid), "stat"))
@@ -170,6 +175,9 @@ func (p procFS) daemonsOf(base, pipe string) []procRef {
 	entries, err := os.ReadDir(p.root)
 	if err != nil {
 		return nil
+	}
+	if p.afterList != nil {
+		p.afterList()
 	}
 	var out []procRef
 	for _, e := range entries {

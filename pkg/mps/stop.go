@@ -132,6 +132,20 @@ func (m *Manager) killStrays(ctx context.Context, id string, dirs Dirs, reason s
 	return killed, err
 }
 
+// daemonsNow returns the daemons of pipe that run. A look through /proc
+// lists the processes first and reads each one after; a -d invocation that
+// forks its daemon and exits in between is missed, and so is the daemon,
+// which was not listed yet. A launcher orphaned by a killed plugin does
+// exactly that, whenever it gets to run (chaos seed 508). So a look that
+// finds none is taken again: the daemon was forked before its launcher
+// exited, so it is in the second list.
+func (m *Manager) daemonsNow(base, pipe string) []procRef {
+	if daemons := m.proc.daemonsOf(base, pipe); len(daemons) > 0 {
+		return daemons
+	}
+	return m.proc.daemonsOf(base, pipe)
+}
+
 // maxKillRounds bounds how often killDaemons looks for daemons again.
 const maxKillRounds = 3
 
@@ -145,7 +159,7 @@ func (m *Manager) killDaemons(ctx context.Context, dirs Dirs) ([]procRef, error)
 	base := filepath.Base(m.opts.binary)
 	var killed []procRef
 	for range maxKillRounds {
-		daemons := m.proc.daemonsOf(base, dirs.Pipe)
+		daemons := m.daemonsNow(base, dirs.Pipe)
 		if len(daemons) == 0 {
 			_ = os.Remove(filepath.Join(dirs.Pipe, PIDFileName))
 			return killed, nil
@@ -165,7 +179,7 @@ func (m *Manager) killDaemons(ctx context.Context, dirs Dirs) ([]procRef, error)
 			}
 		}
 	}
-	if daemons := m.proc.daemonsOf(base, dirs.Pipe); len(daemons) > 0 {
+	if daemons := m.daemonsNow(base, dirs.Pipe); len(daemons) > 0 {
 		return killed, fmt.Errorf("daemon pid %d still running after %d rounds of SIGKILL to every daemon of %s", daemons[0].PID, maxKillRounds, dirs.Pipe)
 	}
 	return killed, nil
