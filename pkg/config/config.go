@@ -21,9 +21,14 @@
 // Each kind of config fits one kind of device: a GpuConfig a full GPU, a
 // MigDeviceConfig a MIG device. A config with an empty request list only
 // applies to devices it fits, so one GpuConfig and one MigDeviceConfig can
-// both address all requests. A config that names a request must fit the
-// device it would configure; if it wins for a device it does not fit, that is
-// an error. Configs of other drivers are ignored.
+// both address all requests; but it must fit at least one device of the
+// claim, or it is an error rather than a config ignored. A config that names
+// a request must fit the device it would configure; if it wins for a device
+// it does not fit, that is an error. Configs of other drivers are ignored.
+//
+// The claim's own configs are taken from its spec, with the request lists
+// the user wrote: the allocator empties the request list of a config that
+// names every request of the claim.
 //
 // Every config of this driver is decoded strictly, normalized and validated,
 // even one that a later config overrides, so that a claim the webhook admits is
@@ -69,17 +74,29 @@ var deviceKindName = map[DeviceKind]string{
 	VFIO: "a VFIO passthrough GPU",
 }
 
-// fits reports whether config can configure a device of kind.
-func fits(config v1beta1.Config, kind DeviceKind) bool {
+// pluralKindName names the devices of a kind in messages.
+var pluralKindName = map[DeviceKind]string{
+	GPU:  "full GPUs",
+	MIG:  "MIG devices",
+	VFIO: "VFIO passthrough GPUs",
+}
+
+// kindConfigured returns the kind of device config configures; "" for none.
+func kindConfigured(config v1beta1.Config) DeviceKind {
 	switch config.(type) {
 	case *v1beta1.GpuConfig:
-		return kind == GPU
+		return GPU
 	case *v1beta1.MigDeviceConfig:
-		return kind == MIG
+		return MIG
 	case *v1beta1.VfioDeviceConfig:
-		return kind == VFIO
+		return VFIO
 	}
-	return false
+	return ""
+}
+
+// fits reports whether config can configure a device of kind.
+func fits(config v1beta1.Config, kind DeviceKind) bool {
+	return kindConfigured(config) == kind
 }
 
 // defaultConfig returns the config of a device that no config applies to.

@@ -61,7 +61,7 @@ func Resolve(driver string, claim *resourceapi.ResourceClaim, kindOf DeviceKindF
 		return nil, fmt.Errorf("claim %s/%s is not allocated", claim.Namespace, claim.Name)
 	}
 	allocated := claim.Status.Allocation.Devices
-	candidates, errs := decodeConfigs(driver, allocated.Config, features)
+	candidates, errs := decodeConfigs(driver, configsOf(claim), features)
 	if len(errs) > 0 {
 		return nil, errorList(errs)
 	}
@@ -95,10 +95,69 @@ func Resolve(driver string, claim *resourceapi.ResourceClaim, kindOf DeviceKindF
 		}
 		devices = append(devices, device)
 	}
+	errs = append(errs, unfitting(candidates, devices)...)
 	if len(errs) > 0 {
 		return nil, errorList(errs)
 	}
 	return devices, nil
+}
+
+// configsOf returns the configs of claim's allocation, with the claim's own
+// configs as its spec has them. The allocator clears the request list of a
+// config that names every request of the claim, so in the allocation a
+// MigDeviceConfig written for the one request of a claim that got a full GPU
+// reads as a config for all requests, which applies only where it fits, and
+// would be ignored without a word. The spec is immutable and says what the
+// user wrote. A claim's config that names a request the allocator did not
+// choose (a subrequest of firstAvailable not taken) configures nothing
+// either way.
+func configsOf(claim *resourceapi.ResourceClaim) []resourceapi.DeviceAllocationConfiguration {
+	allocated := claim.Status.Allocation.Devices.Config
+	if len(claim.Spec.Devices.Config) == 0 {
+		return allocated
+	}
+	var out []resourceapi.DeviceAllocationConfiguration
+	for _, c := range allocated {
+		if c.Source != resourceapi.AllocationConfigSourceClaim {
+			out = append(out, c)
+		}
+	}
+	for _, c := range claim.Spec.Devices.Config {
+		out = append(out, resourceapi.DeviceAllocationConfiguration{
+			Source:              resourceapi.AllocationConfigSourceClaim,
+			Requests:            c.Requests,
+			DeviceConfiguration: c.DeviceConfiguration,
+		})
+	}
+	return out
+}
+
+// unfitting returns an error for each config for all requests that fits
+// none of devices: written for the claim's devices, it would configure
+// none of them. (A config that fits some device kind of the claim and
+// loses to a later config is overridden, not ignored.)
+func unfitting(candidates []candidate, devices []Device) []error {
+	if len(devices) == 0 {
+		return nil
+	}
+	var errs []error
+	for _, c := range candidates {
+		if len(c.origin.Requests) > 0 || slices.ContainsFunc(devices, func(d Device) bool { return fits(c.config, d.Kind) }) {
+			continue
+		}
+		var got, want []string
+		for _, d := range devices {
+			got = append(got, fmt.Sprintf("%q (request %q) is %s", d.Result.Device, d.Result.Request, deviceKindName[d.Kind]))
+			if !slices.Contains(want, configKind[d.Kind]) {
+				want = append(want, configKind[d.Kind])
+			}
+		}
+		errs = append(errs, &ConfigError{Origin: c.origin, Err: fmt.Errorf(
+			"a %s configures %s only, and this claim has none: device %s; use a %s",
+			c.config.GetObjectKind().GroupVersionKind().Kind, pluralKindName[kindConfigured(c.config)],
+			strings.Join(got, ", device "), strings.Join(want, " or a "))})
+	}
+	return errs
 }
 
 // decodeConfigs returns the configs of driver, class configs first, each

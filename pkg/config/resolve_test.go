@@ -74,6 +74,8 @@ func kindOf(r resourceapi.DeviceRequestAllocationResult) (DeviceKind, error) {
 	switch {
 	case strings.Contains(r.Device, "-mig-"):
 		return MIG, nil
+	case strings.HasPrefix(r.Device, "gpu-vfio-"):
+		return VFIO, nil
 	case strings.HasPrefix(r.Device, "gpu-"):
 		return GPU, nil
 	}
@@ -300,6 +302,17 @@ func TestResolveErrors(t *testing.T) {
 			results: results{result("mig/small=gpu-0-mig-1g.10gb-0-0")},
 			want:    `class config #0 (requests [mig]): a GpuConfig cannot configure device "gpu-0-mig-1g.10gb-0-0" (request "mig/small"), which is a MIG device; use a MigDeviceConfig`,
 		},
+		"MigDeviceConfig for all requests, and the claim got a full GPU": {
+			configs: configs{claimCfg(migMPS)},
+			results: results{result("gpu=gpu-0")},
+			want:    `claim config #0 (all requests): a MigDeviceConfig configures MIG devices only, and this claim has none: device "gpu-0" (request "gpu") is a full GPU; use a GpuConfig`,
+		},
+		"class config for all requests that fits no device": {
+			configs: configs{class(gpuTS)},
+			results: results{result("a=gpu-0-mig-1g.10gb-0-0"), result("b=gpu-vfio-1")},
+			want: `class config #0 (all requests): a GpuConfig configures full GPUs only, and this claim has none: ` +
+				`device "gpu-0-mig-1g.10gb-0-0" (request "a") is a MIG device, device "gpu-vfio-1" (request "b") is a VFIO passthrough GPU; use a MigDeviceConfig or a VfioDeviceConfig`,
+		},
 		"non-opaque config": {
 			configs: configs{{Source: resourceapi.AllocationConfigSourceClaim, Requests: []string{"gpu"}}},
 			want:    `claim config #0 (requests [gpu]): only opaque parameters are supported`,
@@ -355,6 +368,51 @@ func TestResolveOtherErrors(t *testing.T) {
 	_, err = Resolve(driver, newClaim(nil, result("gpu=gpu-0")), imex, allFeatures)
 	if want := `device "gpu-0" (request "gpu"): unsupported device kind "imex-channel"`; err == nil || err.Error() != want {
 		t.Errorf("Resolve with an unsupported kind = %v, want %s", err, want)
+	}
+}
+
+// The allocator empties the request list of a config that names every
+// request of the claim; the spec still has it, and a config written for a
+// request is held to fit its device.
+func TestResolveTakesTheClaimsConfigsFromItsSpec(t *testing.T) {
+	specConfig := func(doc string, requests ...string) resourceapi.DeviceClaimConfiguration {
+		c := claimCfg(doc, requests...)
+		return resourceapi.DeviceClaimConfiguration{Requests: c.Requests, DeviceConfiguration: c.DeviceConfiguration}
+	}
+	tests := map[string]struct {
+		spec      []resourceapi.DeviceClaimConfiguration
+		allocated []resourceapi.DeviceAllocationConfiguration
+		results   []resourceapi.DeviceRequestAllocationResult
+		want      string
+	}{
+		"a MigDeviceConfig for the one request, which got a full GPU": {
+			spec:      []resourceapi.DeviceClaimConfiguration{specConfig(migMPS, "gpu")},
+			allocated: []resourceapi.DeviceAllocationConfiguration{claimCfg(migMPS)},
+			results:   []resourceapi.DeviceRequestAllocationResult{result("gpu=gpu-0")},
+			want:      `claim config #0 (requests [gpu]): a MigDeviceConfig cannot configure device "gpu-0" (request "gpu"), which is a full GPU; use a GpuConfig`,
+		},
+		"a MigDeviceConfig for both requests, one of which got a full GPU": {
+			spec:      []resourceapi.DeviceClaimConfiguration{specConfig(gpuTS, "gpu"), specConfig(migMPS, "gpu", "mig")},
+			allocated: []resourceapi.DeviceAllocationConfiguration{claimCfg(gpuTS, "gpu"), claimCfg(migMPS)},
+			results:   []resourceapi.DeviceRequestAllocationResult{result("gpu=gpu-0"), result("mig=gpu-1-mig-1g.10gb-0-0")},
+			want:      `claim config #1 (requests [gpu mig]): a MigDeviceConfig cannot configure device "gpu-0" (request "gpu"), which is a full GPU; use a GpuConfig`,
+		},
+		"a config for a subrequest not chosen keeps its index in the spec": {
+			spec:      []resourceapi.DeviceClaimConfiguration{specConfig(migMPS, "gpu/mig"), specConfig(migTS)},
+			allocated: []resourceapi.DeviceAllocationConfiguration{claimCfg(migTS)},
+			results:   []resourceapi.DeviceRequestAllocationResult{result("gpu/full=gpu-0")},
+			want:      `claim config #1 (all requests): a MigDeviceConfig configures MIG devices only, and this claim has none: device "gpu-0" (request "gpu/full") is a full GPU; use a GpuConfig`,
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			claim := newClaim(tc.allocated, tc.results...)
+			claim.Spec.Devices.Config = tc.spec
+			devices, err := Resolve(driver, claim, kindOf, allFeatures)
+			if err == nil || err.Error() != tc.want {
+				t.Fatalf("Resolve = %v, %v\nwant error %s", summary(devices), err, tc.want)
+			}
+		})
 	}
 }
 

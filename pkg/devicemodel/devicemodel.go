@@ -46,6 +46,11 @@ const (
 	AttrDriverVersion         resourceapi.QualifiedName = "driverVersion"
 	AttrCUDADriverVersion     resourceapi.QualifiedName = "cudaDriverVersion"
 
+	// AttrSharingMode is gpudra's own: on every full GPU, how the node
+	// shares it ("none", "memory-compute", "shares", "unlimited"; see
+	// WithSharing), for CEL selectors that choose or avoid a mode.
+	AttrSharingMode resourceapi.QualifiedName = "sharingMode"
+
 	CapMemory          resourceapi.QualifiedName = "memory"
 	CapMultiprocessors resourceapi.QualifiedName = "multiprocessors"
 	CapCopyEngines     resourceapi.QualifiedName = "copyEngines"
@@ -247,6 +252,8 @@ func fullGPUDevice(gpu *hardware.GPU, gpuAttrs map[resourceapi.QualifiedName]res
 			AttrType:  str(string(KindGPU)),
 			AttrIndex: {IntValue: ptr.To(int64(gpu.Index))},
 			AttrMinor: {IntValue: ptr.To(int64(gpu.Minor))},
+			// shareFullGPU sets the mode of a shared GPU.
+			AttrSharingMode: str(string(SharingNone)),
 		}),
 		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{CapMemory: bytesCapacity(gpu.MemoryBytes)},
 	}

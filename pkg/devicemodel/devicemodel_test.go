@@ -193,6 +193,8 @@ var (
 		"resource.kubernetes.io/pciBusID": "string",
 		"resource.kubernetes.io/pcieRoot": "string",
 		"resource.kubernetes.io/numaNode": "int",
+		// gpudra's own, on full GPUs only.
+		"sharingMode": "string",
 	}
 	// A MIG device has neither index nor minor of its own; publishing the
 	// parent's under those names would mislead (NVIDIA's older driver used
@@ -208,6 +210,7 @@ var (
 func withoutIndexMinor(m map[resourceapi.QualifiedName]string) map[resourceapi.QualifiedName]string {
 	delete(m, "index")
 	delete(m, "minor")
+	delete(m, "sharingMode") // MIG devices are never shared
 	return m
 }
 

@@ -30,6 +30,12 @@ type ShareLimits struct {
 //     up to more than the GPU;
 //   - unlimited: the memory consumed, if any; compute is uncapped.
 //
+// A share that consumed the whole GPU (all its memory, or all N shares),
+// which is what a claim that asks for no capacity gets by default, has no
+// caps: it is the whole GPU, which needs no MPS daemon to cap it, and
+// takes time-slicing and MPS settings as an unshared GPU does. A cap of
+// all the memory or of 100 % of the SMs caps nothing, so it is left out.
+//
 // It fails when d is not shared, and when consumed is not what d's
 // request policies can give: a capacity is missing (the node's sharing
 // changed since the claim was allocated) or out of range.
@@ -59,7 +65,7 @@ func (d *Device) ShareLimits(consumed map[resourceapi.QualifiedName]resource.Qua
 		if err != nil {
 			return ShareLimits{}, err
 		}
-		return ShareLimits{PinnedMemoryBytes: memory, ActiveThreadPercentage: int(compute)}, nil
+		return uncapWhole(ShareLimits{PinnedMemoryBytes: memory, ActiveThreadPercentage: int(compute)}, total), nil
 	case SharingShares:
 		n := int64(d.Sharing.Shares)
 		k, err := get(CapShares, 1, n)
@@ -70,7 +76,7 @@ func (d *Device) ShareLimits(consumed map[resourceapi.QualifiedName]resource.Qua
 			return ShareLimits{}, err
 		}
 		// total*k stays far below 2^63: k <= 100 and no GPU has 2^56 bytes.
-		return ShareLimits{PinnedMemoryBytes: max(total*k/n, minShareMemory), ActiveThreadPercentage: int(100 * k / n)}, nil
+		return uncapWhole(ShareLimits{PinnedMemoryBytes: max(total*k/n, minShareMemory), ActiveThreadPercentage: int(100 * k / n)}, total), nil
 	case SharingUnlimited:
 		memory, err := get(CapMemory, 0, total)
 		if err != nil {
@@ -79,7 +85,19 @@ func (d *Device) ShareLimits(consumed map[resourceapi.QualifiedName]resource.Qua
 		if memory > 0 {
 			memory = max(memory, minShareMemory)
 		}
-		return ShareLimits{PinnedMemoryBytes: memory}, nil
+		return uncapWhole(ShareLimits{PinnedMemoryBytes: memory}, total), nil
 	}
 	return ShareLimits{}, fmt.Errorf("device %s: sharing %s has no share limits", d.Name(), d.Sharing)
+}
+
+// uncapWhole leaves out the caps of l that cap nothing on a GPU of total
+// bytes: all of its memory, 100 % of its SMs.
+func uncapWhole(l ShareLimits, total int64) ShareLimits {
+	if l.PinnedMemoryBytes >= total {
+		l.PinnedMemoryBytes = 0
+	}
+	if l.ActiveThreadPercentage >= 100 {
+		l.ActiveThreadPercentage = 0
+	}
+	return l
 }

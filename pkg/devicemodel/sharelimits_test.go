@@ -34,8 +34,8 @@ func TestShareLimits(t *testing.T) {
 	}{
 		{"memory and compute", memCompute, consumed("memory", "20Gi", "compute", "25"), devicemodel.ShareLimits{PinnedMemoryBytes: 20 << 30, ActiveThreadPercentage: 25}, ""},
 		{"memory only: compute uncapped", memCompute, consumed("memory", "21380202496", "compute", "0"), devicemodel.ShareLimits{PinnedMemoryBytes: 21380202496}, ""},
-		{"defaults: the whole GPU", memCompute, consumed("memory", "81559Mi", "compute", "0"), devicemodel.ShareLimits{PinnedMemoryBytes: h100}, ""},
-		{"all compute", memCompute, consumed("memory", "1Mi", "compute", "100"), devicemodel.ShareLimits{PinnedMemoryBytes: mib, ActiveThreadPercentage: 100}, ""},
+		{"defaults: the whole GPU, uncapped", memCompute, consumed("memory", "81559Mi", "compute", "0"), devicemodel.ShareLimits{}, ""},
+		{"all compute: SMs uncapped", memCompute, consumed("memory", "1Mi", "compute", "100"), devicemodel.ShareLimits{PinnedMemoryBytes: mib}, ""},
 		{"memory missing", memCompute, consumed("compute", "10"), devicemodel.ShareLimits{}, `consumed capacity has no "memory"; was the claim allocated under another sharing mode?`},
 		{"compute missing", memCompute, consumed("memory", "1Gi"), devicemodel.ShareLimits{}, `no "compute"`},
 		{"memory above the GPU's", memCompute, consumed("memory", "81560Mi", "compute", "0"), devicemodel.ShareLimits{}, "consumed memory 81560Mi is not a whole number from 1048576 to 85520809984"},
@@ -45,7 +45,7 @@ func TestShareLimits(t *testing.T) {
 
 		{"one of four shares", shares(4), consumed("shares", "1", "memory", "0"), devicemodel.ShareLimits{PinnedMemoryBytes: h100 / 4, ActiveThreadPercentage: 25}, ""},
 		{"three of four shares", shares(4), consumed("shares", "3", "memory", "0"), devicemodel.ShareLimits{PinnedMemoryBytes: h100 * 3 / 4, ActiveThreadPercentage: 75}, ""},
-		{"all shares", shares(4), consumed("shares", "4", "memory", "0"), devicemodel.ShareLimits{PinnedMemoryBytes: h100, ActiveThreadPercentage: 100}, ""},
+		{"all shares: the whole GPU, uncapped", shares(4), consumed("shares", "4", "memory", "0"), devicemodel.ShareLimits{}, ""},
 		{"one of three: rounded down", shares(3), consumed("shares", "1", "memory", "0"), devicemodel.ShareLimits{PinnedMemoryBytes: h100 / 3, ActiveThreadPercentage: 33}, ""},
 		{"one of a hundred", shares(100), consumed("shares", "1", "memory", "0"), devicemodel.ShareLimits{PinnedMemoryBytes: h100 / 100, ActiveThreadPercentage: 1}, ""},
 		{"more shares than the GPU has", shares(4), consumed("shares", "5", "memory", "0"), devicemodel.ShareLimits{}, "consumed shares 5 is not a whole number from 1 to 4"},

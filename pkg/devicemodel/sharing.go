@@ -56,6 +56,33 @@ type Sharing struct {
 	Mode SharingMode
 	// Shares is N for [SharingShares], 0 otherwise.
 	Shares int
+	// ShareByDefault gives a claim that asks for no capacity one share in
+	// [SharingShares] and none (no caps) in [SharingUnlimited], as NVIDIA's
+	// driver does, instead of the whole GPU. It is not part of String: the
+	// --sharing-default flag sets it.
+	ShareByDefault bool
+}
+
+// Values of --sharing-default: what a claim that asks for no capacity gets
+// on a shared GPU.
+const (
+	// SharingDefaultWhole gives it the whole GPU, uncapped (the default).
+	SharingDefaultWhole = "whole"
+	// SharingDefaultShare gives it one share (shares=<N>) or nothing
+	// (unlimited), as NVIDIA's driver does.
+	SharingDefaultShare = "share"
+)
+
+// ParseSharingDefault reads --sharing-default: whether a claim that asks
+// for no capacity gets a share rather than the whole GPU.
+func ParseSharingDefault(v string) (shareByDefault bool, err error) {
+	switch v {
+	case SharingDefaultWhole:
+		return false, nil
+	case SharingDefaultShare:
+		return true, nil
+	}
+	return false, fmt.Errorf("sharing default %q: must be %s or %s", v, SharingDefaultWhole, SharingDefaultShare)
 }
 
 // ParseSharing reads a sharing setting as the --sharing flag and the
@@ -137,13 +164,19 @@ func (s *Sharing) Type() string { return "sharing" }
 //
 //   - memory-compute: memory (bytes) from 1Mi to all of it in steps of one
 //     byte, defaulting to all of it, and compute (percent of SMs) from 0
-//     to 100, defaulting to 0 (uncapped). A claim that asks for neither
-//     holds the whole GPU.
-//   - shares=N: shares N, from 1 to N, defaulting to 1; memory may not be
+//     to 100, defaulting to 0 (uncapped).
+//   - shares=N: shares N, from 1 to N, defaulting to N; memory may not be
 //     asked for (only 0), so a claim asking for memory lands on a node
 //     that shares by memory.
-//   - unlimited: memory from 0 to all of it, defaulting to 0; any number
-//     of claims that do not ask for memory fit.
+//   - unlimited: memory from 0 to all of it, defaulting to all of it; any
+//     number of claims that ask for memory 0 fit.
+//
+// So a claim that asks for no capacity holds the whole GPU, uncapped, in
+// every mode: a claim written for "a GPU" never gets less on a shared node.
+// With s.ShareByDefault, as in NVIDIA's driver, it gets one share
+// (shares=N) or nothing (unlimited) instead. Every shared GPU carries the
+// attribute sharingMode (the mode's name; unshared full GPUs say "none"),
+// so that CEL can choose or avoid a mode.
 //
 // Which GPUs are shared: a GPU offered whole (MIG mode off, or mode
 // switching with [WithMIGModeSwitching]) is shared; a GPU in MIG mode that
@@ -182,21 +215,31 @@ func (m *Model) shareFullGPU(gpu *hardware.GPU, s Sharing) error {
 	case SharingShares:
 		zero := *resource.NewQuantity(0, resource.BinarySI)
 		memory.RequestPolicy = &resourceapi.CapacityRequestPolicy{Default: &zero, ValidValues: []resource.Quantity{zero}}
-		d.API.Capacity[CapShares] = sharesCapacity(s.Shares)
+		d.API.Capacity[CapShares] = sharesCapacity(s.Shares, s.ShareByDefault)
 	case SharingUnlimited:
 		zero := *resource.NewQuantity(0, resource.BinarySI)
-		memory.RequestPolicy = rangePolicy(zero, zero, memory.Value, resource.MustParse("1"))
+		def := memory.Value
+		if s.ShareByDefault {
+			def = zero
+		}
+		memory.RequestPolicy = rangePolicy(def, zero, memory.Value, resource.MustParse("1"))
 	}
 	d.API.Capacity[CapMemory] = memory
+	d.API.Attributes[AttrSharingMode] = resourceapi.DeviceAttribute{StringValue: ptr.To(string(s.mode()))}
 	return nil
 }
 
-// sharesCapacity is the capacity of n equal shares, one by default. The
-// API wants min+step within the value, so a single share has no step.
-func sharesCapacity(n int) resourceapi.DeviceCapacity {
+// sharesCapacity is the capacity of n equal shares: by default all of
+// them (the whole GPU), with oneByDefault one. The API wants min+step
+// within the value, so a single share has no step.
+func sharesCapacity(n int, oneByDefault bool) resourceapi.DeviceCapacity {
 	c := countCapacity(n)
 	one := countCapacity(1).Value
-	c.RequestPolicy = rangePolicy(one, one, c.Value, one)
+	def := c.Value
+	if oneByDefault {
+		def = one
+	}
+	c.RequestPolicy = rangePolicy(def, one, c.Value, one)
 	if n == 1 {
 		c.RequestPolicy.ValidRange.Step = nil
 	}

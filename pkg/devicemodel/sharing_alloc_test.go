@@ -380,17 +380,20 @@ func TestIntegerShares(t *testing.T) {
 					devicemodel.WithSharing(devicemodel.Sharing{Mode: devicemodel.SharingShares, Shares: shares}))
 				total := int64(n.model.Devices[0].GPU.MemoryBytes)
 				for i := range shares {
-					res := n.allocate(n.claim(gpuTemplate()))
+					res := n.allocate(n.claim(gpuTemplate("shares: 1")))
 					if res == nil {
 						t.Fatalf("share %d of %d found no room", i+1, shares)
 					}
 					limits := checkShare(t, n, res, "gpu-0", map[string]string{"shares": "1", "memory": "0"})
 					want := devicemodel.ShareLimits{PinnedMemoryBytes: total / int64(shares), ActiveThreadPercentage: 100 / shares}
+					if shares == 1 {
+						want = devicemodel.ShareLimits{} // the one share is the whole GPU
+					}
 					if limits != want {
 						t.Errorf("limits %+v, want %+v", limits, want)
 					}
 				}
-				if res := n.allocate(n.claim(gpuTemplate())); res != nil {
+				if res := n.allocate(n.claim(gpuTemplate("shares: 1"))); res != nil {
 					t.Errorf("share %d of %d allocated: %+v", shares+1, shares, res.Devices.Results)
 				}
 			})
@@ -401,11 +404,11 @@ func TestIntegerShares(t *testing.T) {
 			runSteps(t, n, []step{
 				{template: gpuTemplate("shares: 2"), device: "gpu-0", consumed: map[string]string{"shares": "2", "memory": "0"}},
 				{template: gpuTemplate("shares: 3")},
-				{template: gpuTemplate(), device: "gpu-0", consumed: map[string]string{"shares": "1", "memory": "0"}},
+				{template: gpuTemplate("shares: 1"), device: "gpu-0", consumed: map[string]string{"shares": "1", "memory": "0"}},
 				{template: gpuTemplate("memory: 4Gi")}, // memory is for nodes that share by memory
 				{template: gpuTemplate("shares: 5")},
-				{template: gpuTemplate(), device: "gpu-0", consumed: map[string]string{"shares": "1", "memory": "0"}},
-				{template: gpuTemplate()},
+				{template: gpuTemplate("shares: 1"), device: "gpu-0", consumed: map[string]string{"shares": "1", "memory": "0"}},
+				{template: gpuTemplate("shares: 1")},
 				{release: 1},
 				{template: gpuTemplate("shares: 2"), device: "gpu-0", consumed: map[string]string{"shares": "2", "memory": "0"}},
 			})
@@ -417,7 +420,7 @@ func TestUnlimitedSharing(t *testing.T) {
 	forEachAllocator(t, func(t *testing.T, features structured.Features) {
 		n := newShareNode(t, features, inventoryOf(simGPU(t, 0, "H200-SXM5-141GB", false)), devicemodel.WithSharing(devicemodel.Sharing{Mode: devicemodel.SharingUnlimited}))
 		for i := range 50 {
-			res := n.allocate(n.claim(gpuTemplate()))
+			res := n.allocate(n.claim(gpuTemplate("memory: 0")))
 			if res == nil {
 				t.Fatalf("claim %d found no room", i+1)
 			}
@@ -428,8 +431,70 @@ func TestUnlimitedSharing(t *testing.T) {
 		runSteps(t, n, []step{
 			{template: gpuTemplate("memory: 100Gi"), device: "gpu-0", consumed: map[string]string{"memory": "100Gi"}},
 			{template: gpuTemplate("memory: 100Gi")},
-			{template: gpuTemplate(), device: "gpu-0", consumed: map[string]string{"memory": "0"}},
+			{template: gpuTemplate("memory: 0"), device: "gpu-0", consumed: map[string]string{"memory": "0"}},
 		})
+	})
+}
+
+// TestAClaimThatAsksForNothingGetsTheWholeGPU: in every sharing mode, a
+// claim written for "a GPU" consumes all of it and has no caps, so it
+// never gets less than on an unshared node; with ShareByDefault it gets
+// what NVIDIA's driver gives (one share, or nothing in unlimited).
+func TestAClaimThatAsksForNothingGetsTheWholeGPU(t *testing.T) {
+	const h100 = "81559Mi"
+	tests := []struct {
+		sharing       devicemodel.Sharing
+		whole, second map[string]string // consumed by a plain claim; by a share asked for explicitly
+		secondAsks    string
+		shareLimits   devicemodel.ShareLimits // of a plain claim with ShareByDefault
+	}{
+		{
+			sharing: devicemodel.Sharing{Mode: devicemodel.SharingMemoryCompute},
+			whole:   map[string]string{"memory": h100, "compute": "0"}, secondAsks: "memory: 1Gi",
+			shareLimits: devicemodel.ShareLimits{},
+		},
+		{
+			sharing: devicemodel.Sharing{Mode: devicemodel.SharingShares, Shares: 4},
+			whole:   map[string]string{"shares": "4", "memory": "0"}, secondAsks: "shares: 1",
+			shareLimits: devicemodel.ShareLimits{PinnedMemoryBytes: 81559 << 20 / 4, ActiveThreadPercentage: 25},
+		},
+		{
+			sharing: devicemodel.Sharing{Mode: devicemodel.SharingUnlimited},
+			whole:   map[string]string{"memory": h100}, secondAsks: "memory: 1Gi",
+			shareLimits: devicemodel.ShareLimits{},
+		},
+	}
+	forEachAllocator(t, func(t *testing.T, features structured.Features) {
+		for _, tc := range tests {
+			t.Run(tc.sharing.String(), func(t *testing.T) {
+				n := newShareNode(t, features, inventoryOf(simGPU(t, 0, "H100-SXM5-80GB", false)), devicemodel.WithSharing(tc.sharing))
+				res := n.allocate(n.claim(gpuTemplate()))
+				if res == nil {
+					t.Fatal("a plain claim found no room on an idle shared GPU")
+				}
+				if limits := checkShare(t, n, res, "gpu-0", tc.whole); limits != (devicemodel.ShareLimits{}) {
+					t.Errorf("a plain claim has caps %+v, want none: it holds the whole GPU", limits)
+				}
+				if res := n.allocate(n.claim(gpuTemplate(tc.secondAsks))); res != nil {
+					t.Errorf("a share (%s) was allocated beside a claim holding the whole GPU: %+v", tc.secondAsks, res.Devices.Results)
+				}
+
+				tc.sharing.ShareByDefault = true
+				n = newShareNode(t, features, inventoryOf(simGPU(t, 0, "H100-SXM5-80GB", false)), devicemodel.WithSharing(tc.sharing))
+				res = n.allocate(n.claim(gpuTemplate()))
+				if res == nil {
+					t.Fatal("a plain claim found no room on an idle shared GPU")
+				}
+				d, _ := n.model.Lookup("gpu-0")
+				limits, err := d.ShareLimits(res.Devices.Results[0].ConsumedCapacity)
+				if err != nil || limits != tc.shareLimits {
+					t.Errorf("share by default: a plain claim consumed %v, caps %+v (%v); want %+v", res.Devices.Results[0].ConsumedCapacity, limits, err, tc.shareLimits)
+				}
+				if tc.sharing.Mode != devicemodel.SharingMemoryCompute && n.allocate(n.claim(gpuTemplate())) == nil {
+					t.Error("share by default: a second plain claim found no room")
+				}
+			})
+		}
 	})
 }
 
@@ -446,21 +511,21 @@ func TestSharesExcludeMIGAndVFIO(t *testing.T) {
 				n := newShareNode(t, features, inventoryOf(simGPU(t, 0, "H100-SXM5-80GB", migEnabled)),
 					append(slices.Clone(switching), devicemodel.WithSharing(devicemodel.Sharing{Mode: devicemodel.SharingShares, Shares: 4}))...)
 				runSteps(t, n, []step{
-					{template: gpuTemplate(), device: "gpu-0", consumed: one}, // 1
+					{template: gpuTemplate("shares: 1"), device: "gpu-0", consumed: one}, // 1
 					{template: migTemplate("1g.10gb")},
 					{template: vfioTemplate},
-					{template: gpuTemplate(), device: "gpu-0", consumed: one}, // 4
-					{template: gpuTemplate(), device: "gpu-0", consumed: one}, // 5
+					{template: gpuTemplate("shares: 1"), device: "gpu-0", consumed: one}, // 4
+					{template: gpuTemplate("shares: 1"), device: "gpu-0", consumed: one}, // 5
 					{template: migTemplate("7g.80gb")},
 					{release: 1}, {release: 4},
 					{template: migTemplate("1g.10gb")}, // one share is still there
 					{release: 5},
 					{template: migTemplate("1g.10gb"), device: "gpu-0-mig-1g10gb-19-6"}, // 11
-					{template: gpuTemplate()},
+					{template: gpuTemplate("shares: 1")},
 					{template: vfioTemplate},
 					{release: 11},
 					{template: vfioTemplate, device: "gpu-vfio-0"}, // 15
-					{template: gpuTemplate()},
+					{template: gpuTemplate("shares: 1")},
 					{release: 15},
 					{template: gpuTemplate("shares: 4"), device: "gpu-0", consumed: map[string]string{"shares": "4", "memory": "0"}},
 				})
@@ -481,9 +546,9 @@ func TestSharesExcludeMIGAndVFIO(t *testing.T) {
 			n := newShareNode(t, features, inventoryOf(simGPU(t, 0, "H100-SXM5-80GB", true), simGPU(t, 1, "L40S", false)),
 				devicemodel.WithDynamicMIG(), devicemodel.WithSharing(devicemodel.Sharing{Mode: devicemodel.SharingShares, Shares: 2}))
 			runSteps(t, n, []step{
-				{template: gpuTemplate(), device: "gpu-1", consumed: one},
-				{template: gpuTemplate(), device: "gpu-1", consumed: one},
-				{template: gpuTemplate()}, // gpu-0 is in MIG mode: never shared
+				{template: gpuTemplate("shares: 1"), device: "gpu-1", consumed: one},
+				{template: gpuTemplate("shares: 1"), device: "gpu-1", consumed: one},
+				{template: gpuTemplate("shares: 1")}, // gpu-0 is in MIG mode: never shared
 				{template: migTemplate("7g.80gb"), device: "gpu-0-mig-7g80gb-0-0"},
 			})
 		})

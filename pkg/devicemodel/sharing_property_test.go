@@ -59,6 +59,7 @@ func randomSharingNode(t *testing.T, features structured.Features, rng *rand.Ran
 	if mode.Mode == devicemodel.SharingShares {
 		mode.Shares = 1 + rng.IntN(8)
 	}
+	mode.ShareByDefault = rng.IntN(2) == 0
 	opts := []devicemodel.Option{devicemodel.WithDynamicMIG(), vfioFor(devicemodel.VFIOBeside), devicemodel.WithSharing(mode)}
 	switching := rng.IntN(2) == 0
 	if switching {
@@ -68,7 +69,7 @@ func randomSharingNode(t *testing.T, features structured.Features, rng *rand.Ran
 	for _, g := range gpus {
 		desc = append(desc, fmt.Sprintf("%s(mig %v)", g.ProductName, g.MIGEnabled))
 	}
-	return newShareNode(t, features, inventoryOf(gpus...), opts...), fmt.Sprintf("%v, switching %v, sharing %s", desc, switching, mode)
+	return newShareNode(t, features, inventoryOf(gpus...), opts...), fmt.Sprintf("%v, switching %v, sharing %s, share by default %v", desc, switching, mode, mode.ShareByDefault)
 }
 
 // randomShareRequests are capacity requests a claim for a share might
@@ -125,10 +126,19 @@ func wouldConsume(s devicemodel.Sharing, total int64, reqs []string) (map[resour
 		out[devicemodel.CapMemory], okMem = take(devicemodel.CapMemory, total, 1<<20, total)
 		out[devicemodel.CapCompute], okOther = take(devicemodel.CapCompute, 0, 0, 100)
 	case devicemodel.SharingShares:
+		// A claim that asks for nothing takes the whole GPU, or one share.
+		def := int64(s.Shares)
+		if s.ShareByDefault {
+			def = 1
+		}
 		out[devicemodel.CapMemory], okMem = take(devicemodel.CapMemory, 0, 0, 0)
-		out[devicemodel.CapShares], okOther = take(devicemodel.CapShares, 1, 1, int64(s.Shares))
+		out[devicemodel.CapShares], okOther = take(devicemodel.CapShares, def, 1, int64(s.Shares))
 	case devicemodel.SharingUnlimited:
-		out[devicemodel.CapMemory], okMem = take(devicemodel.CapMemory, 0, 0, total)
+		def := total
+		if s.ShareByDefault {
+			def = 0
+		}
+		out[devicemodel.CapMemory], okMem = take(devicemodel.CapMemory, def, 0, total)
 		okOther = true
 	}
 	return out, okMem && okOther && len(asked) == 0

@@ -263,6 +263,10 @@ func TestSharedGPUCapacities(t *testing.T) {
 		}},
 		{devicemodel.Sharing{Mode: devicemodel.SharingShares, Shares: 4}, map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
 			"memory": {Value: mem, RequestPolicy: &resourceapi.CapacityRequestPolicy{Default: ptr.To(q("0")), ValidValues: []resource.Quantity{q("0")}}},
+			"shares": {Value: q("4"), RequestPolicy: rng("4", "1", "4", one)},
+		}},
+		{devicemodel.Sharing{Mode: devicemodel.SharingShares, Shares: 4, ShareByDefault: true}, map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+			"memory": {Value: mem, RequestPolicy: &resourceapi.CapacityRequestPolicy{Default: ptr.To(q("0")), ValidValues: []resource.Quantity{q("0")}}},
 			"shares": {Value: q("4"), RequestPolicy: rng("1", "1", "4", one)},
 		}},
 		{devicemodel.Sharing{Mode: devicemodel.SharingShares, Shares: 1}, map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
@@ -270,6 +274,9 @@ func TestSharedGPUCapacities(t *testing.T) {
 			"shares": {Value: q("1"), RequestPolicy: rng("1", "1", "1", nil)},
 		}},
 		{devicemodel.Sharing{Mode: devicemodel.SharingUnlimited}, map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+			"memory": {Value: mem, RequestPolicy: rng("81559Mi", "0", "81559Mi", one)},
+		}},
+		{devicemodel.Sharing{Mode: devicemodel.SharingUnlimited, ShareByDefault: true}, map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
 			"memory": {Value: mem, RequestPolicy: rng("0", "0", "81559Mi", one)},
 		}},
 		{devicemodel.Sharing{}, map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{"memory": {Value: mem}}},
@@ -310,6 +317,14 @@ func TestSharingKeepsNamesAndAttributes(t *testing.T) {
 				}
 				for i := range m.Devices {
 					got, want := m.Devices[i].API, plain.Devices[i].API
+					if attr := got.Attributes[devicemodel.AttrSharingMode]; got.AllowMultipleAllocations != nil && ptr.Deref(attr.StringValue, "") != string(m.Devices[i].Sharing.Mode) {
+						t.Errorf("%s %s: shared device %s has sharingMode %v", node, mode, got.Name, ptr.Deref(attr.StringValue, "<none>"))
+					}
+					if want.Attributes[devicemodel.AttrSharingMode].StringValue != nil {
+						// Every other attribute stays.
+						got.Attributes = maps.Clone(got.Attributes)
+						got.Attributes[devicemodel.AttrSharingMode] = want.Attributes[devicemodel.AttrSharingMode]
+					}
 					if got.Name != want.Name || !reflect.DeepEqual(got.Attributes, want.Attributes) || !reflect.DeepEqual(got.ConsumesCounters, want.ConsumesCounters) ||
 						!got.Capacity[devicemodel.CapMemory].Value.Equal(want.Capacity[devicemodel.CapMemory].Value) {
 						t.Errorf("%s %s: device %d is %s, without sharing %s, or differs in attributes, counters or memory", node, mode, i, got.Name, want.Name)
