@@ -7,7 +7,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/features"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
@@ -23,7 +22,7 @@ type inspectOptions struct {
 	output     string
 	driverName string
 	migMode    string
-	sharing    devicemodel.Sharing
+	sharing    gpuSharingFlags
 }
 
 func newInspectCommand() *cobra.Command {
@@ -50,7 +49,7 @@ output can be piped to kubectl.`,
 	fs.StringVarP(&o.output, "output", "o", inspect.Formats[0], "output format: "+strings.Join(inspect.Formats, "|"))
 	fs.StringVar(&o.driverName, "driver-name", "gpu.nvidia.com", "DRA driver name")
 	o.vfio.addFlags(fs)
-	fs.Var(&o.sharing, "sharing", "as for kubelet-plugin: none, memory-compute, shares=<N> or unlimited (a simulated fleet's node may set its own)")
+	o.sharing.addFlags(fs, "as for kubelet-plugin: none, memory-compute, shares=<N> or unlimited (a simulated fleet's node may set its own)")
 	fs.StringVar(&o.migMode, "mig-mode", string(plugin.MIGModeDynamic), fmt.Sprintf("as for kubelet-plugin, one of %v (a simulated fleet's node may set its own); inspect does not read the plugin's checkpoint, so it shows dynamic MIG devices even on GPUs the plugin would leave out for MIG instances it did not create", plugin.MIGModes))
 	return cmd
 }
@@ -118,13 +117,9 @@ func (o *inspectOptions) features(cmd *cobra.Command, node, migMode string, hw h
 		return nil, err
 	}
 	fo.VFIO = vfioConfig
-	sharing := o.sharing
-	if fleetNode != nil && fleetNode.Sharing != "" && !cmd.Flags().Changed("sharing") {
-		if sharing, err = devicemodel.ParseSharing(fleetNode.Sharing); err != nil {
-			return nil, err
-		}
+	if fo.Sharing, err = o.sharing.resolve(cmd.Flags(), fleetNode); err != nil {
+		return nil, err
 	}
-	fo.Sharing = sharing
 	return features.New(fo)
 }
 

@@ -17,7 +17,6 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
-	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
@@ -36,7 +35,7 @@ type kubeletPluginOptions struct {
 	cdi            cdiFlags
 	sharing        sharingFlags
 	vfio           vfioFlags
-	gpuSharing     devicemodel.Sharing
+	gpuSharing     gpuSharingFlags
 	driverName     string
 	nodeName       string
 	kubeconfig     string
@@ -69,7 +68,7 @@ func newKubeletPluginCommand() *cobra.Command {
 	o.cdi.addFlags(fs)
 	o.sharing.addFlags(fs)
 	o.vfio.addFlags(fs)
-	fs.Var(&o.gpuSharing, "sharing", "how full GPUs are shared between claims (KEP-5075 consumable capacity), one of none, memory-compute, shares=<N>, unlimited; a capped share gets an MPS daemon with its caps. See docs/sharing.md")
+	o.gpuSharing.addFlags(fs, "how full GPUs are shared between claims (KEP-5075 consumable capacity), one of none, memory-compute, shares=<N>, unlimited; a capped share gets an MPS daemon with its caps. See docs/sharing.md")
 	fs.StringVar(&o.driverName, "driver-name", "gpu.nvidia.com", "DRA driver name; NVIDIA's DRA driver uses gpu.nvidia.com")
 	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node, also the pool name (env NODE_NAME)")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file; in-cluster config when empty (env KUBECONFIG)")
@@ -139,10 +138,9 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 	if err != nil {
 		return err
 	}
-	if fleetNode != nil && fleetNode.Sharing != "" && !cmd.Flags().Changed("sharing") {
-		if o.gpuSharing, err = devicemodel.ParseSharing(fleetNode.Sharing); err != nil {
-			return err
-		}
+	gpuSharing, err := o.gpuSharing.resolve(cmd.Flags(), fleetNode)
+	if err != nil {
+		return err
 	}
 	timeSlicer, err := o.sharing.timeSlicer(&o.hw)
 	if err != nil {
@@ -157,7 +155,7 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 	}
 	driver, err := plugin.Start(ctx, plugin.Config{
 		VFIO:              vfioConfig,
-		Sharing:           o.gpuSharing,
+		Sharing:           gpuSharing,
 		TimeSlicer:        timeSlicer,
 		MPS:               mpsManager,
 		MPSUnavailable:    mpsUnavailable,

@@ -2,8 +2,10 @@ package main
 
 import (
 	"os"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 	logsapi "k8s.io/component-base/logs/api/v1"
@@ -29,6 +31,81 @@ func TestREADMEDocumentsEveryFlag(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestREADMEFlagTablesMatchHelp: every flag a README table names exists
+// in that subcommand, and a default the table gives as one literal value is
+// the flag's default in --help.
+func TestREADMEFlagTablesMatchHelp(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	commands := map[string]*pflag.FlagSet{}
+	for _, cmd := range newRootCommand().Commands() {
+		commands[cmd.Name()] = cmd.Flags()
+	}
+	flagName := regexp.MustCompile("`(--?[a-z][a-z0-9-]*)`")
+	literal := regexp.MustCompile("^`([^`]*)`$")
+	var section *pflag.FlagSet
+	var sectionName string
+	rows := 0
+	for _, line := range strings.Split(string(readme), "\n") {
+		if name, ok := strings.CutPrefix(line, "### `gpudra "); ok {
+			sectionName, _, _ = strings.Cut(name, "`")
+			section = commands[sectionName]
+			if section == nil {
+				t.Errorf("README.md has a section for gpudra %s, which is no subcommand", sectionName)
+			}
+			continue
+		}
+		if section == nil || !strings.HasPrefix(line, "| `-") {
+			continue
+		}
+		cells := strings.Split(strings.Trim(line, "|"), "|")
+		if len(cells) < 3 {
+			t.Errorf("README.md %s row %q: want flag | default | meaning", sectionName, line)
+			continue
+		}
+		names := flagName.FindAllStringSubmatch(cells[0], -1)
+		def := strings.TrimSpace(cells[1])
+		for _, m := range names {
+			rows++
+			name := strings.TrimLeft(m[1], "-")
+			f := section.Lookup(name)
+			if f == nil && len(name) == 1 {
+				f = section.ShorthandLookup(name)
+			}
+			if f == nil {
+				t.Errorf("README.md documents gpudra %s %s, which --help does not list", sectionName, m[1])
+				continue
+			}
+			// An empty default in --help is worked out at run time; the
+			// table says how.
+			v := literal.FindStringSubmatch(def)
+			if v == nil || len(names) != 1 || f.DefValue == "" || sameDefault(f, v[1]) {
+				continue
+			}
+			t.Errorf("README.md gives gpudra %s %s the default %q, --help %q", sectionName, m[1], v[1], f.DefValue)
+		}
+	}
+	if rows < 20 {
+		t.Errorf("found %d flags in README.md's tables; the parser no longer reads them", rows)
+	}
+}
+
+// sameDefault reports whether doc names f's default: the same text, or for
+// a duration the same length of time.
+func sameDefault(f *pflag.Flag, doc string) bool {
+	if doc == f.DefValue {
+		return true
+	}
+	if f.Value.Type() != "duration" {
+		return false
+	}
+	a, errA := time.ParseDuration(doc)
+	b, errB := time.ParseDuration(f.DefValue)
+	return errA == nil && errB == nil && a == b
 }
 
 func TestInspectRejectsUnknownFormat(t *testing.T) {

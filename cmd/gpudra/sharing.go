@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/timeslice"
@@ -101,4 +102,51 @@ func (f *sharingFlags) mpsManager(hw *discoveryFlags) (*mps.Manager, string) {
 func fileExists(path string) bool {
 	st, err := os.Stat(path)
 	return err == nil && st.Mode().IsRegular()
+}
+
+// gpuSharingFlags say how full GPUs are shared between claims (KEP-5075
+// consumable capacity): --sharing, NVIDIA's --consumable-shares for the
+// same, and --sharing-default.
+type gpuSharingFlags struct {
+	sharing          devicemodel.Sharing
+	consumableShares string
+	sharingDefault   string
+}
+
+func (f *gpuSharingFlags) addFlags(fs *pflag.FlagSet, help string) {
+	fs.Var(&f.sharing, "sharing", help)
+	fs.StringVar(&f.consumableShares, "consumable-shares", "", "--sharing under the name and values of NVIDIA's driver, so that its DaemonSet arguments carry over: disabled, memory (memory-compute), <N> (shares=<N>) or unlimited")
+	fs.StringVar(&f.sharingDefault, "sharing-default", devicemodel.SharingDefaultWhole, fmt.Sprintf("what a claim that asks for no capacity gets on a shared GPU: %s (the whole GPU, uncapped) or %s (one share with shares=<N>, no memory with unlimited, as NVIDIA's driver gives)", devicemodel.SharingDefaultWhole, devicemodel.SharingDefaultShare))
+}
+
+// resolve returns the sharing the flags set, with what a simulated node
+// sets where a flag was not given.
+func (f *gpuSharingFlags) resolve(fs *pflag.FlagSet, fleetNode *sim.Node) (devicemodel.Sharing, error) {
+	s := devicemodel.Sharing{}
+	if fleetNode != nil {
+		var err error
+		if s, err = fleetNode.GPUSharing(); err != nil {
+			return devicemodel.Sharing{}, err
+		}
+	}
+	switch {
+	case fs.Changed("sharing") && fs.Changed("consumable-shares"):
+		return devicemodel.Sharing{}, fmt.Errorf("--sharing %s and --consumable-shares %s both given: --consumable-shares is NVIDIA's name for --sharing; give one", f.sharing, f.consumableShares)
+	case fs.Changed("sharing"):
+		s.Mode, s.Shares = f.sharing.Mode, f.sharing.Shares
+	case fs.Changed("consumable-shares"):
+		parsed, err := devicemodel.ParseConsumableShares(f.consumableShares)
+		if err != nil {
+			return devicemodel.Sharing{}, fmt.Errorf("--consumable-shares: %w", err)
+		}
+		s.Mode, s.Shares = parsed.Mode, parsed.Shares
+	}
+	if fs.Changed("sharing-default") || fleetNode == nil || fleetNode.SharingDefault == "" {
+		byDefault, err := devicemodel.ParseSharingDefault(f.sharingDefault)
+		if err != nil {
+			return devicemodel.Sharing{}, fmt.Errorf("--sharing-default: %w", err)
+		}
+		s.ShareByDefault = byDefault
+	}
+	return s, nil
 }

@@ -27,7 +27,7 @@ type vfioFlags struct {
 }
 
 func (f *vfioFlags) addFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&f.mode, "vfio", vfioBeside, fmt.Sprintf("VFIO passthrough of GPUs with an IOMMU group, one of [%s %s %s]: %s publishes gpu-vfio-<minor> devices beside the CUDA devices, kept apart by shared counters (needs partitionable devices; without them no VFIO device is published); %s offers the GPUs of --vfio-gpus only for passthrough; %s publishes none", vfioBeside, vfioOnly, vfioOff, vfioBeside, vfioOnly, vfioOff))
+	fs.StringVar(&f.mode, "vfio", vfioBeside, fmt.Sprintf("VFIO passthrough of GPUs with an IOMMU group, one of [%s %s %s]: %s publishes gpu-vfio-<minor> devices beside the CUDA devices, kept apart by shared counters (needs partitionable devices; without them no VFIO device is published); %s offers the GPUs of --vfio-gpus for passthrough alone, without their CUDA devices; %s publishes none", vfioBeside, vfioOnly, vfioOff, vfioBeside, vfioOnly, vfioOff))
 	fs.IntSliceVar(&f.gpus, "vfio-gpus", nil, "minors of the GPUs offered for passthrough (default: every GPU with an IOMMU group)")
 	fs.StringVar(&f.driver, "vfio-driver", vfio.VFIOPCI, fmt.Sprintf("the VFIO driver GPUs are bound to, one of [%s %s] (the latter on Grace Hopper and Grace Blackwell)", vfio.VFIOPCI, vfio.NVGraceGPUVFIOPCI))
 }

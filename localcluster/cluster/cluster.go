@@ -217,11 +217,9 @@ func (c *Cluster) startNode(ctx context.Context, name string) (*simnode.Node, er
 	if err != nil {
 		return nil, err
 	}
-	var sharing devicemodel.Sharing
-	if fn.Sharing != "" {
-		if sharing, err = devicemodel.ParseSharing(fn.Sharing); err != nil {
-			return nil, fmt.Errorf("node %s: %w", name, err)
-		}
+	sharing, err := fn.GPUSharing()
+	if err != nil {
+		return nil, err
 	}
 	return simnode.Start(klog.NewContext(ctx, klog.FromContext(ctx)), simnode.Config{
 		Sysfs:         sysfs,

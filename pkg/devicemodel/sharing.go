@@ -109,6 +109,32 @@ func ParseSharing(v string) (Sharing, error) {
 	return s, s.Validate()
 }
 
+// ParseConsumableShares reads NVIDIA's --consumable-shares values, so that
+// its DaemonSet arguments carry over: "disabled" is none, "memory" is
+// memory-compute (NVIDIA's memory mode plus a compute capacity, which a
+// claim need not ask for), a positive integer N is shares=N, "unlimited" is
+// unlimited. The defaults stay gpudra's (see [WithSharing]): a claim that
+// asks for nothing gets the whole GPU unless ShareByDefault is set.
+func ParseConsumableShares(v string) (Sharing, error) {
+	switch v {
+	case "disabled":
+		return Sharing{Mode: SharingNone}, nil
+	case "memory":
+		return Sharing{Mode: SharingMemoryCompute}, nil
+	case string(SharingUnlimited):
+		return Sharing{Mode: SharingUnlimited}, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || strconv.Itoa(n) != v {
+		return Sharing{}, fmt.Errorf("consumable shares %q: must be disabled, memory, unlimited or a whole number of shares from 1 to %d", v, MaxShares)
+	}
+	s := Sharing{Mode: SharingShares, Shares: n}
+	if err := s.Validate(); err != nil {
+		return Sharing{}, fmt.Errorf("consumable shares %q: the number of shares must be from 1 to %d", v, MaxShares)
+	}
+	return s, nil
+}
+
 // Validate reports what is wrong with a Sharing made in code.
 func (s Sharing) Validate() error {
 	switch s.Mode {

@@ -65,7 +65,9 @@ func (d *Driver) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 	prepared, err := d.prep.Prepare(ctx, claim)
 	if err != nil {
 		logger.Error(err, "Prepare failed")
-		return kubeletplugin.PrepareResult{Err: fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, err)}
+		err = fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, err)
+		d.events.prepareFailed(claim, err)
+		return kubeletplugin.PrepareResult{Err: err}
 	}
 	if prepared.Record != nil && d.prep.ReportsStatus(prepared.Record) {
 		d.recordDeviceStatus(ctx, claim, prepared.Record.Devices)

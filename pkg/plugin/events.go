@@ -7,6 +7,7 @@ import (
 	"k8s.io/klog/v2"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
@@ -38,6 +39,30 @@ func newEvents(client kubernetes.Interface, nodeName string) *events {
 // for node-level trouble.
 func (d *Driver) Event(eventType, reason, message string) {
 	d.events.recorder.Event(d.events.nodeRef, eventType, reason, message)
+}
+
+// ReasonPrepareFailed is the reason of the Warning events a refused Prepare
+// records on the claim and on the pods it is reserved for.
+const ReasonPrepareFailed = "PrepareFailed"
+
+// prepareFailed records err on the claim and on every pod the claim is
+// reserved for, so that `kubectl describe` of either says at once why the
+// pod does not start, instead of a kubelet retrying in silence. The
+// recorder folds repeats of one message into one event with a count.
+func (e *events) prepareFailed(claim *resourceapi.ResourceClaim, err error) {
+	message := err.Error()
+	e.recorder.Event(&corev1.ObjectReference{
+		APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceClaim",
+		Namespace: claim.Namespace, Name: claim.Name, UID: claim.UID,
+	}, corev1.EventTypeWarning, ReasonPrepareFailed, message)
+	for _, consumer := range claim.Status.ReservedFor {
+		if consumer.APIGroup != "" || consumer.Resource != "pods" {
+			continue
+		}
+		e.recorder.Event(&corev1.ObjectReference{
+			APIVersion: "v1", Kind: "Pod", Namespace: claim.Namespace, Name: consumer.Name, UID: consumer.UID,
+		}, corev1.EventTypeWarning, ReasonPrepareFailed, message)
+	}
 }
 
 // onCorruptCheckpoint is called by the checkpoint store, on its own

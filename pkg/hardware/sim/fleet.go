@@ -76,6 +76,11 @@ type Node struct {
 	// "memory-compute", "shares=<N>" or "unlimited"; empty leaves it to
 	// the plugin (none).
 	Sharing string `json:"sharing,omitempty"`
+	// SharingDefault is the --sharing-default the node's plugin runs with:
+	// "whole" (a claim that asks for no capacity gets the whole GPU) or
+	// "share" (one share, as NVIDIA's driver gives); empty leaves it to the
+	// plugin (whole).
+	SharingDefault string `json:"sharingDefault,omitempty"`
 	// GPUs in NVML index order.
 	GPUs []GPU `json:"gpus,omitempty"`
 }

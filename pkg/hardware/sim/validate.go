@@ -105,6 +105,11 @@ func (n *Node) resolve(p *problems) {
 			p.add("sharing", "%v", err)
 		}
 	}
+	if n.SharingDefault != "" {
+		if _, err := devicemodel.ParseSharingDefault(n.SharingDefault); err != nil {
+			p.add("sharingDefault", "%v", err)
+		}
+	}
 
 	minors := map[int]int{}
 	busIDs := map[string]int{}
