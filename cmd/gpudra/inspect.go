@@ -2,10 +2,14 @@ package main
 
 import (
 	"fmt"
+	"net"
+	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/gpudra/gpudra/pkg/features"
 	"github.com/gpudra/gpudra/pkg/hardware"
@@ -23,6 +27,7 @@ type inspectOptions struct {
 	driverName string
 	migMode    string
 	sharing    gpuSharingFlags
+	pluginDir  string
 }
 
 func newInspectCommand() *cobra.Command {
@@ -35,7 +40,10 @@ func newInspectCommand() *cobra.Command {
 On a GPU node (no --fleet) the GPUs are discovered through NVML. With --fleet
 a simulated fleet is shown instead: all its nodes, or the one --node names.
 -o yaml prints only the ResourceSlice objects, one YAML document each, so the
-output can be piped to kubectl.`,
+output can be piped to kubectl on a node where the plugin does not run (it
+is refused while one serves the node); they are labelled
+app.kubernetes.io/managed-by=gpudra-inspect, to be deleted before the plugin
+starts.`,
 		Example: `  gpudra inspect --fleet dgx-h100
   gpudra inspect --fleet demo --node dgx-a100-0 -o yaml`,
 		Args: cobra.NoArgs,
@@ -50,6 +58,7 @@ output can be piped to kubectl.`,
 	fs.StringVar(&o.driverName, "driver-name", "gpu.nvidia.com", "DRA driver name")
 	o.vfio.addFlags(fs)
 	o.sharing.addFlags(fs, "as for kubelet-plugin: none, memory-compute, shares=<N> or unlimited (a simulated fleet's node may set its own)")
+	fs.StringVar(&o.pluginDir, "plugin-data-dir", "", "the kubelet plugin's directory on this node (default /var/lib/kubelet/plugins/<driver-name>): -o yaml and -o json are refused while a plugin listens there, since its slices already publish this node's pool")
 	fs.StringVar(&o.migMode, "mig-mode", string(plugin.MIGModeDynamic), fmt.Sprintf("as for kubelet-plugin, one of %v (a simulated fleet's node may set its own); inspect does not read the plugin's checkpoint, so it shows dynamic MIG devices even on GPUs the plugin would leave out for MIG instances it did not create", plugin.MIGModes))
 	return cmd
 }
@@ -66,6 +75,17 @@ func (o *inspectOptions) run(cmd *cobra.Command) error {
 	}
 	if err := o.vfio.validate(); err != nil {
 		return err
+	}
+	if o.output != "table" {
+		dir := o.pluginDir
+		if dir == "" {
+			dir = filepath.Join(kubeletplugin.KubeletPluginsDir, o.driverName)
+		}
+		if sock := pluginListening(dir); sock != "" {
+			return fmt.Errorf("-o %s: a kubelet plugin of %s serves this node (it listens on %s), and its ResourceSlices already publish the node's pool: "+
+				"applying these would put a second copy of every device in that pool, and pods could not be scheduled until the plugin removed them. "+
+				"Use -o table to see what it publishes, or kubectl get resourceslices --field-selector spec.nodeName=<node> for what it published", o.output, o.driverName, sock)
+		}
 	}
 	names, err := o.nodeNames()
 	if err != nil {
@@ -121,6 +141,21 @@ func (o *inspectOptions) features(cmd *cobra.Command, node, migMode string, hw h
 		return nil, err
 	}
 	return features.New(fo)
+}
+
+// pluginListening returns the DRA socket (dra.sock, or dra-<uid>.sock
+// during a rolling update) in dir that accepts connections; "" if none
+// does.
+func pluginListening(dir string) string {
+	socks, _ := filepath.Glob(filepath.Join(dir, "dra*.sock"))
+	for _, sock := range socks {
+		conn, err := net.DialTimeout("unix", sock, time.Second)
+		if err == nil {
+			_ = conn.Close()
+			return sock
+		}
+	}
+	return ""
 }
 
 func (o *inspectOptions) nodeNames() ([]string, error) {

@@ -65,6 +65,14 @@ func Write(w io.Writer, format, driverName string, nodes []Node) error {
 	return fmt.Errorf("unknown output format %q: supported values: %s", format, strings.Join(Formats, ", "))
 }
 
+// The label on the slices ResourceSlices returns, so that applied ones
+// can be found and deleted (kubectl delete resourceslices -l
+// app.kubernetes.io/managed-by=gpudra-inspect) before the plugin starts.
+const (
+	ManagedByLabel = "app.kubernetes.io/managed-by"
+	ManagedBy      = "gpudra-inspect"
+)
+
 // ResourceSlices returns the slices the node's plugin publishes, as full
 // objects. Their names follow the helper's scheme (slice index, driver,
 // node) so that applying them looks like what the plugin would create.
@@ -74,7 +82,7 @@ func ResourceSlices(driverName string, n Node) []resourceapi.ResourceSlice {
 	for i, c := range chunks {
 		out[i] = resourceapi.ResourceSlice{
 			TypeMeta:   metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceSlice"},
-			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%x-%s-%s", i, driverName, n.Name)},
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%x-%s-%s", i, driverName, n.Name), Labels: map[string]string{ManagedByLabel: ManagedBy}},
 			Spec: resourceapi.ResourceSliceSpec{
 				Driver:         driverName,
 				Pool:           resourceapi.ResourcePool{Name: n.Name, Generation: 1, ResourceSliceCount: int64(len(chunks))},
@@ -90,10 +98,10 @@ func ResourceSlices(driverName string, n Node) []resourceapi.ResourceSlice {
 // WriteTable prints one line per device.
 func WriteTable(w io.Writer, nodes []Node) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tDEVICE\tTYPE\tPRODUCT\tMEMORY\tPROFILE\tPCI BUS ID\tPCIE ROOT\tNUMA\tUUID")
+	fmt.Fprintln(tw, "NODE\tDEVICE\tTYPE\tSHARING\tPRODUCT\tMEMORY\tPROFILE\tPCI BUS ID\tPCIE ROOT\tNUMA\tUUID")
 	for _, n := range nodes {
 		if len(n.Model.Devices) == 0 {
-			fmt.Fprintf(tw, "%s\t(no devices)\t\t\t\t\t\t\t\t\n", n.Name)
+			fmt.Fprintf(tw, "%s\t(no devices)\t\t\t\t\t\t\t\t\t\n", n.Name)
 		}
 		for i := range n.Model.Devices {
 			d := &n.Model.Devices[i]
@@ -109,8 +117,12 @@ func WriteTable(w io.Writer, nodes []Node) error {
 				profile = d.MIG.Profile
 			}
 			mem := d.API.Capacity[devicemodel.CapMemory].Value
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
-				n.Name, d.Name(), d.Kind, d.GPU.ProductName, mem.String(), profile,
+			sharing := "-"
+			if d.Sharing.Enabled() {
+				sharing = d.Sharing.String()
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+				n.Name, d.Name(), d.Kind, sharing, d.GPU.ProductName, mem.String(), profile,
 				attr(d, deviceattribute.StandardDeviceAttributePCIBusID), attr(d, deviceattribute.StandardDeviceAttributePCIeRoot),
 				attr(d, deviceattribute.StandardDeviceAttributeNUMANode), uuid)
 		}
@@ -120,10 +132,34 @@ func WriteTable(w io.Writer, nodes []Node) error {
 	}
 	for _, n := range nodes {
 		inv := n.Inventory
-		fmt.Fprintf(w, "\n%s: %d GPUs, %d devices, driver %s, CUDA %s, %d ResourceSlice(s)\n",
-			n.Name, len(inv.GPUs), len(n.Model.Devices), inv.DriverVersion, inv.CUDADriverVersion, len(n.Model.Slices()))
+		fmt.Fprintf(w, "\n%s: %d GPUs, %d devices, driver %s, CUDA %s, %d ResourceSlice(s)%s\n",
+			n.Name, len(inv.GPUs), len(n.Model.Devices), inv.DriverVersion, inv.CUDADriverVersion, len(n.Model.Slices()), sharingSummary(n.Model))
 	}
 	return nil
+}
+
+// sharingSummary says how the node shares its full GPUs, and what a claim
+// that asks for no capacity gets; "" when it shares none.
+func sharingSummary(m *devicemodel.Model) string {
+	shared := 0
+	var s devicemodel.Sharing
+	for i := range m.Devices {
+		if m.Devices[i].Sharing.Enabled() {
+			shared++
+			s = m.Devices[i].Sharing
+		}
+	}
+	if shared == 0 {
+		return ""
+	}
+	plain := "the whole GPU"
+	if s.ShareByDefault {
+		plain = "one share"
+		if s.Mode == devicemodel.SharingUnlimited {
+			plain = "no memory, uncapped"
+		}
+	}
+	return fmt.Sprintf("; %d GPU(s) shared (%s): a claim that asks for no capacity gets %s", shared, s, plain)
 }
 
 func attr(d *devicemodel.Device, name resourceapi.QualifiedName) string {
