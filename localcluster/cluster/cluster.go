@@ -27,7 +27,6 @@ import (
 
 	"github.com/gpudra/gpudra/deployments/deviceclasses"
 	"github.com/gpudra/gpudra/deployments/rbac"
-	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
 

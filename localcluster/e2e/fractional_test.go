@@ -11,6 +11,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
@@ -18,7 +19,9 @@ import (
 	"github.com/gpudra/gpudra/localcluster/cluster"
 )
 
-// fractionalFleet has one H100 node per sharing mode.
+// fractionalFleet has one H100 node per sharing mode, one sharing as
+// NVIDIA's driver does by default, one with two GPUs, and one unshared: a
+// cluster that mixes modes.
 const fractionalFleet = `nodes:
 - name: share-mem
   sharing: memory-compute
@@ -26,8 +29,17 @@ const fractionalFleet = `nodes:
 - name: share-4
   sharing: shares=4
   gpus: [{model: H100-SXM5-80GB}]
+- name: share-4-nvidia
+  sharing: shares=4
+  sharingDefault: share
+  gpus: [{model: H100-SXM5-80GB}]
 - name: share-any
   sharing: unlimited
+  gpus: [{model: H100-SXM5-80GB}]
+- name: share-mem-2
+  sharing: memory-compute
+  gpus: [{model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}]
+- name: unshared
   gpus: [{model: H100-SXM5-80GB}]
 `
 
@@ -62,6 +74,91 @@ func TestFractionalGPUs(t *testing.T) {
 		}
 	})
 
+	t.Run("a claim that asks for nothing gets the whole GPU on every node", func(t *testing.T) {
+		// TimeSlicing, which a capped share refuses, works on each: the
+		// claim is the whole GPU, uncapped, with no MPS daemon.
+		ts := `      config:
+      - opaque:
+          driver: gpu.nvidia.com
+          parameters:
+            apiVersion: resource.nvidia.com/v1beta1
+            kind: GpuConfig
+            sharing: {strategy: TimeSlicing, timeSlicingConfig: {interval: Medium}}
+`
+		for _, node := range []string{"share-mem", "share-4", "share-any", "unshared"} {
+			ns := "whole-" + node
+			apply(t, ctx, sharedPods(ns, node, "", ts, "pod"))
+			pod := waitForPod(t, ctx, ns, "pod", "Running", running)
+			devs := devicesOf(t, ctx, pod)
+			claim := allocatedClaim(t, ctx, pod)
+			if _, err := mpsfake.ReadRecord(c.Node(node).MPSDirs(string(claim.UID)).Log); err == nil {
+				t.Errorf("%s: a claim that asked for nothing got a capped share with an MPS daemon", node)
+			}
+			if got, _ := c.Node(node).TimeSlice(attr(devs[0], "uuid")); got != "Medium" {
+				t.Errorf("%s: time slice %q, want Medium", node, got)
+			}
+			// The GPU is taken whole: a share of it does not fit.
+			if node != "unshared" {
+				share := map[string]string{"share-mem": "memory: 1Gi", "share-4": "shares: \"1\"", "share-any": "memory: 1Gi"}[node]
+				apply(t, ctx, sharedPods(ns+"-share", node, "          capacity: {requests: {"+share+"}}\n", "", "pod"))
+				waitPending(t, ctx, ns+"-share", "pod")
+				deletePod(t, ctx, ns+"-share", "pod")
+			}
+			deletePod(t, ctx, ns, "pod")
+		}
+	})
+
+	t.Run("a pod with two plain claims runs on a shared node", func(t *testing.T) {
+		apply(t, ctx, `apiVersion: v1
+kind: Namespace
+metadata: {name: two-plain}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {namespace: two-plain, name: gpu}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly: {deviceClassName: gpu.nvidia.com}
+---
+apiVersion: v1
+kind: Pod
+metadata: {namespace: two-plain, name: pod}
+spec:
+  nodeSelector: {kubernetes.io/hostname: share-mem-2}
+  containers:
+  - name: ctr
+    image: ubuntu:24.04
+    resources: {claims: [{name: a}, {name: b}]}
+  resourceClaims:
+  - {name: a, resourceClaimTemplateName: gpu}
+  - {name: b, resourceClaimTemplateName: gpu}
+`)
+		pod := waitForPod(t, ctx, "two-plain", "pod", "Running", running)
+		if devs := devicesOf(t, ctx, pod); len(devs) != 2 {
+			t.Errorf("got %d devices, want the node's two GPUs", len(devs))
+		}
+	})
+
+	t.Run("CEL chooses or avoids sharing", func(t *testing.T) {
+		sel := func(expr string) string {
+			return "          deviceClassName: gpu.nvidia.com\n          selectors:\n          - cel: {expression: '" + expr + "'}\n"
+		}
+		apply(t, ctx, podWithTemplate("cel-unshared", "        exactly:\n"+sel("!device.allowMultipleAllocations"), "", "pod"))
+		if pod := waitForPod(t, ctx, "cel-unshared", "pod", "Running", running); pod.Spec.NodeName != "unshared" {
+			t.Errorf("a claim for an unshared GPU ran on %s", pod.Spec.NodeName)
+		}
+		apply(t, ctx, podWithTemplate("cel-shares", "        exactly:\n"+sel(`device.attributes["gpu.nvidia.com"].sharingMode == "shares"`)+
+			"          capacity: {requests: {shares: \"1\"}}\n", "", "pod"))
+		if pod := waitForPod(t, ctx, "cel-shares", "pod", "Running", running); !strings.HasPrefix(pod.Spec.NodeName, "share-4") {
+			t.Errorf("a claim for sharingMode shares ran on %s", pod.Spec.NodeName)
+		}
+		deletePod(t, ctx, "cel-unshared", "pod")
+		deletePod(t, ctx, "cel-shares", "pod")
+	})
+
 	t.Run("memory quarters", func(t *testing.T) {
 		mem := publishedMemory(t, ctx, "share-mem")
 		quarter := resource.NewQuantity(mem/4, resource.BinarySI)
@@ -72,15 +169,21 @@ func TestFractionalGPUs(t *testing.T) {
 		waitPending(t, ctx, "share-mem-more", "p4")
 	})
 
-	t.Run("NVIDIA integer shares", func(t *testing.T) {
-		// As NVIDIA's integer-sharing manifests ask for a share: the
-		// class alone, no capacity, which takes the default of one share.
-		apply(t, ctx, sharedPods("share-4", "share-4", "", "", "p0", "p1", "p2", "p3"))
+	t.Run("integer shares", func(t *testing.T) {
+		one := "          capacity: {requests: {shares: \"1\"}}\n"
+		apply(t, ctx, sharedPods("share-4", "share-4", one, "", "p0", "p1", "p2", "p3"))
 		mem := publishedMemory(t, ctx, "share-4")
 		checkShares(t, ctx, "share-4", []string{"p0", "p1", "p2", "p3"}, 25, mem/4)
-		// Explicitly, in shares.
-		apply(t, ctx, sharedPods("share-4-more", "share-4", "          capacity: {requests: {shares: \"1\"}}\n", "", "p4"))
+		apply(t, ctx, sharedPods("share-4-more", "share-4", one, "", "p4"))
 		waitPending(t, ctx, "share-4-more", "p4")
+	})
+
+	t.Run("NVIDIA integer shares with sharingDefault share", func(t *testing.T) {
+		// As NVIDIA's integer-sharing manifests ask for a share: the
+		// class alone, no capacity, which takes one share there.
+		apply(t, ctx, sharedPods("share-4-nv", "share-4-nvidia", "", "", "p0", "p1", "p2", "p3"))
+		mem := publishedMemory(t, ctx, "share-4-nvidia")
+		checkShares(t, ctx, "share-4-nv", []string{"p0", "p1", "p2", "p3"}, 25, mem/4)
 	})
 
 	t.Run("conflicting time slices", func(t *testing.T) {
@@ -94,17 +197,21 @@ func TestFractionalGPUs(t *testing.T) {
             sharing: {strategy: TimeSlicing, timeSlicingConfig: {interval: %s}}
 `, interval)
 		}
-		apply(t, ctx, sharedPods("ts-long", "share-any", "", ts("Long"), "pod"))
+		nothing := "          capacity: {requests: {memory: \"0\"}}\n"
+		apply(t, ctx, sharedPods("ts-long", "share-any", nothing, ts("Long"), "pod"))
 		long := waitForPod(t, ctx, "ts-long", "pod", "Running", running)
 		gpu := attr(devicesOf(t, ctx, long)[0], "uuid")
 		if got, _ := c.Node("share-any").TimeSlice(gpu); got != "Long" {
 			t.Errorf("GPU time slice %q, want Long", got)
 		}
-		apply(t, ctx, sharedPods("ts-short", "share-any", "", ts("Short"), "pod"))
+		apply(t, ctx, sharedPods("ts-short", "share-any", nothing, ts("Short"), "pod"))
 		short := waitForPod(t, ctx, "ts-short", "pod", "refused", func(p *corev1.Pod) bool { return reasonOf(p) != "" })
 		if short.Status.Phase != corev1.PodPending || short.Spec.NodeName != "share-any" || !strings.Contains(reasonOf(short), "sharing.timeSlicingConfig.interval") {
 			t.Errorf("second interval on the GPU: %s on %q, reason %q; want Pending on share-any naming sharing.timeSlicingConfig.interval", short.Status.Phase, short.Spec.NodeName, reasonOf(short))
 		}
+		// The refusal is an event on the pod and on its claim at once.
+		waitForEvent(t, ctx, "ts-short", "Pod", "pod", "PrepareFailed", "sharing.timeSlicingConfig.interval")
+		waitForEvent(t, ctx, "ts-short", "ResourceClaim", allocatedClaim(t, ctx, short).Name, "PrepareFailed", "sharing.timeSlicingConfig.interval")
 	})
 }
 
@@ -178,4 +285,44 @@ func allocatedClaim(t *testing.T, ctx context.Context, pod *corev1.Pod) *resourc
 		t.Fatal(err)
 	}
 	return claim
+}
+
+// waitForEvent waits for an event of reason on the object whose message
+// contains text.
+func waitForEvent(t *testing.T, ctx context.Context, ns, kind, name, reason, text string) {
+	t.Helper()
+	var seen []string
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		list, err := demo.Client().CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, nil
+		}
+		seen = seen[:0]
+		for _, e := range list.Items {
+			seen = append(seen, e.InvolvedObject.Kind+"/"+e.InvolvedObject.Name+": "+e.Reason)
+			if e.InvolvedObject.Kind == kind && e.InvolvedObject.Name == name && e.Reason == reason && strings.Contains(e.Message, text) {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Errorf("no %s event on %s %s/%s naming %q; events: %v", reason, kind, ns, name, text, seen)
+	}
+}
+
+// deletePod deletes a pod and waits until it is gone, so that its claim's
+// devices are free again.
+func deletePod(t *testing.T, ctx context.Context, ns, name string) {
+	t.Helper()
+	if err := demo.Client().CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, err := demo.Client().CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		return err != nil, nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s/%s not gone: %v", ns, name, err)
+	}
 }
