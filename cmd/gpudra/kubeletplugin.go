@@ -2,9 +2,11 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -17,6 +19,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/pkg/metrics"
 	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
@@ -36,6 +39,8 @@ type kubeletPluginOptions struct {
 	sharing        sharingFlags
 	vfio           vfioFlags
 	gpuSharing     gpuSharingFlags
+	httpEndpoint   string
+	metricsPath    string
 	driverName     string
 	nodeName       string
 	kubeconfig     string
@@ -82,6 +87,8 @@ func newKubeletPluginCommand() *cobra.Command {
 	fs.DurationVar(&o.sweepEvery, "sweep-interval", plugin.DefaultSweepInterval, "how often stale prepared claims and orphaned CDI specs are cleaned up")
 	fs.DurationVar(&o.callTimeout, "kubelet-call-timeout", plugin.DefaultCallTimeout, "the kubelet's timeout for one DRA call; older unfinished preparations are rolled back")
 	fs.StringVar(&o.migMode, "mig-mode", string(plugin.MIGModeDynamic), fmt.Sprintf("how GPUs with MIG mode on are offered, one of %v: dynamic publishes every profile at every placement and creates the MIG device at Prepare; static publishes the MIG devices that exist and never creates or destroys one", plugin.MIGModes))
+	fs.StringVar(&o.httpEndpoint, "http-endpoint", "", "TCP address of the HTTP server for metrics and probes (e.g. :8080; /livez, /readyz and the metrics at --metrics-path); empty: no server")
+	fs.StringVar(&o.metricsPath, "metrics-path", "/metrics", "HTTP path of the Prometheus metrics on --http-endpoint")
 	fs.BoolVar(&o.migSwitching, "mig-mode-switching", false, "with --mig-mode=dynamic, offer Hopper and newer MIG-capable GPUs both as a full GPU and as MIG devices whatever their MIG mode, and switch the mode at Prepare as the allocated device needs")
 	logsapi.AddFlags(o.logging, fs)
 	return cmd
@@ -153,6 +160,17 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 	if mpsManager == nil {
 		logger.Info("MPS is not available; claims asking for it are refused", "reason", mpsUnavailable)
 	}
+	if !strings.HasPrefix(o.metricsPath, "/") {
+		return fmt.Errorf("--metrics-path %q: must start with /", o.metricsPath)
+	}
+	var httpListener net.Listener
+	if o.httpEndpoint != "" {
+		// Listen before anything starts: a port in use fails at once.
+		if httpListener, err = net.Listen("tcp", o.httpEndpoint); err != nil {
+			return fmt.Errorf("--http-endpoint: %w", err)
+		}
+		defer httpListener.Close()
+	}
 	driver, err := plugin.Start(ctx, plugin.Config{
 		VFIO:              vfioConfig,
 		Sharing:           gpuSharing,
@@ -177,7 +195,19 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 	if err != nil {
 		return err
 	}
-	<-ctx.Done()
+	httpDone := make(chan error, 1)
+	if httpListener != nil {
+		srv := metrics.NewServer(driver.Metrics(), o.metricsPath, driver.Ready)
+		go func() { httpDone <- srv.Serve(ctx, httpListener) }()
+		logger.Info("Serving metrics and probes", "address", httpListener.Addr().String(), "metricsPath", o.metricsPath)
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-httpDone:
+		// The plugin goes on serving the kubelet without it.
+		logger.Error(err, "HTTP server of metrics and probes stopped")
+		<-ctx.Done()
+	}
 	logger.Info("Shutting down")
 	driver.Stop()
 	return nil

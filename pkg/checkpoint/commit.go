@@ -146,6 +146,7 @@ func (s *Store) persist(next *claimstate.State) error {
 func (s *Store) replace(data []byte) error {
 	f, id, err := writeAtomic(s.path, data)
 	if err != nil {
+		s.writeErrors.Add(1)
 		return err
 	}
 	s.writes.Add(1)

@@ -107,8 +107,9 @@ type Store struct {
 	data []byte   // see loaded.data
 	pin  *os.File // the file cur.id names, kept open so its inode is not reused
 
-	writes    atomic.Int64 // files written; for tests and benchmarks
-	onCorrupt func(CorruptFile)
+	writes      atomic.Int64 // files written; for metrics, tests and benchmarks
+	writeErrors atomic.Int64 // writes that failed; for metrics
+	onCorrupt   func(CorruptFile)
 }
 
 // snapshot is the state as of one version of the file and of the
@@ -292,6 +293,9 @@ func (s *Store) View(ctx context.Context, fn func(*claimstate.State) error) erro
 // Writes returns how many times this Store has written the file: with
 // group commit, fewer than the Updates that changed it.
 func (s *Store) Writes() int64 { return s.writes.Load() }
+
+// WriteErrors counts the writes of the file that failed.
+func (s *Store) WriteErrors() int64 { return s.writeErrors.Load() }
 
 // Close stops the Store. A write in flight completes; requests still queued
 // fail with ErrClosed. A flock(2) wait in progress goes on in the background

@@ -62,7 +62,9 @@ func perClaim[C, R any](claims []C, uid func(C) types.UID, do func(C) R) map[typ
 func (d *Driver) prepareClaim(ctx context.Context, claim *resourceapi.ResourceClaim) kubeletplugin.PrepareResult {
 	logger := klog.FromContext(ctx).WithValues("claim", klog.KObj(claim), "claimUID", claim.UID)
 	ctx = klog.NewContext(ctx, logger)
+	began := time.Now()
 	prepared, err := d.prep.Prepare(ctx, claim)
+	d.metrics.ObservePrepare(time.Since(began), err)
 	if err != nil {
 		logger.Error(err, "Prepare failed")
 		err = fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, err)
@@ -79,7 +81,9 @@ func (d *Driver) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 func (d *Driver) unprepareClaim(ctx context.Context, claim kubeletplugin.NamespacedObject) error {
 	logger := klog.FromContext(ctx).WithValues("claim", claim.NamespacedName, "claimUID", claim.UID)
 	ctx = klog.NewContext(ctx, logger)
+	began := time.Now()
 	reported, err := d.prep.Unprepare(ctx, claim)
+	d.metrics.ObserveUnprepare(time.Since(began), err)
 	if err != nil {
 		return err
 	}

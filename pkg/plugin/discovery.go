@@ -109,6 +109,7 @@ func (d *Driver) publish(ctx context.Context) error {
 	if err := d.helper.PublishResources(ctx, res); err != nil {
 		return fmt.Errorf("publish ResourceSlices: %w", err)
 	}
+	d.published.Store(true)
 	return nil
 }
 

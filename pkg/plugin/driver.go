@@ -33,6 +33,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/features"
 	"github.com/gpudra/gpudra/pkg/features/passthrough"
 	"github.com/gpudra/gpudra/pkg/hardware"
+	"github.com/gpudra/gpudra/pkg/metrics"
 	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/preparer"
 	"github.com/gpudra/gpudra/pkg/timeslice"
@@ -153,7 +154,7 @@ const (
 // Driver is gpudra's kubelet plugin. It implements [kubeletplugin.DRAPlugin].
 // It is a shell: discovery and publishing (discovery.go), the preparer
 // (package preparer) with the node's features (package features), the
-// sweep (sweep.go) and Node events (events.go).
+// sweep (sweep.go), Node events (events.go) and metrics (metrics.go).
 type Driver struct {
 	cfg      Config
 	logger   klog.Logger
@@ -164,6 +165,9 @@ type Driver struct {
 	features *features.Set
 	prep     *preparer.Preparer
 	sweeper  *sweeper
+	// metrics and what readiness needs (metrics.go).
+	metrics   *metrics.Plugin
+	published atomic.Bool
 
 	// state is the current publication.
 	state atomic.Pointer[preparer.Published]
@@ -199,6 +203,7 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 		rebuild: make(chan struct{}, 1),
 		events:  newEvents(cfg.KubeClient, cfg.NodeName),
 	}
+	d.metrics = metrics.NewPlugin(d.metricsState)
 	defer func() {
 		if finalErr != nil {
 			d.Stop()
@@ -453,6 +458,7 @@ func (d *Driver) current() *preparer.Published {
 // API server dropped fields that a publishing choice depends on, the plugin
 // falls back (see fallbacks) and publishes again.
 func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
+	d.metrics.SlicePublishError()
 	var dropped *resourceslice.DroppedFieldsError
 	if !errors.As(err, &dropped) {
 		utilruntime.HandleErrorWithContext(ctx, err, msg)

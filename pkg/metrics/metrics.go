@@ -1,0 +1,153 @@
+// Package metrics holds the kubelet plugin's Prometheus metrics, built with
+// k8s.io/component-base/metrics as Kubernetes components build theirs, in a
+// registry of their own that the plugin serves over HTTP (see Handler).
+//
+// Counters and histograms are updated as things happen; the gauges (claims
+// prepared, devices published, MPS daemons running) are read from the
+// plugin's state at each scrape, so they can never drift from it.
+package metrics
+
+import (
+	"net/http"
+	"time"
+
+	"k8s.io/component-base/metrics"
+)
+
+// Namespace prefixes every metric name.
+const Namespace = "gpudra"
+
+// Results of Prepare, Unprepare and checkpoint writes, as label values.
+const (
+	ResultSuccess = "success"
+	ResultError   = "error"
+)
+
+// State is what the gauges show, read at each scrape.
+type State struct {
+	// PreparedClaims counts the claims prepared on the node; -1 when the
+	// checkpoint cannot be read, and the gauge is left out.
+	PreparedClaims int
+	// PublishedDevices counts the published devices by type (gpu, mig,
+	// vfio).
+	PublishedDevices map[string]int
+	// MPSDaemons counts the MPS control daemons the plugin supervises.
+	MPSDaemons int
+	// CheckpointWrites and CheckpointWriteErrors count the writes of the
+	// checkpoint file since the plugin started (one per group commit).
+	CheckpointWrites, CheckpointWriteErrors int64
+}
+
+// Plugin is the kubelet plugin's metrics.
+type Plugin struct {
+	registry metrics.KubeRegistry
+
+	prepareDuration    *metrics.HistogramVec
+	unprepareDuration  *metrics.HistogramVec
+	slicePublishErrors *metrics.Counter
+}
+
+// durationBuckets span a Prepare that only answers from the checkpoint
+// (under a millisecond) to one that creates a MIG device or starts an MPS
+// daemon (seconds), up to the kubelet's call timeout.
+var durationBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 45}
+
+// NewPlugin returns the plugin's metrics, registered; state is called at
+// each scrape for the gauges.
+func NewPlugin(state func() State) *Plugin {
+	p := &Plugin{
+		registry: metrics.NewKubeRegistry(),
+		prepareDuration: metrics.NewHistogramVec(&metrics.HistogramOpts{
+			Namespace:      Namespace,
+			Name:           "prepare_duration_seconds",
+			Help:           "Time to prepare one claim (NodePrepareResources, per claim), by result.",
+			Buckets:        durationBuckets,
+			StabilityLevel: metrics.ALPHA,
+		}, []string{"result"}),
+		unprepareDuration: metrics.NewHistogramVec(&metrics.HistogramOpts{
+			Namespace:      Namespace,
+			Name:           "unprepare_duration_seconds",
+			Help:           "Time to unprepare one claim (NodeUnprepareResources, per claim), by result.",
+			Buckets:        durationBuckets,
+			StabilityLevel: metrics.ALPHA,
+		}, []string{"result"}),
+		slicePublishErrors: metrics.NewCounter(&metrics.CounterOpts{
+			Namespace:      Namespace,
+			Name:           "resourceslice_publish_errors_total",
+			Help:           "Errors the ResourceSlice controller reported while publishing the node's devices.",
+			StabilityLevel: metrics.ALPHA,
+		}),
+	}
+	p.registry.MustRegister(p.prepareDuration, p.unprepareDuration, p.slicePublishErrors)
+	p.registry.CustomMustRegister(newStateCollector(state))
+	return p
+}
+
+// Handler serves the metrics in the Prometheus text format.
+func (p *Plugin) Handler() http.Handler {
+	return metrics.HandlerFor(p.registry, metrics.HandlerOpts{})
+}
+
+// Registry is the registry the metrics are in, for tests that gather them.
+func (p *Plugin) Registry() metrics.KubeRegistry { return p.registry }
+
+// ObservePrepare records one claim's Prepare.
+func (p *Plugin) ObservePrepare(took time.Duration, err error) {
+	p.prepareDuration.WithLabelValues(result(err)).Observe(took.Seconds())
+}
+
+// ObserveUnprepare records one claim's Unprepare.
+func (p *Plugin) ObserveUnprepare(took time.Duration, err error) {
+	p.unprepareDuration.WithLabelValues(result(err)).Observe(took.Seconds())
+}
+
+// SlicePublishError counts an error of the ResourceSlice controller.
+func (p *Plugin) SlicePublishError() { p.slicePublishErrors.Inc() }
+
+func result(err error) string {
+	if err != nil {
+		return ResultError
+	}
+	return ResultSuccess
+}
+
+// stateCollector reports the gauges from the plugin's state.
+type stateCollector struct {
+	metrics.BaseStableCollector
+	state func() State
+}
+
+var (
+	preparedClaimsDesc = metrics.NewDesc(Namespace+"_prepared_claims",
+		"Claims prepared on the node (completed in the checkpoint).", nil, nil, metrics.ALPHA, "")
+	publishedDevicesDesc = metrics.NewDesc(Namespace+"_published_devices",
+		"Devices published in the node's ResourceSlices, by type (gpu, mig, vfio).", []string{"type"}, nil, metrics.ALPHA, "")
+	mpsDaemonsDesc = metrics.NewDesc(Namespace+"_mps_daemons",
+		"MPS control daemons the plugin runs and supervises.", nil, nil, metrics.ALPHA, "")
+	checkpointWritesDesc = metrics.NewDesc(Namespace+"_checkpoint_writes_total",
+		"Writes of the checkpoint file since the plugin started (one per group commit), by result.", []string{"result"}, nil, metrics.ALPHA, "")
+)
+
+func newStateCollector(state func() State) *stateCollector {
+	return &stateCollector{state: state}
+}
+
+func (c *stateCollector) DescribeWithStability(ch chan<- *metrics.Desc) {
+	ch <- preparedClaimsDesc
+	ch <- publishedDevicesDesc
+	ch <- mpsDaemonsDesc
+	ch <- checkpointWritesDesc
+}
+
+func (c *stateCollector) CollectWithStability(ch chan<- metrics.Metric) {
+	s := c.state()
+	if s.PreparedClaims >= 0 {
+		ch <- metrics.NewLazyConstMetric(preparedClaimsDesc, metrics.GaugeValue, float64(s.PreparedClaims))
+	}
+	for typ, n := range s.PublishedDevices {
+		ch <- metrics.NewLazyConstMetric(publishedDevicesDesc, metrics.GaugeValue, float64(n), typ)
+	}
+	ch <- metrics.NewLazyConstMetric(mpsDaemonsDesc, metrics.GaugeValue, float64(s.MPSDaemons))
+	ch <- metrics.NewLazyConstMetric(checkpointWritesDesc, metrics.CounterValue, float64(s.CheckpointWrites), ResultSuccess)
+	ch <- metrics.NewLazyConstMetric(checkpointWritesDesc, metrics.CounterValue, float64(s.CheckpointWriteErrors), ResultError)
+}
