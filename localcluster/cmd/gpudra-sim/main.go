@@ -95,7 +95,10 @@ Flags:
 func setUpLogging(o options) (func(), error) {
 	kfs := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(kfs)
-	for k, v := range map[string]string{"logtostderr": "false", "alsologtostderr": "false", "stderrthreshold": "FATAL", "v": fmt.Sprint(o.verbosity)} {
+	// one_output: klog writes an error to the error, warning and info
+	// outputs, which SetOutput makes one file: each line would be there
+	// three times.
+	for k, v := range map[string]string{"logtostderr": "false", "alsologtostderr": "false", "stderrthreshold": "FATAL", "one_output": "true", "v": fmt.Sprint(o.verbosity)} {
 		if err := kfs.Set(k, v); err != nil {
 			return nil, err
 		}
