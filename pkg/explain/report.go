@@ -77,9 +77,9 @@ type ClaimReport struct {
 	// Allocated lists the devices of a claim allocated already.
 	Allocated []PlacedDevice `json:"allocated,omitempty"`
 	// FitNodes are the nodes the claim fits on by itself (pending claims).
-	FitNodes    []string            `json:"fitNodes,omitempty"`
-	Requests    []RequestReport     `json:"requests,omitempty"`
-	Constraints []ConstraintReport  `json:"constraints,omitempty"`
+	FitNodes    []string           `json:"fitNodes,omitempty"`
+	Requests    []RequestReport    `json:"requests,omitempty"`
+	Constraints []ConstraintReport `json:"constraints,omitempty"`
 }
 
 // Status says whether a request (or constraint) is satisfiable by itself.
