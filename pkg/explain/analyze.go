@@ -21,12 +21,12 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-// features are the scheduler's DRA features as Kubernetes 1.37 enables
+// allocatorFeatures are the scheduler's DRA features as Kubernetes 1.37 enables
 // them by default (k8s.io/kubernetes pkg/features at v1.37.1): admin
 // access, prioritized lists and device taints are GA, partitionable
 // devices, binding conditions, consumable capacity and fractional
 // capacity ranges beta.
-var features = structured.Features{
+var allocatorFeatures = structured.Features{
 	AdminAccess:             true,
 	PrioritizedList:         true,
 	PartitionableDevices:    true,
@@ -61,7 +61,7 @@ func Analyze(ctx context.Context, in *Input) (*Report, error) {
 			}
 		}
 	}
-	a := &analyzer{in: in, cel: cel.NewCache(200, cel.Features{EnableConsumableCapacity: features.ConsumableCapacity}), classes: map[string]*resourceapi.DeviceClass{}}
+	a := &analyzer{in: in, cel: cel.NewCache(200, cel.Features{EnableConsumableCapacity: allocatorFeatures.ConsumableCapacity}), classes: map[string]*resourceapi.DeviceClass{}}
 	for _, c := range in.Classes {
 		a.classes[c.Name] = c
 	}
@@ -98,7 +98,7 @@ func Analyze(ctx context.Context, in *Input) (*Report, error) {
 		return nil, err
 	}
 	rep.Warnings = append(rep.Warnings, a.inv.warnings...)
-	if a.alloc, err = structured.NewAllocator(ctx, features, a.allocated, classLister(in.Classes), in.Slices, a.cel); err != nil {
+	if a.alloc, err = structured.NewAllocator(ctx, allocatorFeatures, a.allocated, classLister(in.Classes), in.Slices, a.cel); err != nil {
 		return nil, fmt.Errorf("start the scheduler's allocator: %w", err)
 	}
 
@@ -106,7 +106,7 @@ func Analyze(ctx context.Context, in *Input) (*Report, error) {
 	switch {
 	case err != nil:
 		rep.Verdict = VerdictFails
-		rep.Problems = append(rep.Problems, "the scheduler's allocator stops with an error, so the scheduler cannot place the pod anywhere: "+err.Error())
+		rep.Problems = append(rep.Problems, "the scheduler's allocator stops with an error, so the scheduler tries no node: "+err.Error())
 	case len(fit) > 0:
 		rep.Verdict, rep.FitNodes = VerdictFits, fit
 		for i, c := range pending {
@@ -153,7 +153,7 @@ func (a *analyzer) allocatedState() {
 			}
 			id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
 			if a.owners[id] == "" {
-				a.owners[id] = "claim " + key
+				a.owners[id] = key
 			}
 			if r.ShareID == nil {
 				a.allocated.AllocatedDevices.Insert(id)

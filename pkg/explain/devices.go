@@ -54,8 +54,9 @@ type device struct {
 	// nodes are the candidate nodes that can use it.
 	nodes sets.Set[string]
 	state deviceState
-	// why says who holds the device (or its counters).
-	why string
+	// holder is the claim holding the device (in use or shared), or the
+	// device and claim holding the counters it needs.
+	holder string
 	// consumed is the capacity other claims hold of a shared device.
 	consumed map[resourceapi.QualifiedName]resource.Quantity
 }
@@ -150,7 +151,7 @@ func (inv *inventory) addPool(k poolKey, poolSlices []*resourceapi.ResourceSlice
 					}
 				}
 				if _, ok := takenBy[cc.CounterSet]; !ok {
-					takenBy[cc.CounterSet] = fmt.Sprintf("%s (%s)", d.Name, owners[id])
+					takenBy[cc.CounterSet] = fmt.Sprintf("%s of claim %s", d.Name, owners[id])
 				}
 			}
 		}
@@ -173,7 +174,7 @@ func (inv *inventory) addPool(k poolKey, poolSlices []*resourceapi.ResourceSlice
 					return fmt.Errorf("ResourceSlice %s, device %s: %w", s.Name, api.Name, err)
 				}
 			}
-			d.state, d.why = state(d, allocated, owners, left, takenBy)
+			d.state, d.holder = state(d, allocated, owners, left, takenBy)
 			if d.state == stateShared {
 				d.consumed = map[resourceapi.QualifiedName]resource.Quantity{}
 				for name, q := range allocated.AggregatedCapacity[d.id] {
@@ -193,16 +194,16 @@ func (inv *inventory) addPool(k poolKey, poolSlices []*resourceapi.ResourceSlice
 func state(d *device, allocated structured.AllocatedState, owners map[structured.DeviceID]string, left map[string]map[string]resource.Quantity, takenBy map[string]string) (deviceState, string) {
 	shared := ptr.Deref(d.api.AllowMultipleAllocations, false)
 	if allocated.AllocatedDevices.Has(d.id) {
-		return stateInUse, "held by " + owners[d.id]
+		return stateInUse, owners[d.id]
 	}
 	if shared && structured.IsDeviceAllocated(d.id, &allocated) {
 		// Its counters are charged once, already.
-		return stateShared, "shared with " + owners[d.id]
+		return stateShared, owners[d.id]
 	}
 	for _, cc := range d.api.ConsumesCounters {
 		for name, c := range cc.Counters {
 			if q, ok := left[cc.CounterSet][name]; ok && q.Cmp(c.Value) < 0 {
-				return stateCountersUsedUp, fmt.Sprintf("counter %s of %s used by %s", name, cc.CounterSet, takenBy[cc.CounterSet])
+				return stateCountersUsedUp, takenBy[cc.CounterSet]
 			}
 		}
 	}
@@ -214,7 +215,7 @@ func state(d *device, allocated structured.AllocatedState, owners map[structured
 func reach(nodes []*corev1.Node, nodeName *string, allNodes *bool, selector *corev1.NodeSelector) (sets.Set[string], error) {
 	out := sets.New[string]()
 	for _, n := range nodes {
-		ok, err := structured.NodeMatches(features, n, ptr.Deref(nodeName, ""), ptr.Deref(allNodes, false), selector)
+		ok, err := structured.NodeMatches(allocatorFeatures, n, ptr.Deref(nodeName, ""), ptr.Deref(allNodes, false), selector)
 		if err != nil {
 			return nil, err
 		}

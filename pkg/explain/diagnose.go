@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sort"
+	"maps"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -29,7 +29,11 @@ func (a *analyzer) diagnose(ctx context.Context, rep *Report, pending []*resourc
 		}
 		fit, _, err := a.fit(ctx, []*resourceapi.ResourceClaim{c}, true)
 		if err != nil {
-			rep.Problems = append(rep.Problems, fmt.Sprintf("claim %s: the scheduler's allocator stops with an error: %v", c.Name, err))
+			// The same error stopped the allocation of all claims when
+			// it is the only claim; say it once.
+			if len(pending) > 1 {
+				rep.Problems = append(rep.Problems, fmt.Sprintf("claim %s: the scheduler's allocator stops with an error: %v", c.Name, err))
+			}
 			claimsFitAlone = append(claimsFitAlone, nil)
 			continue
 		}
@@ -131,40 +135,46 @@ func (a *analyzer) constraint(ctx context.Context, c *resourceapi.ResourceClaim,
 	}
 	domain, name, _ := strings.Cut(string(attr), "/")
 	ref := attrRef{domain: domain, name: name}
-	var parts []string
+	// For each value of the attribute, how many of each request's free
+	// devices on the node have it.
+	perValue := map[string]map[string]int{}
+	var asks []string
 	for _, r := range requests {
-		counts := map[string]int{}
-		for _, d := range evals[r].free[node] {
+		ev := evals[r]
+		if ev.report.Count > 0 {
+			asks = append(asks, fmt.Sprintf("%s (%d)", r, ev.report.Count))
+		} else {
+			asks = append(asks, r)
+		}
+		for _, d := range ev.free[node] {
 			v, _, ok := ref.value(d)
 			if !ok {
 				v = "(none)"
 			}
-			counts[v]++
+			if perValue[v] == nil {
+				perValue[v] = map[string]int{}
+			}
+			perValue[v][r]++
 		}
-		var vs []string
-		for _, v := range sortedKeys(counts) {
-			vs = append(vs, fmt.Sprintf("%s x%d", v, counts[v]))
-		}
-		if len(vs) == 0 {
-			vs = []string{"no free device"}
-		}
-		parts = append(parts, fmt.Sprintf("%s: %s", r, strings.Join(vs, ", ")))
 	}
-	if rep.Kind == "matchAttribute" {
-		rep.Reason = fmt.Sprintf("no node has devices for requests %s that all share one value of %s; on %s the free devices have %s", strings.Join(requests, ", "), attr, node, strings.Join(parts, "; "))
-	} else {
-		rep.Reason = fmt.Sprintf("no node has devices for requests %s with a different value of %s each; on %s the free devices have %s", strings.Join(requests, ", "), attr, node, strings.Join(parts, "; "))
+	var values []string
+	for _, v := range slices.Sorted(maps.Keys(perValue)) {
+		var per []string
+		for _, r := range requests {
+			per = append(per, fmt.Sprintf("%d for %s", perValue[v][r], r))
+		}
+		values = append(values, fmt.Sprintf("%s: %s", v, strings.Join(per, ", ")))
 	}
+	have := "no free device"
+	if len(values) > 0 {
+		have = strings.Join(values, "; ")
+	}
+	want := "all share one value"
+	if rep.Kind == "distinctAttribute" {
+		want = "each have a different value"
+	}
+	rep.Reason = fmt.Sprintf("no node has devices for requests %s that %s of %s; the free devices on %s by value: %s", strings.Join(asks, ", "), want, attr, node, have)
 	return rep
-}
-
-func sortedKeys(m map[string]int) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 func claimReport(rep *Report, name string) *ClaimReport {

@@ -3,6 +3,7 @@ package explain
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -153,7 +154,10 @@ func (a *analyzer) exact(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	counts, free, capWhy := a.count(s, inClass, selected)
 	rep.Devices, ev.free = counts, free
 
+	fatal := reqEval.fatal(inClass)
 	switch {
+	case fitErr != nil && fatal != "":
+		rep.Reason = fatal
 	case fitErr != nil:
 		rep.Reason = "the scheduler's allocator stops with an error: " + fitErr.Error()
 	case len(fit) > 0:
@@ -172,9 +176,6 @@ func (a *analyzer) exact(ctx context.Context, claim *resourceapi.ResourceClaim, 
 		rep.Reason = fmt.Sprintf("no device of class %s", class.Name) + why + nearestText(rep.Nearest)
 	default:
 		rep.Reason = a.shortage(s, counts, selected, capWhy)
-	}
-	if e := reqEval.fatal(inClass); e != "" && rep.Status == StatusFails {
-		rep.Reason += "; " + e
 	}
 	return ev
 }
@@ -273,7 +274,10 @@ func (a *analyzer) shortage(s spec, c *DeviceCounts, selected []*device, capWhy 
 			caps = append(caps, fmt.Sprintf("%s %s", name, q.String()))
 		}
 		sort.Strings(caps)
-		asks += " with " + strings.Join(caps, ", ") + " each"
+		asks += " with " + strings.Join(caps, ", ")
+		if s.count() > 1 || s.all() {
+			asks += " each"
+		}
 	}
 	switch {
 	case c.WithCapacity == 0:
@@ -282,8 +286,10 @@ func (a *analyzer) shortage(s spec, c *DeviceCounts, selected []*device, capWhy 
 		return fmt.Sprintf("%s; %s, at most %d on one node%s; 0 nodes can satisfy it", asks, narrowed, c.MostOnANode, parenthesized(c.MostOnANodeName))
 	case c.NodesWithEnough == 0 && s.all():
 		return fmt.Sprintf("%s; no node has them all free: %s has %d, %d free (%s)", asks, c.MostOnANodeName, c.MostOnANode, a.freeOn(selected, c.MostOnANodeName), a.busy(c, selected))
+	case c.NodesWithEnough == 0 && c.Free == 0:
+		return fmt.Sprintf("%s; %s, none of them free (%s)", asks, narrowed, a.busy(c, selected))
 	case c.NodesWithEnough == 0:
-		return fmt.Sprintf("%s; %s, but only %d are free (%s); at most %d free on one node%s", asks, narrowed, c.Free, a.busy(c, selected), c.MostFreeOnANode, parenthesized(c.MostFreeOnANodeName))
+		return fmt.Sprintf("%s; %s, %d of them free (%s), at most %d on one node%s", asks, narrowed, c.Free, a.busy(c, selected), c.MostFreeOnANode, parenthesized(c.MostFreeOnANodeName))
 	}
 	for _, n := range a.nodes {
 		if int64(len(a.freeDevices(selected, n.Name))) >= s.count() && consumesCounters(selected, n.Name) {
@@ -293,32 +299,61 @@ func (a *analyzer) shortage(s spec, c *DeviceCounts, selected []*device, capWhy 
 	return fmt.Sprintf("%s; %s and %d nodes have enough free devices, yet the scheduler's allocator finds no placement", asks, narrowed, c.NodesWithEnough)
 }
 
-// busy breaks down why devices that match are not free, naming a few of
-// their holders.
+// busy breaks down why devices that match are not free, naming who
+// holds them.
 func (a *analyzer) busy(c *DeviceCounts, selected []*device) string {
+	holders := map[deviceState]map[string]int{}
+	for _, d := range selected {
+		if d.holder == "" {
+			continue
+		}
+		if holders[d.state] == nil {
+			holders[d.state] = map[string]int{}
+		}
+		holders[d.state][d.holder]++
+	}
 	var parts []string
 	if c.InUse > 0 {
-		parts = append(parts, fmt.Sprintf("%d held by other claims", c.InUse))
+		byHolder := holders[stateInUse]
+		for h, n := range holders[stateShared] {
+			if byHolder == nil {
+				byHolder = map[string]int{}
+			}
+			byHolder[h] += n
+		}
+		parts = append(parts, fmt.Sprintf("%d held by other claims: %s", c.InUse, counted(byHolder)))
 	}
 	if c.CountersUsedUp > 0 {
-		parts = append(parts, fmt.Sprintf("%d blocked by shared counters other claims use", c.CountersUsedUp))
+		parts = append(parts, fmt.Sprintf("%d blocked by shared counters that other claims' devices use: %s", c.CountersUsedUp, counted(holders[stateCountersUsedUp])))
 	}
 	if c.Tainted > 0 {
 		parts = append(parts, fmt.Sprintf("%d tainted and not tolerated", c.Tainted))
-	}
-	var examples []string
-	for _, d := range selected {
-		if d.why != "" && len(examples) < 3 {
-			examples = append(examples, d.label()+" "+d.why)
-		}
-	}
-	if len(examples) > 0 {
-		parts = append(parts, "e.g. "+strings.Join(examples, ", "))
 	}
 	if len(parts) == 0 {
 		return "none held by other claims"
 	}
 	return strings.Join(parts, "; ")
+}
+
+// counted lists holders with how many devices each holds, most first, at
+// most four.
+func counted(m map[string]int) string {
+	keys := slices.Collect(maps.Keys(m))
+	sort.Slice(keys, func(i, j int) bool {
+		if m[keys[i]] != m[keys[j]] {
+			return m[keys[i]] > m[keys[j]]
+		}
+		return keys[i] < keys[j]
+	})
+	var out []string
+	for i, k := range keys {
+		if i == 4 {
+			out = append(out, fmt.Sprintf("and %d more", len(keys)-4))
+			break
+		}
+		out = append(out, fmt.Sprintf("%s (%d)", k, m[k]))
+	}
+	return strings.Join(out, ", ")
 }
 
 func (a *analyzer) freeDevices(devs []*device, node string) []*device {
@@ -445,7 +480,7 @@ func (e clauseEval) fatal(devs []*device) string {
 				}
 			}
 			if others {
-				return fmt.Sprintf("selector clause %q fails with a CEL runtime error %s, which stops the scheduler for the whole pod", e.clauses[j].expr, e.errs[j])
+				return fmt.Sprintf("selector clause %q fails with a CEL runtime error, which stops the scheduler for the whole pod: %s", e.clauses[j].expr, e.errs[j])
 			}
 		}
 	}
