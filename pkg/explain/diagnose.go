@@ -3,8 +3,8 @@ package explain
 import (
 	"context"
 	"fmt"
-	"slices"
 	"maps"
+	"slices"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
