@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"unicode"
 
 	"github.com/google/cel-go/common"
 	"github.com/google/cel-go/common/ast"
@@ -105,6 +106,12 @@ func span(src string, info *ast.SourceInfo, e ast.Expr) (string, bool) {
 		return "", false
 	}
 	end := int(hi)
+	// A field selection's range is its dot: take in the field's name.
+	if end > 0 && src[end-1] == '.' {
+		for end < len(src) && (src[end] == '_' || src[end] == '`' || unicode.IsLetter(rune(src[end])) || unicode.IsDigit(rune(src[end]))) {
+			end++
+		}
+	}
 	for open := unclosed(src[lo:end]); open > 0 && end < len(src); end++ {
 		switch src[end] {
 		case ')', ']':
