@@ -51,6 +51,7 @@ func TestExplainNamesTheFailingRequest(t *testing.T) {
 	if r := rep.Claims[0].Requests[0]; r.Name != "dev" || r.Status != explain.StatusFails || r.Reason != want {
 		t.Errorf("request %s %s: %q\nwant %q\n%s", r.Name, r.Status, r.Reason, want, explain.Text(rep))
 	}
+	t.Logf("gpudra explain:\n%s", explain.Text(rep))
 
 	rep, err = explain.Explain(ctx, demo.Client(), explain.Target{Kind: explain.KindPod, Namespace: "explain-mig", Name: "pod"})
 	if err != nil {
