@@ -1,11 +1,15 @@
 package explain
 
 import (
+	"cmp"
 	"math"
+	"slices"
 	"strconv"
+	"strings"
 	"unicode"
 
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/sets"
 )
 
 // valueDistance is how far a device's value is from the value a clause
@@ -129,4 +133,24 @@ func levenshtein(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(rb)]
+}
+
+// naturalSorted sorts values with their numbers compared as numbers:
+// 1g.5gb before 1g.10gb.
+func naturalSorted(values sets.Set[string]) []string {
+	out := sets.List(values)
+	slices.SortStableFunc(out, func(a, b string) int {
+		ta, tb := tokens(a), tokens(b)
+		for i := 0; i < len(ta) && i < len(tb); i++ {
+			x, y := ta[i], tb[i]
+			switch {
+			case x.number && y.number && x.value != y.value:
+				return cmp.Compare(x.value, y.value)
+			case x.text != y.text:
+				return strings.Compare(x.text, y.text)
+			}
+		}
+		return cmp.Compare(len(ta), len(tb))
+	})
+	return out
 }

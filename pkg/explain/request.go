@@ -511,7 +511,7 @@ func (a *analyzer) clauseReports(ctx context.Context, cands []*device, cls []cla
 					values.Insert("(none)")
 				}
 			}
-			r.Values = sets.List(values)
+			r.Values = naturalSorted(values)
 		}
 		out = append(out, r)
 	}

@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/cel"
 )
 
@@ -80,5 +81,13 @@ func TestValueDistance(t *testing.T) {
 	}
 	if d := valueDistance(true, "x"); d != 1 {
 		t.Errorf("distance of unlike types = %v, want 1", d)
+	}
+}
+
+func TestNaturalSorted(t *testing.T) {
+	got := naturalSorted(sets.New("1g.10gb", "1g.5gb", "1g.10gb+me", "2g.20gb", "1g.20gb", "7g.80gb"))
+	want := []string{"1g.5gb", "1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "7g.80gb"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %v, want %v", got, want)
 	}
 }
