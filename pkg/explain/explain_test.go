@@ -387,22 +387,40 @@ func TestNodesThePodCannotUse(t *testing.T) {
 	mustContain(t, Text(rep), "  node dgx-h100-0 not considered: the pod's node selector or required node affinity does not match\n")
 }
 
-// TestNodesForbidden: without permission to list nodes, the nodes the
-// slices name are tried and a warning says so.
-func TestNodesForbidden(t *testing.T) {
+// TestForbiddenLists: without permission to list nodes, the nodes the
+// slices name are tried; without permission to list claims in all
+// namespaces, those of the pod's namespace are; warnings say so.
+func TestForbiddenLists(t *testing.T) {
 	objs, _ := fleetSlices(t, "dgx-h100")
-	objs = append(objs, podWithTemplate("default", "one", gpus("gpus", "gpu.nvidia.com", 1))...)
+	objs = append(objs, heldClaim("default", "train", "dgx-h100-0", "gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5", "gpu-6"), heldClaim("ml", "unseen", "dgx-h100-0", "gpu-7"))
+	objs = append(objs, podWithTemplate("default", "two", gpus("gpus", "gpu.nvidia.com", 2))...)
 	client := fake.NewClientset(objs...)
-	client.PrependReactor("list", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
-		return true, nil, apierrors.NewForbidden(corev1.Resource("nodes"), "", errors.New("RBAC"))
-	})
-	rep, err := Explain(context.Background(), client, pod("one"))
+	forbidden := func(resource string) k8stesting.ReactionFunc {
+		return func(a k8stesting.Action) (bool, runtime.Object, error) {
+			if a.GetNamespace() != "" {
+				return false, nil, nil
+			}
+			return true, nil, apierrors.NewForbidden(corev1.Resource(resource), "", errors.New("RBAC"))
+		}
+	}
+	client.PrependReactor("list", "nodes", forbidden("nodes"))
+	client.PrependReactor("list", "resourceclaims", forbidden("resourceclaims"))
+	rep, err := Explain(context.Background(), client, pod("two"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Verdict != VerdictFits || !reflect.DeepEqual(rep.Nodes, []string{"dgx-h100-0"}) || len(rep.Warnings) != 1 || !strings.Contains(rep.Warnings[0], "nodes cannot be listed (forbidden)") {
-		t.Errorf("verdict %s on %v, warnings %q", rep.Verdict, rep.Nodes, rep.Warnings)
+	wantWarnings := []string{
+		"ResourceClaims of all namespaces cannot be listed (forbidden): devices that claims outside default hold are counted as free",
+		"nodes cannot be listed (forbidden): node labels, taints and the pod's node affinity are not checked; the nodes the ResourceSlices name are tried",
 	}
+	if !reflect.DeepEqual(rep.Warnings, wantWarnings) || !reflect.DeepEqual(rep.Nodes, []string{"dgx-h100-0"}) {
+		t.Errorf("nodes %v, warnings %q", rep.Nodes, rep.Warnings)
+	}
+	const reason = "asks for 2 devices of class gpu.nvidia.com; the cluster has 8, 1 of them free (7 held by other claims: default/train (7)), at most 1 on one node (dgx-h100-0)"
+	if r := rep.Claims[0].Requests[0]; r.Reason != reason {
+		t.Errorf("request %q\nwant %q", r.Reason, reason)
+	}
+	mustContain(t, Text(rep), "  warning: "+wantWarnings[0]+"\n")
 }
 
 func TestParseTarget(t *testing.T) {

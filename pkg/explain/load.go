@@ -87,8 +87,14 @@ func Load(ctx context.Context, client kubernetes.Interface, target Target) (*Inp
 		in.Slices = append(in.Slices, &slices.Items[i])
 	}
 	claims, err := client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	if apierrors.IsForbidden(err) {
+		// Someone allowed to read their own namespace only still gets
+		// an answer, with what they cannot see said.
+		in.Warnings = append(in.Warnings, fmt.Sprintf("ResourceClaims of all namespaces cannot be listed (forbidden): devices that claims outside %s hold are counted as free", target.Namespace))
+		claims, err = client.ResourceV1().ResourceClaims(target.Namespace).List(ctx, metav1.ListOptions{})
+	}
 	if err != nil {
-		return nil, fmt.Errorf("list ResourceClaims in all namespaces (to see which devices are in use): %w", err)
+		return nil, fmt.Errorf("list ResourceClaims (to see which devices are in use): %w", err)
 	}
 	for i := range claims.Items {
 		in.AllClaims = append(in.AllClaims, &claims.Items[i])

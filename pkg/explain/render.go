@@ -79,7 +79,7 @@ func writeClaim(b *strings.Builder, c *ClaimReport, verdict Verdict) {
 		}
 		return
 	case verdict != VerdictFails:
-		b.WriteString(": pending\n")
+		b.WriteString(": not allocated yet\n")
 		return
 	case len(c.FitNodes) > 0:
 		fmt.Fprintf(b, ": fits by itself on %s\n", strings.Join(c.FitNodes, ", "))
