@@ -74,24 +74,31 @@ func (e clauseEval) passesAll(i int) bool {
 	return true
 }
 
-// fatal names a CEL runtime error the allocator would stop at: a clause
-// that errs on a device all other clauses pass (false && error is false in
-// CEL, so elsewhere the error is harmless).
+// fatal names a CEL runtime error the allocator would stop at. It
+// evaluates selectors in order and stops at the first false one; a
+// selector errs when a clause errs and none of its clauses is false (false
+// && error is false in CEL).
 func (e clauseEval) fatal(devs []*device) string {
 	for i := range devs {
-		for j := range e.clauses {
-			if !e.errDev[i][j] {
-				continue
+	selectors:
+		for j := 0; j < len(e.clauses); {
+			k := j
+			for k < len(e.clauses) && e.clauses[k].selector == e.clauses[j].selector {
+				k++
 			}
-			others := true
-			for k := range e.clauses {
-				if k != j && !e.pass[i][k] {
-					others = false
+			erring := -1
+			for c := j; c < k; c++ {
+				switch {
+				case e.errDev[i][c] && erring < 0:
+					erring = c
+				case !e.errDev[i][c] && !e.pass[i][c]:
+					break selectors
 				}
 			}
-			if others {
-				return fmt.Sprintf("selector clause %q fails with a CEL runtime error, which stops the scheduler for the whole pod: %s", e.clauses[j].expr, e.errs[j])
+			if erring >= 0 {
+				return fmt.Sprintf("selector clause %q fails with a CEL runtime error, which stops the scheduler for the whole pod: %s", e.clauses[erring].expr, e.errs[erring])
 			}
+			j = k
 		}
 	}
 	return ""
@@ -99,12 +106,12 @@ func (e clauseEval) fatal(devs []*device) string {
 
 // clauseReports says of each clause how many candidates pass it, and
 // which values of its attribute the candidates have.
-func (a *analyzer) clauseReports(ctx context.Context, cands []*device, cls []clause, class string) []ClauseReport {
+func (a *analyzer) clauseReports(ctx context.Context, cands []*device, cls []clause) []ClauseReport {
 	e := evalClauses(ctx, cls, cands)
+	driver := driverOf(cands)
 	var out []ClauseReport
 	for j := range cls {
 		c := &cls[j]
-		driver := driverOf(cands)
 		r := ClauseReport{From: c.from, Expression: c.expr, Text: c.text(driver), Of: len(cands), Error: e.errs[j]}
 		for i := range cands {
 			if e.pass[i][j] {

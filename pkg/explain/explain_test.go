@@ -479,3 +479,42 @@ func TestJSON(t *testing.T) {
 		t.Errorf("xml: %v", err)
 	}
 }
+
+// TestCELRuntimeErrors: a selector that reads an attribute some devices of
+// the class lack stops the scheduler for the whole pod, unless CEL never
+// gets to it (false && error is false; selectors stop at the first false).
+func TestCELRuntimeErrors(t *testing.T) {
+	const (
+		profile = "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"
+		noIndex = "device.attributes['gpu.nvidia.com'].index > 100"
+		isMIG   = "device.attributes['gpu.nvidia.com'].type == 'mig'"
+	)
+	const fatal = `selector clause "` + profile + `" fails with a CEL runtime error, which stops the scheduler for the whole pod: on dgx-h100-0/gpu-0: no such key: profile`
+	for _, tc := range []struct {
+		name      string
+		selectors []string
+		reason    string
+		stops     bool
+	}{
+		{"erring selector", []string{profile}, fatal, true},
+		{"erring selector first", []string{profile, noIndex}, fatal, true},
+		{"false selector first", []string{noIndex, profile}, "no device of class gpu.nvidia.com has index > 100; nearest: gpu-7 on dgx-h100-0 (index 7, profile (none))", false},
+		{"false clause beside", []string{isMIG + " && " + profile}, `no device of class gpu.nvidia.com has type == "mig"; nearest: gpu-0 on dgx-h100-0 (type gpu, profile (none))`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs, _ := fleetSlices(t, "dgx-h100")
+			objs = append(objs, podWithTemplate("default", "p", gpus("gpus", "gpu.nvidia.com", 1, tc.selectors...))...)
+			rep, err := explain(t, pod("p"), objs...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r := rep.Claims[0].Requests[0]; r.Status != StatusFails || !strings.HasPrefix(r.Reason, tc.reason) {
+				t.Errorf("request %s: %q\nwant %q...", r.Status, r.Reason, tc.reason)
+			}
+			stops := len(rep.Problems) == 1 && strings.Contains(rep.Problems[0], "CEL runtime error: no such key: profile")
+			if stops != tc.stops {
+				t.Errorf("problems %q: the allocator stopping is %v, want %v", rep.Problems, stops, tc.stops)
+			}
+		})
+	}
+}

@@ -115,14 +115,14 @@ func (a *analyzer) exact(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	}
 
 	var classClauses, reqClauses []clause
-	for _, sel := range class.Spec.Selectors {
+	for i, sel := range class.Spec.Selectors {
 		if sel.CEL != nil {
-			classClauses = append(classClauses, clauses(a.cel, "class "+class.Name, sel.CEL.Expression)...)
+			classClauses = append(classClauses, clauses(a.cel, "class "+class.Name, i, sel.CEL.Expression)...)
 		}
 	}
-	for _, sel := range s.exact.Selectors {
+	for i, sel := range s.exact.Selectors {
 		if sel.CEL != nil {
-			reqClauses = append(reqClauses, clauses(a.cel, "request", sel.CEL.Expression)...)
+			reqClauses = append(reqClauses, clauses(a.cel, "request", i, sel.CEL.Expression)...)
 		}
 	}
 	for _, c := range slices.Concat(classClauses, reqClauses) {
@@ -153,7 +153,10 @@ func (a *analyzer) exact(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	counts, free, capWhy := a.count(s, inClass, selected)
 	rep.Devices, ev.free = counts, free
 
-	fatal := reqEval.fatal(inClass)
+	fatal := classEval.fatal(a.inv.devices)
+	if fatal == "" {
+		fatal = reqEval.fatal(inClass)
+	}
 	switch {
 	case fitErr != nil && fatal != "":
 		rep.Reason = fatal
@@ -164,10 +167,10 @@ func (a *analyzer) exact(ctx context.Context, claim *resourceapi.ResourceClaim, 
 		rep.Reason = fmt.Sprintf("fits by itself on %s; %d of %d matching devices free on %s", nodeList(fit, len(a.nodes)), len(free[fit[0]]), a.onNode(selected, fit[0]), fit[0])
 	case len(inClass) == 0:
 		cands, cls := a.inv.devices, slices.Concat(classClauses, reqClauses)
-		rep.Clauses, rep.Nearest = a.clauseReports(ctx, cands, cls, class.Name), a.nearest(ctx, cands, cls)
+		rep.Clauses, rep.Nearest = a.clauseReports(ctx, cands, cls), a.nearest(ctx, cands, cls)
 		rep.Reason = fmt.Sprintf("no device in the cluster is of class %s", class.Name) + failingClauses(rep.Clauses, ": none has ", "; none has ") + nearestText(rep.Nearest)
 	case len(selected) == 0:
-		rep.Clauses, rep.Nearest = a.clauseReports(ctx, inClass, reqClauses, class.Name), a.nearest(ctx, inClass, reqClauses)
+		rep.Clauses, rep.Nearest = a.clauseReports(ctx, inClass, reqClauses), a.nearest(ctx, inClass, reqClauses)
 		why := failingClauses(rep.Clauses, " has ", "; none has ")
 		if why == "" {
 			why = " passes all of the request's selector clauses together, though each passes some"

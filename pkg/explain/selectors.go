@@ -21,7 +21,9 @@ import (
 // clause is one conjunct of a CEL selector: a selector a && b && c has
 // three, so that the report can say which of them nothing passes.
 type clause struct {
-	from     string // "class <name>" or "request"
+	from string // "class <name>" or "request"
+	// selector is the index of the selector the clause is part of.
+	selector int
 	expr     string // the clause's source text
 	compiled cel.CompilationResult
 	// cmp is set when the clause compares one attribute (or capacity)
@@ -51,14 +53,14 @@ type attrRef struct {
 // clauses splits a selector into its top-level && conjuncts and compiles
 // each. A selector that does not split (or whose parts do not compile on
 // their own) is one clause.
-func clauses(cache *cel.Cache, from, expr string) []clause {
+func clauses(cache *cel.Cache, from string, selector int, expr string) []clause {
 	p, err := parser.NewParser(parser.EnableOptionalSyntax(true))
 	if err != nil {
-		return []clause{whole(cache, from, expr)}
+		return []clause{whole(cache, from, selector, expr)}
 	}
 	parsed, errs := p.Parse(common.NewTextSource(expr))
 	if errs != nil && len(errs.GetErrors()) > 0 {
-		return []clause{whole(cache, from, expr)}
+		return []clause{whole(cache, from, selector, expr)}
 	}
 	var out []clause
 	var split func(e ast.Expr) bool
@@ -75,7 +77,7 @@ func clauses(cache *cel.Cache, from, expr string) []clause {
 		if !ok {
 			return false
 		}
-		c := clause{from: from, expr: text, compiled: cache.GetOrCompile(text), cmp: comparisonOf(e)}
+		c := clause{from: from, selector: selector, expr: text, compiled: cache.GetOrCompile(text), cmp: comparisonOf(e)}
 		if c.compiled.Error != nil {
 			return false
 		}
@@ -83,13 +85,13 @@ func clauses(cache *cel.Cache, from, expr string) []clause {
 		return true
 	}
 	if !split(parsed.Expr()) {
-		return []clause{whole(cache, from, expr)}
+		return []clause{whole(cache, from, selector, expr)}
 	}
 	return out
 }
 
-func whole(cache *cel.Cache, from, expr string) clause {
-	return clause{from: from, expr: strings.TrimSpace(expr), compiled: cache.GetOrCompile(expr)}
+func whole(cache *cel.Cache, from string, selector int, expr string) clause {
+	return clause{from: from, selector: selector, expr: strings.TrimSpace(expr), compiled: cache.GetOrCompile(expr)}
 }
 
 // span returns the source text of a sub-expression: from the first to the

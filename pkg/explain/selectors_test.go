@@ -53,7 +53,7 @@ func TestClauses(t *testing.T) {
 			shown: []string{`device.attributes[`},
 		},
 	} {
-		cls := clauses(cache, "request", tc.expr)
+		cls := clauses(cache, "request", 0, tc.expr)
 		var texts, shown []string
 		for _, c := range cls {
 			texts = append(texts, c.expr)
