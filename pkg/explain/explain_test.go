@@ -518,3 +518,28 @@ func TestCELRuntimeErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestClaimsOnDifferentNodes: two claims of one pod that each fit, but
+// only on different nodes.
+func TestClaimsOnDifferentNodes(t *testing.T) {
+	objs, _ := fleetSlices(t, "dgx-h100", "dgx-a100-mig")
+	h100 := podWithTemplate("default", "both", gpus("h100s", "gpu.nvidia.com", 8))
+	a100 := podWithTemplate("default", "a100", gpus("a100s", "gpu.nvidia.com", 2, `device.attributes["gpu.nvidia.com"].productName == "NVIDIA A100-SXM4-40GB"`))
+	p := h100[1].(*corev1.Pod)
+	p.Spec.ResourceClaims = append(p.Spec.ResourceClaims, corev1.PodResourceClaim{Name: "a100", ResourceClaimTemplateName: ptr.To("a100-tmpl")})
+	objs = append(objs, h100[0], a100[0], p)
+	rep, err := explain(t, pod("both"), objs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const problem = "each claim fits by itself, but on different nodes, and a pod's claims must share one node: both-gpu on dgx-h100-0; both-a100 on dgx-a100-0"
+	if rep.Verdict != VerdictFails || !reflect.DeepEqual(rep.Problems, []string{problem}) {
+		t.Errorf("verdict %s, problems %q\nwant %q", rep.Verdict, rep.Problems, problem)
+	}
+	for _, c := range rep.Claims {
+		if len(c.FitNodes) != 1 || c.Requests[0].Status != StatusOK {
+			t.Errorf("claim %s fits on %v, request %s", c.Name, c.FitNodes, c.Requests[0].Status)
+		}
+	}
+	mustContain(t, Text(rep), "  problem: "+problem+"\n", "  claim both-gpu (from template both-tmpl, not created yet): fits by itself on dgx-h100-0\n")
+}
