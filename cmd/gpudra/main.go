@@ -33,7 +33,7 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newKubeletPluginCommand(), newInspectCommand(), newVersionCommand())
+	root.AddCommand(newKubeletPluginCommand(), newInspectCommand(), newExplainCommand(), newVersionCommand())
 	return root
 }
 

@@ -1,0 +1,178 @@
+package explain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
+)
+
+// Input is everything an explanation reads from the cluster.
+type Input struct {
+	Target Target
+	// Pod is the pod explained; nil for a claim.
+	Pod *corev1.Pod
+	// Claims are the target's claims, in the pod's order.
+	Claims []Claim
+	// Classes, Slices, AllClaims and Nodes are the cluster's. AllClaims
+	// tell which devices are in use. Nodes may be nil when they could not
+	// be listed; the nodes the slices name are used then.
+	Classes   []*resourceapi.DeviceClass
+	Slices    []*resourceapi.ResourceSlice
+	AllClaims []*resourceapi.ResourceClaim
+	Nodes     []*corev1.Node
+	// Warnings are problems met while loading that do not stop the
+	// explanation.
+	Warnings []string
+}
+
+// Claim is one claim of the target.
+type Claim struct {
+	// PodClaim is the pod's name for it (spec.resourceClaims[].name).
+	PodClaim string
+	// Template is the ResourceClaimTemplate it comes from, if any.
+	Template string
+	// Created is false when the claim does not exist yet: Claim is then
+	// built from the template, as the resource claim controller would.
+	Created bool
+	Claim   *resourceapi.ResourceClaim
+}
+
+// Load reads the target, its claims and the cluster's devices, with get
+// and list only.
+func Load(ctx context.Context, client kubernetes.Interface, target Target) (*Input, error) {
+	in := &Input{Target: target}
+	switch target.Kind {
+	case KindPod:
+		pod, err := client.CoreV1().Pods(target.Namespace).Get(ctx, target.Name, metav1.GetOptions{})
+		if err != nil {
+			return nil, notFound(err, "pod %s/%s", target.Namespace, target.Name)
+		}
+		in.Pod = pod
+		if in.Claims, err = podClaims(ctx, client, pod); err != nil {
+			return nil, err
+		}
+	case KindClaim:
+		claim, err := client.ResourceV1().ResourceClaims(target.Namespace).Get(ctx, target.Name, metav1.GetOptions{})
+		if err != nil {
+			return nil, notFound(err, "ResourceClaim %s/%s", target.Namespace, target.Name)
+		}
+		in.Claims = []Claim{{Created: true, Claim: claim}}
+	default:
+		return nil, fmt.Errorf("unknown kind %q: want %s or %s", target.Kind, KindPod, KindClaim)
+	}
+
+	classes, err := client.ResourceV1().DeviceClasses().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list DeviceClasses: %w", err)
+	}
+	for i := range classes.Items {
+		in.Classes = append(in.Classes, &classes.Items[i])
+	}
+	slices, err := client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list ResourceSlices: %w", err)
+	}
+	if len(slices.Items) == 0 {
+		return nil, errors.New("no ResourceSlices in the cluster: no DRA driver has published devices (is gpudra's kubelet plugin running on the GPU nodes?)")
+	}
+	for i := range slices.Items {
+		in.Slices = append(in.Slices, &slices.Items[i])
+	}
+	claims, err := client.ResourceV1().ResourceClaims(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+	if apierrors.IsForbidden(err) {
+		// Someone allowed to read their own namespace only still gets
+		// an answer, with what they cannot see said.
+		in.Warnings = append(in.Warnings, fmt.Sprintf("ResourceClaims of all namespaces cannot be listed (forbidden): devices that claims outside %s hold are counted as free", target.Namespace))
+		claims, err = client.ResourceV1().ResourceClaims(target.Namespace).List(ctx, metav1.ListOptions{})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list ResourceClaims (to see which devices are in use): %w", err)
+	}
+	for i := range claims.Items {
+		in.AllClaims = append(in.AllClaims, &claims.Items[i])
+	}
+	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	switch {
+	case apierrors.IsForbidden(err):
+		in.Warnings = append(in.Warnings, "nodes cannot be listed (forbidden): node labels, taints and the pod's node affinity are not checked; the nodes the ResourceSlices name are tried")
+	case err != nil:
+		return nil, fmt.Errorf("list Nodes: %w", err)
+	default:
+		for i := range nodes.Items {
+			in.Nodes = append(in.Nodes, &nodes.Items[i])
+		}
+	}
+	return in, nil
+}
+
+// podClaims returns the pod's claims: those created, and for templates
+// whose claim is not created yet, one built from the template.
+func podClaims(ctx context.Context, client kubernetes.Interface, pod *corev1.Pod) ([]Claim, error) {
+	if len(pod.Spec.ResourceClaims) == 0 {
+		return nil, fmt.Errorf("pod %s/%s has no resource claims (spec.resourceClaims is empty): it asks for no DRA devices", pod.Namespace, pod.Name)
+	}
+	var out []Claim
+	for i := range pod.Spec.ResourceClaims {
+		pc := &pod.Spec.ResourceClaims[i]
+		c := Claim{PodClaim: pc.Name}
+		if pc.ResourceClaimTemplateName != nil {
+			c.Template = *pc.ResourceClaimTemplateName
+		}
+		name, _, err := resourceclaim.Name(pod, pc)
+		switch {
+		case errors.Is(err, resourceclaim.ErrClaimNotFound):
+			// Not created yet: build it from the template.
+		case err != nil:
+			return nil, err
+		case name == nil:
+			// Deliberately not created (the controller decided the pod
+			// does not need it).
+			continue
+		default:
+			claim, err := client.ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, *name, metav1.GetOptions{})
+			switch {
+			case err == nil:
+				c.Created, c.Claim = true, claim
+				out = append(out, c)
+				continue
+			case !apierrors.IsNotFound(err) || c.Template == "":
+				return nil, notFound(err, "pod %s/%s: claim %q: ResourceClaim %s/%s", pod.Namespace, pod.Name, pc.Name, pod.Namespace, *name)
+			}
+			// Gone, but it comes from a template: explain the template.
+		}
+		tmpl, err := client.ResourceV1().ResourceClaimTemplates(pod.Namespace).Get(ctx, c.Template, metav1.GetOptions{})
+		if err != nil {
+			return nil, notFound(err, "pod %s/%s: claim %q: ResourceClaimTemplate %s/%s", pod.Namespace, pod.Name, pc.Name, pod.Namespace, c.Template)
+		}
+		c.Claim = &resourceapi.ResourceClaim{
+			ObjectMeta: metav1.ObjectMeta{
+				Namespace: pod.Namespace,
+				// The controller adds a random suffix; this name only
+				// labels the claim in the report.
+				Name: pod.Name + "-" + pc.Name,
+				UID:  types.UID(fmt.Sprintf("explain-%s-%s", pod.UID, pc.Name)),
+			},
+			Spec: *tmpl.Spec.Spec.DeepCopy(),
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// notFound names what is missing when err is NotFound, and wraps err
+// otherwise.
+func notFound(err error, format string, args ...any) error {
+	what := fmt.Sprintf(format, args...)
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("%s not found", what)
+	}
+	return fmt.Errorf("get %s: %w", what, err)
+}
