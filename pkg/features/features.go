@@ -59,6 +59,8 @@ type Set struct {
 	Publishers []preparer.Publisher
 	// MIG is the MIG publisher, for the plugin's startup log.
 	MIG *dynamicmig.Publisher
+	// Health is Options.Health, for the plugin's health watch.
+	Health *devicehealth.Publisher
 }
 
 // New builds the node's features.
@@ -92,6 +94,7 @@ func New(o Options) (*Set, error) {
 		},
 		Publishers: publishers,
 		MIG:        migPublisher,
+		Health:     o.Health,
 	}, nil
 }
 

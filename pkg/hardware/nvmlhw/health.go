@@ -140,9 +140,12 @@ func (w *healthWatch) run(ctx context.Context, wait time.Duration, out chan<- ha
 		pollNow := false
 		switch ret {
 		case nvml.SUCCESS:
+			// The GPU is checked at once: after a fault, so that the
+			// recovery action the driver asks for is read before it can
+			// be carried out; after a recovery-action event, to see it.
 			var g *watchedGPU
 			events, g = w.fromEvent(data)
-			if g != nil && data.EventType == nvml.EventTypeGpuRecoveryAction {
+			if g != nil {
 				events = append(events, w.check(g)...)
 			}
 			pollNow = g == nil

@@ -166,6 +166,27 @@ func (h *HealthEvents) Inject(node string, gpu int, e HealthEvent) error {
 	return nil
 }
 
+// Watched reports whether a health watcher's event set registered for the
+// XID events of the GPU with NVML index gpu on the node: from then on an
+// injected XID is seen. Callers that inject right after starting a plugin
+// wait for it.
+func (h *HealthEvents) Watched(node string, gpu int) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for s := range h.sets {
+		if s.nv.node != node {
+			continue
+		}
+		s.mu.Lock()
+		ok := !s.freed && s.registered[gpu]&nvml.EventTypeXidCriticalError != 0
+		s.mu.Unlock()
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
 // gpu returns the condition of a GPU; the caller holds h.mu.
 func (h *HealthEvents) gpu(k gpuKey) *gpuHealth {
 	if h.gpus == nil {

@@ -70,22 +70,14 @@ func newHealthRig(t *testing.T, fleet string) *healthRig {
 			t.Errorf("WatchHealth: %v", err)
 		}
 	})
-	// The watcher registers its event set before its first poll is done;
-	// an injection before that is not watched. Wait until it is.
+	// An injection before the watcher registered the GPUs is not seen.
 	deadline := time.Now().Add(5 * time.Second)
-	for {
-		r.inject.mu.Lock()
-		n := len(r.inject.sets)
-		r.inject.mu.Unlock()
-		if n > 0 {
-			break
-		}
+	for !r.inject.Watched(r.node.Name, len(r.uuids)-1) {
 		if time.Now().After(deadline) {
-			t.Fatal("the watcher created no event set")
+			t.Fatal("the watcher did not register the GPUs within 5 s")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	time.Sleep(100 * time.Millisecond) // its first poll registers the GPUs
 	return r
 }
 
