@@ -41,6 +41,7 @@ type kubeletPluginOptions struct {
 	gpuSharing     gpuSharingFlags
 	httpEndpoint   string
 	metricsPath    string
+	health         healthFlags
 	driverName     string
 	nodeName       string
 	kubeconfig     string
@@ -73,6 +74,7 @@ func newKubeletPluginCommand() *cobra.Command {
 	o.cdi.addFlags(fs)
 	o.sharing.addFlags(fs)
 	o.vfio.addFlags(fs)
+	o.health.addFlags(fs)
 	o.gpuSharing.addFlags(fs, "how full GPUs are shared between claims (KEP-5075 consumable capacity), one of none, memory-compute, shares=<N>, unlimited; a capped share gets an MPS daemon with its caps. See docs/sharing.md")
 	fs.StringVar(&o.driverName, "driver-name", "gpu.nvidia.com", "DRA driver name; NVIDIA's DRA driver uses gpu.nvidia.com")
 	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node, also the pool name (env NODE_NAME)")
@@ -114,6 +116,10 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 		return err
 	}
 	if err := o.vfio.validate(); err != nil {
+		return err
+	}
+	healthPolicy, err := o.health.policy()
+	if err != nil {
 		return err
 	}
 	if o.pluginDataDir == "" {
@@ -191,6 +197,7 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 		SweepInterval:     o.sweepEvery,
 		MIGMode:           plugin.MIGMode(o.migMode),
 		MIGModeSwitching:  o.migSwitching,
+		HealthPolicy:      healthPolicy,
 	})
 	if err != nil {
 		return err

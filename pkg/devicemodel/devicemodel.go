@@ -8,6 +8,7 @@ package devicemodel
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -147,6 +148,15 @@ type buildOptions struct {
 	vfioMode     VFIOMode
 	vfioInfo     VFIOInfoFunc
 	sharing      Sharing
+	taints       func(gpuUUID string) []resourceapi.DeviceTaint
+}
+
+// WithTaints puts the taints taints returns for a GPU (KEP-5055) on every
+// device of that GPU: the full GPU, its VFIO device, its MIG devices and
+// dynamic MIG placements. A device with taints counts as one with advanced
+// features for the slice size limit.
+func WithTaints(taints func(gpuUUID string) []resourceapi.DeviceTaint) Option {
+	return func(o *buildOptions) { o.taints = taints }
 }
 
 // WithDynamicMIG publishes MIG-capable GPUs as partitionable devices
@@ -229,6 +239,14 @@ func Build(inv *hardware.Inventory, opts ...Option) (*Model, error) {
 		}
 		if err != nil {
 			return nil, err
+		}
+	}
+	if o.taints != nil {
+		for i := range m.Devices {
+			d := &m.Devices[i]
+			if ts := o.taints(d.GPU.UUID); len(ts) > 0 {
+				d.API.Taints = append(slices.Clone(d.API.Taints), ts...)
+			}
 		}
 	}
 	return m, nil

@@ -8,6 +8,7 @@ package features
 
 import (
 	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/features/devicehealth"
 	"github.com/gpudra/gpudra/pkg/features/dynamicmig"
 	"github.com/gpudra/gpudra/pkg/features/migmode"
 	"github.com/gpudra/gpudra/pkg/features/mpsdaemon"
@@ -42,6 +43,9 @@ type Options struct {
 	MPSUnavailable string
 	// Sharing publishes full GPUs shareable.
 	Sharing devicemodel.Sharing
+	// Health, if set, taints (or withdraws) the devices of unhealthy
+	// GPUs. It runs last, on what the other publishers made.
+	Health *devicehealth.Publisher
 }
 
 // Set is the node's features.
@@ -55,6 +59,8 @@ type Set struct {
 	Publishers []preparer.Publisher
 	// MIG is the MIG publisher, for the plugin's startup log.
 	MIG *dynamicmig.Publisher
+	// Health is Options.Health, for the plugin's health watch.
+	Health *devicehealth.Publisher
 }
 
 // New builds the node's features.
@@ -74,6 +80,10 @@ func New(o Options) (*Set, error) {
 		return nil, err
 	}
 	migPublisher := dynamicmig.NewPublisher(dynamic, switchable)
+	publishers := []preparer.Publisher{migPublisher, vfio, shares}
+	if o.Health != nil {
+		publishers = append(publishers, o.Health)
+	}
 	return &Set{
 		Configurators: []preparer.Configurator{
 			migmode.New(switcher, o.MIGModeNode),
@@ -82,8 +92,9 @@ func New(o Options) (*Set, error) {
 			timeslicing.New(o.TimeSlicer, o.DataDir, o.State, o.MPS != nil),
 			mpsdaemon.New(o.MPS, o.MPSUnavailable, o.TimeSlicer != nil),
 		},
-		Publishers: []preparer.Publisher{migPublisher, vfio, shares},
+		Publishers: publishers,
 		MIG:        migPublisher,
+		Health:     o.Health,
 	}, nil
 }
 

@@ -98,10 +98,10 @@ func ResourceSlices(driverName string, n Node) []resourceapi.ResourceSlice {
 // WriteTable prints one line per device.
 func WriteTable(w io.Writer, nodes []Node) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tDEVICE\tTYPE\tSHARING\tPRODUCT\tMEMORY\tPROFILE\tPCI BUS ID\tPCIE ROOT\tNUMA\tUUID")
+	fmt.Fprintln(tw, "NODE\tDEVICE\tTYPE\tSHARING\tPRODUCT\tMEMORY\tPROFILE\tPCI BUS ID\tPCIE ROOT\tNUMA\tTAINTS\tUUID")
 	for _, n := range nodes {
 		if len(n.Model.Devices) == 0 {
-			fmt.Fprintf(tw, "%s\t(no devices)\t\t\t\t\t\t\t\t\t\n", n.Name)
+			fmt.Fprintf(tw, "%s\t(no devices)\t\t\t\t\t\t\t\t\t\t\n", n.Name)
 		}
 		for i := range n.Model.Devices {
 			d := &n.Model.Devices[i]
@@ -121,10 +121,10 @@ func WriteTable(w io.Writer, nodes []Node) error {
 			if d.Sharing.Enabled() {
 				sharing = d.Sharing.String()
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
 				n.Name, d.Name(), d.Kind, sharing, d.GPU.ProductName, mem.String(), profile,
 				attr(d, deviceattribute.StandardDeviceAttributePCIBusID), attr(d, deviceattribute.StandardDeviceAttributePCIeRoot),
-				attr(d, deviceattribute.StandardDeviceAttributeNUMANode), uuid)
+				attr(d, deviceattribute.StandardDeviceAttributeNUMANode), taints(d.API.Taints), uuid)
 		}
 	}
 	if err := tw.Flush(); err != nil {
@@ -160,6 +160,23 @@ func sharingSummary(m *devicemodel.Model) string {
 		}
 	}
 	return fmt.Sprintf("; %d GPU(s) shared (%s): a claim that asks for no capacity gets %s", shared, s, plain)
+}
+
+// taints renders device taints as kubectl renders node taints:
+// "gpu.nvidia.com/xid=79:NoSchedule", comma-separated; "-" for none.
+func taints(ts []resourceapi.DeviceTaint) string {
+	if len(ts) == 0 {
+		return "-"
+	}
+	parts := make([]string, len(ts))
+	for i, t := range ts {
+		parts[i] = t.Key
+		if t.Value != "" {
+			parts[i] += "=" + t.Value
+		}
+		parts[i] += ":" + string(t.Effect)
+	}
+	return strings.Join(parts, ",")
 }
 
 func attr(d *devicemodel.Device, name resourceapi.QualifiedName) string {

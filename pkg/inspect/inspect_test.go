@@ -103,3 +103,48 @@ func TestTable(t *testing.T) {
 		t.Errorf("unknown format: %v", err)
 	}
 }
+
+// The table shows each device's taints.
+func TestTableShowsTaints(t *testing.T) {
+	nodes := fleetNodes(t, "dgx-h100")
+	n := &nodes[0]
+	sick := n.Inventory.GPUs[3].UUID
+	m, err := devicemodel.Build(n.Inventory, devicemodel.WithTaints(func(uuid string) []resourceapi.DeviceTaint {
+		if uuid != sick {
+			return nil
+		}
+		return []resourceapi.DeviceTaint{
+			{Key: "gpu.nvidia.com/gpu-lost", Effect: resourceapi.DeviceTaintEffectNoExecute},
+			{Key: "gpu.nvidia.com/xid", Value: "79", Effect: resourceapi.DeviceTaintEffectNoSchedule},
+		}
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Model = m
+	var out bytes.Buffer
+	if err := WriteTable(&out, nodes[:1]); err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(out.String(), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 2 {
+			continue
+		}
+		const want = "gpu.nvidia.com/gpu-lost:NoExecute,gpu.nvidia.com/xid=79:NoSchedule"
+		switch fields[1] {
+		case "DEVICE":
+			if !strings.Contains(line, "TAINTS") {
+				t.Errorf("header lacks TAINTS: %s", line)
+			}
+		case "gpu-3":
+			if !strings.Contains(line, want) {
+				t.Errorf("gpu-3 line lacks %s: %s", want, line)
+			}
+		default:
+			if strings.Contains(line, "gpu.nvidia.com/") {
+				t.Errorf("untainted device shows taints: %s", line)
+			}
+		}
+	}
+}

@@ -31,8 +31,10 @@ import (
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/devicestatus"
 	"github.com/gpudra/gpudra/pkg/features"
+	"github.com/gpudra/gpudra/pkg/features/devicehealth"
 	"github.com/gpudra/gpudra/pkg/features/passthrough"
 	"github.com/gpudra/gpudra/pkg/hardware"
+	"github.com/gpudra/gpudra/pkg/health"
 	"github.com/gpudra/gpudra/pkg/metrics"
 	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/preparer"
@@ -108,6 +110,14 @@ type Config struct {
 	Faults func(step Step, claimUID string) error
 	// Clock, if set, replaces time.Now (tests).
 	Clock func() time.Time
+
+	// HealthPolicy says which health events taint a GPU's devices, and
+	// how; the zero value means health.DefaultPolicy(). Health is watched
+	// when Hardware implements [hardware.HealthWatcher].
+	HealthPolicy health.Policy
+	// HealthSettle and HealthInterval debounce the republication of health
+	// changes (see health.Debouncer); zero means the defaults.
+	HealthSettle, HealthInterval time.Duration
 }
 
 // Defaults for the timing fields of Config.
@@ -177,6 +187,9 @@ type Driver struct {
 	// removals that run after Unprepare.
 	status       *devicestatus.Writer
 	statusWrites pendingWrites
+	// healthDebouncer debounces republications for health changes; nil
+	// when the hardware reports no health.
+	healthDebouncer *health.Debouncer
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -320,6 +333,16 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 			cfg.MPS.Supervise(ctx, cfg.MPSSuperviseInterval)
 		}()
 	}
+	if w, ok := cfg.Hardware.(hardware.HealthWatcher); ok {
+		d.healthDebouncer = d.newHealthDebouncer()
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			d.healthLoop(ctx, w)
+		}()
+	} else {
+		logger.Info("This hardware reports no GPU health; devices are never tainted")
+	}
 	d.wg.Add(2)
 	go func() {
 		defer d.wg.Done()
@@ -336,7 +359,12 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 // setUpFeatures builds the node's features from the config.
 func (d *Driver) setUpFeatures() error {
 	cfg := &d.cfg
+	healthPublisher, err := devicehealth.New(cfg.DriverName, cfg.HealthPolicy)
+	if err != nil {
+		return fmt.Errorf("plugin config: %w", err)
+	}
 	o := features.Options{
+		Health:         healthPublisher,
 		MIG:            cfg.MIG,
 		VFIO:           cfg.VFIO,
 		TimeSlicer:     cfg.TimeSlicer,
@@ -439,6 +467,15 @@ func (c *Config) setDefaults() {
 	}
 	if c.MIGMode == "" {
 		c.MIGMode = MIGModeDynamic
+	}
+	if c.HealthPolicy.FaultEffect == "" && c.HealthPolicy.LostEffect == "" && c.HealthPolicy.IgnoreXIDs == nil {
+		c.HealthPolicy = health.DefaultPolicy()
+	}
+	if c.HealthSettle <= 0 {
+		c.HealthSettle = health.DefaultSettle
+	}
+	if c.HealthInterval <= 0 {
+		c.HealthInterval = health.DefaultInterval
 	}
 	if c.MIG == nil {
 		c.MIG, _ = c.Hardware.(hardware.MIGManager)

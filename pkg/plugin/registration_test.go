@@ -51,21 +51,23 @@ func TestRegistration(t *testing.T) {
 }
 
 // TestDroppedFieldsAreReported: when the API server drops fields of a
-// slice, the plugin says which features it lacks.
+// slice that no publishing choice falls back from, the plugin says which
+// features it lacks. (Dropped device taints make unhealthy GPUs withdrawn:
+// TestHealthWithoutDeviceTaints.)
 func TestDroppedFieldsAreReported(t *testing.T) {
 	h := newHarness(t)
 	desired := &resourceapi.ResourceSlice{Spec: resourceapi.ResourceSliceSpec{
-		Devices: []resourceapi.Device{{Name: "gpu-0", Taints: []resourceapi.DeviceTaint{{Key: "k", Effect: resourceapi.DeviceTaintEffectNoSchedule}}}},
+		Devices: []resourceapi.Device{{Name: "gpu-0", BindingConditions: []string{"ready"}}},
 	}}
 	actual := desired.DeepCopy()
-	actual.Spec.Devices[0].Taints = nil
+	actual.Spec.Devices[0].BindingConditions = nil
 	err := &resourceslice.DroppedFieldsError{PoolName: nodeName, DesiredSlice: desired, ActualSlice: actual}
 	h.driver.HandleError(h.ctx, err, "publishing")
 	events, werr := h.waitForEvent("ResourceSliceFieldsDropped")
 	if werr != nil {
 		t.Fatal(werr)
 	}
-	if !strings.Contains(events, "DRADeviceTaints") {
+	if !strings.Contains(events, "DRADeviceBindingConditions") {
 		t.Errorf("event does not name the missing feature: %s", events)
 	}
 }

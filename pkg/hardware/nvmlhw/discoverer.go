@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -37,8 +38,8 @@ var libraryDirs = []string{
 	"lib",
 }
 
-// Discoverer implements [hardware.Hardware], [hardware.MIGManager] and
-// [hardware.MIGModeSwitcher] over NVML.
+// Discoverer implements [hardware.Hardware], [hardware.MIGManager],
+// [hardware.MIGModeSwitcher] and [hardware.HealthWatcher] over NVML.
 //
 // Its calls are serialized, Discover with MIG operations: NVML
 // initialization and go-nvml's library loading keep process-wide state,
@@ -49,9 +50,14 @@ type Discoverer struct {
 	open func() (nvml.Interface, string, error)
 	topo Topology
 	sys  SystemInfo
+	// healthPoll and healthWait, see [WithHealthPolling].
+	healthPoll, healthWait time.Duration
 }
 
-var _ hardware.Hardware = (*Discoverer)(nil)
+var (
+	_ hardware.Hardware      = (*Discoverer)(nil)
+	_ hardware.HealthWatcher = (*Discoverer)(nil)
+)
 
 // Option configures [NewReal].
 type Option func(*options)
@@ -60,6 +66,16 @@ type options struct {
 	driverRoot string
 	sysfsRoot  string
 	procRoot   string
+	healthPoll time.Duration
+	healthWait time.Duration
+}
+
+func newOptions(opts []Option) options {
+	o := options{driverRoot: "/", sysfsRoot: "/sys", procRoot: "/proc", healthPoll: DefaultHealthPollInterval, healthWait: DefaultHealthWaitTimeout}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
 }
 
 // WithDriverRoot sets the root of the driver installation under which
@@ -85,25 +101,28 @@ func WithProcRoot(root string) Option {
 // up, initializes NVML and shuts it down again, so a driver that comes up
 // after the plugin is found on a later call.
 func NewReal(opts ...Option) *Discoverer {
-	o := options{driverRoot: "/", sysfsRoot: "/sys", procRoot: "/proc"}
-	for _, opt := range opts {
-		opt(&o)
-	}
+	o := newOptions(opts)
 	r := &realLibrary{driverRoot: o.driverRoot}
 	return &Discoverer{
-		open: r.open,
-		topo: NewSysfsTopology(o.sysfsRoot),
-		sys:  NewProcSystemInfo(o.procRoot),
+		open:       r.open,
+		topo:       NewSysfsTopology(o.sysfsRoot),
+		sys:        NewProcSystemInfo(o.procRoot),
+		healthPoll: o.healthPoll,
+		healthWait: o.healthWait,
 	}
 }
 
 // NewFromInterface returns a Discoverer that runs the same discovery over
-// lib, which may be a simulated NVML.
-func NewFromInterface(lib nvml.Interface, topo Topology, sys SystemInfo) *Discoverer {
+// lib, which may be a simulated NVML. Of the options, only
+// [WithHealthPolling] applies.
+func NewFromInterface(lib nvml.Interface, topo Topology, sys SystemInfo, opts ...Option) *Discoverer {
+	o := newOptions(opts)
 	return &Discoverer{
-		open: func() (nvml.Interface, string, error) { return lib, "NVML", nil },
-		topo: topo,
-		sys:  sys,
+		open:       func() (nvml.Interface, string, error) { return lib, "NVML", nil },
+		topo:       topo,
+		sys:        sys,
+		healthPoll: o.healthPoll,
+		healthWait: o.healthWait,
 	}
 }
 

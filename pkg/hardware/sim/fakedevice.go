@@ -25,7 +25,7 @@ type fakeDevice struct {
 
 // GetIndex implements nvml.Device.
 func (d *fakeDevice) GetIndex() (int, nvml.Return) {
-	if ret := d.nv.faults.hit("nvmlDeviceGetIndex"); ret != nvml.SUCCESS {
+	if ret := d.hit("nvmlDeviceGetIndex"); ret != nvml.SUCCESS {
 		return 0, ret
 	}
 	return d.index, nvml.SUCCESS
@@ -33,7 +33,7 @@ func (d *fakeDevice) GetIndex() (int, nvml.Return) {
 
 // GetMinorNumber implements nvml.Device.
 func (d *fakeDevice) GetMinorNumber() (int, nvml.Return) {
-	if ret := d.nv.faults.hit("nvmlDeviceGetMinorNumber"); ret != nvml.SUCCESS {
+	if ret := d.hit("nvmlDeviceGetMinorNumber"); ret != nvml.SUCCESS {
 		return 0, ret
 	}
 	d.nv.mu.Lock()
@@ -43,7 +43,7 @@ func (d *fakeDevice) GetMinorNumber() (int, nvml.Return) {
 
 // GetUUID implements nvml.Device.
 func (d *fakeDevice) GetUUID() (string, nvml.Return) {
-	if ret := d.nv.faults.hit("nvmlDeviceGetUUID"); ret != nvml.SUCCESS {
+	if ret := d.hit("nvmlDeviceGetUUID"); ret != nvml.SUCCESS {
 		return "", ret
 	}
 	return d.uuid, nvml.SUCCESS
@@ -51,7 +51,7 @@ func (d *fakeDevice) GetUUID() (string, nvml.Return) {
 
 // GetName implements nvml.Device.
 func (d *fakeDevice) GetName() (string, nvml.Return) {
-	if ret := d.nv.faults.hit("nvmlDeviceGetName"); ret != nvml.SUCCESS {
+	if ret := d.hit("nvmlDeviceGetName"); ret != nvml.SUCCESS {
 		return "", ret
 	}
 	return d.model.ProductName, nvml.SUCCESS
@@ -59,7 +59,7 @@ func (d *fakeDevice) GetName() (string, nvml.Return) {
 
 // GetBrand implements nvml.Device.
 func (d *fakeDevice) GetBrand() (nvml.BrandType, nvml.Return) {
-	if ret := d.nv.faults.hit("nvmlDeviceGetBrand"); ret != nvml.SUCCESS {
+	if ret := d.hit("nvmlDeviceGetBrand"); ret != nvml.SUCCESS {
 		return 0, ret
 	}
 	return d.model.Brand, nvml.SUCCESS
@@ -67,7 +67,7 @@ func (d *fakeDevice) GetBrand() (nvml.BrandType, nvml.Return) {
 
 // GetArchitecture implements nvml.Device.
 func (d *fakeDevice) GetArchitecture() (nvml.DeviceArchitecture, nvml.Return) {
-	if ret := d.nv.faults.hit("nvmlDeviceGetArchitecture"); ret != nvml.SUCCESS {
+	if ret := d.hit("nvmlDeviceGetArchitecture"); ret != nvml.SUCCESS {
 		return 0, ret
 	}
 	return d.model.Architecture, nvml.SUCCESS
@@ -75,7 +75,7 @@ func (d *fakeDevice) GetArchitecture() (nvml.DeviceArchitecture, nvml.Return) {
 
 // GetCudaComputeCapability implements nvml.Device.
 func (d *fakeDevice) GetCudaComputeCapability() (int, int, nvml.Return) {
-	if ret := d.nv.faults.hit("nvmlDeviceGetCudaComputeCapability"); ret != nvml.SUCCESS {
+	if ret := d.hit("nvmlDeviceGetCudaComputeCapability"); ret != nvml.SUCCESS {
 		return 0, 0, ret
 	}
 	return d.model.CCMajor, d.model.CCMinor, nvml.SUCCESS
@@ -83,7 +83,7 @@ func (d *fakeDevice) GetCudaComputeCapability() (int, int, nvml.Return) {
 
 // GetMemoryInfo implements nvml.Device.
 func (d *fakeDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) {
-	if ret := d.nv.faults.hit("nvmlDeviceGetMemoryInfo"); ret != nvml.SUCCESS {
+	if ret := d.hit("nvmlDeviceGetMemoryInfo"); ret != nvml.SUCCESS {
 		return nvml.Memory{}, ret
 	}
 	return nvml.Memory{Total: d.memoryBytes, Free: d.memoryBytes}, nvml.SUCCESS
@@ -92,7 +92,7 @@ func (d *fakeDevice) GetMemoryInfo() (nvml.Memory, nvml.Return) {
 // GetPciInfo implements nvml.Device. NVML spells bus IDs with an 8-digit
 // domain in upper case: "00000000:1B:00.0".
 func (d *fakeDevice) GetPciInfo() (nvml.PciInfo, nvml.Return) {
-	if ret := d.nv.faults.hit("nvmlDeviceGetPciInfo"); ret != nvml.SUCCESS {
+	if ret := d.hit("nvmlDeviceGetPciInfo"); ret != nvml.SUCCESS {
 		return nvml.PciInfo{}, ret
 	}
 	var domain, bus, dev, fn uint32
@@ -113,7 +113,7 @@ func putCString(dst []int8, s string) {
 
 // IsMigDeviceHandle implements nvml.Device.
 func (d *fakeDevice) IsMigDeviceHandle() (bool, nvml.Return) {
-	if ret := d.nv.faults.hit("nvmlDeviceIsMigDeviceHandle"); ret != nvml.SUCCESS {
+	if ret := d.hit("nvmlDeviceIsMigDeviceHandle"); ret != nvml.SUCCESS {
 		return false, ret
 	}
 	return false, nvml.SUCCESS
@@ -124,7 +124,7 @@ func (d *fakeDevice) migCapable() bool { return len(d.model.MIGProfiles) > 0 }
 
 // GetMigMode implements nvml.Device: the current and the pending mode.
 func (d *fakeDevice) GetMigMode() (int, int, nvml.Return) {
-	if ret := d.nv.faults.hit("nvmlDeviceGetMigMode"); ret != nvml.SUCCESS {
+	if ret := d.hit("nvmlDeviceGetMigMode"); ret != nvml.SUCCESS {
 		return 0, 0, ret
 	}
 	if !d.migCapable() {
@@ -144,7 +144,7 @@ func migMode(enabled bool) int {
 
 // GetMaxMigDeviceCount implements nvml.Device.
 func (d *fakeDevice) GetMaxMigDeviceCount() (int, nvml.Return) {
-	if ret := d.nv.faults.hit("nvmlDeviceGetMaxMigDeviceCount"); ret != nvml.SUCCESS {
+	if ret := d.hit("nvmlDeviceGetMaxMigDeviceCount"); ret != nvml.SUCCESS {
 		return 0, ret
 	}
 	d.nv.mu.Lock()
@@ -169,7 +169,7 @@ func (d *fakeDevice) maxMIGDevices() (int, nvml.Return) {
 
 // GetMigDeviceHandleByIndex implements nvml.Device.
 func (d *fakeDevice) GetMigDeviceHandleByIndex(i int) (nvml.Device, nvml.Return) {
-	if ret := d.nv.faults.hit("nvmlDeviceGetMigDeviceHandleByIndex"); ret != nvml.SUCCESS {
+	if ret := d.hit("nvmlDeviceGetMigDeviceHandleByIndex"); ret != nvml.SUCCESS {
 		return nil, ret
 	}
 	d.nv.mu.Lock()
@@ -189,7 +189,7 @@ func (d *fakeDevice) GetMigDeviceHandleByIndex(i int) (nvml.Device, nvml.Return)
 // GetGpuInstanceProfileInfo implements nvml.Device. Like NVML it answers
 // with MIG mode off too.
 func (d *fakeDevice) GetGpuInstanceProfileInfo(profile int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
-	if ret := d.nv.faults.hit("nvmlDeviceGetGpuInstanceProfileInfo"); ret != nvml.SUCCESS {
+	if ret := d.hit("nvmlDeviceGetGpuInstanceProfileInfo"); ret != nvml.SUCCESS {
 		return nvml.GpuInstanceProfileInfo{}, ret
 	}
 	if !d.migCapable() {
@@ -222,7 +222,7 @@ func (d *fakeDevice) profileOf(info *nvml.GpuInstanceProfileInfo) (*MIGProfile, 
 // GetGpuInstancePossiblePlacements implements nvml.Device. Like NVML it
 // answers with MIG mode off too.
 func (d *fakeDevice) GetGpuInstancePossiblePlacements(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return) {
-	if ret := d.nv.faults.hit("nvmlDeviceGetGpuInstancePossiblePlacements"); ret != nvml.SUCCESS {
+	if ret := d.hit("nvmlDeviceGetGpuInstancePossiblePlacements"); ret != nvml.SUCCESS {
 		return nil, ret
 	}
 	if !d.migCapable() {
@@ -241,7 +241,7 @@ func (d *fakeDevice) GetGpuInstancePossiblePlacements(info *nvml.GpuInstanceProf
 
 // GetGpuInstances implements nvml.Device.
 func (d *fakeDevice) GetGpuInstances(info *nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstance, nvml.Return) {
-	if ret := d.nv.faults.hit("nvmlDeviceGetGpuInstances"); ret != nvml.SUCCESS {
+	if ret := d.hit("nvmlDeviceGetGpuInstances"); ret != nvml.SUCCESS {
 		return nil, ret
 	}
 	d.nv.mu.Lock()
@@ -264,7 +264,7 @@ func (d *fakeDevice) GetGpuInstances(info *nvml.GpuInstanceProfileInfo) ([]nvml.
 
 // GetGpuInstanceById implements nvml.Device.
 func (d *fakeDevice) GetGpuInstanceById(id int) (nvml.GpuInstance, nvml.Return) {
-	if ret := d.nv.faults.hit("nvmlDeviceGetGpuInstanceById"); ret != nvml.SUCCESS {
+	if ret := d.hit("nvmlDeviceGetGpuInstanceById"); ret != nvml.SUCCESS {
 		return nil, ret
 	}
 	d.nv.mu.Lock()

@@ -47,7 +47,7 @@ func (gi *fakeGI) addCI(id, start, c int, uuid string) *fakeCI {
 
 // GetInfo implements nvml.GpuInstance.
 func (gi *fakeGI) GetInfo() (nvml.GpuInstanceInfo, nvml.Return) {
-	if ret := gi.parent.nv.faults.hit("nvmlGpuInstanceGetInfo"); ret != nvml.SUCCESS {
+	if ret := gi.parent.hit("nvmlGpuInstanceGetInfo"); ret != nvml.SUCCESS {
 		return nvml.GpuInstanceInfo{}, ret
 	}
 	if !gi.alive() {
@@ -72,7 +72,7 @@ func (gi *fakeGI) alive() bool {
 // compute instance sizes the GPU instance allows (see
 // [MIGProfile.computeSlices]).
 func (gi *fakeGI) GetComputeInstanceProfileInfo(profile, engProfile int) (nvml.ComputeInstanceProfileInfo, nvml.Return) {
-	if ret := gi.parent.nv.faults.hit("nvmlGpuInstanceGetComputeInstanceProfileInfo"); ret != nvml.SUCCESS {
+	if ret := gi.parent.hit("nvmlGpuInstanceGetComputeInstanceProfileInfo"); ret != nvml.SUCCESS {
 		return nvml.ComputeInstanceProfileInfo{}, ret
 	}
 	if !gi.alive() || profile < 0 || profile >= nvml.COMPUTE_INSTANCE_PROFILE_COUNT ||
@@ -92,7 +92,7 @@ func (gi *fakeGI) GetComputeInstanceProfileInfo(profile, engProfile int) (nvml.C
 
 // GetComputeInstances implements nvml.GpuInstance.
 func (gi *fakeGI) GetComputeInstances(info *nvml.ComputeInstanceProfileInfo) ([]nvml.ComputeInstance, nvml.Return) {
-	if ret := gi.parent.nv.faults.hit("nvmlGpuInstanceGetComputeInstances"); ret != nvml.SUCCESS {
+	if ret := gi.parent.hit("nvmlGpuInstanceGetComputeInstances"); ret != nvml.SUCCESS {
 		return nil, ret
 	}
 	gi.parent.nv.mu.Lock()
@@ -111,7 +111,7 @@ func (gi *fakeGI) GetComputeInstances(info *nvml.ComputeInstanceProfileInfo) ([]
 
 // GetComputeInstanceById implements nvml.GpuInstance.
 func (gi *fakeGI) GetComputeInstanceById(id int) (nvml.ComputeInstance, nvml.Return) {
-	if ret := gi.parent.nv.faults.hit("nvmlGpuInstanceGetComputeInstanceById"); ret != nvml.SUCCESS {
+	if ret := gi.parent.hit("nvmlGpuInstanceGetComputeInstanceById"); ret != nvml.SUCCESS {
 		return nil, ret
 	}
 	gi.parent.nv.mu.Lock()
@@ -142,7 +142,7 @@ type fakeCI struct {
 
 // GetInfo implements nvml.ComputeInstance.
 func (ci *fakeCI) GetInfo() (nvml.ComputeInstanceInfo, nvml.Return) {
-	if ret := ci.gi.parent.nv.faults.hit("nvmlComputeInstanceGetInfo"); ret != nvml.SUCCESS {
+	if ret := ci.gi.parent.hit("nvmlComputeInstanceGetInfo"); ret != nvml.SUCCESS {
 		return nvml.ComputeInstanceInfo{}, ret
 	}
 	if !ci.alive() {
@@ -176,7 +176,7 @@ type fakeMIG struct {
 // enter counts a call of the named function and checks that the handle is
 // still valid.
 func (m *fakeMIG) enter(call string) nvml.Return {
-	if ret := m.gi.parent.nv.faults.hit(call); ret != nvml.SUCCESS {
+	if ret := m.gi.parent.hit(call); ret != nvml.SUCCESS {
 		return ret
 	}
 	if !m.ci.alive() {

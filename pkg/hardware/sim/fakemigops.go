@@ -42,7 +42,7 @@ func (d *fakeDevice) instancesOf(p *MIGProfile) int {
 
 // CreateGpuInstanceWithPlacement implements nvml.Device.
 func (d *fakeDevice) CreateGpuInstanceWithPlacement(info *nvml.GpuInstanceProfileInfo, placement *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
-	if ret := d.nv.faults.hit("nvmlDeviceCreateGpuInstanceWithPlacement"); ret != nvml.SUCCESS {
+	if ret := d.hit("nvmlDeviceCreateGpuInstanceWithPlacement"); ret != nvml.SUCCESS {
 		return nil, ret
 	}
 	d.nv.mu.Lock()
@@ -70,7 +70,7 @@ func (d *fakeDevice) CreateGpuInstanceWithPlacement(info *nvml.GpuInstanceProfil
 // GetGpuInstanceRemainingCapacity implements nvml.Device: how many more
 // instances of the profile fit beside the existing ones.
 func (d *fakeDevice) GetGpuInstanceRemainingCapacity(info *nvml.GpuInstanceProfileInfo) (int, nvml.Return) {
-	if ret := d.nv.faults.hit("nvmlDeviceGetGpuInstanceRemainingCapacity"); ret != nvml.SUCCESS {
+	if ret := d.hit("nvmlDeviceGetGpuInstanceRemainingCapacity"); ret != nvml.SUCCESS {
 		return 0, ret
 	}
 	d.nv.mu.Lock()
@@ -103,7 +103,7 @@ func (d *fakeDevice) GetGpuInstanceRemainingCapacity(info *nvml.GpuInstanceProfi
 // NVML_ERROR_RESET_REQUIRED, as A100s do where the driver cannot reset
 // them in place; the simulation never resets them.
 func (d *fakeDevice) SetMigMode(mode int) (nvml.Return, nvml.Return) {
-	if ret := d.nv.faults.hit("nvmlDeviceSetMigMode"); ret != nvml.SUCCESS {
+	if ret := d.hit("nvmlDeviceSetMigMode"); ret != nvml.SUCCESS {
 		return nvml.SUCCESS, ret
 	}
 	d.nv.mu.Lock()
@@ -145,7 +145,7 @@ func (d *fakeDevice) SetMigMode(mode int) (nvml.Return, nvml.Return) {
 // compute slices; its MIG device gets a UUID no earlier one had.
 func (gi *fakeGI) CreateComputeInstance(info *nvml.ComputeInstanceProfileInfo) (nvml.ComputeInstance, nvml.Return) {
 	d := gi.parent
-	if ret := d.nv.faults.hit("nvmlGpuInstanceCreateComputeInstance"); ret != nvml.SUCCESS {
+	if ret := d.hit("nvmlGpuInstanceCreateComputeInstance"); ret != nvml.SUCCESS {
 		return nil, ret
 	}
 	d.nv.mu.Lock()
@@ -194,7 +194,7 @@ func (gi *fakeGI) CreateComputeInstance(info *nvml.ComputeInstanceProfileInfo) (
 // Destroy implements nvml.GpuInstance.
 func (gi *fakeGI) Destroy() nvml.Return {
 	d := gi.parent
-	if ret := d.nv.faults.hit("nvmlGpuInstanceDestroy"); ret != nvml.SUCCESS {
+	if ret := d.hit("nvmlGpuInstanceDestroy"); ret != nvml.SUCCESS {
 		return ret
 	}
 	d.nv.mu.Lock()
@@ -219,7 +219,7 @@ func (gi *fakeGI) Destroy() nvml.Return {
 // Destroy implements nvml.ComputeInstance.
 func (ci *fakeCI) Destroy() nvml.Return {
 	d := ci.gi.parent
-	if ret := d.nv.faults.hit("nvmlComputeInstanceDestroy"); ret != nvml.SUCCESS {
+	if ret := d.hit("nvmlComputeInstanceDestroy"); ret != nvml.SUCCESS {
 		return ret
 	}
 	d.nv.mu.Lock()

@@ -29,6 +29,7 @@ import (
 type fakeNVML struct {
 	mock.Interface
 	faults        *Faults
+	health        *HealthEvents
 	node          string
 	driverVersion string
 	cudaVersion   int
@@ -52,7 +53,7 @@ func newFakeNVML(n *Node, opts ...HardwareOption) *fakeNVML {
 		opt(&o)
 	}
 	f := &fakeNVML{
-		faults: o.faults, node: n.Name, minorsAfterSwitch: o.minorsAfterSwitch, stateFile: o.stateFile,
+		faults: o.faults, health: o.health, node: n.Name, minorsAfterSwitch: o.minorsAfterSwitch, stateFile: o.stateFile,
 		driverVersion: n.DriverVersion, cudaVersion: cudaVersionInt(n.CUDADriverVersion),
 	}
 	for i := range n.GPUs {
@@ -82,6 +83,7 @@ func newFakeNVML(n *Node, opts ...HardwareOption) *fakeNVML {
 		}
 		f.devices = append(f.devices, d)
 	}
+	f.health.addNode(n.Name, len(f.devices))
 	return f
 }
 

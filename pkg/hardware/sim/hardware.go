@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/nvmlhw"
@@ -24,8 +25,9 @@ const (
 // nvidia-caps [CapsMajor], and the driver's standard MIG capability minors
 // (see [nvmlhw.StandardMIGCapMinors]).
 //
-// The result also implements [hardware.MIGManager] and
-// [hardware.MIGModeSwitcher], through nvmlhw's code over the same fake:
+// The result also implements [hardware.MIGManager],
+// [hardware.MIGModeSwitcher] and [hardware.HealthWatcher] (see
+// [WithHealthEvents]), through nvmlhw's code over the same fake:
 // MIG devices created or destroyed, and MIG modes switched, are what later
 // Discover calls see. Each call of Hardware starts from the node's
 // description, or from the state file [WithStateFile] names; the node
@@ -45,14 +47,24 @@ func (n *Node) Hardware(opts ...HardwareOption) hardware.Hardware {
 	if err := nv.loadState(); err != nil {
 		return brokenHardware{err: fmt.Errorf("simulated node %q: %w", n.Name, err)}
 	}
-	return nvmlhw.NewFromInterface(nv, newTopology(c), systemInfo{})
+	return nvmlhw.NewFromInterface(nv, newTopology(c), systemInfo{}, nvmlhw.WithHealthPolling(HealthPollInterval, HealthWaitTimeout))
 }
+
+// The health watcher's timing over simulated GPUs: injected events wake it
+// at once (a lost GPU fails its event-set wait, a recovery raises a
+// recovery-action event), so polling is only the backstop; the short wait
+// lets a stopping plugin return quickly.
+const (
+	HealthPollInterval = time.Second
+	HealthWaitTimeout  = 50 * time.Millisecond
+)
 
 // HardwareOption configures the simulated hardware of [Node.Hardware].
 type HardwareOption func(*hardwareOptions)
 
 type hardwareOptions struct {
 	faults            *Faults
+	health            *HealthEvents
 	minorsAfterSwitch map[string]int
 	stateFile         string
 }

@@ -241,6 +241,13 @@ func TestFaultsCountEveryCall(t *testing.T) {
 	m.GetAttributes()
 	m.GetDeviceHandleFromMigDeviceHandle()
 	m.IsMigDeviceHandle()
+	// Health: what nvmlhw's watcher calls.
+	set, _ := r.nv.EventSetCreate()
+	dev.RegisterEvents(supportedEvents, set)
+	dev.GetSupportedEventTypes()
+	dev.GetFieldValues(make([]nvml.FieldValue, 1))
+	set.Wait(1)
+	set.Free()
 	for _, name := range NVMLCalls() {
 		if r.faults.Calls(name) == 0 {
 			t.Errorf("%s was never counted", name)

@@ -1,0 +1,41 @@
+package main
+
+import (
+	"github.com/spf13/pflag"
+
+	"github.com/gpudra/gpudra/pkg/health"
+)
+
+// healthFlags set the health policy (docs/health.md).
+type healthFlags struct {
+	ignoreXIDs  string
+	faultEffect string
+	lostEffect  string
+}
+
+func (f *healthFlags) addFlags(fs *pflag.FlagSet) {
+	d := health.DefaultPolicy()
+	fs.StringVar(&f.ignoreXIDs, "health-ignore-xids", health.FormatXIDs(d.IgnoreXIDs), "XIDs that taint nothing (application errors), comma-separated; the default is NVIDIA's list. See docs/health.md")
+	fs.StringVar(&f.faultEffect, "health-effect", string(d.FaultEffect), "effect of the taints of a GPU's XID and double-bit ECC errors, one of None, NoSchedule, NoExecute")
+	fs.StringVar(&f.lostEffect, "health-lost-effect", string(d.LostEffect), "effect of the taint of a GPU lost off the bus, one of None, NoSchedule, NoExecute")
+}
+
+// policy returns the policy the flags set; errors name the flag and the
+// allowed values.
+func (f *healthFlags) policy() (health.Policy, error) {
+	var p health.Policy
+	var err error
+	if p.IgnoreXIDs, err = health.ParseXIDs("health-ignore-xids", f.ignoreXIDs); err != nil {
+		return p, err
+	}
+	if p.IgnoreXIDs == nil {
+		p.IgnoreXIDs = []uint64{} // ignore nothing, not the default
+	}
+	if p.FaultEffect, err = health.ParseEffect("health-effect", f.faultEffect); err != nil {
+		return p, err
+	}
+	if p.LostEffect, err = health.ParseEffect("health-lost-effect", f.lostEffect); err != nil {
+		return p, err
+	}
+	return p, p.Validate()
+}

@@ -1,0 +1,143 @@
+package nvmlhw
+
+import (
+	"encoding/binary"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/pkg/hardware"
+)
+
+func TestHealthEventFrom(t *testing.T) {
+	at := time.Unix(100, 0)
+	for _, tc := range []struct {
+		name string
+		data nvml.EventData
+		want hardware.HealthEvent
+		ok   bool
+	}{
+		{"xid of the whole GPU", nvml.EventData{EventType: nvml.EventTypeXidCriticalError, EventData: 79, GpuInstanceId: noInstance, ComputeInstanceId: noInstance},
+			hardware.HealthEvent{GPUUUID: "GPU-a", Kind: hardware.HealthXID, XID: 79, GIID: hardware.NoInstance, CIID: hardware.NoInstance, Time: at}, true},
+		{"xid of a MIG device", nvml.EventData{EventType: nvml.EventTypeXidCriticalError, EventData: 31, GpuInstanceId: 1, ComputeInstanceId: 0},
+			hardware.HealthEvent{GPUUUID: "GPU-a", Kind: hardware.HealthXID, XID: 31, GIID: 1, CIID: 0, Time: at}, true},
+		{"double-bit ECC", nvml.EventData{EventType: nvml.EventTypeDoubleBitEccError, GpuInstanceId: noInstance, ComputeInstanceId: noInstance},
+			hardware.HealthEvent{GPUUUID: "GPU-a", Kind: hardware.HealthECCDoubleBit, GIID: hardware.NoInstance, CIID: hardware.NoInstance, Time: at}, true},
+		{"recovery action changed", nvml.EventData{EventType: nvml.EventTypeGpuRecoveryAction}, hardware.HealthEvent{}, false},
+		{"single-bit ECC is no health event", nvml.EventData{EventType: nvml.EventTypeSingleBitEccError}, hardware.HealthEvent{}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := healthEventFrom(tc.data, "GPU-a", at)
+			if ok != tc.ok || got != tc.want {
+				t.Errorf("got %+v, %v; want %+v, %v", got, ok, tc.want, tc.ok)
+			}
+		})
+	}
+}
+
+// fieldDevice answers the recovery-action field as its fields say.
+type fieldDevice struct {
+	mock.Device
+	call   nvml.Return // the call's answer
+	field  nvml.Return // the field's answer
+	action nvml.DeviceGpuRecoveryAction
+}
+
+func (d *fieldDevice) GetFieldValues(values []nvml.FieldValue) nvml.Return {
+	if d.call != nvml.SUCCESS {
+		return d.call
+	}
+	values[0].NvmlReturn = uint32(d.field)
+	values[0].ValueType = uint32(nvml.VALUE_TYPE_UNSIGNED_INT)
+	binary.LittleEndian.PutUint32(values[0].Value[:4], uint32(d.action))
+	return nvml.SUCCESS
+}
+
+// TestHealthCheck walks one GPU through the poll's states: each step sets
+// what the GPU answers, moves the clock and says which event the poll
+// gives.
+func TestHealthCheck(t *testing.T) {
+	type step struct {
+		call, field nvml.Return
+		action      nvml.DeviceGpuRecoveryAction
+		fault       bool // an XID event comes before the poll
+		after       time.Duration
+		want        hardware.HealthEventKind // "" for none
+	}
+	ok := nvml.SUCCESS
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"reset asked for, then done", []step{
+			{fault: true, call: ok, field: ok, action: nvml.GPU_RECOVERY_ACTION_GPU_RESET},
+			{call: ok, field: ok, action: nvml.GPU_RECOVERY_ACTION_GPU_RESET, after: time.Minute},
+			{call: ok, field: ok, action: nvml.GPU_RECOVERY_ACTION_NONE, after: time.Second, want: hardware.HealthRecovered},
+			{call: ok, field: ok, action: nvml.GPU_RECOVERY_ACTION_NONE, after: time.Minute},
+		}},
+		{"nothing asked for: recovered one poll interval after the fault", []step{
+			{fault: true, call: ok, field: ok},
+			{call: ok, field: ok, after: time.Second},
+			{call: ok, field: ok, after: 5 * time.Second, want: hardware.HealthRecovered},
+		}},
+		{"no recovery-action field: the fault stays", []step{
+			{fault: true, call: ok, field: nvml.ERROR_NOT_SUPPORTED},
+			{call: ok, field: nvml.ERROR_NOT_SUPPORTED, after: time.Hour},
+		}},
+		{"lost, then back", []step{
+			{call: nvml.ERROR_GPU_IS_LOST, want: hardware.HealthGPULost},
+			{call: nvml.ERROR_GPU_IS_LOST, after: time.Minute},
+			{call: ok, field: nvml.ERROR_NOT_SUPPORTED, after: time.Minute, want: hardware.HealthRecovered},
+		}},
+		{"lost in the field's answer", []step{
+			{call: ok, field: nvml.ERROR_GPU_IS_LOST, want: hardware.HealthGPULost},
+		}},
+		{"a healthy GPU gives nothing", []step{
+			{call: ok, field: ok},
+			{call: ok, field: ok, action: nvml.GPU_RECOVERY_ACTION_NODE_REBOOT, after: time.Minute},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			now := time.Unix(1000, 0)
+			dev := &fieldDevice{}
+			w := &healthWatch{poll: 5 * time.Second, now: func() time.Time { return now }, gpus: map[string]*watchedGPU{}, logger: klog.Background()}
+			g := &watchedGPU{uuid: "GPU-a", dev: dev}
+			for i, s := range tc.steps {
+				now = now.Add(s.after)
+				dev.call, dev.field, dev.action = s.call, s.field, s.action
+				if s.fault {
+					w.gpus["GPU-a"] = g
+					events, from := w.fromEvent(nvml.EventData{Device: dev, EventType: nvml.EventTypeXidCriticalError, EventData: 48, GpuInstanceId: noInstance, ComputeInstanceId: noInstance})
+					if from != g || len(events) != 1 || events[0].Kind != hardware.HealthXID {
+						t.Fatalf("step %d: fault event: got %+v from %v", i, events, from)
+					}
+				}
+				got := w.check(g)
+				switch {
+				case s.want == "" && len(got) > 0:
+					t.Errorf("step %d: got %+v, want no event", i, got)
+				case s.want != "" && (len(got) != 1 || got[0].Kind != s.want || got[0].GPUUUID != "GPU-a"):
+					t.Errorf("step %d: got %+v, want one %s event", i, got, s.want)
+				}
+			}
+		})
+	}
+}
+
+func TestFieldUint(t *testing.T) {
+	var v nvml.FieldValue
+	binary.LittleEndian.PutUint64(v.Value[:], 0xdead_0000_0004)
+	for typ, want := range map[nvml.ValueType]uint64{
+		nvml.VALUE_TYPE_UNSIGNED_INT:       4,
+		nvml.VALUE_TYPE_UNSIGNED_SHORT:     4,
+		nvml.VALUE_TYPE_UNSIGNED_LONG_LONG: 0xdead_0000_0004,
+	} {
+		v.ValueType = uint32(typ)
+		if got := fieldUint(v); got != want {
+			t.Errorf("type %d: got %#x, want %#x", typ, got, want)
+		}
+	}
+}
