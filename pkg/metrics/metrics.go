@@ -9,6 +9,7 @@ package metrics
 
 import (
 	"net/http"
+	"strconv"
 	"time"
 
 	"k8s.io/component-base/metrics"
@@ -33,6 +34,9 @@ type State struct {
 	PublishedDevices map[string]int
 	// MPSDaemons counts the MPS control daemons the plugin supervises.
 	MPSDaemons int
+	// TaintedDevices counts the published devices with a taint, by the
+	// taint's effect (NoSchedule, NoExecute).
+	TaintedDevices map[string]int
 	// CheckpointWrites and CheckpointWriteErrors count the writes of the
 	// checkpoint file since the plugin started (one per group commit).
 	CheckpointWrites, CheckpointWriteErrors int64
@@ -45,6 +49,7 @@ type Plugin struct {
 	prepareDuration    *metrics.HistogramVec
 	unprepareDuration  *metrics.HistogramVec
 	slicePublishErrors *metrics.Counter
+	healthEvents       *metrics.CounterVec
 }
 
 // durationBuckets span a Prepare that only answers from the checkpoint
@@ -77,8 +82,14 @@ func NewPlugin(state func() State) *Plugin {
 			Help:           "Errors the ResourceSlice controller reported while publishing the node's devices.",
 			StabilityLevel: metrics.ALPHA,
 		}),
+		healthEvents: metrics.NewCounterVec(&metrics.CounterOpts{
+			Namespace:      Namespace,
+			Name:           "health_events_total",
+			Help:           "GPU health events seen, by event (xid, ecc-dbe, gpu-lost, recovered) and whether the policy ignored them (an application XID).",
+			StabilityLevel: metrics.ALPHA,
+		}, []string{"event", "ignored"}),
 	}
-	p.registry.MustRegister(p.prepareDuration, p.unprepareDuration, p.slicePublishErrors)
+	p.registry.MustRegister(p.prepareDuration, p.unprepareDuration, p.slicePublishErrors, p.healthEvents)
 	p.registry.CustomMustRegister(newStateCollector(state))
 	return p
 }
@@ -99,6 +110,11 @@ func (p *Plugin) ObservePrepare(took time.Duration, err error) {
 // ObserveUnprepare records one claim's Unprepare.
 func (p *Plugin) ObserveUnprepare(took time.Duration, err error) {
 	p.unprepareDuration.WithLabelValues(result(err)).Observe(took.Seconds())
+}
+
+// HealthEvent counts a GPU health event.
+func (p *Plugin) HealthEvent(event string, ignored bool) {
+	p.healthEvents.WithLabelValues(event, strconv.FormatBool(ignored)).Inc()
 }
 
 // SlicePublishError counts an error of the ResourceSlice controller.
@@ -122,6 +138,8 @@ var (
 		"Claims prepared on the node (completed in the checkpoint).", nil, nil, metrics.ALPHA, "")
 	publishedDevicesDesc = metrics.NewDesc(Namespace+"_published_devices",
 		"Devices published in the node's ResourceSlices, by type (gpu, mig, vfio).", []string{"type"}, nil, metrics.ALPHA, "")
+	taintedDevicesDesc = metrics.NewDesc(Namespace+"_tainted_devices",
+		"Published devices with a device taint (an unhealthy GPU's), by effect.", []string{"effect"}, nil, metrics.ALPHA, "")
 	mpsDaemonsDesc = metrics.NewDesc(Namespace+"_mps_daemons",
 		"MPS control daemons the plugin runs and supervises.", nil, nil, metrics.ALPHA, "")
 	checkpointWritesDesc = metrics.NewDesc(Namespace+"_checkpoint_writes_total",
@@ -136,6 +154,7 @@ func (c *stateCollector) DescribeWithStability(ch chan<- *metrics.Desc) {
 	ch <- preparedClaimsDesc
 	ch <- publishedDevicesDesc
 	ch <- mpsDaemonsDesc
+	ch <- taintedDevicesDesc
 	ch <- checkpointWritesDesc
 }
 
@@ -148,6 +167,9 @@ func (c *stateCollector) CollectWithStability(ch chan<- metrics.Metric) {
 		ch <- metrics.NewLazyConstMetric(publishedDevicesDesc, metrics.GaugeValue, float64(n), typ)
 	}
 	ch <- metrics.NewLazyConstMetric(mpsDaemonsDesc, metrics.GaugeValue, float64(s.MPSDaemons))
+	for _, effect := range []string{"NoSchedule", "NoExecute"} {
+		ch <- metrics.NewLazyConstMetric(taintedDevicesDesc, metrics.GaugeValue, float64(s.TaintedDevices[effect]), effect)
+	}
 	ch <- metrics.NewLazyConstMetric(checkpointWritesDesc, metrics.CounterValue, float64(s.CheckpointWrites), ResultSuccess)
 	ch <- metrics.NewLazyConstMetric(checkpointWritesDesc, metrics.CounterValue, float64(s.CheckpointWriteErrors), ResultError)
 }

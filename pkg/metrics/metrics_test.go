@@ -34,12 +34,15 @@ func scrape(t *testing.T, url string) (int, string) {
 // rules (promlint), show the state read at scrape time, and the probes
 // answer: /readyz 503 with the reason until ready, then 200.
 func TestServer(t *testing.T) {
-	state := metrics.State{PreparedClaims: 3, PublishedDevices: map[string]int{"gpu": 8, "mig": 40}, MPSDaemons: 2, CheckpointWrites: 7, CheckpointWriteErrors: 1}
+	state := metrics.State{PreparedClaims: 3, PublishedDevices: map[string]int{"gpu": 8, "mig": 40}, MPSDaemons: 2, TaintedDevices: map[string]int{"NoExecute": 9}, CheckpointWrites: 7, CheckpointWriteErrors: 1}
 	p := metrics.NewPlugin(func() metrics.State { return state })
 	p.ObservePrepare(20*time.Millisecond, nil)
 	p.ObservePrepare(2*time.Second, errors.New("refused"))
 	p.ObserveUnprepare(5*time.Millisecond, nil)
 	p.SlicePublishError()
+	p.HealthEvent("xid", false)
+	p.HealthEvent("xid", true)
+	p.HealthEvent("xid", true)
 	var ready atomic.Bool
 	srv := metrics.NewServer(p, "/metrics", func() error {
 		if !ready.Load() {
@@ -70,6 +73,10 @@ func TestServer(t *testing.T) {
 		`gpudra_published_devices{type="gpu"} 8`,
 		`gpudra_published_devices{type="mig"} 40`,
 		`gpudra_mps_daemons 2`,
+		`gpudra_health_events_total{event="xid",ignored="false"} 1`,
+		`gpudra_health_events_total{event="xid",ignored="true"} 2`,
+		`gpudra_tainted_devices{effect="NoExecute"} 9`,
+		`gpudra_tainted_devices{effect="NoSchedule"} 0`,
 		`gpudra_checkpoint_writes_total{result="success"} 7`,
 		`gpudra_checkpoint_writes_total{result="error"} 1`,
 	} {

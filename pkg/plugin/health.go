@@ -69,6 +69,7 @@ func (d *Driver) onHealthEvent(ctx context.Context, e hardware.HealthEvent, deb 
 	policy := d.features.Health.Policy()
 	next, t := d.features.Health.State().Apply(policy, e)
 	d.features.Health.SetState(next)
+	d.metrics.HealthEvent(string(e.Kind), t.Ignored)
 	switch {
 	case t.Ignored:
 		logger.Info("Application XID: the GPU stays healthy", "ignoredXIDs", health.FormatXIDs(policy.IgnoreXIDs))

@@ -1,6 +1,7 @@
 package plugin_test
 
 import (
+	"net/http/httptest"
 	"context"
 	"fmt"
 	"sort"
@@ -168,6 +169,21 @@ func TestHealthTaintsAndRecovery(t *testing.T) {
 		t.Errorf("an application XID caused %d slice writes", w-writes)
 	}
 
+	metricsText := func() string {
+		rec := httptest.NewRecorder()
+		h.driver.Metrics().Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+		return rec.Body.String()
+	}
+	for _, want := range []string{
+		`gpudra_health_events_total{event="xid",ignored="false"} 1`,
+		`gpudra_health_events_total{event="xid",ignored="true"} 1`,
+		`gpudra_tainted_devices{effect="NoSchedule"} 1`,
+	} {
+		if m := metricsText(); !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s:\n%s", want, grep(m, "gpudra_"))
+		}
+	}
+
 	h.do(3, "recover")
 	took = h.waitPublished(t, "recovery of GPU 3", func(p map[string]string) bool { return len(tainted(p)) == 0 && len(p) == 8 })
 	t.Logf("recovery injected -> taint gone from the API server's slice: %v", took)
@@ -183,6 +199,9 @@ func TestHealthTaintsAndRecovery(t *testing.T) {
 	// Discovery no longer lists it, and the periodic rediscovery keeps it
 	// published, tainted.
 	h.waitPublished(t, "GPU 5 kept while lost", func(p map[string]string) bool { return len(p) == 8 })
+	if m := metricsText(); !strings.Contains(m, `gpudra_tainted_devices{effect="NoExecute"} 1`) || !strings.Contains(m, `gpudra_tainted_devices{effect="NoSchedule"} 0`) {
+		t.Errorf("metrics while GPU 5 is lost:\n%s", grep(m, "tainted"))
+	}
 	h.do(5, "recover")
 	h.waitPublished(t, "GPU 5 back", func(p map[string]string) bool { return len(tainted(p)) == 0 && len(p) == 8 })
 }

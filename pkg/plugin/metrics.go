@@ -5,6 +5,8 @@ import (
 	"errors"
 	"time"
 
+	resourceapi "k8s.io/api/resource/v1"
+
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/metrics"
 )
@@ -18,10 +20,21 @@ func (d *Driver) Metrics() *metrics.Plugin { return d.metrics }
 
 // metricsState is what the gauges show, read at each scrape.
 func (d *Driver) metricsState() metrics.State {
-	s := metrics.State{PreparedClaims: -1, PublishedDevices: map[string]int{}}
+	s := metrics.State{PreparedClaims: -1, PublishedDevices: map[string]int{}, TaintedDevices: map[string]int{}}
 	if pub := d.state.Load(); pub != nil && pub.Model != nil {
 		for i := range pub.Model.Devices {
-			s.PublishedDevices[string(pub.Model.Devices[i].Kind)]++
+			dev := &pub.Model.Devices[i]
+			s.PublishedDevices[string(dev.Kind)]++
+			// The strongest effect counts: NoExecute implies NoSchedule.
+			effect := ""
+			for _, t := range dev.API.Taints {
+				if effect != string(resourceapi.DeviceTaintEffectNoExecute) {
+					effect = string(t.Effect)
+				}
+			}
+			if effect != "" {
+				s.TaintedDevices[effect]++
+			}
 		}
 	}
 	if d.cfg.MPS != nil {
