@@ -63,9 +63,20 @@ func startAPIServer(ctx context.Context, dir, etcdURL string, authzModes []strin
 	// process-wide default registry refuses a second registration, and
 	// the local cluster may start twice in one process.
 	featureGate := utilfeature.DefaultMutableFeatureGate.DeepCopy()
-	effectiveVersion := compatibility.DefaultBuildEffectiveVersion()
-	effectiveVersion.SetEmulationVersion(featureGate.EmulationVersion())
-	effectiveVersion.SetMinCompatibilityVersion(featureGate.MinCompatibilityVersion())
+	buildVersion := compatibility.DefaultBuildEffectiveVersion()
+	buildVersion.SetEmulationVersion(featureGate.EmulationVersion())
+	buildVersion.SetMinCompatibilityVersion(featureGate.MinCompatibilityVersion())
+	// /version serves what the effective version says; without the
+	// -ldflags of Kubernetes' own builds that is a placeholder kubectl
+	// cannot parse.
+	kubeVersion, err := KubernetesVersion()
+	if err != nil {
+		return nil, err
+	}
+	effectiveVersion, err := newServedVersion(buildVersion, kubeVersion)
+	if err != nil {
+		return nil, err
+	}
 	registry := basecompatibility.NewComponentGlobalsRegistry()
 	if err := registry.Register(basecompatibility.DefaultKubeComponent, effectiveVersion, featureGate); err != nil {
 		return nil, err
