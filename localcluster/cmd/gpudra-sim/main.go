@@ -83,7 +83,7 @@ Flags:
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, o); err != nil {
+	if err := run(ctx, o, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "gpudra-sim:", err)
 		os.Exit(1)
 	}
@@ -145,7 +145,9 @@ func progress(format string, args ...any) {
 	fmt.Fprintf(stderr, "%s  %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
 }
 
-func run(ctx context.Context, o options) (finalErr error) {
+// run runs the cluster as the options say, printing the table (and, with
+// --keep-running, how to reach the cluster) to stdout.
+func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 	closeLog, err := setUpLogging(o)
 	if err != nil {
 		return err
@@ -197,10 +199,14 @@ func run(ctx context.Context, o options) (finalErr error) {
 	progress("cluster ready in %v", time.Since(start).Round(time.Millisecond))
 
 	progress("applying %d objects from %s", len(objs), dir)
-	if err := c.Apply(ctx, objs); err != nil {
+	refused, err := c.Apply(ctx, objs)
+	if err != nil {
 		return err
 	}
-	progress("waiting for the pods to settle (Running, Succeeded, or Pending with a reason)")
+	for _, r := range refused {
+		progress("refused: %s", r)
+	}
+	progress("waiting for the pods to settle (Running, Succeeded, or Pending with a reason) and for the workload controllers to make theirs")
 	settleCtx, cancel := context.WithTimeout(ctx, o.settle)
 	settleErr := c.WaitSettled(settleCtx, 2*time.Second)
 	cancel()
@@ -211,8 +217,9 @@ func run(ctx context.Context, o options) (finalErr error) {
 	if err != nil {
 		return err
 	}
-	fmt.Println()
-	printTable(os.Stdout, report)
+	report.Refused = append(report.Refused, refused...)
+	fmt.Fprintln(stdout)
+	printTable(stdout, report)
 	if o.report != "" {
 		data, err := json.MarshalIndent(report, "", "  ")
 		if err != nil {
@@ -223,17 +230,25 @@ func run(ctx context.Context, o options) (finalErr error) {
 		}
 		progress("report written to %s", o.report)
 	}
+	// The report comes first: what was refused or did not settle is in
+	// it, and the rest is worth seeing all the same.
+	var errs []error
+	if len(refused) > 0 {
+		errs = append(errs, fmt.Errorf("%d of %d objects refused by the API server (listed under REFUSED)", len(refused), len(objs)))
+	}
 	if settleErr != nil {
-		return fmt.Errorf("the pods did not settle within %v", o.settle)
+		errs = append(errs, fmt.Errorf("not settled within %v (--settle-timeout): %w", o.settle, settleErr))
 	}
 	if o.keepRunning {
-		return keepRunning(ctx, c, o)
+		if err := keepRunning(ctx, c, o, stdout); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // keepRunning writes a kubeconfig and waits for an interrupt.
-func keepRunning(ctx context.Context, c *cluster.Cluster, o options) error {
+func keepRunning(ctx context.Context, c *cluster.Cluster, o options, stdout io.Writer) error {
 	path, err := filepath.Abs(o.kubeconfig)
 	if err != nil {
 		return err
@@ -241,7 +256,7 @@ func keepRunning(ctx context.Context, c *cluster.Cluster, o options) error {
 	if err := c.ControlPlane().WriteKubeconfig(path); err != nil {
 		return err
 	}
-	fmt.Printf(`
+	fmt.Fprintf(stdout, `
 The cluster keeps running until you press Ctrl-C. To use it:
 
   export KUBECONFIG=%s
