@@ -125,8 +125,6 @@ func startAPIServer(ctx context.Context, dir, etcdURL string, authzModes []strin
 	// resolves; the default order would try the Hostname first.
 	s.KubeletConfig.PreferredAddressTypes = []string{string(corev1.NodeInternalIP), string(corev1.NodeHostName)}
 	s.KubeletConfig.TLSClientConfig.CAFile = filepath.Join(certDir, kubeletCAFile)
-	s.KubeletConfig.TLSClientConfig.CertFile = filepath.Join(certDir, kubeletClientCertFile)
-	s.KubeletConfig.TLSClientConfig.KeyFile = filepath.Join(certDir, kubeletClientKeyFile)
 
 	completed, err := s.Complete(ctx)
 	if err != nil {

@@ -16,27 +16,24 @@ import (
 	"time"
 )
 
-// kubeletCA is the authority of the kubelet API in the local cluster. It
+// kubeletCA is the authority of the kubelet API in the local cluster: it
 // signs each simulated node's serving certificate (for 127.0.0.1 and the
 // node's name), which kube-apiserver verifies as
-// --kubelet-certificate-authority, and kube-apiserver's client
-// certificate (--kubelet-client-certificate), which the nodes require.
-// It lives as long as the control plane; nothing of it is reused.
+// --kubelet-certificate-authority. kube-apiserver shows the nodes no
+// client certificate: with one given as files, its kubelet client starts
+// certificate-reloading goroutines that outlive the server, and the
+// nodes' API serves nothing but what the report tells anyway, on
+// loopback. It lives as long as the control plane.
 type kubeletCA struct {
 	cert *x509.Certificate
 	key  *ecdsa.PrivateKey
-	pool *x509.CertPool
 }
 
-// Files kube-apiserver reads, under its certificate directory.
-const (
-	kubeletCAFile         = "kubelet-ca.crt"
-	kubeletClientCertFile = "kubelet-client.crt"
-	kubeletClientKeyFile  = "kubelet-client.key"
-)
+// kubeletCAFile is the authority's certificate, under kube-apiserver's
+// certificate directory.
+const kubeletCAFile = "kubelet-ca.crt"
 
-// newKubeletCA makes a new authority and writes its certificate and
-// kube-apiserver's client certificate and key to dir.
+// newKubeletCA makes a new authority and writes its certificate to dir.
 func newKubeletCA(dir string) (*kubeletCA, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -60,21 +57,10 @@ func newKubeletCA(dir string) (*kubeletCA, error) {
 	if err != nil {
 		return nil, err
 	}
-	ca := &kubeletCA{cert: cert, key: key, pool: x509.NewCertPool()}
-	ca.pool.AddCert(cert)
 	if err := os.WriteFile(filepath.Join(dir, kubeletCAFile), pemBlock("CERTIFICATE", der), 0o600); err != nil {
 		return nil, err
 	}
-	client, err := ca.issue("system:kube-apiserver-kubelet-client", nil, nil, x509.ExtKeyUsageClientAuth)
-	if err != nil {
-		return nil, err
-	}
-	for name, data := range map[string][]byte{kubeletClientCertFile: client.certPEM, kubeletClientKeyFile: client.keyPEM} {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
-			return nil, err
-		}
-	}
-	return ca, nil
+	return &kubeletCA{cert: cert, key: key}, nil
 }
 
 type issued struct{ certPEM, keyPEM []byte }
@@ -113,11 +99,9 @@ func (ca *kubeletCA) issue(commonName string, ips []net.IP, dnsNames []string, u
 
 // KubeletServerTLS returns the TLS config of a simulated node's kubelet
 // API server: a serving certificate for 127.0.0.1 and the node's name,
-// signed by the authority kube-apiserver trusts, and the requirement of a
-// client certificate from kube-apiserver.
+// signed by the authority kube-apiserver trusts.
 func (c *ControlPlane) KubeletServerTLS(nodeName string) (*tls.Config, error) {
-	ca := c.api.kubeletCA
-	serving, err := ca.issue(nodeName, []net.IP{net.IPv4(127, 0, 0, 1)}, []string{nodeName}, x509.ExtKeyUsageServerAuth)
+	serving, err := c.api.kubeletCA.issue(nodeName, []net.IP{net.IPv4(127, 0, 0, 1)}, []string{nodeName}, x509.ExtKeyUsageServerAuth)
 	if err != nil {
 		return nil, err
 	}
@@ -125,12 +109,7 @@ func (c *ControlPlane) KubeletServerTLS(nodeName string) (*tls.Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &tls.Config{
-		Certificates: []tls.Certificate{pair},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    ca.pool,
-		MinVersion:   tls.VersionTLS12,
-	}, nil
+	return &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}, nil
 }
 
 func pemBlock(typ string, der []byte) []byte {

@@ -68,7 +68,8 @@ func (s *kubeletServer) stop() {
 }
 
 // logs answers GET /containerLogs/{namespace}/{pod}/{container} with the
-// container's log (see containerLog). Of the kubelet's query parameters it
+// container's log (see containerLog), or, as the kubelet does, with an
+// error in plain text, which kube-apiserver passes on as the message. Of the kubelet's query parameters it
 // honours tailLines, limitBytes and timestamps (every line carries the
 // time the container started, when it was given all of this); follow
 // ends with the text, which does not grow; previous finds no earlier
@@ -77,17 +78,17 @@ func (s *kubeletServer) logs(w http.ResponseWriter, r *http.Request) {
 	ns, name, ctr := r.PathValue("namespace"), r.PathValue("pod"), r.PathValue("container")
 	st, ok := s.n.loop.podByName(ns, name)
 	if !ok {
-		writeStatus(w, http.StatusNotFound, metav1.StatusReasonNotFound, fmt.Sprintf("pod %s/%s is not on node %s", ns, name, s.n.cfg.Name))
+		http.Error(w, fmt.Sprintf("pod %s/%s is not on node %s", ns, name, s.n.cfg.Name), http.StatusNotFound)
 		return
 	}
 	idx := slices.IndexFunc(st.pod.Spec.Containers, func(c corev1.Container) bool { return c.Name == ctr })
 	if idx < 0 {
-		writeStatus(w, http.StatusNotFound, metav1.StatusReasonNotFound, fmt.Sprintf("container %q in pod %q is not available", ctr, name))
+		http.Error(w, fmt.Sprintf("container %q in pod %q is not available", ctr, name), http.StatusNotFound)
 		return
 	}
 	q := r.URL.Query()
 	if q.Get("previous") == "true" {
-		writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, fmt.Sprintf("previous terminated container %q in pod %q not found", ctr, name))
+		http.Error(w, fmt.Sprintf("previous terminated container %q in pod %q not found", ctr, name), http.StatusBadRequest)
 		return
 	}
 	devs, started := st.containers[ctr]
@@ -96,7 +97,7 @@ func (s *kubeletServer) logs(w http.ResponseWriter, r *http.Request) {
 		if st.waitMsg != "" {
 			why += ": " + st.waitMsg
 		}
-		writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, fmt.Sprintf("container %q in pod %q is waiting to start: %s", ctr, name, why))
+		http.Error(w, fmt.Sprintf("container %q in pod %q is waiting to start: %s", ctr, name, why), http.StatusBadRequest)
 		return
 	}
 	lines := strings.SplitAfter(containerLog(s.n.cfg.Name, st.pod, ctr, devs), "\n")
@@ -106,7 +107,7 @@ func (s *kubeletServer) logs(w http.ResponseWriter, r *http.Request) {
 	if v := q.Get("tailLines"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
-			writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, fmt.Sprintf("tailLines %q: want a number of lines, 0 or more", v))
+			http.Error(w, fmt.Sprintf("tailLines %q: want a number of lines, 0 or more", v), http.StatusBadRequest)
 			return
 		}
 		lines = lines[max(0, len(lines)-n):]
@@ -124,7 +125,7 @@ func (s *kubeletServer) logs(w http.ResponseWriter, r *http.Request) {
 	if v := q.Get("limitBytes"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
-			writeStatus(w, http.StatusBadRequest, metav1.StatusReasonBadRequest, fmt.Sprintf("limitBytes %q: want a number of bytes, 1 or more", v))
+			http.Error(w, fmt.Sprintf("limitBytes %q: want a number of bytes, 1 or more", v), http.StatusBadRequest)
 			return
 		}
 		text = text[:min(n, len(text))]

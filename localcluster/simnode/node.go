@@ -79,7 +79,7 @@ type Config struct {
 	// it the node refuses MPS claims.
 	MPSControlBinary string
 	// KubeletTLS, if set, is the TLS config of the node's kubelet API
-	// server (serving certificate, client certificates required), which
+	// server (its serving certificate), which
 	// answers kube-apiserver's pods/log, exec, attach and port-forward
 	// requests on 127.0.0.1; the Node's status points there. Without it
 	// the node serves no kubelet API.
