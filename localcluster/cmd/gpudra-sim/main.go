@@ -57,7 +57,12 @@ func main() {
 		fmt.Fprintf(fs.Output(), `Usage: gpudra-sim [--fleet FILE|NAME] [--manifests DIR] [--report FILE] [--keep-running]
 
 Runs a local Kubernetes cluster in this process with simulated GPU nodes and
-gpudra, applies the manifests and prints pod -> node -> devices -> CDI devices.
+gpudra, applies the manifests, waits until the pods and workloads settle and
+prints where each pod landed and what its containers got (CDI devices, device
+nodes, environment, mounts, MPS caps, time slices), the workloads, and the
+objects the API server refused. Exit status 1 if the cluster did not start,
+an object was refused or the pods did not settle; the report is printed (and
+written) in the last two cases too.
 
 Flags:
 `)
@@ -263,6 +268,9 @@ The cluster keeps running until you press Ctrl-C. To use it:
   kubectl get nodes
   kubectl get resourceslices
   kubectl get pods,resourceclaims -A
+  kubectl logs -n NAMESPACE POD [-c CONTAINER]   # what the container was given
+
+Nothing runs in the pods: exec, attach and port-forward are refused.
 
 `, path)
 	<-ctx.Done()
