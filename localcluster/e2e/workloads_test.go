@@ -247,7 +247,6 @@ spec:
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { deleteNamespaces(t, objs) })
 	start := time.Now()
 	refused, err := demo.Apply(ctx, objs)
 	if err != nil {
