@@ -211,7 +211,9 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 	for _, r := range refused {
 		progress("refused: %s", r)
 	}
-	progress("waiting for the pods to settle (Running, Succeeded, or Pending with a reason) and for the workload controllers to make theirs")
+	// Pods: Running, Succeeded, or Pending with a reason; workloads: their
+	// controllers made the pods they will make.
+	progress("waiting for the pods and workloads to settle")
 	settleCtx, cancel := context.WithTimeout(ctx, o.settle)
 	settleErr := c.WaitSettled(settleCtx, 2*time.Second)
 	cancel()
