@@ -205,6 +205,10 @@ func (c *Cluster) startNode(ctx context.Context, name string) (*simnode.Node, er
 	if err != nil {
 		return nil, err
 	}
+	kubeletTLS, err := c.cp.KubeletServerTLS(name)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", name, err)
+	}
 	kubelet, err := kubernetes.NewForConfig(c.cp.RESTConfig("kubelet/"+name, c.opts.NodeQPS, c.opts.NodeBurst))
 	if err != nil {
 		return nil, err
@@ -224,10 +228,6 @@ func (c *Cluster) startNode(ctx context.Context, name string) (*simnode.Node, er
 	sysfs, err := fn.Sysfs()
 	if err != nil {
 		return nil, err
-	}
-	kubeletTLS, err := c.cp.KubeletServerTLS(name)
-	if err != nil {
-		return nil, fmt.Errorf("node %s: %w", name, err)
 	}
 	var sharing devicemodel.Sharing
 	if fn.Sharing != "" {
