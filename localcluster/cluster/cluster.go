@@ -73,6 +73,9 @@ type Cluster struct {
 	dyn    dynamic.Interface
 	mapper *restmapper.DeferredDiscoveryRESTMapper
 	nodes  []*simnode.Node
+	// kubeletVersion is what the Nodes report: the control plane's
+	// Kubernetes version, marked as simulated.
+	kubeletVersion string
 }
 
 // Start brings the cluster up: control plane, DeviceClasses, then all
@@ -159,6 +162,11 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, finalErr error) {
 	}
 	progress(fmt.Sprintf("%-24s installed", "kubelet plugin RBAC"))
 
+	kubeVersion, err := controlplane.KubernetesVersion()
+	if err != nil {
+		return nil, err
+	}
+	c.kubeletVersion = kubeVersion + "-gpudra-sim"
 	start := time.Now()
 	if err := c.startNodes(ctx); err != nil {
 		return nil, err
@@ -195,6 +203,10 @@ func (c *Cluster) startNode(ctx context.Context, name string) (*simnode.Node, er
 	fn, err := c.opts.Fleet.Node(name)
 	if err != nil {
 		return nil, err
+	}
+	kubeletTLS, err := c.cp.KubeletServerTLS(name)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", name, err)
 	}
 	kubelet, err := kubernetes.NewForConfig(c.cp.RESTConfig("kubelet/"+name, c.opts.NodeQPS, c.opts.NodeBurst))
 	if err != nil {
@@ -233,6 +245,8 @@ func (c *Cluster) startNode(ctx context.Context, name string) (*simnode.Node, er
 		MIGMode:       plugin.MIGMode(fn.MIGMode),
 
 		MPSControlBinary: c.opts.MPSControlBinary,
+		KubeletTLS:       kubeletTLS,
+		KubeletVersion:   c.kubeletVersion,
 	})
 }
 
@@ -291,17 +305,24 @@ func (c *Cluster) Node(name string) *simnode.Node {
 	return nil
 }
 
-// Apply creates the objects in dependency order. Before the first object
-// of a namespace it waits for the namespace's default ServiceAccount, as
-// pods are refused until the controller has made it.
-func (c *Cluster) Apply(ctx context.Context, objs []manifests.Object) error {
+// Apply creates the objects in dependency order and returns those that
+// were refused, each with the API server's reason; the others are
+// created all the same. Before the first object of a namespace it waits
+// for the namespace's default ServiceAccount, as pods are refused until
+// the controller has made it; for a namespace that does not exist it does
+// not wait, and the API server refuses the objects, naming it. The error
+// is ctx's.
+func (c *Cluster) Apply(ctx context.Context, objs []manifests.Object) ([]manifests.Refusal, error) {
 	a := &manifests.Applier{
 		Client: c.dyn,
 		Mapper: c.mapper,
 		BeforeNamespaced: func(ctx context.Context, ns string) error {
 			return wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-				_, err := c.client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
-				return err == nil, nil
+				if _, err := c.client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err == nil {
+					return true, nil
+				}
+				_, err := c.client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+				return apierrors.IsNotFound(err), nil
 			})
 		},
 	}

@@ -13,12 +13,19 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/gpudra/gpudra/localcluster/manifests"
 	"github.com/gpudra/gpudra/localcluster/simnode"
 )
 
 // Report is what happened to the cluster's pods: gpudra-sim's --report.
 type Report struct {
 	Pods []PodReport `json:"pods"`
+	// Workloads are the workload objects that no other controls
+	// (Deployments, not their ReplicaSets), with how many pods each made.
+	Workloads []WorkloadReport `json:"workloads"`
+	// Refused are the objects the API server refused, set by whoever
+	// applied them.
+	Refused []manifests.Refusal `json:"refused"`
 }
 
 // PodReport is one pod.
@@ -54,6 +61,12 @@ type ContainerReport struct {
 	CDIDevices  []string          `json:"cdiDevices"`
 	Env         map[string]string `json:"env"`
 	DeviceNodes []string          `json:"deviceNodes"`
+	// Mounts are the container paths of the CDI edits' mounts.
+	Mounts []string `json:"mounts"`
+	// MPS are the MPS daemons the container is a client of, with their
+	// caps; TimeSlices the time slices set on its GPUs.
+	MPS        []simnode.MPSDaemon `json:"mps,omitempty"`
+	TimeSlices []simnode.TimeSlice `json:"timeSlices,omitempty"`
 	// Prepared is what the node's DRA manager prepared for the container.
 	Prepared []simnode.PreparedClaim `json:"prepared,omitempty"`
 }
@@ -70,7 +83,13 @@ func (c *Cluster) Report(ctx context.Context) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Report{Pods: []PodReport{}}
+	r := &Report{Pods: []PodReport{}, Refused: []manifests.Refusal{}}
+	if r.Workloads, err = c.Workloads(ctx, false); err != nil {
+		return nil, err
+	}
+	if r.Workloads == nil {
+		r.Workloads = []WorkloadReport{}
+	}
 	for i := range pods.Items {
 		pod := &pods.Items[i]
 		if systemNamespace(pod.Namespace) {
@@ -119,10 +138,12 @@ func (c *Cluster) podReport(ctx context.Context, pod *corev1.Pod) (PodReport, er
 		}
 	}
 	for _, ctr := range pod.Spec.Containers {
-		cr := ContainerReport{Name: ctr.Name, CDIDevices: []string{}, Env: map[string]string{}, DeviceNodes: []string{}}
+		cr := ContainerReport{Name: ctr.Name, CDIDevices: []string{}, Env: map[string]string{}, DeviceNodes: []string{}, Mounts: []string{}}
 		if d, ok := devices[ctr.Name]; ok {
 			cr.CDIDevices = append(cr.CDIDevices, d.CDIDevices...)
 			cr.DeviceNodes = append(cr.DeviceNodes, d.DeviceNodes...)
+			cr.Mounts = append(cr.Mounts, d.Mounts...)
+			cr.MPS, cr.TimeSlices = d.MPS, d.TimeSlices
 			cr.Prepared = d.Claims
 			for k, v := range d.Env {
 				cr.Env[k] = v
@@ -211,32 +232,62 @@ func settled(pod *corev1.Pod) bool {
 }
 
 // WaitSettled waits until every pod outside the system namespaces is
-// settled (see above) and nothing about the pods has changed for quiet,
-// or ctx ends.
+// settled (see above), every workload's controller has made the pods it
+// will make (see WorkloadReport.Settled), and nothing about either has
+// changed for quiet, or ctx ends. Its error then names what had not
+// settled.
 func (c *Cluster) WaitSettled(ctx context.Context, quiet time.Duration) error {
-	var last string
-	var since time.Time
-	return wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+	// The quiet time starts now, not at some zero time: a first look
+	// that finds nothing yet (the controllers have not made the pods of
+	// the workloads just created) must not count as quiet already.
+	last, since := "", time.Now()
+	var pending []string
+	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 		pods, err := c.client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, nil
 		}
+		workloads, err := c.Workloads(ctx, true)
+		if err != nil {
+			return false, nil
+		}
 		var sig strings.Builder
-		all := true
+		pending = pending[:0]
+		for _, w := range workloads {
+			fmt.Fprintf(&sig, "%+v;", w)
+			if !w.Settled {
+				pending = append(pending, fmt.Sprintf("%s: %s", w, w.Message))
+			}
+		}
 		for i := range pods.Items {
 			pod := &pods.Items[i]
 			if systemNamespace(pod.Namespace) {
 				continue
 			}
 			fmt.Fprintf(&sig, "%s/%s;", pod.UID, pod.ResourceVersion)
-			all = all && settled(pod)
+			if !settled(pod) {
+				why := string(pod.Status.Phase)
+				if pod.Status.Phase == corev1.PodRunning {
+					why += " until its " + simnode.RunForAnnotation + " time is up"
+				}
+				pending = append(pending, fmt.Sprintf("pod %s/%s: %s", pod.Namespace, pod.Name, why))
+			}
 		}
 		if sig.String() != last {
 			last, since = sig.String(), time.Now()
 			return false, nil
 		}
-		return all && time.Since(since) >= quiet, nil
+		return len(pending) == 0 && time.Since(since) >= quiet, nil
 	})
+	if err != nil && len(pending) > 0 {
+		const show = 5
+		more := ""
+		if len(pending) > show {
+			more = fmt.Sprintf(" and %d more", len(pending)-show)
+		}
+		return fmt.Errorf("%w; not settled: %s%s", err, strings.Join(pending[:min(show, len(pending))], "; "), more)
+	}
+	return err
 }
 
 // AllocatedDevices returns the devices of a pod's claims with their

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	genericapiserver "k8s.io/apiserver/pkg/server"
@@ -39,6 +40,8 @@ type apiServer struct {
 	cancel context.CancelFunc
 	// requests counts the requests the server handled.
 	requests *requestCounter
+	// kubeletCA signs the simulated nodes' kubelet API certificates.
+	kubeletCA *kubeletCA
 }
 
 // startAPIServer runs kube-apiserver in this process on a free loopback
@@ -57,15 +60,30 @@ func startAPIServer(ctx context.Context, dir, etcdURL string, authzModes []strin
 	if err != nil {
 		return nil, err
 	}
+	kubeletCA, err := newKubeletCA(certDir)
+	if err != nil {
+		return nil, err
+	}
 
 	s := options.NewServerRunOptions()
 	// A registry of its own per server, as the test server does: the
 	// process-wide default registry refuses a second registration, and
 	// the local cluster may start twice in one process.
 	featureGate := utilfeature.DefaultMutableFeatureGate.DeepCopy()
-	effectiveVersion := compatibility.DefaultBuildEffectiveVersion()
-	effectiveVersion.SetEmulationVersion(featureGate.EmulationVersion())
-	effectiveVersion.SetMinCompatibilityVersion(featureGate.MinCompatibilityVersion())
+	buildVersion := compatibility.DefaultBuildEffectiveVersion()
+	buildVersion.SetEmulationVersion(featureGate.EmulationVersion())
+	buildVersion.SetMinCompatibilityVersion(featureGate.MinCompatibilityVersion())
+	// /version serves what the effective version says; without the
+	// -ldflags of Kubernetes' own builds that is a placeholder kubectl
+	// cannot parse.
+	kubeVersion, err := KubernetesVersion()
+	if err != nil {
+		return nil, err
+	}
+	effectiveVersion, err := newServedVersion(buildVersion, kubeVersion)
+	if err != nil {
+		return nil, err
+	}
 	registry := basecompatibility.NewComponentGlobalsRegistry()
 	if err := registry.Register(basecompatibility.DefaultKubeComponent, effectiveVersion, featureGate); err != nil {
 		return nil, err
@@ -101,6 +119,12 @@ func startAPIServer(ctx context.Context, dir, etcdURL string, authzModes []strin
 	if len(authzModes) > 0 {
 		s.Authorization.Modes = slices.Clone(authzModes)
 	}
+	// The kubelet API (logs, exec, port-forward) of the simulated nodes:
+	// each serves it on loopback with a certificate of kubeletCA, and its
+	// Node names InternalIP 127.0.0.1 beside its Hostname, which no DNS
+	// resolves; the default order would try the Hostname first.
+	s.KubeletConfig.PreferredAddressTypes = []string{string(corev1.NodeInternalIP), string(corev1.NodeHostName)}
+	s.KubeletConfig.TLSClientConfig.CAFile = filepath.Join(certDir, kubeletCAFile)
 
 	completed, err := s.Complete(ctx)
 	if err != nil {
@@ -146,7 +170,7 @@ func startAPIServer(ctx context.Context, dir, etcdURL string, authzModes []strin
 		}
 		done <- prepared.Run(runCtx)
 	}()
-	a := &apiServer{done: done, cancel: cancel, requests: requests}
+	a := &apiServer{done: done, cancel: cancel, requests: requests, kubeletCA: kubeletCA}
 	defer func() {
 		if finalErr != nil {
 			a.stop()

@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -26,6 +27,7 @@ import (
 	"k8s.io/kubernetes/pkg/controller/replicaset"
 	"k8s.io/kubernetes/pkg/controller/resourceclaim"
 	"k8s.io/kubernetes/pkg/controller/serviceaccount"
+	"k8s.io/kubernetes/pkg/controller/statefulset"
 )
 
 // controllers runs the kube-controller-manager controllers that users'
@@ -41,7 +43,8 @@ type controllers struct {
 // Workers per controller: kube-controller-manager's defaults in v1.37
 // (--concurrent-resourceclaim-syncs, --concurrent-namespace-syncs,
 // --concurrent-deployment-syncs, --concurrent-replicaset-syncs,
-// --concurrent-job-syncs, --concurrent-gc-syncs; the ServiceAccount
+// --concurrent-job-syncs, --concurrent-statefulset-syncs,
+// --concurrent-gc-syncs; the ServiceAccount
 // controller always runs one). Fewer resource-claim workers than a real
 // cluster has made the claims of a burst of pods wait for the controller:
 // with 10, the median pod of 800 created at once got its claim 9 s after
@@ -52,12 +55,19 @@ const (
 	deploymentWorkers     = 5
 	replicaSetWorkers     = 5
 	jobWorkers            = 5
+	statefulSetWorkers    = 5
 	garbageCollectWorkers = 20
 	serviceAccountWorkers = 1
 )
 
 // Names of the controllers, in the order they start.
-var controllerNames = []string{"resource-claim", "namespace", "deployment", "replicaset", "job", "garbage-collector", "serviceaccount"}
+var controllerNames = []string{"resource-claim", "namespace", "deployment", "replicaset", "job", "statefulset", "garbage-collector", "serviceaccount"}
+
+// Controllers returns the names of the controllers the control plane
+// runs, as kube-controller-manager's --controllers names them. Workloads
+// of other kinds (DaemonSets, CronJobs, ReplicationControllers) are
+// stored but nothing acts on them.
+func Controllers() []string { return slices.Clone(controllerNames) }
 
 func startControllers(ctx context.Context, base *rest.Config, qps float32, burst int) (_ *controllers, finalErr error) {
 	logger := klog.FromContext(ctx).WithName("controller-manager")
@@ -117,6 +127,10 @@ func startControllers(ctx context.Context, base *rest.Config, qps float32, burst
 		return nil, fmt.Errorf("job controller: %w", err)
 	}
 	runs = append(runs, func(ctx context.Context) { jc.Run(ctx, jobWorkers) })
+
+	ssc := statefulset.NewStatefulSetController(ctx, f.Core().V1().Pods(), f.Apps().V1().StatefulSets(),
+		f.Core().V1().PersistentVolumeClaims(), f.Apps().V1().ControllerRevisions(), client)
+	runs = append(runs, func(ctx context.Context) { ssc.Run(ctx, statefulSetWorkers) })
 
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(cacheddiscovery.NewMemCacheClient(discoveryClient))
 	informersStarted := make(chan struct{})

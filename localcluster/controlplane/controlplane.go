@@ -1,8 +1,8 @@
 // Package controlplane runs a Kubernetes control plane in one process, on
 // loopback only: embedded etcd, kube-apiserver, kube-scheduler and the
 // kube-controller-manager controllers that ordinary manifests need
-// (resource-claim, namespace, deployment, replicaset, job, garbage
-// collector, service account). Everything is built from the upstream Go
+// (resource-claim, namespace, deployment, replicaset, job, statefulset,
+// garbage collector, service account). Everything is built from the upstream Go
 // modules; nothing is downloaded or executed.
 package controlplane
 

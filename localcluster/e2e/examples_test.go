@@ -27,8 +27,8 @@ func TestExamples(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := demo.Apply(ctx, objs); err != nil {
-		t.Fatal(err)
+	if refused, err := demo.Apply(ctx, objs); err != nil || len(refused) != 0 {
+		t.Fatalf("apply the examples: refused %v, error %v", refused, err)
 	}
 	// The examples hold most of the demo fleet's GPUs; the tests after
 	// this one need some, so the examples go once checked.

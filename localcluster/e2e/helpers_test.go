@@ -35,8 +35,15 @@ func apply(t *testing.T, ctx context.Context, yamlText string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := demo.Apply(ctx, objs); err != nil {
+	refused, err := demo.Apply(ctx, objs)
+	if err != nil {
 		t.Fatal(err)
+	}
+	for _, r := range refused {
+		t.Errorf("refused: %s", r)
+	}
+	if len(refused) != 0 {
+		t.FailNow()
 	}
 }
 

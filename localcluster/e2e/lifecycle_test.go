@@ -116,6 +116,11 @@ spec:
 	if r := reasonOf(pod); !strings.Contains(r, "sharing.mpsConfig.defaultActiveThreadPercentage") || !strings.Contains(r, "1 to 100") {
 		t.Errorf("reason %q is not the plugin's refusal of the MPS setting", r)
 	}
+	// `kubectl logs` says the same.
+	err := podLogsError(ctx, "prepare-error", "pod", &corev1.PodLogOptions{})
+	if !strings.Contains(err.Error(), "waiting to start") || !strings.Contains(err.Error(), "defaultActiveThreadPercentage") {
+		t.Errorf("logs of a pod whose claim the plugin refused: %v; want it waiting to start, with the plugin's message", err)
+	}
 	if err := demo.Client().CoreV1().Pods("prepare-error").Delete(ctx, "pod", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}

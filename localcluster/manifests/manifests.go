@@ -115,20 +115,54 @@ type Applier struct {
 	Mapper meta.RESTMapper
 	// BeforeNamespaced, if set, is called with a namespace before the
 	// first object in it is created (the local cluster waits there for
-	// the namespace's default ServiceAccount).
+	// the namespace's default ServiceAccount). It is a wait, not a check:
+	// when it fails the objects are still sent, and the API server's
+	// answer decides whether they are refused.
 	BeforeNamespaced func(ctx context.Context, namespace string) error
 }
 
+// Refusal is an object that could not be created, and why.
+type Refusal struct {
+	Kind      string `json:"kind"`
+	Namespace string `json:"namespace,omitempty"`
+	Name      string `json:"name"`
+	// Source is the object's "file:document".
+	Source string `json:"source"`
+	// Reason is the API server's message (or, for a kind the server does
+	// not serve, discovery's).
+	Reason string `json:"reason"`
+}
+
+// String names the object, where it came from and the reason.
+func (r Refusal) String() string {
+	name := r.Name
+	if r.Namespace != "" {
+		name = r.Namespace + "/" + name
+	}
+	return fmt.Sprintf("%s %s (%s): %s", r.Kind, name, r.Source, r.Reason)
+}
+
 // Apply sorts the objects and creates them; an object that exists already
-// is left as it is. It stops at the first error.
-func (a *Applier) Apply(ctx context.Context, objs []Object) error {
+// is left as it is. An object that cannot be created does not stop the
+// others: every refused object is returned, in the order of creation,
+// with the reason. The error is ctx's, when it ends before the last
+// object.
+func (a *Applier) Apply(ctx context.Context, objs []Object) ([]Refusal, error) {
 	Sort(objs)
-	ready := map[string]bool{}
+	waited := map[string]bool{}
+	var refused []Refusal
 	for _, obj := range objs {
+		if err := ctx.Err(); err != nil {
+			return refused, err
+		}
 		gvk := obj.GroupVersionKind()
+		refuse := func(err error) {
+			refused = append(refused, Refusal{Kind: gvk.Kind, Namespace: obj.GetNamespace(), Name: obj.GetName(), Source: obj.Source, Reason: err.Error()})
+		}
 		mapping, err := a.Mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 		if err != nil {
-			return fmt.Errorf("%s: %s: %w", obj.Source, gvk, err)
+			refuse(err)
+			continue
 		}
 		var ri dynamic.ResourceInterface = a.Client.Resource(mapping.Resource)
 		if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
@@ -137,17 +171,20 @@ func (a *Applier) Apply(ctx context.Context, objs []Object) error {
 				ns = metav1.NamespaceDefault
 				obj.SetNamespace(ns)
 			}
-			if !ready[ns] && a.BeforeNamespaced != nil {
-				if err := a.BeforeNamespaced(ctx, ns); err != nil {
-					return fmt.Errorf("%s: namespace %s: %w", obj.Source, ns, err)
+			if !waited[ns] && a.BeforeNamespaced != nil {
+				if err := a.BeforeNamespaced(ctx, ns); err != nil && ctx.Err() != nil {
+					return refused, ctx.Err()
 				}
 			}
-			ready[ns] = true
+			waited[ns] = true
 			ri = a.Client.Resource(mapping.Resource).Namespace(ns)
 		}
 		if _, err := ri.Create(ctx, obj.Unstructured, metav1.CreateOptions{FieldManager: "gpudra-sim"}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("%s: create %s %s: %w", obj.Source, gvk.Kind, obj.GetName(), err)
+			if ctx.Err() != nil {
+				return refused, ctx.Err()
+			}
+			refuse(err)
 		}
 	}
-	return nil
+	return refused, nil
 }

@@ -21,7 +21,38 @@ type ContainerDevices struct {
 	CDIDevices  []string          `json:"cdiDevices"`
 	Env         map[string]string `json:"env"`
 	DeviceNodes []string          `json:"deviceNodes"`
-	Mounts      []string          `json:"mounts,omitempty"`
+	// Mounts are the container paths of the mounts the CDI edits add.
+	Mounts []string `json:"mounts,omitempty"`
+	// MPS are the MPS control daemons the container reaches through its
+	// pipe directory mount, with the caps each enforces on its clients.
+	MPS []MPSDaemon `json:"mps,omitempty"`
+	// TimeSlices are the time-slice intervals set on the container's GPUs
+	// when it started; a GPU nobody set one on has none here.
+	TimeSlices []TimeSlice `json:"timeSlices,omitempty"`
+}
+
+// MPSDaemon is an MPS control daemon a container is a client of, as the
+// node's plugin started it.
+type MPSDaemon struct {
+	// ID is the daemon's: its claim UID, with a share ID for a share of a
+	// fractional GPU.
+	ID string `json:"id"`
+	// Devices are the UUIDs of the GPUs or MIG devices it serves.
+	Devices []string `json:"devices"`
+	// ActiveThreadPercentage caps the share of each device's SMs a client
+	// may use; nil: not capped.
+	ActiveThreadPercentage *int `json:"activeThreadPercentage,omitempty"`
+	// PinnedMemoryLimits cap the device memory a client may pin, in
+	// bytes, per device UUID.
+	PinnedMemoryLimits map[string]int64 `json:"pinnedMemoryLimits,omitempty"`
+}
+
+// TimeSlice is the time-slice interval of one of a container's GPUs.
+type TimeSlice struct {
+	// Device is the device's name in the node's pool, GPU its UUID.
+	Device   string `json:"device"`
+	GPU      string `json:"gpu"`
+	Interval string `json:"interval"`
 }
 
 // cdiResolver resolves CDI device IDs against one node's spec directory,
@@ -38,14 +69,15 @@ func newCDIResolver(dir string) *cdiResolver {
 }
 
 // resolve injects the devices into an empty OCI spec and reports the
-// result; an unknown or unresolvable device is an error, as in a runtime.
-func (r *cdiResolver) resolve(ids []string) (ContainerDevices, error) {
+// result, and the mounts with their host paths; an unknown or
+// unresolvable device is an error, as in a runtime.
+func (r *cdiResolver) resolve(ids []string) (ContainerDevices, []oci.Mount, error) {
 	out := ContainerDevices{CDIDevices: ids, Env: map[string]string{}}
 	if len(ids) == 0 {
-		return out, nil
+		return out, nil, nil
 	}
 	if r.err != nil {
-		return out, r.err
+		return out, nil, r.err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -54,7 +86,7 @@ func (r *cdiResolver) resolve(ids []string) (ContainerDevices, error) {
 	_ = r.cache.Refresh()
 	spec := &oci.Spec{Process: &oci.Process{}, Linux: &oci.Linux{}}
 	if unresolved, err := r.cache.InjectDevices(spec, ids...); err != nil {
-		return out, fmt.Errorf("CDI devices %v unresolved: %w", unresolved, err)
+		return out, nil, fmt.Errorf("CDI devices %v unresolved: %w", unresolved, err)
 	}
 	for _, kv := range spec.Process.Env {
 		k, v, _ := strings.Cut(kv, "=")
@@ -67,7 +99,7 @@ func (r *cdiResolver) resolve(ids []string) (ContainerDevices, error) {
 		out.Mounts = append(out.Mounts, m.Destination)
 	}
 	slices.Sort(out.DeviceNodes)
-	return out, nil
+	return out, spec.Mounts, nil
 }
 
 // PreparedClaim is one claim of a container as prepared on the node.

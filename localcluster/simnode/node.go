@@ -10,6 +10,7 @@ package simnode
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"os"
@@ -73,6 +74,14 @@ type Config struct {
 	// plugin runs MPS daemons with (a fake: see pkg/mps/mpsfake); without
 	// it the node refuses MPS claims.
 	MPSControlBinary string
+	// KubeletTLS, if set, is the TLS config of the node's kubelet API
+	// server (its serving certificate), which
+	// answers kube-apiserver's pods/log, exec, attach and port-forward
+	// requests on 127.0.0.1; the Node's status points there. Without it
+	// the node serves no kubelet API.
+	KubeletTLS *tls.Config
+	// KubeletVersion is the Node's status.nodeInfo.kubeletVersion.
+	KubeletVersion string
 }
 
 // DefaultWorkers is how many pods a node's loop handles at once unless
@@ -96,6 +105,11 @@ type Node struct {
 
 	pluginMu sync.Mutex
 	plugin   *plugin.Driver
+	// mps is the MPS manager of the running plugin, nil without MPS.
+	mps *mps.Manager
+
+	// api serves the kubelet API, nil without Config.KubeletTLS.
+	api *kubeletServer
 
 	// timeSlices holds the simulated GPUs' time-slice intervals; mpsRoot
 	// the node's MPS daemon directories (short: sockets live there).
@@ -147,8 +161,16 @@ func Start(ctx context.Context, cfg Config) (_ *Node, finalErr error) {
 	n.recorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet", Host: cfg.Name})
 	n.stopRec = broadcaster.Shutdown
 
+	port := 0
+	if cfg.KubeletTLS != nil {
+		api, err := startKubeletServer(n, cfg.KubeletTLS)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: kubelet API: %w", cfg.Name, err)
+		}
+		n.api, port = api, api.port()
+	}
 	var err error
-	if n.node, err = registerNode(ctx, cfg); err != nil {
+	if n.node, err = registerNode(ctx, cfg, port); err != nil {
 		return nil, err
 	}
 
@@ -177,9 +199,10 @@ func Start(ctx context.Context, cfg Config) (_ *Node, finalErr error) {
 	return n, nil
 }
 
-// registerNode creates (or takes over) the Node with room for many pods
-// and a Ready condition.
-func registerNode(ctx context.Context, cfg Config) (*corev1.Node, error) {
+// registerNode creates (or takes over) the Node with room for many pods,
+// a Ready condition, and, if kubeletPort is not 0, the addresses and port
+// kube-apiserver reaches its kubelet API at.
+func registerNode(ctx context.Context, cfg Config, kubeletPort int) (*corev1.Node, error) {
 	labels := map[string]string{corev1.LabelHostname: cfg.Name, corev1.LabelOSStable: "linux", corev1.LabelArchStable: "amd64"}
 	for k, v := range cfg.Labels {
 		labels[k] = v
@@ -209,9 +232,13 @@ func registerNode(ctx context.Context, cfg Config) (*corev1.Node, error) {
 			Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
 			Message: "simulated node is ready", LastHeartbeatTime: now, LastTransitionTime: now,
 		}},
-		Addresses: []corev1.NodeAddress{{Type: corev1.NodeHostName, Address: cfg.Name}},
+		Addresses: []corev1.NodeAddress{
+			{Type: corev1.NodeInternalIP, Address: "127.0.0.1"},
+			{Type: corev1.NodeHostName, Address: cfg.Name},
+		},
+		DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: int32(kubeletPort)}},
 		NodeInfo: corev1.NodeSystemInfo{
-			KubeletVersion: "v1.37.1-gpudra-sim", OperatingSystem: "linux", Architecture: "amd64",
+			KubeletVersion: cfg.KubeletVersion, OperatingSystem: "linux", Architecture: "amd64",
 			ContainerRuntimeVersion: "simulated://0",
 		},
 	}
@@ -262,7 +289,7 @@ func (n *Node) StartPlugin(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("node %s: start plugin: %w", n.cfg.Name, err)
 	}
-	n.plugin = d
+	n.plugin, n.mps = d, cfg.MPS
 	return n.waitForPlugin(ctx)
 }
 
@@ -303,7 +330,7 @@ func (n *Node) StopPlugin() {
 	defer n.pluginMu.Unlock()
 	if n.plugin != nil {
 		n.plugin.Stop()
-		n.plugin = nil
+		n.plugin, n.mps = nil, nil
 	}
 }
 
@@ -332,6 +359,9 @@ func (n *Node) Containers(pod *corev1.Pod) (map[string]ContainerDevices, bool) {
 // Stop stops the pod loop, the plugin and the kubelet parts, in that
 // order, and waits for them. The node's directories stay.
 func (n *Node) Stop() {
+	if n.api != nil {
+		n.api.stop()
+	}
 	if n.loop != nil {
 		n.loop.stop()
 	}

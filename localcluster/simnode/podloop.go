@@ -159,6 +159,27 @@ func (l *podLoop) containers(uid types.UID) (map[string]ContainerDevices, bool) 
 	return st.containers, true
 }
 
+// podByName returns a copy of the state of the node's pod with this
+// namespace and name; of a deleted pod and its successor of the same
+// name, the successor.
+func (l *podLoop) podByName(namespace, name string) (podState, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var found *podState
+	for _, st := range l.pods {
+		if st.pod.Namespace != namespace || st.pod.Name != name {
+			continue
+		}
+		if found == nil || found.deleted && !st.deleted {
+			found = st
+		}
+	}
+	if found == nil {
+		return podState{}, false
+	}
+	return *found, true
+}
+
 func terminal(pod *corev1.Pod) bool {
 	return pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
 }
@@ -255,7 +276,7 @@ func (l *podLoop) startPod(ctx context.Context, pod *corev1.Pod) (time.Duration,
 		for _, d := range info.CDIDevices {
 			ids = append(ids, d.Name)
 		}
-		devs, err := l.cdi.resolve(ids)
+		devs, mounts, err := l.cdi.resolve(ids)
 		if err != nil {
 			err = fmt.Errorf("container %s: %w", c.Name, err)
 			l.waiting(ctx, pod, err)
@@ -274,6 +295,11 @@ func (l *podLoop) startPod(ctx context.Context, pod *corev1.Pod) (time.Duration,
 				}
 			}
 			devs.Claims = append(devs.Claims, pc)
+		}
+		if devs.MPS, devs.TimeSlices, err = l.n.sharingOf(ctx, mounts, devs.Claims); err != nil {
+			err = fmt.Errorf("container %s: %w", c.Name, err)
+			l.waiting(ctx, pod, err)
+			return 0, err
 		}
 		containers[c.Name] = devs
 	}

@@ -57,7 +57,12 @@ func main() {
 		fmt.Fprintf(fs.Output(), `Usage: gpudra-sim [--fleet FILE|NAME] [--manifests DIR] [--report FILE] [--keep-running]
 
 Runs a local Kubernetes cluster in this process with simulated GPU nodes and
-gpudra, applies the manifests and prints pod -> node -> devices -> CDI devices.
+gpudra, applies the manifests, waits until the pods and workloads settle and
+prints where each pod landed and what its containers got (CDI devices, device
+nodes, environment, mounts, MPS caps, time slices), the workloads, and the
+objects the API server refused. Exit status 1 if the cluster did not start,
+an object was refused or the pods did not settle; the report is printed (and
+written) in the last two cases too.
 
 Flags:
 `)
@@ -83,7 +88,7 @@ Flags:
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, o); err != nil {
+	if err := run(ctx, o, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "gpudra-sim:", err)
 		os.Exit(1)
 	}
@@ -148,7 +153,9 @@ func progress(format string, args ...any) {
 	fmt.Fprintf(stderr, "%s  %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
 }
 
-func run(ctx context.Context, o options) (finalErr error) {
+// run runs the cluster as the options say, printing the table (and, with
+// --keep-running, how to reach the cluster) to stdout.
+func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 	closeLog, err := setUpLogging(o)
 	if err != nil {
 		return err
@@ -200,10 +207,16 @@ func run(ctx context.Context, o options) (finalErr error) {
 	progress("cluster ready in %v", time.Since(start).Round(time.Millisecond))
 
 	progress("applying %d objects from %s", len(objs), dir)
-	if err := c.Apply(ctx, objs); err != nil {
+	refused, err := c.Apply(ctx, objs)
+	if err != nil {
 		return err
 	}
-	progress("waiting for the pods to settle (Running, Succeeded, or Pending with a reason)")
+	for _, r := range refused {
+		progress("refused: %s", r)
+	}
+	// Pods: Running, Succeeded, or Pending with a reason; workloads: their
+	// controllers made the pods they will make.
+	progress("waiting for the pods and workloads to settle")
 	settleCtx, cancel := context.WithTimeout(ctx, o.settle)
 	settleErr := c.WaitSettled(settleCtx, 2*time.Second)
 	cancel()
@@ -214,8 +227,9 @@ func run(ctx context.Context, o options) (finalErr error) {
 	if err != nil {
 		return err
 	}
-	fmt.Println()
-	printTable(os.Stdout, report)
+	report.Refused = append(report.Refused, refused...)
+	fmt.Fprintln(stdout)
+	printTable(stdout, report)
 	if o.report != "" {
 		data, err := json.MarshalIndent(report, "", "  ")
 		if err != nil {
@@ -226,17 +240,25 @@ func run(ctx context.Context, o options) (finalErr error) {
 		}
 		progress("report written to %s", o.report)
 	}
+	// The report comes first: what was refused or did not settle is in
+	// it, and the rest is worth seeing all the same.
+	var errs []error
+	if len(refused) > 0 {
+		errs = append(errs, fmt.Errorf("%d of %d objects refused by the API server (listed under REFUSED)", len(refused), len(objs)))
+	}
 	if settleErr != nil {
-		return fmt.Errorf("the pods did not settle within %v", o.settle)
+		errs = append(errs, fmt.Errorf("not settled within %v (--settle-timeout): %w", o.settle, settleErr))
 	}
 	if o.keepRunning {
-		return keepRunning(ctx, c, o)
+		if err := keepRunning(ctx, c, o, stdout); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // keepRunning writes a kubeconfig and waits for an interrupt.
-func keepRunning(ctx context.Context, c *cluster.Cluster, o options) error {
+func keepRunning(ctx context.Context, c *cluster.Cluster, o options, stdout io.Writer) error {
 	path, err := filepath.Abs(o.kubeconfig)
 	if err != nil {
 		return err
@@ -244,13 +266,16 @@ func keepRunning(ctx context.Context, c *cluster.Cluster, o options) error {
 	if err := c.ControlPlane().WriteKubeconfig(path); err != nil {
 		return err
 	}
-	fmt.Printf(`
+	fmt.Fprintf(stdout, `
 The cluster keeps running until you press Ctrl-C. To use it:
 
   export KUBECONFIG=%s
   kubectl get nodes
   kubectl get resourceslices
   kubectl get pods,resourceclaims -A
+  kubectl logs -n NAMESPACE POD [-c CONTAINER]   # what the container was given
+
+Nothing runs in the pods: exec, attach and port-forward are refused.
 
 `, path)
 	<-ctx.Done()

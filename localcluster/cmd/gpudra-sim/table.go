@@ -3,55 +3,208 @@ package main
 import (
 	"fmt"
 	"io"
-	"text/tabwriter"
+	"maps"
+	"slices"
+	"strings"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
+	"github.com/gpudra/gpudra/localcluster/simnode"
 )
 
-// printTable prints pod, phase, node, devices, and the CDI devices per
-// container, one device per line; a pod that is not running gets its
-// reason on a line of its own.
+// tableWidth is the width the table keeps to, in columns.
+const tableWidth = 100
+
+// Column widths past which a pod's or container's name gets a line of
+// its own rather than pushing the other columns to the right.
+const (
+	maxPodColumn       = 44
+	maxContainerColumn = 16
+)
+
+// printTable prints, for each pod, a row with its phase, node and devices,
+// then, for each container that got devices, what it got: CDI devices,
+// device nodes, environment, mounts, MPS daemons with their caps and time
+// slices; a pod that is not running gets its reason. Then the workloads
+// and the objects the API server refused. Long values are wrapped so that
+// no line is wider than tableWidth (a single word wider than that is cut).
 func printTable(w io.Writer, r *cluster.Report) {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "POD\tPHASE\tNODE\tDEVICES\tCONTAINER: CDI DEVICES")
+	t := &table{w: w}
+	podCol := len("POD")
+	phaseCol, nodeCol := len("PHASE"), len("NODE")
 	for _, p := range r.Pods {
+		if n := len(p.Namespace) + 1 + len(p.Name); n <= maxPodColumn {
+			podCol = max(podCol, n)
+		}
+		phaseCol, nodeCol = max(phaseCol, len(p.Phase)), max(nodeCol, len(p.Node))
+	}
+	row := func(pod, phase, node string) string {
+		return fmt.Sprintf("%-*s  %-*s  %-*s  ", podCol, pod, phaseCol, phase, nodeCol, node)
+	}
+	t.line(row("POD", "PHASE", "NODE") + "DEVICES")
+	for _, p := range r.Pods {
+		pod := p.Namespace + "/" + p.Name
+		node := p.Node
+		if node == "" {
+			node = "-"
+		}
 		var devices []string
 		for _, c := range p.Claims {
 			for _, res := range c.Results {
 				devices = append(devices, res.Device)
 			}
 		}
-		var cdi []string
-		for _, c := range p.Containers {
-			for _, id := range c.CDIDevices {
-				cdi = append(cdi, c.Name+": "+id)
-			}
+		if len(devices) == 0 {
+			devices = []string{"-"}
 		}
-		rows := max(1, len(devices), len(cdi))
-		for i := range rows {
-			cols := []string{"", "", "", at(devices, i), at(cdi, i)}
-			if i == 0 {
-				node := p.Node
-				if node == "" {
-					node = "-"
-				}
-				cols[0], cols[1], cols[2] = p.Namespace+"/"+p.Name, p.Phase, node
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", cols[0], cols[1], cols[2], cols[3], cols[4])
+		if len(pod) > podCol {
+			t.wrap("", "", []string{pod})
+			pod = ""
 		}
+		t.wrap(row(pod, p.Phase, node), "", devices)
+		t.containers(p.Containers)
 		if p.Reason != "" {
-			fmt.Fprintf(tw, "\t\t\treason: %s\t\n", p.Reason)
+			t.wrap("  reason: ", "", strings.Fields(p.Reason))
 		}
 	}
-	tw.Flush()
+	if len(r.Workloads) > 0 {
+		t.line("")
+		nameCol := len("WORKLOAD")
+		for _, wl := range r.Workloads {
+			if n := len(wl.String()); n <= maxPodColumn+10 {
+				nameCol = max(nameCol, n)
+			}
+		}
+		t.line(fmt.Sprintf("%-*s  %-8s  %s", nameCol, "WORKLOAD", "PODS", "NOTE"))
+		for _, wl := range r.Workloads {
+			name := wl.String()
+			if len(name) > nameCol {
+				t.wrap("", "", []string{name})
+				name = ""
+			}
+			note := strings.Fields(wl.Message)
+			if len(note) == 0 {
+				note = []string{"-"}
+			}
+			t.wrap(fmt.Sprintf("%-*s  %-8s  ", nameCol, name, fmt.Sprintf("%d of %d", wl.Pods, wl.Desired)), "", note)
+		}
+	}
+	if len(r.Refused) > 0 {
+		t.line("")
+		t.line("REFUSED (not applied; the API server's reason below each)")
+		for _, ref := range r.Refused {
+			name := ref.Name
+			if ref.Namespace != "" {
+				name = ref.Namespace + "/" + name
+			}
+			t.wrap("", "", []string{ref.Kind, name, "(" + ref.Source + ")"})
+			t.wrap("  ", "", strings.Fields(ref.Reason))
+		}
+	}
 }
 
-func at(s []string, i int) string {
-	if i < len(s) {
-		return s[i]
+// containers prints what each container with devices got, one kind of
+// thing per label, under the container's name.
+func (t *table) containers(ctrs []cluster.ContainerReport) {
+	col := 0
+	for _, c := range ctrs {
+		if len(c.Name) <= maxContainerColumn {
+			col = max(col, len(c.Name))
+		}
 	}
-	if i == 0 {
-		return "-"
+	for _, c := range ctrs {
+		if len(c.CDIDevices) == 0 {
+			continue
+		}
+		var env []string
+		for _, k := range slices.Sorted(maps.Keys(c.Env)) {
+			env = append(env, k+"="+c.Env[k])
+		}
+		var mps, slice []string
+		for _, m := range c.MPS {
+			mps = append(mps, strings.Fields(simnode.MPSCaps(m))...)
+		}
+		for _, ts := range c.TimeSlices {
+			slice = append(slice, fmt.Sprintf("%s (%s): %s", ts.Device, ts.GPU, ts.Interval))
+		}
+		name := c.Name
+		if len(name) > col {
+			t.wrap("  ", "", []string{name})
+			name = ""
+		}
+		first := true
+		for _, item := range []struct {
+			label  string
+			values []string
+		}{
+			{"cdi", c.CDIDevices}, {"nodes", c.DeviceNodes}, {"env", env}, {"mounts", c.Mounts}, {"mps", mps}, {"slice", slice},
+		} {
+			if len(item.values) == 0 {
+				continue
+			}
+			who := ""
+			if first {
+				who, first = name, false
+			}
+			t.wrap(fmt.Sprintf("  %-*s  %-6s  ", col, who, item.label), "", item.values)
+		}
 	}
-	return ""
+}
+
+// table writes lines of at most tableWidth columns.
+type table struct {
+	w io.Writer
+}
+
+func (t *table) line(s string) { fmt.Fprintln(t.w, strings.TrimRight(s, " ")) }
+
+// wrap writes the words after prefix, separated by spaces, as many to a
+// line as fit; continuation lines are indented to the prefix's width (or
+// by indent, if given, or by 4 when the prefix leaves less than 30
+// columns). A word longer than a whole line is cut.
+func (t *table) wrap(prefix, indent string, words []string) {
+	if len(prefix) > tableWidth-20 {
+		// Columns this wide (very long names) leave no room: wrap them
+		// like the rest.
+		words = append(strings.Fields(prefix), words...)
+		prefix, indent = "", "    "
+	}
+	if indent == "" {
+		indent = strings.Repeat(" ", len(prefix))
+		if len(prefix) > tableWidth-30 {
+			indent = "    "
+		}
+	}
+	var b strings.Builder
+	b.WriteString(prefix)
+	n, empty := len(prefix), true
+	flush := func() {
+		t.line(b.String())
+		b.Reset()
+		b.WriteString(indent)
+		n, empty = len(indent), true
+	}
+	for _, word := range words {
+		sep := 1
+		if empty {
+			sep = 0
+		}
+		if !empty && n+sep+len(word) > tableWidth {
+			flush()
+			sep = 0
+		}
+		for n+sep+len(word) > tableWidth {
+			if !empty || n+sep >= tableWidth {
+				flush()
+				sep = 0
+			}
+			room := tableWidth - n - sep
+			b.WriteString(strings.Repeat(" ", sep) + word[:room])
+			word = word[room:]
+			flush()
+		}
+		b.WriteString(strings.Repeat(" ", sep) + word)
+		n += sep + len(word)
+		empty = false
+	}
+	t.line(b.String())
 }

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
+
+	"github.com/gpudra/gpudra/localcluster/cluster"
+)
+
+func TestMain(m *testing.M) {
+	// run starts the nodes' MPS daemons as this binary.
+	if code, ok := mpsfake.Main(); ok {
+		os.Exit(code)
+	}
+	os.Exit(m.Run())
+}
+
+// TestRunReportsDespiteRefusal runs gpudra-sim as a user did: a manifest
+// folder with only a Deployment (once reported before its pods existed),
+// and an object in a namespace that does not exist (once the end of the
+// run after a minute, with no report). The Deployment's pods are in the
+// report and the table, the refused object is named with its file and
+// the API server's reason, and the run fails for it.
+func TestRunReportsDespiteRefusal(t *testing.T) {
+	dir := t.TempDir()
+	manifests := filepath.Join(dir, "manifests")
+	if err := os.Mkdir(manifests, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{
+		"deployment.yaml": `apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: gpu}
+spec:
+  spec:
+    devices:
+      requests:
+      - {name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 3
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers:
+      - {name: ctr, image: ubuntu:24.04, resources: {claims: [{name: gpu}]}}
+      resourceClaims:
+      - {name: gpu, resourceClaimTemplateName: gpu}
+`,
+		// Applied before the Deployment (configuration comes first), so
+		// that settling starts right after the Deployment's creation.
+		"lost.yaml": `apiVersion: v1
+kind: ConfigMap
+metadata: {namespace: missing, name: lost}
+data: {key: value}
+`,
+	}
+	for name, text := range files {
+		if err := os.WriteFile(filepath.Join(manifests, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reportFile := filepath.Join(dir, "report.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var stdout strings.Builder
+	start := time.Now()
+	err := run(ctx, options{fleet: "dgx-a100", manifests: manifests, report: reportFile, settle: 2 * time.Minute}, &stdout)
+	t.Logf("run took %v; table:\n%s", time.Since(start), stdout.String())
+	if err == nil || !strings.Contains(err.Error(), "1 of 3 objects refused") {
+		t.Errorf("run: %v; want it to fail for the refused object", err)
+	}
+	if err != nil && strings.Contains(err.Error(), "not settled") {
+		t.Errorf("run: %v; the pods should have settled", err)
+	}
+
+	data, err := os.ReadFile(reportFile)
+	if err != nil {
+		t.Fatalf("no report: %v", err)
+	}
+	var report cluster.Report
+	if err := json.Unmarshal(data, &report); err != nil {
+		t.Fatal(err)
+	}
+	running := 0
+	for _, p := range report.Pods {
+		if p.Namespace == "default" && strings.HasPrefix(p.Name, "web-") && p.Phase == "Running" &&
+			len(p.Containers) == 1 && len(p.Containers[0].CDIDevices) == 1 && len(p.Containers[0].DeviceNodes) > 0 {
+			running++
+		}
+	}
+	if running != 3 {
+		t.Errorf("the report has %d of the Deployment's 3 pods running with a GPU: %+v", running, report.Pods)
+	}
+	if len(report.Workloads) != 1 || report.Workloads[0].Kind != "Deployment" || report.Workloads[0].Pods != 3 {
+		t.Errorf("workloads %+v; want the Deployment with its 3 pods", report.Workloads)
+	}
+	if len(report.Refused) != 1 {
+		t.Fatalf("refused %+v; want the ConfigMap in the missing namespace", report.Refused)
+	}
+	r := report.Refused[0]
+	if r.Kind != "ConfigMap" || r.Namespace != "missing" || r.Name != "lost" || r.Source != filepath.Join(manifests, "lost.yaml")+":1" ||
+		!strings.Contains(r.Reason, `namespaces "missing" not found`) {
+		t.Errorf("refused %+v; want ConfigMap missing/lost from lost.yaml:1, namespace not found", r)
+	}
+	table := stdout.String()
+	for _, want := range []string{"default/web-", "REFUSED", "ConfigMap missing/lost", `namespaces "missing" not found`, "Deployment default/web"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("the table lacks %q", want)
+		}
+	}
+}
