@@ -132,6 +132,14 @@ func (n *node) Inventory() *hardware.Inventory {
 	return nil
 }
 
+// Model implements [preparer.Node].
+func (n *node) Model() *devicemodel.Model {
+	if s := n.d.state.Load(); s != nil {
+		return s.Model
+	}
+	return nil
+}
+
 // configKind is the config kind a device of the model takes.
 func configKind(dev *devicemodel.Device) config.DeviceKind {
 	switch dev.Kind {

@@ -152,6 +152,8 @@ func (fakeNode) Allocated(context.Context) ([]preparer.AllocatedClaim, error) { 
 
 func (fakeNode) Inventory() *hardware.Inventory { return nil }
 
+func (fakeNode) Model() *devicemodel.Model { return nil }
+
 // rig is a preparer over real files in dir, which may hold an earlier
 // process's state.
 type rig struct {

@@ -19,6 +19,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/checkpoint"
 	"github.com/gpudra/gpudra/pkg/claimstate"
+	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
 )
 
@@ -50,6 +51,9 @@ type Node interface {
 	Allocated(ctx context.Context) ([]AllocatedClaim, error)
 	// Inventory is the node's hardware as last discovered, nil if never.
 	Inventory() *hardware.Inventory
+	// Model is the devices as last published, nil if never: their shared
+	// counters are checked against what the node's claims hold.
+	Model() *devicemodel.Model
 }
 
 // Config is what a Preparer works with.
@@ -303,6 +307,9 @@ func (p *Preparer) recordStart(ctx context.Context, in claimstate.Intent, starte
 					return err
 				}
 			}
+		}
+		if err := checkCounters(p.cfg.Node.Model(), p.cfg.NodeName, s, started); err != nil {
+			return err
 		}
 		return s.RecordStarted(in, startedAt)
 	})
