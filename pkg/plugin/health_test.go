@@ -1,9 +1,9 @@
 package plugin_test
 
 import (
-	"net/http/httptest"
 	"context"
 	"fmt"
+	"net/http/httptest"
 	"sort"
 	"strings"
 	"sync/atomic"
