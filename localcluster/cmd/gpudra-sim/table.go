@@ -130,7 +130,7 @@ func (t *table) containers(ctrs []cluster.ContainerReport) {
 		var health []string
 		for _, rs := range c.AllocatedResourcesStatus {
 			for _, h := range rs.Resources {
-				health = append(health, fmt.Sprintf("%s %s: %s", rs.Name, h.ResourceID, h.Health))
+				health = append(health, fmt.Sprintf("%s=%s", rs.Name, h.Health), "("+string(h.ResourceID)+")")
 			}
 		}
 		name := c.Name
