@@ -198,6 +198,10 @@ type Driver struct {
 	// healthWatching says whether the hardware's health watcher runs.
 	healthSignal   healthSignal
 	healthWatching atomic.Bool
+	// reportedGPU maps each device reported to the kubelet to its GPU's
+	// UUID, so that withdrawn devices of an unhealthy GPU stay reported.
+	healthMu    sync.Mutex
+	reportedGPU map[string]string
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup

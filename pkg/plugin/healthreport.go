@@ -2,6 +2,8 @@ package plugin
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -84,30 +86,57 @@ func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 	}
 }
 
-// healthReport is the health of every published device as of now.
+// healthReport is the health of every published device as of now, and of
+// the devices of unhealthy GPUs that were withdrawn from the slices (where
+// the API server lacks device taints): pods may still hold them, and they
+// should read Unhealthy rather than decay to Unknown.
 func (d *Driver) healthReport(now time.Time) kubeletplugin.DeviceHealthReport {
 	pub := d.current()
 	state := d.features.Health.State()
 	watching := d.healthWatching.Load()
 	devices := make([]kubeletplugin.DeviceHealth, 0, len(pub.Model.Devices))
-	for i := range pub.Model.Devices {
-		dev := &pub.Model.Devices[i]
+	report := func(name, gpuUUID string) {
 		h := kubeletplugin.DeviceHealth{
 			PoolName:           d.cfg.NodeName,
-			DeviceName:         dev.Name(),
+			DeviceName:         name,
 			Health:             kubeletplugin.HealthStatusHealthy,
 			LastUpdated:        now,
 			HealthCheckTimeout: HealthCheckTimeout,
 		}
-		switch c := state.Condition(dev.GPU.UUID); {
+		switch c := state.Condition(gpuUUID); {
 		case !c.Healthy():
 			h.Health = kubeletplugin.HealthStatusUnhealthy
-			h.Message = "GPU " + dev.GPU.UUID + ": " + c.String()
+			h.Message = "GPU " + gpuUUID + ": " + c.String()
 		case !watching:
 			h.Health = kubeletplugin.HealthStatusUnknown
 			h.Message = "GPU health is not watched right now: the watcher stopped and is being started again"
 		}
 		devices = append(devices, h)
+	}
+
+	d.healthMu.Lock()
+	defer d.healthMu.Unlock()
+	if d.reportedGPU == nil {
+		d.reportedGPU = map[string]string{}
+	}
+	published := make(map[string]bool, len(pub.Model.Devices))
+	for i := range pub.Model.Devices {
+		dev := &pub.Model.Devices[i]
+		published[dev.Name()] = true
+		d.reportedGPU[dev.Name()] = dev.GPU.UUID
+		report(dev.Name(), dev.GPU.UUID)
+	}
+	for _, name := range slices.Sorted(maps.Keys(d.reportedGPU)) {
+		uuid := d.reportedGPU[name]
+		switch {
+		case published[name]:
+		case !state.Condition(uuid).Healthy():
+			report(name, uuid)
+		default:
+			// Gone for another reason (a dynamic MIG device destroyed,
+			// a GPU unbound): the kubelet lets it decay.
+			delete(d.reportedGPU, name)
+		}
 	}
 	return kubeletplugin.DeviceHealthReport{Devices: devices}
 }
