@@ -303,6 +303,19 @@ func TestDeviceHealth(t *testing.T) {
 	t.Logf("GPU lost -> NoExecute taint in the API server: %v", took)
 	waitGone(t, ctx, c, ns, "b")
 	t.Logf("GPU lost -> pod b evicted and removed: %v", time.Since(lost))
+	// By the device taint eviction controller, which says so on the pod.
+	waitFor(t, ctx, "the DeviceTaintManagerEviction event of pod b", func() bool {
+		evs, err := c.Client().CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=b"})
+		if err != nil {
+			return false
+		}
+		for _, e := range evs.Items {
+			if e.Reason == "DeviceTaintManagerEviction" && e.Message == "Marking for deletion" {
+				return true
+			}
+		}
+		return false
+	})
 	if h := resourceHealth(getPod(t, ctx, ns, "c")); h != corev1.ResourceHealthStatusHealthy {
 		t.Errorf("pod c on a healthy GPU shows %q", h)
 	}
