@@ -2,6 +2,7 @@ package plugin_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 
+	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
@@ -158,5 +160,32 @@ func TestHealthStream(t *testing.T) {
 	})
 	if bad := unhealthy(got); len(bad) != 1 || !strings.Contains(bad["gpu-5"], "gpu-lost") {
 		t.Errorf("after GPU 5 was lost: %v, want gpu-5 only, naming gpu-lost", bad)
+	}
+}
+
+// brokenHealth is hardware whose health watcher cannot run (as without
+// NVML's event support): every watch fails at once.
+type brokenHealth struct{ hardware.Hardware }
+
+func (brokenHealth) WatchHealth(context.Context, chan<- hardware.HealthEvent) error {
+	return errors.New("simulated: NVML event sets unavailable")
+}
+
+// TestHealthStreamUnknown: while the health watcher cannot run, the
+// kubelet hears every device's health as Unknown, saying why, rather than
+// a Healthy nobody checked.
+func TestHealthStreamUnknown(t *testing.T) {
+	h := newHarness(t, func(cfg *plugin.Config) { cfg.Hardware = brokenHealth{cfg.Hardware} })
+	s := watchHealth(t, h)
+	got, _ := s.waitFor("every device Unknown", func(m map[string]*drahealthv1.DeviceHealth) bool {
+		for _, d := range m {
+			if d.GetHealth() != drahealthv1.HealthStatus_UNKNOWN {
+				return false
+			}
+		}
+		return len(m) == len(h.driver.Devices())
+	})
+	if msg := got["gpu-0"].GetMessage(); !strings.Contains(msg, "not watched") {
+		t.Errorf("gpu-0: message %q does not say why its health is unknown", msg)
 	}
 }
