@@ -73,6 +73,8 @@ type Cluster struct {
 	dyn    dynamic.Interface
 	mapper *restmapper.DeferredDiscoveryRESTMapper
 	nodes  []*simnode.Node
+	// health injects health events into every node's simulated GPUs.
+	health *sim.HealthEvents
 	// kubeletVersion is what the Nodes report: the control plane's
 	// Kubernetes version, marked as simulated.
 	kubeletVersion string
@@ -98,7 +100,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, finalErr error) {
 	if progress == nil {
 		progress = func(string) {}
 	}
-	c := &Cluster{opts: opts, dir: opts.Dir}
+	c := &Cluster{opts: opts, dir: opts.Dir, health: &sim.HealthEvents{}}
 	if c.dir == "" {
 		// Short: unix socket paths below it must fit in 108 bytes.
 		dir, err := os.MkdirTemp("", "gpudra-sim-")
@@ -237,7 +239,7 @@ func (c *Cluster) startNode(ctx context.Context, name string) (*simnode.Node, er
 		Sharing:       sharing,
 		Name:          name,
 		DriverName:    c.opts.DriverName,
-		Hardware:      fn.Hardware(),
+		Hardware:      fn.Hardware(sim.WithHealthEvents(c.health)),
 		Dir:           filepath.Join(c.dir, "n", name),
 		KubeletClient: kubelet,
 		PluginClient:  pluginClient,
@@ -285,6 +287,21 @@ func (c *Cluster) installRBAC(ctx context.Context) error {
 
 // Options returns the options in effect, defaults filled in.
 func (c *Cluster) Options() Options { return c.opts }
+
+// InjectHealth makes a health event happen to the GPU with NVML index gpu
+// on the named node (see sim.HealthEvents.Inject). An XID or ECC event
+// that the node's plugin was not watching for returns an error wrapping
+// sim.ErrNotWatched.
+func (c *Cluster) InjectHealth(node string, gpu int, e sim.HealthEvent) error {
+	if c.Node(node) == nil {
+		return fmt.Errorf("inject %s: no node %q in the cluster", e, node)
+	}
+	return c.health.Inject(node, gpu, e)
+}
+
+// HealthWatched reports whether the named node's plugin watches the health
+// of its GPU with NVML index gpu (and those before it).
+func (c *Cluster) HealthWatched(node string, gpu int) bool { return c.health.Watched(node, gpu) }
 
 // Client returns an administrator's client.
 func (c *Cluster) Client() kubernetes.Interface { return c.client }

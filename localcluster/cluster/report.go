@@ -26,6 +26,23 @@ type Report struct {
 	// Refused are the objects the API server refused, set by whoever
 	// applied them.
 	Refused []manifests.Refusal `json:"refused"`
+	// Nodes lists every node's device taints.
+	Nodes []NodeReport `json:"nodes"`
+}
+
+// NodeReport is what a node's ResourceSlices say about its devices'
+// health: their device taints.
+type NodeReport struct {
+	Name         string              `json:"name"`
+	DeviceTaints []DeviceTaintReport `json:"deviceTaints"`
+}
+
+// DeviceTaintReport is one taint of one device.
+type DeviceTaintReport struct {
+	Device string `json:"device"`
+	Key    string `json:"key"`
+	Value  string `json:"value,omitempty"`
+	Effect string `json:"effect"`
 }
 
 // PodReport is one pod.
@@ -69,6 +86,10 @@ type ContainerReport struct {
 	TimeSlices []simnode.TimeSlice `json:"timeSlices,omitempty"`
 	// Prepared is what the node's DRA manager prepared for the container.
 	Prepared []simnode.PreparedClaim `json:"prepared,omitempty"`
+	// AllocatedResourcesStatus is the health of the container's devices
+	// as its pod status has it (KEP-4680): one entry per claim (and
+	// request), "claim:<claim>/<request>", with each device's health.
+	AllocatedResourcesStatus []corev1.ResourceStatus `json:"allocatedResourcesStatus,omitempty"`
 }
 
 // systemNamespace reports namespaces the report leaves out.
@@ -104,7 +125,40 @@ func (c *Cluster) Report(ctx context.Context) (*Report, error) {
 	slices.SortFunc(r.Pods, func(a, b PodReport) int {
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
+	if r.Nodes, err = c.nodeReports(ctx); err != nil {
+		return nil, err
+	}
 	return r, nil
+}
+
+// nodeReports lists each node's device taints from its ResourceSlices,
+// nodes in fleet order, devices by name.
+func (c *Cluster) nodeReports(ctx context.Context) ([]NodeReport, error) {
+	list, err := c.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	taints := map[string][]DeviceTaintReport{}
+	for _, s := range list.Items {
+		if s.Spec.NodeName == nil {
+			continue
+		}
+		for _, d := range s.Spec.Devices {
+			for _, t := range d.Taints {
+				taints[*s.Spec.NodeName] = append(taints[*s.Spec.NodeName], DeviceTaintReport{Device: d.Name, Key: t.Key, Value: t.Value, Effect: string(t.Effect)})
+			}
+		}
+	}
+	out := []NodeReport{}
+	for _, n := range c.nodes {
+		ts := taints[n.Name()]
+		slices.SortStableFunc(ts, func(a, b DeviceTaintReport) int { return strings.Compare(a.Device, b.Device) })
+		if ts == nil {
+			ts = []DeviceTaintReport{}
+		}
+		out = append(out, NodeReport{Name: n.Name(), DeviceTaints: ts})
+	}
+	return out, nil
 }
 
 func (c *Cluster) podReport(ctx context.Context, pod *corev1.Pod) (PodReport, error) {
@@ -147,6 +201,11 @@ func (c *Cluster) podReport(ctx context.Context, pod *corev1.Pod) (PodReport, er
 			cr.Prepared = d.Claims
 			for k, v := range d.Env {
 				cr.Env[k] = v
+			}
+		}
+		for _, cs := range pod.Status.ContainerStatuses {
+			if cs.Name == ctr.Name {
+				cr.AllocatedResourcesStatus = cs.AllocatedResourcesStatus
 			}
 		}
 		pr.Containers = append(pr.Containers, cr)

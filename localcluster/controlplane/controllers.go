@@ -21,6 +21,7 @@ import (
 	"k8s.io/controller-manager/pkg/informerfactory"
 	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/controller/deployment"
+	"k8s.io/kubernetes/pkg/controller/devicetainteviction"
 	"k8s.io/kubernetes/pkg/controller/garbagecollector"
 	"k8s.io/kubernetes/pkg/controller/job"
 	"k8s.io/kubernetes/pkg/controller/namespace"
@@ -58,10 +59,11 @@ const (
 	statefulSetWorkers    = 5
 	garbageCollectWorkers = 20
 	serviceAccountWorkers = 1
+	deviceTaintWorkers    = 8
 )
 
 // Names of the controllers, in the order they start.
-var controllerNames = []string{"resource-claim", "namespace", "deployment", "replicaset", "job", "statefulset", "garbage-collector", "serviceaccount"}
+var controllerNames = []string{"resource-claim", "namespace", "deployment", "replicaset", "job", "statefulset", "garbage-collector", "serviceaccount", "device-taint-eviction"}
 
 // Controllers returns the names of the controllers the control plane
 // runs, as kube-controller-manager's --controllers names them. Workloads
@@ -154,6 +156,16 @@ func startControllers(ctx context.Context, base *rest.Config, qps float32, burst
 		return nil, fmt.Errorf("serviceaccount controller: %w", err)
 	}
 	runs = append(runs, func(ctx context.Context) { sac.Run(ctx, serviceAccountWorkers) })
+
+	// Evicts the pods using a device with a NoExecute taint (a lost GPU),
+	// as kube-controller-manager's device-taint-eviction controller does.
+	dte := devicetainteviction.New(client, f.Core().V1().Pods(), f.Resource().V1().ResourceClaims(), f.Resource().V1().ResourceSlices(),
+		f.Resource().V1().DeviceTaintRules(), f.Resource().V1().DeviceClasses(), "device-taint-eviction-controller")
+	runs = append(runs, func(ctx context.Context) {
+		if err := dte.Run(ctx, deviceTaintWorkers); err != nil {
+			klog.FromContext(ctx).Error(err, "Device taint eviction stopped")
+		}
+	})
 
 	f.Start(ctx.Done())
 	c.meta.Start(ctx.Done())

@@ -110,6 +110,8 @@ type Node struct {
 
 	// api serves the kubelet API, nil without Config.KubeletTLS.
 	api *kubeletServer
+	// metrics serves the running plugin's metrics on loopback.
+	metrics *metricsServer
 
 	// timeSlices holds the simulated GPUs' time-slice intervals; mpsRoot
 	// the node's MPS daemon directories (short: sockets live there).
@@ -170,6 +172,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, finalErr error) {
 		n.api, port = api, api.port()
 	}
 	var err error
+	if n.metrics, err = startMetricsServer(n); err != nil {
+		return nil, fmt.Errorf("node %s: metrics: %w", cfg.Name, err)
+	}
 	if n.node, err = registerNode(ctx, cfg, port); err != nil {
 		return nil, err
 	}
@@ -361,6 +366,9 @@ func (n *Node) Containers(pod *corev1.Pod) (map[string]ContainerDevices, bool) {
 func (n *Node) Stop() {
 	if n.api != nil {
 		n.api.stop()
+	}
+	if n.metrics != nil {
+		n.metrics.stop()
 	}
 	if n.loop != nil {
 		n.loop.stop()

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -100,6 +102,20 @@ func (l *podLoop) observe(obj any, deleted bool) {
 
 func (l *podLoop) start(ctx context.Context) {
 	l.factory.Start(ctx.Done())
+	// The DRA manager names the pods whose devices' health changed, as it
+	// does for the kubelet's sync loop; their status is written again.
+	l.wg.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case u := <-l.n.manager.Updates():
+				for _, uid := range u.PodUIDs {
+					l.queue.Add(types.UID(uid))
+				}
+			}
+		}
+	})
 	for range l.n.cfg.Workers {
 		l.wg.Go(func() {
 			for l.processNext(ctx) {
@@ -248,6 +264,9 @@ func (l *podLoop) sync(ctx context.Context, uid types.UID) (time.Duration, error
 		return 0, nil
 
 	case pod.Status.Phase == corev1.PodRunning || st.running:
+		if err := l.refreshHealth(ctx, pod); err != nil {
+			return 0, err
+		}
 		return l.maybeFinish(ctx, pod)
 
 	default:
@@ -322,6 +341,7 @@ func (l *podLoop) startPod(ctx context.Context, pod *corev1.Pod) (time.Duration,
 			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}},
 		})
 	}
+	l.allocatedResourcesStatus(ctx, updated)
 	if _, err := l.n.cfg.KubeletClient.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{}); err != nil {
 		return 0, fmt.Errorf("mark pod running: %w", err)
 	}
@@ -379,10 +399,48 @@ func (l *podLoop) maybeFinish(ctx context.Context, pod *corev1.Pod) (time.Durati
 			ExitCode: 0, Reason: "Completed", StartedAt: startedAt, FinishedAt: now, ContainerID: cs.ContainerID,
 		}}
 	}
+	l.allocatedResourcesStatus(ctx, updated)
 	if _, err := l.n.cfg.KubeletClient.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{}); err != nil {
 		return 0, fmt.Errorf("mark pod succeeded: %w", err)
 	}
 	return 0, nil
+}
+
+// allocatedResourcesStatus sets the health of the devices each container
+// uses (status.containerStatuses[].allocatedResourcesStatus, KEP-4680)
+// from what the node's plugin reported to the DRA manager, with the
+// manager's own code, as the kubelet does whenever it writes a pod's
+// status. The manager builds the list from a map; it is sorted here so
+// that an unchanged health compares equal.
+func (l *podLoop) allocatedResourcesStatus(ctx context.Context, pod *corev1.Pod) {
+	l.n.manager.UpdateAllocatedResourcesStatus(klog.FromContext(ctx), pod, &pod.Status)
+	for i := range pod.Status.ContainerStatuses {
+		rs := pod.Status.ContainerStatuses[i].AllocatedResourcesStatus
+		slices.SortFunc(rs, func(a, b corev1.ResourceStatus) int { return strings.Compare(string(a.Name), string(b.Name)) })
+		for j := range rs {
+			slices.SortFunc(rs[j].Resources, func(a, b corev1.ResourceHealth) int {
+				return strings.Compare(string(a.ResourceID), string(b.ResourceID))
+			})
+		}
+	}
+}
+
+// refreshHealth writes a running pod's status again when the health of
+// its devices changed.
+func (l *podLoop) refreshHealth(ctx context.Context, pod *corev1.Pod) error {
+	if pod.Status.Phase != corev1.PodRunning {
+		return nil
+	}
+	updated := pod.DeepCopy()
+	l.allocatedResourcesStatus(ctx, updated)
+	if equality.Semantic.DeepEqual(updated.Status.ContainerStatuses, pod.Status.ContainerStatuses) {
+		return nil
+	}
+	if _, err := l.n.cfg.KubeletClient.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("update the health of the pod's devices: %w", err)
+	}
+	klog.FromContext(ctx).V(2).Info("Pod's device health updated")
+	return nil
 }
 
 // waiting reports why a pod cannot start, as the kubelet does: an event,

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/preparer"
 )
@@ -52,6 +53,9 @@ func (d *Driver) install(ctx context.Context, inv *hardware.Inventory) error {
 		return err
 	}
 	d.state.Store(pub)
+	if previous == nil || !slices.EqualFunc(previous.Model.Devices, pub.Model.Devices, func(a, b devicemodel.Device) bool { return a.Name() == b.Name() }) {
+		d.healthSignal.notify()
+	}
 	d.reportProblems(ctx, prevInv, inv)
 	var before []preparer.Notice
 	if previous != nil {

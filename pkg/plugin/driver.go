@@ -118,6 +118,10 @@ type Config struct {
 	// HealthSettle and HealthInterval debounce the republication of health
 	// changes (see health.Debouncer); zero means the defaults.
 	HealthSettle, HealthInterval time.Duration
+	// HealthReportInterval is how often the devices' health is sent to
+	// the kubelet again when nothing changed; DefaultHealthReportInterval
+	// when zero.
+	HealthReportInterval time.Duration
 }
 
 // Defaults for the timing fields of Config.
@@ -190,6 +194,14 @@ type Driver struct {
 	// healthDebouncer debounces republications for health changes; nil
 	// when the hardware reports no health.
 	healthDebouncer *health.Debouncer
+	// healthSignal wakes the kubelet's health streams (healthreport.go);
+	// healthWatching says whether the hardware's health watcher runs.
+	healthSignal   healthSignal
+	healthWatching atomic.Bool
+	// reportedGPU maps each device reported to the kubelet to its GPU's
+	// UUID, so that withdrawn devices of an unhealthy GPU stay reported.
+	healthMu    sync.Mutex
+	reportedGPU map[string]string
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -303,6 +315,7 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 		discoverErr = d.install(ctx, inv)
 	}
 
+	healthWatcher, _ := cfg.Hardware.(hardware.HealthWatcher)
 	helperOpts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(cfg.DriverName),
 		kubeletplugin.NodeName(cfg.NodeName),
@@ -313,8 +326,10 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 		// checkpoint's flock across processes. The helper's global lock
 		// would serialize the 32 claims of a node's pods for nothing.
 		kubeletplugin.Serialize(false),
-		// Device health reporting comes with its own issue.
-		kubeletplugin.HealthService(false),
+		// The kubelet learns the devices' health (WatchHealthStatus)
+		// where the hardware reports it; elsewhere it is not offered, so
+		// the kubelet does not watch a stream that can say nothing.
+		kubeletplugin.HealthService(healthWatcher != nil),
 	}
 	if cfg.RollingUpdateUID != "" {
 		helperOpts = append(helperOpts, kubeletplugin.RollingUpdate(cfg.RollingUpdateUID))
@@ -333,12 +348,13 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 			cfg.MPS.Supervise(ctx, cfg.MPSSuperviseInterval)
 		}()
 	}
-	if w, ok := cfg.Hardware.(hardware.HealthWatcher); ok {
+	if healthWatcher != nil {
 		d.healthDebouncer = d.newHealthDebouncer()
+		d.healthWatching.Store(true)
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()
-			d.healthLoop(ctx, w)
+			d.healthLoop(ctx, healthWatcher)
 		}()
 	} else {
 		logger.Info("This hardware reports no GPU health; devices are never tainted")
@@ -477,6 +493,9 @@ func (c *Config) setDefaults() {
 	if c.HealthInterval <= 0 {
 		c.HealthInterval = health.DefaultInterval
 	}
+	if c.HealthReportInterval <= 0 {
+		c.HealthReportInterval = DefaultHealthReportInterval
+	}
 	if c.MIG == nil {
 		c.MIG, _ = c.Hardware.(hardware.MIGManager)
 	}
@@ -520,10 +539,4 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 	}
 	logger.Error(err, "The API server dropped fields of a ResourceSlice; it lacks features gpudra uses")
 	d.Event(corev1.EventTypeWarning, "ResourceSliceFieldsDropped", fmt.Sprintf("API server dropped ResourceSlice fields; disabled features: %v", disabled))
-}
-
-// WatchHealthStatus implements [kubeletplugin.DRAPlugin]. The health
-// service is off (see Start), so the kubelet never calls it.
-func (d *Driver) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
-	return kubeletplugin.ErrHealthNotSupported
 }

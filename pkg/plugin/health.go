@@ -35,6 +35,9 @@ func (d *Driver) healthLoop(ctx context.Context, w hardware.HealthWatcher) {
 	delay := minRetryDelay
 	for {
 		done := make(chan error, 1)
+		if !d.healthWatching.Swap(true) {
+			d.healthSignal.notify()
+		}
 		go func() { done <- w.WatchHealth(ctx, events) }()
 		var err error
 	watch:
@@ -49,6 +52,8 @@ func (d *Driver) healthLoop(ctx context.Context, w hardware.HealthWatcher) {
 		if ctx.Err() != nil {
 			return
 		}
+		d.healthWatching.Store(false)
+		d.healthSignal.notify()
 		if err == nil {
 			delay = minRetryDelay
 		}
@@ -79,6 +84,8 @@ func (d *Driver) onHealthEvent(ctx context.Context, e hardware.HealthEvent, deb 
 		return
 	}
 	deb.Changed()
+	// The kubelet learns at once; the slices follow, debounced.
+	d.healthSignal.notify()
 	how := "withdrawn from the ResourceSlices (the API server lacks device taints)"
 	if d.features.Health.Tainting() {
 		how = "tainted " + describeTaints(t.After, d.cfg.DriverName, policy)

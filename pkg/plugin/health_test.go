@@ -17,6 +17,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
+
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
 )
@@ -294,7 +296,11 @@ func dropTaints(client *fake.Clientset) {
 func TestHealthWithoutDeviceTaints(t *testing.T) {
 	client := newFakeClient(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, UID: "node-uid"}})
 	dropTaints(client)
-	h := newHealthHarness(t, "dgx-h100", nodeName, 8, func(cfg *plugin.Config) { cfg.KubeClient = client })
+	h := newHealthHarness(t, "dgx-h100", nodeName, 8, func(cfg *plugin.Config) {
+		cfg.KubeClient = client
+		cfg.HealthReportInterval = 200 * time.Millisecond
+	})
+	stream := watchHealth(t, h.harness)
 	h.do(6, "xid:79")
 	if _, err := h.waitForEvent("DeviceTaintsUnavailable"); err != nil {
 		t.Fatal(err)
@@ -306,6 +312,19 @@ func TestHealthWithoutDeviceTaints(t *testing.T) {
 	if _, err := h.waitForEvent("UnhealthyGPUsWithdrawn"); err != nil {
 		t.Error(err)
 	}
+	// Pods may still hold the withdrawn device: the kubelet keeps
+	// hearing it is unhealthy, in the reports after the withdrawal too.
+	if len(h.driver.Devices()) != 7 {
+		t.Fatalf("the plugin publishes %d devices, want 7 without gpu-6", len(h.driver.Devices()))
+	}
+	for range 2 {
+		if bad := unhealthy(byDevice(stream.next(5 * time.Second))); len(bad) != 1 || !strings.Contains(bad["gpu-6"], "UNHEALTHY: GPU ") {
+			t.Errorf("report while gpu-6 is withdrawn: %v, want gpu-6 UNHEALTHY only", bad)
+		}
+	}
 	h.do(6, "recover")
 	h.waitPublished(t, "GPU 6 back", func(p map[string]string) bool { return len(p) == 8 })
+	stream.waitFor("gpu-6 healthy again", func(m map[string]*drahealthv1.DeviceHealth) bool {
+		return len(m) == 8 && len(unhealthy(m)) == 0
+	})
 }

@@ -12,9 +12,11 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
+	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
@@ -35,20 +37,37 @@ func getInfo(t *testing.T, socket string) *registerapi.PluginInfo {
 
 // TestRegistration: the kubelet finds the plugin in its registration
 // directory, as a DRA plugin of our driver name, serving DRA gRPC v1 on the
-// advertised endpoint, without the health service.
+// advertised endpoint, with the device health service (KEP-4680) where the
+// hardware reports health and without it where it does not.
 func TestRegistration(t *testing.T) {
-	h := newHarness(t)
-	info := getInfo(t, filepath.Join(h.cfg.RegistrarDir, driverName+"-reg.sock"))
-	if info.Type != registerapi.DRAPlugin || info.Name != driverName || info.Endpoint != h.draSocket() {
-		t.Errorf("registration info: type %q name %q endpoint %q", info.Type, info.Name, info.Endpoint)
-	}
-	if !slices.Contains(info.SupportedVersions, drapb.DRAPluginService) {
-		t.Errorf("supported versions %v lack %s", info.SupportedVersions, drapb.DRAPluginService)
-	}
-	if slices.ContainsFunc(info.SupportedVersions, func(v string) bool { return strings.Contains(v, "Health") }) {
-		t.Errorf("health service advertised while it is off: %v", info.SupportedVersions)
+	for _, tc := range []struct {
+		name       string
+		mutate     []func(*plugin.Config)
+		wantHealth bool
+	}{
+		{name: "hardware reports health", wantHealth: true},
+		{name: "hardware without health", wantHealth: false, mutate: []func(*plugin.Config){func(cfg *plugin.Config) {
+			cfg.Hardware = withoutHealth{cfg.Hardware}
+		}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, tc.mutate...)
+			info := getInfo(t, filepath.Join(h.cfg.RegistrarDir, driverName+"-reg.sock"))
+			if info.Type != registerapi.DRAPlugin || info.Name != driverName || info.Endpoint != h.draSocket() {
+				t.Errorf("registration info: type %q name %q endpoint %q", info.Type, info.Name, info.Endpoint)
+			}
+			if !slices.Contains(info.SupportedVersions, drapb.DRAPluginService) {
+				t.Errorf("supported versions %v lack %s", info.SupportedVersions, drapb.DRAPluginService)
+			}
+			if got := slices.Contains(info.SupportedVersions, drahealthv1.DRAResourceHealthService); got != tc.wantHealth {
+				t.Errorf("supported versions %v: %s advertised %v, want %v", info.SupportedVersions, drahealthv1.DRAResourceHealthService, got, tc.wantHealth)
+			}
+		})
 	}
 }
+
+// withoutHealth hides the hardware's health watcher.
+type withoutHealth struct{ hardware.Hardware }
 
 // TestDroppedFieldsAreReported: when the API server drops fields of a
 // slice that no publishing choice falls back from, the plugin says which

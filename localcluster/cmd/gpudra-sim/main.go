@@ -43,6 +43,8 @@ type options struct {
 	cpuProfilePlain string
 	// loadDir is where the load run's cluster keeps its state.
 	loadDir string
+	// events is a health events file to play after the apply.
+	events string
 }
 
 func main() {
@@ -54,7 +56,7 @@ func main() {
 	var o options
 	fs := flag.NewFlagSet("gpudra-sim", flag.ExitOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `Usage: gpudra-sim [--fleet FILE|NAME] [--manifests DIR] [--report FILE] [--keep-running]
+		fmt.Fprintf(fs.Output(), `Usage: gpudra-sim [--fleet FILE|NAME] [--manifests DIR] [--events FILE] [--report FILE] [--keep-running]
 
 Runs a local Kubernetes cluster in this process with simulated GPU nodes and
 gpudra, applies the manifests, waits until the pods and workloads settle and
@@ -70,6 +72,7 @@ Flags:
 	}
 	fs.StringVar(&o.fleet, "fleet", "demo", "simulated fleet: a built-in name ("+fmt.Sprint(sim.BuiltinNames())+") or a fleet YAML file")
 	fs.StringVar(&o.manifests, "manifests", "", "directory (or file) of YAML manifests to apply (default: the repository's examples/)")
+	fs.StringVar(&o.events, "events", "", "YAML list of GPU health events to inject after the apply: {after: <duration>, node: <name>, gpu: <index>, event: xid:<n>|ecc-dbe|gpu-lost|recover}")
 	fs.StringVar(&o.report, "report", "", "write a JSON report of the pods to this file")
 	fs.BoolVar(&o.keepRunning, "keep-running", false, "keep the cluster running after the report, until interrupted, and write a kubeconfig")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "gpudra-sim.kubeconfig", "with --keep-running: where to write the kubeconfig")
@@ -179,6 +182,15 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 	if err != nil {
 		return err
 	}
+	var events []cluster.ScheduledHealthEvent
+	if o.events != "" {
+		if events, err = cluster.LoadHealthEvents(o.events); err != nil {
+			return fmt.Errorf("--events: %w", err)
+		}
+		if err := cluster.CheckHealthEvents(events, fleet); err != nil {
+			return fmt.Errorf("--events: %w", err)
+		}
+	}
 
 	mpsControl, removeMPS, err := cluster.FakeMPS()
 	if err != nil {
@@ -207,10 +219,24 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 	progress("cluster ready in %v", time.Since(start).Round(time.Millisecond))
 
 	progress("applying %d objects from %s", len(objs), dir)
+	applied := time.Now()
 	refused, err := c.Apply(ctx, objs)
 	if err != nil {
 		return err
 	}
+	var eventErrs []error
+	eventsDone := make(chan struct{})
+	go func() {
+		defer close(eventsDone)
+		_ = c.RunHealthEvents(ctx, applied, events, func(e cluster.ScheduledHealthEvent, err error) {
+			if err != nil {
+				progress("health event: %v", err)
+				eventErrs = append(eventErrs, err)
+				return
+			}
+			progress("health event at +%v: %s on %s GPU %d (%s)", e.After, e.Event, e.Node, e.GPU, e.Source)
+		})
+	}()
 	for _, r := range refused {
 		progress("refused: %s", r)
 	}
@@ -220,6 +246,16 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 	settleCtx, cancel := context.WithTimeout(ctx, o.settle)
 	settleErr := c.WaitSettled(settleCtx, 2*time.Second)
 	cancel()
+	if len(events) > 0 {
+		// The report is of the cluster after the last event, settled
+		// again (the plugin republishes taints within about a second;
+		// settling waits 2 s of quiet).
+		<-eventsDone
+		progress("all %d health events applied; waiting for the cluster to settle again", len(events))
+		settleCtx, cancel := context.WithTimeout(ctx, o.settle)
+		settleErr = c.WaitSettled(settleCtx, 2*time.Second)
+		cancel()
+	}
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
@@ -249,6 +285,7 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 	if settleErr != nil {
 		errs = append(errs, fmt.Errorf("not settled within %v (--settle-timeout): %w", o.settle, settleErr))
 	}
+	errs = append(errs, eventErrs...)
 	if o.keepRunning {
 		if err := keepRunning(ctx, c, o, stdout); err != nil {
 			errs = append(errs, err)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -117,6 +118,83 @@ data: {key: value}
 	table := stdout.String()
 	for _, want := range []string{"default/web-", "REFUSED", "ConfigMap missing/lost", `namespaces "missing" not found`, "Deployment default/web"} {
 		if !strings.Contains(table, want) {
+			t.Errorf("the table lacks %q", want)
+		}
+	}
+}
+
+// TestRunWithHealthEvents: a one-GPU node whose GPU gets an application
+// XID (nothing happens) and then a fatal one while a pod runs on it: the
+// report and the table show the pod's container with the GPU Unhealthy
+// and the node's device taint. A bad events file fails the run before the
+// cluster starts, naming the line and field.
+func TestRunWithHealthEvents(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	fleet := write("fleet.yaml", "nodes:\n- name: one-gpu\n  gpus: [{model: H100-SXM5-80GB}]\n")
+	manifests := write("pod.yaml", `apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: gpu}
+spec:
+  spec:
+    devices:
+      requests:
+      - {name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: train}
+spec:
+  containers:
+  - {name: ctr, image: ubuntu:24.04, resources: {claims: [{name: gpu, request: gpu}]}}
+  resourceClaims:
+  - {name: gpu, resourceClaimTemplateName: gpu}
+`)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	bad := write("bad.yaml", "- {after: 1s, node: one-gpu, gpu: 1, event: xid:79}\n")
+	err := run(ctx, options{fleet: fleet, manifests: manifests, events: bad, settle: time.Minute}, &strings.Builder{})
+	if err == nil || !strings.Contains(err.Error(), "--events: "+bad+":1: gpu: node one-gpu has GPUs 0 to 0, not 1") {
+		t.Errorf("run with a GPU the node lacks: %v", err)
+	}
+
+	events := write("events.yaml", `- {after: 1s, node: one-gpu, gpu: 0, event: xid:13}
+- {after: 4s, node: one-gpu, gpu: 0, event: xid:79}
+`)
+	reportFile := filepath.Join(dir, "report.json")
+	var stdout strings.Builder
+	if err := run(ctx, options{fleet: fleet, manifests: manifests, events: events, report: reportFile, settle: 2 * time.Minute}, &stdout); err != nil {
+		t.Fatalf("run: %v\n%s", err, stdout.String())
+	}
+	t.Logf("table:\n%s", stdout.String())
+	data, err := os.ReadFile(reportFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var report cluster.Report
+	if err := json.Unmarshal(data, &report); err != nil {
+		t.Fatal(err)
+	}
+	if len(report.Pods) != 1 || report.Pods[0].Phase != "Running" || len(report.Pods[0].Containers) != 1 {
+		t.Fatalf("pods %+v; want train running", report.Pods)
+	}
+	status := report.Pods[0].Containers[0].AllocatedResourcesStatus
+	if len(status) != 1 || status[0].Name != "claim:gpu/gpu" || len(status[0].Resources) != 1 || status[0].Resources[0].Health != "Unhealthy" {
+		t.Errorf("allocatedResourcesStatus %+v; want claim:gpu/gpu with one Unhealthy device", status)
+	}
+	wantTaint := cluster.DeviceTaintReport{Device: "gpu-0", Key: "gpu.nvidia.com/xid", Value: "79", Effect: "NoSchedule"}
+	if len(report.Nodes) != 1 || report.Nodes[0].Name != "one-gpu" || !slices.Contains(report.Nodes[0].DeviceTaints, wantTaint) {
+		t.Errorf("nodes %+v; want one-gpu with %+v", report.Nodes, wantTaint)
+	}
+	for _, want := range []string{"health  claim:gpu/gpu=Unhealthy", "(k8s.gpu.nvidia.com/claim=", "DEVICE TAINTS", "gpu-0 gpu.nvidia.com/xid=79:NoSchedule"} {
+		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("the table lacks %q", want)
 		}
 	}

@@ -88,6 +88,7 @@ func printTable(w io.Writer, r *cluster.Report) {
 			t.wrap(fmt.Sprintf("%-*s  %-8s  ", nameCol, name, fmt.Sprintf("%d of %d", wl.Pods, wl.Desired)), "", note)
 		}
 	}
+	t.taints(r.Nodes)
 	if len(r.Refused) > 0 {
 		t.line("")
 		t.line("REFUSED (not applied; the API server's reason below each)")
@@ -126,6 +127,12 @@ func (t *table) containers(ctrs []cluster.ContainerReport) {
 		for _, ts := range c.TimeSlices {
 			slice = append(slice, fmt.Sprintf("%s (%s): %s", ts.Device, ts.GPU, ts.Interval))
 		}
+		var health []string
+		for _, rs := range c.AllocatedResourcesStatus {
+			for _, h := range rs.Resources {
+				health = append(health, fmt.Sprintf("%s=%s", rs.Name, h.Health), "("+string(h.ResourceID)+")")
+			}
+		}
 		name := c.Name
 		if len(name) > col {
 			t.wrap("  ", "", []string{name})
@@ -136,7 +143,7 @@ func (t *table) containers(ctrs []cluster.ContainerReport) {
 			label  string
 			values []string
 		}{
-			{"cdi", c.CDIDevices}, {"nodes", c.DeviceNodes}, {"env", env}, {"mounts", c.Mounts}, {"mps", mps}, {"slice", slice},
+			{"cdi", c.CDIDevices}, {"nodes", c.DeviceNodes}, {"env", env}, {"mounts", c.Mounts}, {"mps", mps}, {"slice", slice}, {"health", health},
 		} {
 			if len(item.values) == 0 {
 				continue
@@ -146,6 +153,26 @@ func (t *table) containers(ctrs []cluster.ContainerReport) {
 				who, first = name, false
 			}
 			t.wrap(fmt.Sprintf("  %-*s  %-6s  ", col, who, item.label), "", item.values)
+		}
+	}
+}
+
+// taints prints the nodes' device taints, if any device has one.
+func (t *table) taints(nodes []cluster.NodeReport) {
+	col, found := len("NODE"), false
+	for _, n := range nodes {
+		if len(n.DeviceTaints) > 0 {
+			col, found = max(col, len(n.Name)), true
+		}
+	}
+	if !found {
+		return
+	}
+	t.line("")
+	t.line(fmt.Sprintf("%-*s  %s", col, "NODE", "DEVICE TAINTS"))
+	for _, n := range nodes {
+		for _, dt := range n.DeviceTaints {
+			t.wrap(fmt.Sprintf("%-*s  ", col, n.Name), "", []string{dt.Device, dt.Key + "=" + dt.Value + ":" + dt.Effect})
 		}
 	}
 }
