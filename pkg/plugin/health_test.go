@@ -248,6 +248,7 @@ func TestHealthFlappingGPU(t *testing.T) {
 	h.waitPublished(t, "start", func(p map[string]string) bool { return len(p) == 8 })
 	time.Sleep(time.Second) // the start's own writes are done
 	writes, republished := h.sliceWrites.Load(), h.driver.HealthRepublications()
+	began := time.Now()
 	for i := 0; i < 100; i++ {
 		h.do(2, "xid:79")
 		time.Sleep(50 * time.Millisecond)
@@ -257,10 +258,14 @@ func TestHealthFlappingGPU(t *testing.T) {
 	h.do(2, "xid:79")
 	h.waitPublished(t, "the last fault", func(p map[string]string) bool { return p["gpu-2"] == "gpu.nvidia.com/xid=79:NoSchedule" })
 	time.Sleep(1500 * time.Millisecond)
+	elapsed := time.Since(began)
 	w, r := h.sliceWrites.Load()-writes, h.driver.HealthRepublications()-republished
-	t.Logf("100 flaps in 10 s (and a last fault): %d republications, %d slice writes", r, w)
-	if r > 13 || w > 13 {
-		t.Errorf("%d republications, %d slice writes for 100 flaps in 10 s; want at most one a second", r, w)
+	t.Logf("100 flaps in %v (and a last fault): %d republications, %d slice writes", elapsed.Round(time.Millisecond), r, w)
+	// At most one republication a second, over however long the flapping
+	// took on this machine (10 s when the sleeps are not stretched), plus
+	// the first change's and the last's.
+	if limit := int(elapsed/time.Second) + 2; r > limit || int(w) > limit {
+		t.Errorf("%d republications, %d slice writes for 100 flaps in %v; want at most %d (one a second)", r, w, elapsed, limit)
 	}
 }
 
