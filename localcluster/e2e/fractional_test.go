@@ -163,7 +163,7 @@ spec:
 		mem := publishedMemory(t, ctx, "share-mem")
 		quarter := resource.NewQuantity(mem/4, resource.BinarySI)
 		request := fmt.Sprintf("          capacity: {requests: {memory: %q}}\n", quarter.String())
-		apply(t, ctx, sharedPods("share-mem", "share-mem", request, "", "p0", "p1", "p2", "p3"))
+		applyOneByOne(t, ctx, "share-mem", "share-mem", request, "p0", "p1", "p2", "p3")
 		checkShares(t, ctx, "share-mem", []string{"p0", "p1", "p2", "p3"}, 0, mem/4)
 		apply(t, ctx, sharedPods("share-mem-more", "share-mem", request, "", "p4"))
 		waitPending(t, ctx, "share-mem-more", "p4")
@@ -171,7 +171,7 @@ spec:
 
 	t.Run("integer shares", func(t *testing.T) {
 		one := "          capacity: {requests: {shares: \"1\"}}\n"
-		apply(t, ctx, sharedPods("share-4", "share-4", one, "", "p0", "p1", "p2", "p3"))
+		applyOneByOne(t, ctx, "share-4", "share-4", one, "p0", "p1", "p2", "p3")
 		mem := publishedMemory(t, ctx, "share-4")
 		checkShares(t, ctx, "share-4", []string{"p0", "p1", "p2", "p3"}, 25, mem/4)
 		apply(t, ctx, sharedPods("share-4-more", "share-4", one, "", "p4"))
@@ -181,7 +181,7 @@ spec:
 	t.Run("NVIDIA integer shares with sharingDefault share", func(t *testing.T) {
 		// As NVIDIA's integer-sharing manifests ask for a share: the
 		// class alone, no capacity, which takes one share there.
-		apply(t, ctx, sharedPods("share-4-nv", "share-4-nvidia", "", "", "p0", "p1", "p2", "p3"))
+		applyOneByOne(t, ctx, "share-4-nv", "share-4-nvidia", "", "p0", "p1", "p2", "p3")
 		mem := publishedMemory(t, ctx, "share-4-nvidia")
 		checkShares(t, ctx, "share-4-nv", []string{"p0", "p1", "p2", "p3"}, 25, mem/4)
 	})
@@ -324,5 +324,20 @@ func deletePod(t *testing.T, ctx context.Context, ns, name string) {
 	})
 	if err != nil {
 		t.Fatalf("pod %s/%s not gone: %v", ns, name, err)
+	}
+}
+
+// applyOneByOne creates the pods of sharedPods one at a time, each once the
+// one before runs. Four pods created at once to fill a GPU exactly
+// sometimes left the fourth Pending for good with a share free: the
+// scheduler (v1.37.1) rejected it while the others were in flight and
+// nothing requeued it (seen about once in 30 runs before this test grew,
+// and more often since). What is tested here is what the shares of a GPU
+// add up to, which one at a time tests as well.
+func applyOneByOne(t *testing.T, ctx context.Context, ns, node, request string, pods ...string) {
+	t.Helper()
+	for _, p := range pods {
+		apply(t, ctx, sharedPods(ns, node, request, "", p))
+		waitForPod(t, ctx, ns, p, "Running", running)
 	}
 }
