@@ -54,7 +54,7 @@ func (d *Driver) install(ctx context.Context, inv *hardware.Inventory) error {
 	}
 	d.state.Store(pub)
 	if previous == nil || !slices.EqualFunc(previous.Model.Devices, pub.Model.Devices, func(a, b devicemodel.Device) bool { return a.Name() == b.Name() }) {
-		d.healthSignal.notify()
+		d.healthMon.signal.notify()
 	}
 	d.reportProblems(ctx, prevInv, inv)
 	var before []preparer.Notice

@@ -191,17 +191,9 @@ type Driver struct {
 	// removals that run after Unprepare.
 	status       *devicestatus.Writer
 	statusWrites pendingWrites
-	// healthDebouncer debounces republications for health changes; nil
-	// when the hardware reports no health.
-	healthDebouncer *health.Debouncer
-	// healthSignal wakes the kubelet's health streams (healthreport.go);
-	// healthWatching says whether the hardware's health watcher runs.
-	healthSignal   healthSignal
-	healthWatching atomic.Bool
-	// reportedGPU maps each device reported to the kubelet to its GPU's
-	// UUID, so that withdrawn devices of an unhealthy GPU stay reported.
-	healthMu    sync.Mutex
-	reportedGPU map[string]string
+	// healthMon watches GPU health and reports it to the kubelet
+	// (health.go, healthreport.go).
+	healthMon healthMonitor
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -228,6 +220,7 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 		rebuild: make(chan struct{}, 1),
 		events:  newEvents(cfg.KubeClient, cfg.NodeName),
 	}
+	d.healthMon.d = d
 	d.metrics = metrics.NewPlugin(d.metricsState)
 	defer func() {
 		if finalErr != nil {
@@ -349,12 +342,12 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 		}()
 	}
 	if healthWatcher != nil {
-		d.healthDebouncer = d.newHealthDebouncer()
-		d.healthWatching.Store(true)
+		d.healthMon.debouncer = d.healthMon.newDebouncer()
+		d.healthMon.watching.Store(true)
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()
-			d.healthLoop(ctx, healthWatcher)
+			d.healthMon.loop(ctx, healthWatcher)
 		}()
 	} else {
 		logger.Info("This hardware reports no GPU health; devices are never tainted")

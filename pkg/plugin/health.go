@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -21,22 +23,40 @@ const (
 	ReasonGPURecovered = "GPURecovered"
 )
 
-// healthLoop applies the hardware's health events to the published
+// healthMonitor watches the hardware's GPU health: it applies the events to
+// the published devices (package devicehealth), republishes debounced, and
+// reports the devices' health to the kubelet (healthreport.go).
+type healthMonitor struct {
+	d *Driver
+	// debouncer debounces republications for health changes; nil when the
+	// hardware reports no health.
+	debouncer *health.Debouncer
+	// signal wakes the kubelet's health streams; watching says whether the
+	// hardware's health watcher runs.
+	signal   healthSignal
+	watching atomic.Bool
+	// reportedGPU maps each device reported to the kubelet to its GPU's
+	// UUID, so that withdrawn devices of an unhealthy GPU stay reported.
+	mu          sync.Mutex
+	reportedGPU map[string]string
+}
+
+// loop applies the hardware's health events to the published
 // devices (package devicehealth) until ctx ends. A change of some GPU's
 // taints asks the discovery loop to rebuild and republish, debounced (see
 // health.Debouncer): a flapping GPU causes at most one republication per
 // HealthInterval. When the watcher cannot run (NVML missing), it is
 // started again with the discovery loop's backoff.
-func (d *Driver) healthLoop(ctx context.Context, w hardware.HealthWatcher) {
+func (m *healthMonitor) loop(ctx context.Context, w hardware.HealthWatcher) {
 	logger := klog.FromContext(ctx)
-	deb := d.healthDebouncer
+	deb := m.debouncer
 	defer deb.Stop()
 	events := make(chan hardware.HealthEvent, 64)
 	delay := minRetryDelay
 	for {
 		done := make(chan error, 1)
-		if !d.healthWatching.Swap(true) {
-			d.healthSignal.notify()
+		if !m.watching.Swap(true) {
+			m.signal.notify()
 		}
 		go func() { done <- w.WatchHealth(ctx, events) }()
 		var err error
@@ -44,7 +64,7 @@ func (d *Driver) healthLoop(ctx context.Context, w hardware.HealthWatcher) {
 		for {
 			select {
 			case e := <-events:
-				d.onHealthEvent(ctx, e, deb)
+				m.onEvent(ctx, e, deb)
 			case err = <-done:
 				break watch
 			}
@@ -52,8 +72,8 @@ func (d *Driver) healthLoop(ctx context.Context, w hardware.HealthWatcher) {
 		if ctx.Err() != nil {
 			return
 		}
-		d.healthWatching.Store(false)
-		d.healthSignal.notify()
+		m.watching.Store(false)
+		m.signal.notify()
 		if err == nil {
 			delay = minRetryDelay
 		}
@@ -67,10 +87,11 @@ func (d *Driver) healthLoop(ctx context.Context, w hardware.HealthWatcher) {
 	}
 }
 
-// onHealthEvent applies one health event, logs it, and records a Node
+// onEvent applies one health event, logs it, and records a Node
 // event when a GPU's taints change.
-func (d *Driver) onHealthEvent(ctx context.Context, e hardware.HealthEvent, deb *health.Debouncer) {
-	logger := klog.FromContext(ctx).WithValues("gpu", e.GPUUUID, "device", d.gpuDeviceName(e.GPUUUID), "event", e.String())
+func (m *healthMonitor) onEvent(ctx context.Context, e hardware.HealthEvent, deb *health.Debouncer) {
+	d := m.d
+	logger := klog.FromContext(ctx).WithValues("gpu", e.GPUUUID, "device", m.gpuDeviceName(e.GPUUUID), "event", e.String())
 	policy := d.features.Health.Policy()
 	next, t := d.features.Health.State().Apply(policy, e)
 	d.features.Health.SetState(next)
@@ -85,7 +106,7 @@ func (d *Driver) onHealthEvent(ctx context.Context, e hardware.HealthEvent, deb 
 	}
 	deb.Changed()
 	// The kubelet learns at once; the slices follow, debounced.
-	d.healthSignal.notify()
+	m.signal.notify()
 	how := "withdrawn from the ResourceSlices (the API server lacks device taints)"
 	if d.features.Health.Tainting() {
 		how = "tainted " + describeTaints(t.After, d.cfg.DriverName, policy)
@@ -93,12 +114,12 @@ func (d *Driver) onHealthEvent(ctx context.Context, e hardware.HealthEvent, deb 
 	if t.After.Healthy() {
 		logger.Info("GPU recovered; its devices are published untainted again", "was", t.Before.String())
 		d.Event(corev1.EventTypeNormal, ReasonGPURecovered,
-			fmt.Sprintf("GPU %s (%s) recovered (%s); it was %s; its devices are offered again", e.GPUUUID, d.gpuDeviceName(e.GPUUUID), e.Detail, t.Before))
+			fmt.Sprintf("GPU %s (%s) recovered (%s); it was %s; its devices are offered again", e.GPUUUID, m.gpuDeviceName(e.GPUUUID), e.Detail, t.Before))
 		return
 	}
 	logger.Error(nil, "GPU unhealthy; its devices are "+how, "condition", t.After.String())
 	d.Event(corev1.EventTypeWarning, ReasonGPUUnhealthy,
-		fmt.Sprintf("GPU %s (%s) is unhealthy: %s; its devices are %s", e.GPUUUID, d.gpuDeviceName(e.GPUUUID), t.After, how))
+		fmt.Sprintf("GPU %s (%s) is unhealthy: %s; its devices are %s", e.GPUUUID, m.gpuDeviceName(e.GPUUUID), t.After, how))
 }
 
 // describeTaints renders a condition's taints: "gpu.nvidia.com/xid=79:NoSchedule".
@@ -112,7 +133,8 @@ func describeTaints(c health.Condition, driverName string, p health.Policy) stri
 
 // gpuDeviceName names a GPU as its full-GPU device ("gpu-3"), or "unknown
 // GPU" when the last publication did not have it.
-func (d *Driver) gpuDeviceName(uuid string) string {
+func (m *healthMonitor) gpuDeviceName(uuid string) string {
+	d := m.d
 	for _, g := range d.current().Inventory.GPUs {
 		if g.UUID == uuid {
 			return devicemodel.GPUName(g.Minor)
@@ -122,7 +144,8 @@ func (d *Driver) gpuDeviceName(uuid string) string {
 }
 
 // newHealthDebouncer asks the discovery loop for a rebuild, debounced.
-func (d *Driver) newHealthDebouncer() *health.Debouncer {
+func (m *healthMonitor) newDebouncer() *health.Debouncer {
+	d := m.d
 	return health.NewDebouncer(clock.RealClock{}, d.cfg.HealthSettle, d.cfg.HealthInterval, func() {
 		select {
 		case d.rebuild <- struct{}{}:
@@ -134,8 +157,8 @@ func (d *Driver) newHealthDebouncer() *health.Debouncer {
 // HealthRepublications returns how many times health changes asked for a
 // republication (the debouncer's flushes), for tests and benchmarks.
 func (d *Driver) HealthRepublications() int {
-	if d.healthDebouncer == nil {
+	if d.healthMon.debouncer == nil {
 		return 0
 	}
-	return d.healthDebouncer.Flushes()
+	return d.healthMon.debouncer.Flushes()
 }

@@ -69,8 +69,8 @@ func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 	for {
 		// Take the channel before building the report, so that a change
 		// made while the report is sent wakes the next round.
-		changed := d.healthSignal.C()
-		report := d.healthReport(time.Now())
+		changed := d.healthMon.signal.C()
+		report := d.healthMon.report(time.Now())
 		select {
 		case <-ctx.Done():
 			return nil
@@ -90,10 +90,11 @@ func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 // the devices of unhealthy GPUs that were withdrawn from the slices (where
 // the API server lacks device taints): pods may still hold them, and they
 // should read Unhealthy rather than decay to Unknown.
-func (d *Driver) healthReport(now time.Time) kubeletplugin.DeviceHealthReport {
+func (m *healthMonitor) report(now time.Time) kubeletplugin.DeviceHealthReport {
+	d := m.d
 	pub := d.current()
 	state := d.features.Health.State()
-	watching := d.healthWatching.Load()
+	watching := m.watching.Load()
 	devices := make([]kubeletplugin.DeviceHealth, 0, len(pub.Model.Devices))
 	report := func(name, gpuUUID string) {
 		h := kubeletplugin.DeviceHealth{
@@ -114,20 +115,20 @@ func (d *Driver) healthReport(now time.Time) kubeletplugin.DeviceHealthReport {
 		devices = append(devices, h)
 	}
 
-	d.healthMu.Lock()
-	defer d.healthMu.Unlock()
-	if d.reportedGPU == nil {
-		d.reportedGPU = map[string]string{}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.reportedGPU == nil {
+		m.reportedGPU = map[string]string{}
 	}
 	published := make(map[string]bool, len(pub.Model.Devices))
 	for i := range pub.Model.Devices {
 		dev := &pub.Model.Devices[i]
 		published[dev.Name()] = true
-		d.reportedGPU[dev.Name()] = dev.GPU.UUID
+		m.reportedGPU[dev.Name()] = dev.GPU.UUID
 		report(dev.Name(), dev.GPU.UUID)
 	}
-	for _, name := range slices.Sorted(maps.Keys(d.reportedGPU)) {
-		uuid := d.reportedGPU[name]
+	for _, name := range slices.Sorted(maps.Keys(m.reportedGPU)) {
+		uuid := m.reportedGPU[name]
 		switch {
 		case published[name]:
 		case !state.Condition(uuid).Healthy():
@@ -135,7 +136,7 @@ func (d *Driver) healthReport(now time.Time) kubeletplugin.DeviceHealthReport {
 		default:
 			// Gone for another reason (a dynamic MIG device destroyed,
 			// a GPU unbound): the kubelet lets it decay.
-			delete(d.reportedGPU, name)
+			delete(m.reportedGPU, name)
 		}
 	}
 	return kubeletplugin.DeviceHealthReport{Devices: devices}
