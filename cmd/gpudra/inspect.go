@@ -116,7 +116,14 @@ func (o *inspectOptions) run(cmd *cobra.Command) error {
 		if err != nil {
 			return fmt.Errorf("node %s: %w", name, err)
 		}
-		nodes = append(nodes, inspect.Node{Name: name, Inventory: pub.Inventory, Model: pub.Model})
+		node := inspect.Node{Name: name, Inventory: pub.Inventory, Model: pub.Model}
+		if checker, ok := hw.(hardware.HealthChecker); ok && o.output == "table" {
+			node.Health, node.HealthErr = checker.CheckHealth(cmd.Context())
+			if node.HealthErr == nil && node.Health == nil {
+				node.Health = []hardware.GPUCondition{}
+			}
+		}
+		nodes = append(nodes, node)
 	}
 	return inspect.Write(cmd.OutOrStdout(), o.output, o.driverName, nodes)
 }

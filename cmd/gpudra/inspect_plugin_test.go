@@ -68,7 +68,8 @@ func TestInspectTableShowsSharing(t *testing.T) {
 	if err := cmd.Execute(); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"SHARING", "shares=4", "8 GPU(s) shared (shares=4): a claim that asks for no capacity gets the whole GPU"} {
+	// HEALTH: the simulated GPUs' conditions, read once through NVML.
+	for _, want := range []string{"SHARING", "shares=4", "8 GPU(s) shared (shares=4): a claim that asks for no capacity gets the whole GPU", "HEALTH", "  ok  "} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table does not show %q:\n%s", want, out.String())
 		}

@@ -81,3 +81,64 @@ func (e HealthEvent) String() string {
 	}
 	return s
 }
+
+// HealthChecker is implemented by hardware that can say, once, what
+// condition each GPU is in now: what `gpudra inspect` shows. It is
+// optional, like [HealthWatcher].
+type HealthChecker interface {
+	// CheckHealth reads every GPU's condition. It returns an error when
+	// it cannot read any (no management library); a GPU it cannot read
+	// at all is in the result with Err set.
+	CheckHealth(ctx context.Context) ([]GPUCondition, error)
+}
+
+// RecoveryAction is what the driver says a GPU needs before it can be
+// used again (NVML's NVML_FI_DEV_GET_GPU_RECOVERY_ACTION).
+type RecoveryAction string
+
+const (
+	RecoveryNone              RecoveryAction = "none"
+	RecoveryGPUReset          RecoveryAction = "gpu-reset"
+	RecoveryNodeReboot        RecoveryAction = "node-reboot"
+	RecoveryDrainP2P          RecoveryAction = "drain-p2p"
+	RecoveryDrainAndReset     RecoveryAction = "drain-and-reset"
+	RecoveryRecoverIMEXDomain RecoveryAction = "recover-imex-domain"
+	// RecoveryUnreported: the driver does not report recovery actions
+	// (drivers before R570), so a GPU that needs one cannot be told from
+	// a healthy one.
+	RecoveryUnreported RecoveryAction = "unreported"
+)
+
+// GPUCondition is one GPU's condition as [HealthChecker] read it.
+type GPUCondition struct {
+	// Index is the GPU's NVML index; UUID is empty when it could not be
+	// read (a GPU lost before its UUID was read).
+	Index int
+	UUID  string
+	// Lost: NVML answers the GPU's calls with NVML_ERROR_GPU_IS_LOST.
+	Lost bool
+	// Recovery is what the GPU needs; empty when Lost or Err.
+	Recovery RecoveryAction
+	// Err says why the GPU's condition could not be read (not lost).
+	Err string
+}
+
+// Healthy reports whether the condition shows nothing wrong: readable,
+// not lost, and no recovery action pending (or none reported).
+func (c GPUCondition) Healthy() bool {
+	return !c.Lost && c.Err == "" && (c.Recovery == RecoveryNone || c.Recovery == RecoveryUnreported)
+}
+
+// String is the condition in one word or two, as inspect's HEALTH column
+// shows it: "ok", "lost", "needs gpu-reset", "unknown".
+func (c GPUCondition) String() string {
+	switch {
+	case c.Lost:
+		return "lost"
+	case c.Err != "":
+		return "unknown"
+	case c.Recovery == RecoveryNone || c.Recovery == RecoveryUnreported:
+		return "ok"
+	}
+	return "needs " + string(c.Recovery)
+}

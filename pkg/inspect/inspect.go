@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -27,6 +28,25 @@ type Node struct {
 	Name      string
 	Inventory *hardware.Inventory
 	Model     *devicemodel.Model
+	// Health is each GPU's condition, read once (nil when the hardware
+	// cannot tell); HealthErr says why it could not be read.
+	Health    []hardware.GPUCondition
+	HealthErr error
+}
+
+// health is the condition of the GPU with the given UUID, as the HEALTH
+// column shows it: "-" when the hardware does not check health, "unknown"
+// when the check failed or did not list the GPU.
+func (n *Node) health(uuid string) string {
+	if n.Health == nil && n.HealthErr == nil {
+		return "-"
+	}
+	for _, c := range n.Health {
+		if c.UUID == uuid {
+			return c.String()
+		}
+	}
+	return "unknown"
 }
 
 // Write renders nodes in the given format.
@@ -98,10 +118,11 @@ func ResourceSlices(driverName string, n Node) []resourceapi.ResourceSlice {
 // WriteTable prints one line per device.
 func WriteTable(w io.Writer, nodes []Node) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tDEVICE\tTYPE\tSHARING\tPRODUCT\tMEMORY\tPROFILE\tPCI BUS ID\tPCIE ROOT\tNUMA\tTAINTS\tUUID")
-	for _, n := range nodes {
+	fmt.Fprintln(tw, "NODE\tDEVICE\tTYPE\tSHARING\tPRODUCT\tMEMORY\tPROFILE\tPCI BUS ID\tPCIE ROOT\tNUMA\tHEALTH\tTAINTS\tUUID")
+	for i := range nodes {
+		n := &nodes[i]
 		if len(n.Model.Devices) == 0 {
-			fmt.Fprintf(tw, "%s\t(no devices)\t\t\t\t\t\t\t\t\t\t\n", n.Name)
+			fmt.Fprintf(tw, "%s\t(no devices)\t\t\t\t\t\t\t\t\t\t\t\n", n.Name)
 		}
 		for i := range n.Model.Devices {
 			d := &n.Model.Devices[i]
@@ -121,21 +142,74 @@ func WriteTable(w io.Writer, nodes []Node) error {
 			if d.Sharing.Enabled() {
 				sharing = d.Sharing.String()
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
 				n.Name, d.Name(), d.Kind, sharing, d.GPU.ProductName, mem.String(), profile,
 				attr(d, deviceattribute.StandardDeviceAttributePCIBusID), attr(d, deviceattribute.StandardDeviceAttributePCIeRoot),
-				attr(d, deviceattribute.StandardDeviceAttributeNUMANode), taints(d.API.Taints), uuid)
+				attr(d, deviceattribute.StandardDeviceAttributeNUMANode), n.health(d.GPU.UUID), taints(d.API.Taints), uuid)
+		}
+		// GPUs NVML lists but discovery left out (lost, unreadable): no
+		// device, but a line, so that nobody counts them as missing.
+		for _, c := range n.Health {
+			if !slices.ContainsFunc(n.Inventory.GPUs, func(g hardware.GPU) bool { return c.UUID != "" && g.UUID == c.UUID }) {
+				uuid := c.UUID
+				if uuid == "" {
+					uuid = "-"
+				}
+				fmt.Fprintf(tw, "%s\t(NVML GPU %d)\t-\t-\t-\t-\t-\t-\t-\t-\t%s\t-\t%s\n", n.Name, c.Index, c, uuid)
+			}
 		}
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	for _, n := range nodes {
+	for i := range nodes {
+		n := &nodes[i]
 		inv := n.Inventory
 		fmt.Fprintf(w, "\n%s: %d GPUs, %d devices, driver %s, CUDA %s, %d ResourceSlice(s)%s\n",
 			n.Name, len(inv.GPUs), len(n.Model.Devices), inv.DriverVersion, inv.CUDADriverVersion, len(n.Model.Slices()), sharingSummary(n.Model))
+		for _, line := range healthNotes(n) {
+			fmt.Fprintf(w, "  %s\n", line)
+		}
 	}
 	return nil
+}
+
+// prefixed is s after p, or "" when s is empty.
+func prefixed(p, s string) string {
+	if s == "" {
+		return ""
+	}
+	return p + s
+}
+
+// healthNotes are the lines under a node's summary that say what is
+// wrong with its GPUs: problems discovery met, GPUs that are not healthy,
+// and what the health check could not tell.
+func healthNotes(n *Node) []string {
+	var out []string
+	for _, p := range n.Inventory.Problems {
+		out = append(out, "discovery: "+p.Err)
+	}
+	if n.HealthErr != nil {
+		out = append(out, "health: cannot check: "+n.HealthErr.Error())
+	}
+	unreported := 0
+	for _, c := range n.Health {
+		switch {
+		case c.Lost:
+			out = append(out, fmt.Sprintf("health: GPU %d%s is lost (NVML_ERROR_GPU_IS_LOST) and needs a GPU reset or a reboot; a running plugin taints its devices gpu.nvidia.com/gpu-lost, a starting one leaves them out", c.Index, prefixed(" ", c.UUID)))
+		case c.Err != "":
+			out = append(out, "health: "+c.Err)
+		case c.Recovery == hardware.RecoveryUnreported:
+			unreported++
+		case !c.Healthy():
+			out = append(out, fmt.Sprintf("health: GPU %d %s: the driver asks for a %s before it is used again", c.Index, c.UUID, c.Recovery))
+		}
+	}
+	if unreported > 0 {
+		out = append(out, fmt.Sprintf("health: the driver reports no recovery actions (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION needs R570 or newer), so %d GPU(s) show ok unless lost", unreported))
+	}
+	return out
 }
 
 // sharingSummary says how the node shares its full GPUs, and what a claim

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 
@@ -11,6 +12,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 )
 
@@ -146,5 +148,77 @@ func TestTableShowsTaints(t *testing.T) {
 				t.Errorf("untainted device shows taints: %s", line)
 			}
 		}
+	}
+}
+
+// TestTableShowsHealth checks the HEALTH column and the notes under a
+// node's summary, with the GPUs' conditions read by the real NVML code
+// over the simulated node: a GPU after an XID needs a reset, a lost GPU is
+// left out of discovery but still has a line.
+func TestTableShowsHealth(t *testing.T) {
+	fleet, err := sim.Load("dgx-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := fleet.Nodes[0]
+	events := &sim.HealthEvents{}
+	hw := n.Hardware(sim.WithHealthEvents(events))
+	if err := events.Inject(n.Name, 1, sim.HealthEvent{Kind: sim.InjectXID, XID: 79}); !errors.Is(err, sim.ErrNotWatched) {
+		t.Fatal(err)
+	}
+	if err := events.Inject(n.Name, 3, sim.HealthEvent{Kind: sim.InjectGPULost}); err != nil {
+		t.Fatal(err)
+	}
+	inv, err := hw.Discover(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := devicemodel.Build(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conds, err := hw.(hardware.HealthChecker).CheckHealth(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := WriteTable(&out, []Node{{Name: n.Name, Inventory: inv, Model: m, Health: conds}}); err != nil {
+		t.Fatal(err)
+	}
+	text := out.String()
+	t.Log("\n" + text)
+	lines := strings.Split(text, "\n")
+	from, to := strings.Index(lines[0], "HEALTH"), strings.Index(lines[0], "TAINTS")
+	health := map[string]string{}
+	for _, line := range lines[1:] {
+		if f := strings.Fields(line); len(f) > 2 && f[0] == n.Name && len(line) > to {
+			health[f[1]] = strings.TrimSpace(line[from:to])
+		}
+	}
+	for dev, want := range map[string]string{"gpu-0": "ok", "gpu-1": "needs gpu-reset", "gpu-2": "ok", "gpu-7": "ok", "(NVML": "lost"} {
+		if got := health[dev]; got != want {
+			t.Errorf("%s: HEALTH %q, want %q", dev, got, want)
+		}
+	}
+	if _, ok := health["gpu-3"]; ok {
+		t.Error("the lost GPU 3 has a device line")
+	}
+	for _, want := range []string{
+		"(NVML GPU 3)",
+		"discovery: GPU 3",
+		"health: GPU 1 " + inv.GPUs[1].UUID + ": the driver asks for a gpu-reset before it is used again",
+		"health: GPU 3 is lost (NVML_ERROR_GPU_IS_LOST)",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("table lacks %q", want)
+		}
+	}
+	// Without a health check the column says so.
+	out.Reset()
+	if err := WriteTable(&out, []Node{{Name: n.Name, Inventory: inv, Model: m}}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out.String(), "needs") || strings.Contains(out.String(), "(NVML GPU") {
+		t.Errorf("a table without health data shows health:\n%s", out.String())
 	}
 }

@@ -141,3 +141,44 @@ func TestFieldUint(t *testing.T) {
 		}
 	}
 }
+
+// TestConditionOf maps NVML's answers for one GPU to its condition.
+func TestConditionOf(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		handle    nvml.Return
+		uuid      nvml.Return
+		call      nvml.Return
+		field     nvml.Return
+		action    nvml.DeviceGpuRecoveryAction
+		want      string
+		wantErr   string
+		wantRecov hardware.RecoveryAction
+	}{
+		{name: "healthy", action: nvml.GPU_RECOVERY_ACTION_NONE, want: "ok", wantRecov: hardware.RecoveryNone},
+		{name: "needs a reset", action: nvml.GPU_RECOVERY_ACTION_GPU_RESET, want: "needs gpu-reset", wantRecov: hardware.RecoveryGPUReset},
+		{name: "needs a reboot", action: nvml.GPU_RECOVERY_ACTION_NODE_REBOOT, want: "needs node-reboot", wantRecov: hardware.RecoveryNodeReboot},
+		{name: "driver without the field", field: nvml.ERROR_NOT_SUPPORTED, want: "ok", wantRecov: hardware.RecoveryUnreported},
+		{name: "lost at the field", call: nvml.ERROR_GPU_IS_LOST, want: "lost"},
+		{name: "lost at the UUID", uuid: nvml.ERROR_GPU_IS_LOST, want: "lost"},
+		{name: "lost at the handle", handle: nvml.ERROR_GPU_IS_LOST, want: "lost"},
+		{name: "other error", call: nvml.ERROR_UNKNOWN, want: "unknown", wantErr: "GPU 0: nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): " + nvml.ERROR_UNKNOWN.Error()},
+		{name: "no permission for the handle", handle: nvml.ERROR_NO_PERMISSION, want: "unknown", wantErr: "GPU 0: nvmlDeviceGetHandleByIndex: " + nvml.ERROR_NO_PERMISSION.Error()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dev := &fieldDevice{call: tc.call, field: tc.field, action: tc.action}
+			dev.GetUUIDFunc = func() (string, nvml.Return) { return "GPU-a", tc.uuid }
+			lib := &mock.Interface{DeviceGetHandleByIndexFunc: func(int) (nvml.Device, nvml.Return) { return dev, tc.handle }}
+			c := conditionOf(lib, 0)
+			if c.String() != tc.want || c.Err != tc.wantErr || c.Recovery != tc.wantRecov {
+				t.Errorf("got %+v (%s, err %q), want %s, err %q, recovery %q", c, c, c.Err, tc.want, tc.wantErr, tc.wantRecov)
+			}
+			if c.Healthy() != (tc.want == "ok") {
+				t.Errorf("Healthy() = %v for %s", c.Healthy(), c)
+			}
+			if wantUUID := tc.handle == nvml.SUCCESS && tc.uuid == nvml.SUCCESS; (c.UUID == "GPU-a") != wantUUID {
+				t.Errorf("UUID %q", c.UUID)
+			}
+		})
+	}
+}

@@ -193,3 +193,60 @@ func TestInjectRefusals(t *testing.T) {
 		t.Errorf("unwatched XID: got %v, want ErrNotWatched", err)
 	}
 }
+
+// TestCheckHealth reads the GPUs' conditions once, as inspect does,
+// through nvmlhw's real code over the simulated NVML: a GPU after an XID
+// needs a reset, a lost GPU is lost, and both are fine after recovery.
+func TestCheckHealth(t *testing.T) {
+	f, err := Load("dgx-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := f.Nodes[0]
+	h := &HealthEvents{}
+	hw := n.Hardware(WithHealthEvents(h))
+	checker, ok := hw.(hardware.HealthChecker)
+	if !ok {
+		t.Fatal("simulated hardware does not check health")
+	}
+	check := func() []string {
+		t.Helper()
+		conds, err := checker.CheckHealth(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := make([]string, len(conds))
+		for i, c := range conds {
+			if c.Index != i {
+				t.Errorf("condition %d has index %d", i, c.Index)
+			}
+			if c.Lost != (c.UUID == "") {
+				t.Errorf("GPU %d: lost %v with UUID %q", i, c.Lost, c.UUID)
+			}
+			out[i] = c.String()
+		}
+		return out
+	}
+	if got := strings.Join(check(), " "); got != "ok ok ok ok ok ok ok ok" {
+		t.Errorf("healthy node: got %s", got)
+	}
+	// Nobody watches, so the XID is not delivered; the GPU's condition
+	// changes all the same, as on a real GPU.
+	if err := h.Inject(n.Name, 2, HealthEvent{Kind: InjectXID, XID: 79}); !errors.Is(err, ErrNotWatched) {
+		t.Fatal(err)
+	}
+	if err := h.Inject(n.Name, 5, HealthEvent{Kind: InjectGPULost}); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(check(), " "); got != "ok ok needs gpu-reset ok ok lost ok ok" {
+		t.Errorf("after an XID on GPU 2 and GPU 5 lost: got %s", got)
+	}
+	for _, gpu := range []int{2, 5} {
+		if err := h.Inject(n.Name, gpu, HealthEvent{Kind: InjectRecover}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := strings.Join(check(), " "); got != "ok ok ok ok ok ok ok ok" {
+		t.Errorf("after recovery: got %s", got)
+	}
+}
