@@ -298,7 +298,8 @@ except Exception as e:
 	}
 }
 
-// processes lists the pids whose command name starts with prefix.
+// processes lists the pids whose command name starts with prefix, but not
+// zombies: a daemon that exited stays one until its parent reaps it.
 func processes(t *testing.T, prefix string) []string {
 	t.Helper()
 	entries, err := os.ReadDir("/proc")
@@ -308,7 +309,9 @@ func processes(t *testing.T, prefix string) []string {
 	var pids []string
 	for _, e := range entries {
 		comm, err := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
-		if err == nil && strings.HasPrefix(strings.TrimSpace(string(comm)), prefix) {
+		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		_, rest, _ := strings.Cut(string(stat), ") ")
+		if err == nil && strings.HasPrefix(strings.TrimSpace(string(comm)), prefix) && !strings.HasPrefix(rest, "Z") {
 			pids = append(pids, e.Name()+":"+strings.TrimSpace(string(comm)))
 		}
 	}
