@@ -2,11 +2,9 @@ package main
 
 import (
 	"fmt"
-	"net"
 	"path/filepath"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -15,6 +13,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/inspect"
+	"github.com/gpudra/gpudra/pkg/nodemode"
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/preparer"
 )
@@ -81,7 +80,7 @@ func (o *inspectOptions) run(cmd *cobra.Command) error {
 		if dir == "" {
 			dir = filepath.Join(kubeletplugin.KubeletPluginsDir, o.driverName)
 		}
-		if sock := pluginListening(dir); sock != "" {
+		if sock := nodemode.DRAPluginListening(dir); sock != "" {
 			return fmt.Errorf("-o %s: a kubelet plugin of %s serves this node (it listens on %s), and its ResourceSlices already publish the node's pool: "+
 				"applying these would put a second copy of every device in that pool, and pods could not be scheduled until the plugin removed them. "+
 				"Use -o table to see what it publishes, or kubectl get resourceslices --field-selector spec.nodeName=<node> for what it published", o.output, o.driverName, sock)
@@ -148,21 +147,6 @@ func (o *inspectOptions) features(cmd *cobra.Command, node, migMode string, hw h
 		return nil, err
 	}
 	return features.New(fo)
-}
-
-// pluginListening returns the DRA socket (dra.sock, or dra-<uid>.sock
-// during a rolling update) in dir that accepts connections; "" if none
-// does.
-func pluginListening(dir string) string {
-	socks, _ := filepath.Glob(filepath.Join(dir, "dra*.sock"))
-	for _, sock := range socks {
-		conn, err := net.DialTimeout("unix", sock, time.Second)
-		if err == nil {
-			_ = conn.Close()
-			return sock
-		}
-	}
-	return ""
 }
 
 func (o *inspectOptions) nodeNames() ([]string, error) {

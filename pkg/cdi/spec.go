@@ -21,6 +21,11 @@ import (
 // Class is the CDI class of gpudra's per-claim devices.
 const Class = "claim"
 
+// DeviceClass is the CDI class of the device-plugin mode's devices: one
+// spec for the node, a CDI device per GPU or MIG device, named as the
+// device model names it (k8s.gpu.nvidia.com/device=gpu-0).
+const DeviceClass = "device"
+
 // Fixed minor numbers of the NVIDIA driver's control and UVM nodes.
 const (
 	nvidiactlMinor    = 255
@@ -81,7 +86,10 @@ func Whole(devices ...*devicemodel.Device) []SpecDevice {
 // SpecInput is everything the spec of one claim is built from.
 type SpecInput struct {
 	DriverName string
-	ClaimUID   string
+	// ClaimUID is the claim's UID; empty for the device-plugin mode's
+	// node-wide spec of class [DeviceClass], whose devices are named as
+	// the device model names them.
+	ClaimUID string
 	Majors     hardware.Majors
 	Devices    []SpecDevice
 	// Common are container edits every device of the claim needs besides
@@ -126,6 +134,9 @@ func buildSpec(in SpecInput, common cdispec.ContainerEdits) (*cdispec.Spec, erro
 		Kind:           Kind(in.DriverName),
 		ContainerEdits: common,
 	}
+	if in.ClaimUID == "" {
+		spec.Kind = Vendor(in.DriverName) + "/" + DeviceClass
+	}
 	for _, sd := range in.Devices {
 		d := sd.Device
 		var nodes []*cdispec.DeviceNode
@@ -148,8 +159,12 @@ func buildSpec(in SpecInput, common cdispec.ContainerEdits) (*cdispec.Spec, erro
 			edits.Mounts = append(edits.Mounts, e.Mounts...)
 			edits.Hooks = append(edits.Hooks, e.Hooks...)
 		}
+		name := ShareName(d.Name(), sd.ShareID)
+		if in.ClaimUID != "" {
+			name = DeviceName(in.ClaimUID, name)
+		}
 		spec.Devices = append(spec.Devices, cdispec.Device{
-			Name:           DeviceName(in.ClaimUID, ShareName(d.Name(), sd.ShareID)),
+			Name:           name,
 			ContainerEdits: edits,
 		})
 	}

@@ -79,8 +79,25 @@ func (w *Writer) Write(claimUID string, spec *cdispec.Spec) error {
 	return nil
 }
 
+// WriteDevices validates spec, the device-plugin mode's node-wide spec of
+// class [DeviceClass], and replaces its file, [Writer.DevicesPath].
+func (w *Writer) WriteDevices(spec *cdispec.Spec) error {
+	if err := w.writeFile(filepath.Base(w.DevicesPath()), spec); err != nil {
+		return fmt.Errorf("write CDI spec of the device plugin's devices: %w", err)
+	}
+	return nil
+}
+
+// DevicesPath is the file of the device-plugin mode's spec.
+func (w *Writer) DevicesPath() string {
+	return filepath.Join(w.dir, Vendor(w.driverName)+"-"+DeviceClass+".json")
+}
+
 func (w *Writer) write(claimUID string, spec *cdispec.Spec) error {
-	name := w.specName(claimUID) + ".json"
+	return w.writeFile(w.specName(claimUID)+".json", spec)
+}
+
+func (w *Writer) writeFile(name string, spec *cdispec.Spec) error {
 	// The staging directory, or the whole CDI directory, goes when someone
 	// cleans it (a tmpfs remounted, an operator's cleanup): create it
 	// again, as at start, rather than fail every prepare until a restart.
@@ -91,7 +108,7 @@ func (w *Writer) write(claimUID string, spec *cdispec.Spec) error {
 		return fmt.Errorf("invalid CDI spec: %w", err)
 	}
 	staged := filepath.Join(w.staging, name)
-	if err := os.Rename(staged, w.Path(claimUID)); err != nil {
+	if err := os.Rename(staged, filepath.Join(w.dir, name)); err != nil {
 		_ = os.Remove(staged)
 		return err
 	}
