@@ -7,6 +7,13 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 GO ?= go
 
+# What `gpudra version` reports (pkg/version). A release sets VERSION
+# (make image VERSION=v0.1.0); otherwise the nearest tag, or "devel".
+VERSION ?= $(shell git describe --tags --dirty 2>/dev/null || echo devel)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+VERSION_PKG := github.com/gpudra/gpudra/pkg/version
+LDFLAGS := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).commit=$(COMMIT)
+
 .PHONY: demo inspect test test-race-e2e build bench fuzz load chaos
 
 # The local cluster: a real control plane with simulated GPU nodes, running
@@ -32,7 +39,7 @@ test-race-e2e:
 	cd localcluster && $(GO) test -race ./...
 
 build:
-	$(GO) build -o bin/gpudra ./cmd/gpudra
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/gpudra ./cmd/gpudra
 
 # Benchmarks of Prepare over gRPC and of the checkpoint; not part of test.
 bench:
