@@ -7,7 +7,18 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 GO ?= go
 
-.PHONY: demo inspect test test-race-e2e build bench fuzz load chaos
+# What `gpudra version` reports (pkg/version). A release sets VERSION
+# (make image VERSION=v0.1.0); otherwise the nearest tag, or "devel".
+VERSION ?= $(shell git describe --tags --dirty 2>/dev/null || echo devel)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+VERSION_PKG := github.com/gpudra/gpudra/pkg/version
+LDFLAGS := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).commit=$(COMMIT)
+# The image's name, and its creation time: the commit's, so that one commit
+# gives one image digest.
+IMAGE ?= ghcr.io/gpudra/gpudra:$(VERSION)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+
+.PHONY: demo inspect test test-race-e2e build image bench fuzz load chaos
 
 # The local cluster: a real control plane with simulated GPU nodes, running
 # every example. The first run compiles Kubernetes (about 10 minutes on 2
@@ -26,13 +37,27 @@ inspect:
 test:
 	$(GO) vet ./...
 	$(GO) test -race ./...
+	cd deployments/container && $(GO) vet ./... && $(GO) test ./...
 	cd localcluster && $(GO) vet ./... && $(GO) test ./...
 
 test-race-e2e:
 	cd localcluster && $(GO) test -race ./...
 
 build:
-	$(GO) build -o bin/gpudra ./cmd/gpudra
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/gpudra ./cmd/gpudra
+
+# The container image, without a container daemon (deployments/container):
+# gpudra plus the loader, libraries and nsenter of this machine's Debian,
+# configured as deployments/container/Dockerfile configures its image.
+# Writes _output/image (an OCI image layout) and _output/gpudra-image.tar
+# (for docker load, kind load image-archive, ctr image import). A release:
+# make image VERSION=v0.1.0.
+image:
+	$(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o _output/gpudra ./cmd/gpudra
+	cd deployments/container && $(GO) run ./cmd/build-image \
+		--binary ../../_output/gpudra --layout ../../_output/image \
+		--archive ../../_output/gpudra-image.tar --tag $(IMAGE) \
+		--version $(VERSION) --commit $(COMMIT) --created $(SOURCE_DATE_EPOCH)
 
 # Benchmarks of Prepare over gRPC and of the checkpoint; not part of test.
 bench:

@@ -21,6 +21,7 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/metrics"
 	"github.com/gpudra/gpudra/pkg/plugin"
+	"github.com/gpudra/gpudra/pkg/version"
 )
 
 // Client rate limits. The kubeletplugin helper GETs every claim of every
@@ -233,6 +234,6 @@ func (o *kubeletPluginOptions) kubeClient() (kubernetes.Interface, error) {
 	}
 	cfg.QPS = o.kubeAPIQPS
 	cfg.Burst = o.kubeAPIBurst
-	cfg.UserAgent = "gpudra-kubelet-plugin/" + buildVersion()
+	cfg.UserAgent = "gpudra-kubelet-plugin/" + version.Get().UserAgentVersion()
 	return kubernetes.NewForConfig(cfg)
 }

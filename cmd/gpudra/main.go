@@ -4,18 +4,17 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
 
 	"github.com/spf13/cobra"
-)
 
-// version is set at build time with -ldflags "-X main.version=...";
-// otherwise the module version from the build info is shown.
-var version = ""
+	"github.com/gpudra/gpudra/pkg/version"
+)
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -38,30 +37,32 @@ func newRootCommand() *cobra.Command {
 }
 
 func newVersionCommand() *cobra.Command {
-	return &cobra.Command{
+	var output string
+	cmd := &cobra.Command{
 		Use:   "version",
-		Short: "Print the gpudra version",
-		Args:  cobra.NoArgs,
+		Short: "Print the gpudra version, git commit, Go version and platform",
+		Long: `Print the release version and git commit stamped in at build time (make
+build, make image and the Dockerfile stamp them), else those the Go
+toolchain recorded, with the Go version and platform.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			_, err := fmt.Fprintln(cmd.OutOrStdout(), "gpudra", buildVersion())
-			return err
+			return writeVersion(cmd.OutOrStdout(), output, version.Get())
 		},
 	}
+	cmd.Flags().StringVarP(&output, "output", "o", "text", "output format: text or json")
+	return cmd
 }
 
-func buildVersion() string {
-	if version != "" {
-		return version
+func writeVersion(w io.Writer, output string, info version.Info) error {
+	switch output {
+	case "text":
+		_, err := fmt.Fprintf(w, "gpudra %s\ncommit %s\ngo %s\nplatform %s\n", info.Version, info.Commit, info.GoVersion, info.Platform)
+		return err
+	case "json":
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(info)
+	default:
+		return fmt.Errorf("--output %q: want text or json", output)
 	}
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "(unknown)"
-	}
-	v := info.Main.Version
-	for _, s := range info.Settings {
-		if s.Key == "vcs.revision" {
-			v += " " + s.Value
-		}
-	}
-	return v + " " + info.GoVersion
 }
