@@ -177,3 +177,11 @@ func TestDebouncerTiming(t *testing.T) {
 		t.Error("flushed after Stop")
 	}
 }
+
+// TestZeroStateApplies: a State{} (not nil) takes events like a nil one.
+func TestZeroStateApplies(t *testing.T) {
+	next, tr := (&State{}).Apply(DefaultPolicy(), hardware.HealthEvent{GPUUUID: "GPU-a", Kind: hardware.HealthGPULost})
+	if !tr.Changed() || !next.Condition("GPU-a").Lost {
+		t.Errorf("got %+v, %+v", next, tr)
+	}
+}

@@ -127,7 +127,7 @@ func (s *State) Apply(p Policy, e hardware.HealthEvent) (*State, Transition) {
 		return s, t
 	}
 	next := &State{gpus: map[string]Condition{}}
-	if s != nil {
+	if s != nil && s.gpus != nil {
 		next.gpus = maps.Clone(s.gpus)
 	}
 	if after.Healthy() {
