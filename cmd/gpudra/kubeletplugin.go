@@ -20,6 +20,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/metrics"
+	"github.com/gpudra/gpudra/pkg/nodemode"
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/version"
 )
@@ -50,6 +51,7 @@ type kubeletPluginOptions struct {
 	kubeAPIBurst   int
 	pluginDataDir  string
 	registrarDir   string
+	devicePlugins  string
 	cdiDir         string
 	podUID         string
 	discoveryEvery time.Duration
@@ -84,6 +86,7 @@ func newKubeletPluginCommand() *cobra.Command {
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", defaultKubeAPIBurst, "burst of requests to the API server")
 	fs.StringVar(&o.pluginDataDir, "plugin-data-dir", "", "directory for the DRA socket and the checkpoint (default /var/lib/kubelet/plugins/<driver-name>)")
 	fs.StringVar(&o.registrarDir, "registrar-dir", kubeletplugin.KubeletRegistryDir, "the kubelet's plugin registration directory")
+	fs.StringVar(&o.devicePlugins, "device-plugin-dir", nodemode.DefaultDevicePluginDir, "the kubelet's device-plugin directory: the DRA plugin refuses to start while a device plugin for NVIDIA GPUs (gpudra's or NVIDIA's) listens there")
 	fs.StringVar(&o.cdiDir, "cdi-dir", "/var/run/cdi", "directory for the per-claim CDI specs; the container runtime must read it")
 	fs.StringVar(&o.podUID, "pod-uid", os.Getenv("POD_UID"), "UID of the plugin's pod; enables rolling updates with two instances side by side (env POD_UID)")
 	fs.DurationVar(&o.discoveryEvery, "discovery-interval", plugin.DefaultDiscoveryInterval, "how often GPUs are discovered again (sooner while discovery fails)")
@@ -125,6 +128,9 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 	}
 	if o.pluginDataDir == "" {
 		o.pluginDataDir = filepath.Join(kubeletplugin.KubeletPluginsDir, o.driverName)
+	}
+	if sock := nodemode.DevicePluginListening(o.devicePlugins); sock != "" {
+		return fmt.Errorf("a device plugin for NVIDIA GPUs serves this node (it listens on %s): a node runs the DRA plugin or a device plugin, never both, or its GPUs would be admitted twice. Move the node to one mode (docs/migration.md)", sock)
 	}
 	for _, dir := range []string{o.pluginDataDir, o.registrarDir} {
 		if err := os.MkdirAll(dir, 0o750); err != nil {

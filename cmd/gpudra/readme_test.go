@@ -94,10 +94,10 @@ func TestREADMEFlagTablesMatchHelp(t *testing.T) {
 	}
 }
 
-// sameDefault reports whether doc names f's default: the same text, or for
-// a duration the same length of time.
+// sameDefault reports whether doc names f's default: the same text (a
+// list flag's without brackets), or for a duration the same length of time.
 func sameDefault(f *pflag.Flag, doc string) bool {
-	if doc == f.DefValue {
+	if doc == f.DefValue || (strings.HasSuffix(f.Value.Type(), "Slice") && "["+doc+"]" == f.DefValue) {
 		return true
 	}
 	if f.Value.Type() != "duration" {
