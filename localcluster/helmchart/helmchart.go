@@ -20,6 +20,7 @@ import (
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
 	"helm.sh/helm/v3/pkg/releaseutil"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/kubernetes/scheme"
 
@@ -63,6 +64,8 @@ type Object struct {
 	Template string
 	// Object is the typed object (e.g. *appsv1.DaemonSet).
 	Object kruntime.Object
+	// GVK is its apiVersion and kind as the template wrote them.
+	GVK schema.GroupVersionKind
 	// Kind and Name (with Namespace, if any) identify it in messages.
 	Kind, Namespace, Name string
 }
@@ -142,6 +145,7 @@ func Render(c *chart.Chart, opts Options) ([]Object, error) {
 			objs = append(objs, Object{
 				Template:  strings.TrimPrefix(name, c.Name()+"/"),
 				Object:    obj,
+				GVK:       *gvk,
 				Kind:      gvk.Kind,
 				Namespace: accessor.GetNamespace(),
 				Name:      accessor.GetName(),
