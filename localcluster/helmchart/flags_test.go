@@ -74,7 +74,7 @@ func TestKubeletPluginValuesReachFlags(t *testing.T) {
 		// Values of the kubelet plugin that are not flags: where and how
 		// the pod runs.
 		notFlags := []string{
-			"kubeletPlugin.checkDriverRoot.enabled", "kubeletPlugin.checkDriverRoot.retrySeconds", "kubeletPlugin.probes.enabled",
+			"kubeletPlugin.checkDriverRoot.enabled", "kubeletPlugin.probes.enabled",
 			"kubeletPlugin.priorityClassName", "kubeletPlugin.nodeSelector", "kubeletPlugin.affinity", "kubeletPlugin.tolerations",
 			"kubeletPlugin.podAnnotations", "kubeletPlugin.resources",
 		}
@@ -192,17 +192,39 @@ func TestKubeletPluginFlagsExist(t *testing.T) {
 		"kubeletPlugin.devRoot", "/d", "kubeletPlugin.vfioGPUs", []any{0},
 		"kubeletPlugin.mps.controlBinary", "/c", "kubeletPlugin.nvidiaSMIPath", "/s",
 	)})
-	_, c := pluginContainer(t, objs)
-	if !slices.Equal(c.Command, []string{"gpudra"}) {
-		t.Errorf("command %q, want gpudra", c.Command)
+	ds, c := pluginContainer(t, objs)
+	init := ds.Spec.Template.Spec.InitContainers
+	if len(init) != 1 {
+		t.Fatalf("init containers %v, want one", init)
 	}
-	known := subcommandFlags(t, "kubelet-plugin")
-	if len(known) < 20 {
-		t.Fatalf("gpudra kubelet-plugin --help lists %d flags: %v", len(known), known)
+	// The image's entrypoint is /usr/bin/gpudra (deployments/container).
+	for _, container := range []struct {
+		name    string
+		command []string
+		sub     string
+		args    []string
+	}{
+		{"plugin", c.Command, "kubelet-plugin", c.Args},
+		{"check-driver-root", init[0].Command, "inspect", init[0].Args},
+	} {
+		if !slices.Equal(container.command, []string{"/usr/bin/gpudra"}) {
+			t.Errorf("%s: command %q, want /usr/bin/gpudra", container.name, container.command)
+		}
+		known := subcommandFlags(t, container.sub)
+		if len(known) < 10 {
+			t.Fatalf("gpudra %s --help lists %d flags: %v", container.sub, len(known), known)
+		}
+		for _, name := range argFlags(t, container.args, container.sub) {
+			if !slices.Contains(known, name) {
+				t.Errorf("the DaemonSet's %s container passes --%s, which gpudra %s does not have", container.name, name, container.sub)
+			}
+		}
 	}
-	for _, name := range argFlags(t, c.Args, "kubelet-plugin") {
-		if !slices.Contains(known, name) {
-			t.Errorf("the DaemonSet passes --%s, which gpudra kubelet-plugin does not have", name)
+	// The init container checks the root the plugin will use.
+	for _, flag := range []string{"driver-root", "container-driver-root", "sysfs-root", "proc-root", "driver-name"} {
+		want, _ := flagValue(c.Args, flag)
+		if got, _ := flagValue(init[0].Args, flag); got != want {
+			t.Errorf("check-driver-root --%s=%q, the plugin's is %q", flag, got, want)
 		}
 	}
 }

@@ -244,7 +244,7 @@ func TestRender(t *testing.T) {
 					t.Error("driver root not mounted from the host")
 				}
 				init := ds.Spec.Template.Spec.InitContainers
-				if len(init) != 1 || !strings.Contains(strings.Join(init[0].Args, " "), "/run/nvidia/driver") {
+				if len(init) != 1 || !slices.Contains(init[0].Args, "--driver-root=/run/nvidia/driver") {
 					t.Errorf("the init container does not name the driver root: %v", init)
 				}
 			},
@@ -460,6 +460,14 @@ func checkDaemonSet(t *testing.T, objs []Object) {
 
 	if len(spec.InitContainers) != 1 || spec.InitContainers[0].Name != "check-driver-root" {
 		t.Errorf("init containers %v, want check-driver-root", spec.InitContainers)
+	}
+	// The image's default user is 65532; the plugin and its check need
+	// root and privileges.
+	for _, container := range append(slices.Clone(spec.InitContainers), c) {
+		sc := container.SecurityContext
+		if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 || sc.Privileged == nil || !*sc.Privileged {
+			t.Errorf("container %s: securityContext %+v, want runAsUser 0 and privileged", container.Name, sc)
+		}
 	}
 	if spec.PriorityClassName != "system-node-critical" || len(spec.Tolerations) == 0 || spec.Affinity == nil {
 		t.Errorf("priority class %q, tolerations %v, affinity %v", spec.PriorityClassName, spec.Tolerations, spec.Affinity)
