@@ -1,6 +1,8 @@
 // Package deviceclasses holds gpudra's DeviceClasses: the YAML files in
 // this directory are the one source of truth, embedded here for the local
-// cluster and the tests, and read by the Helm chart.
+// cluster and the tests, and read by the Helm chart through its link
+// deployments/helm/gpudra/files/deviceclasses (the chart substitutes the
+// driver name and can drop extendedResourceName; see its values.yaml).
 //
 // The selectors are those of NVIDIA's DRA driver, so that claims written
 // for it select the same devices under gpudra. They name the default

@@ -27,5 +27,14 @@ func TestAll(t *testing.T) {
 		if got := c.Spec.Selectors[0].CEL.Expression; got != want[c.Name] {
 			t.Errorf("%s: expression %q, want %q", c.Name, got, want[c.Name])
 		}
+		// Only whole GPUs answer the classic nvidia.com/gpu request, as in
+		// NVIDIA's chart.
+		var gotExtended string
+		if c.Spec.ExtendedResourceName != nil {
+			gotExtended = *c.Spec.ExtendedResourceName
+		}
+		if wantExtended := map[string]string{GPU: "nvidia.com/gpu"}[c.Name]; gotExtended != wantExtended {
+			t.Errorf("%s: extendedResourceName %q, want %q", c.Name, gotExtended, wantExtended)
+		}
 	}
 }

@@ -119,6 +119,10 @@ func startAPIServer(ctx context.Context, dir, etcdURL string, authzModes []strin
 	if len(authzModes) > 0 {
 		s.Authorization.Modes = slices.Clone(authzModes)
 	}
+	// As on the clusters gpudra is installed on (kubeadm and most
+	// distributions set it): the kubelet plugin's DaemonSet is privileged,
+	// and the chart's tests install it here.
+	s.AllowPrivileged = true
 	// The kubelet API (logs, exec, port-forward) of the simulated nodes:
 	// each serves it on loopback with a certificate of kubeletCA, and its
 	// Node names InternalIP 127.0.0.1 beside its Hostname, which no DNS

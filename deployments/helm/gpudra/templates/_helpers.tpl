@@ -1,0 +1,160 @@
+{{/*
+The namespace of the chart's namespaced objects.
+*/}}
+{{- define "gpudra.namespace" -}}
+{{- .Values.namespace.name | default .Release.Namespace -}}
+{{- end -}}
+
+{{/*
+Labels on every object. Component labels come from gpudra.selectorLabels.
+*/}}
+{{- define "gpudra.labels" -}}
+app.kubernetes.io/name: gpudra
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/*
+Selector labels of one component; call with (list $ "component").
+*/}}
+{{- define "gpudra.selectorLabels" -}}
+{{- $root := index . 0 -}}
+app.kubernetes.io/name: gpudra
+app.kubernetes.io/instance: {{ $root.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{- define "gpudra.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/*
+Names of the objects. The kubelet plugin's come from deployments/rbac (the
+files the local cluster installs too).
+*/}}
+{{- define "gpudra.kubeletPlugin.name" -}}gpudra-kubelet-plugin{{- end -}}
+{{- define "gpudra.webhook.name" -}}gpudra-webhook{{- end -}}
+{{- define "gpudra.resourceSlicePolicy.name" -}}gpudra-resourceslices-own-node{{- end -}}
+
+{{/*
+A file of deployments/deviceclasses or deployments/rbac (through the
+chart's files/ links), parsed, with the chart's labels added and the
+driver name substituted. Call with (list $ "files/....yaml"); returns YAML.
+*/}}
+{{- define "gpudra.sourceObject" -}}
+{{- $root := index . 0 -}}
+{{- $path := index . 1 -}}
+{{- $text := $root.Files.Get $path -}}
+{{- if not $text }}{{ fail (printf "chart file %s is missing or empty: files/deviceclasses and files/rbac must link to deployments/deviceclasses and deployments/rbac" $path) }}{{ end -}}
+{{- $text = replace "'gpu.nvidia.com'" (printf "'%s'" $root.Values.driverName) $text -}}
+{{- $obj := fromYaml $text -}}
+{{- if hasKey $obj "Error" }}{{ fail (printf "chart file %s: %s" $path $obj.Error) }}{{ end -}}
+{{- $labels := merge (dict) ($obj.metadata.labels | default dict) (fromYaml (include "gpudra.labels" $root)) -}}
+{{- $_ := set $obj.metadata "labels" $labels -}}
+{{- toYaml $obj -}}
+{{- end -}}
+
+{{/*
+The arguments of `gpudra kubelet-plugin`: every value under kubeletPlugin
+that names a flag, and nothing else. The render tests check each flag
+against the binary's own flag set.
+*/}}
+{{- define "gpudra.kubeletPlugin.args" -}}
+{{- $p := .Values.kubeletPlugin -}}
+- kubelet-plugin
+- --driver-name={{ .Values.driverName }}
+- --node-name=$(NODE_NAME)
+- --pod-uid=$(POD_UID)
+- --driver-root={{ $p.driverRoot }}
+- --container-driver-root={{ $p.containerDriverRoot }}
+{{- with $p.devRoot }}
+- --dev-root={{ . }}
+{{- end }}
+- --sysfs-root={{ $p.sysfsRoot }}
+- --proc-root={{ $p.procRoot }}
+- --mig-mode={{ $p.migMode }}
+- --mig-mode-switching={{ $p.migModeSwitching }}
+- --sharing={{ $p.sharing }}
+- --sharing-default={{ $p.sharingDefault }}
+- --vfio={{ $p.vfio }}
+- --vfio-driver={{ $p.vfioDriver }}
+{{- with $p.vfioGPUs }}
+- --vfio-gpus={{ join "," . }}
+{{- end }}
+- --kube-api-qps={{ $p.kubeAPIQPS }}
+- --kube-api-burst={{ $p.kubeAPIBurst }}
+- --v={{ $p.logVerbosity }}
+- --logging-format={{ $p.logFormat }}
+- --http-endpoint=:{{ $p.httpPort }}
+- --metrics-path={{ $p.metricsPath }}
+- --discovery-interval={{ $p.discoveryInterval }}
+- --sweep-interval={{ $p.sweepInterval }}
+- --kubelet-call-timeout={{ $p.kubeletCallTimeout }}
+- --health-effect={{ $p.health.effect }}
+- --health-lost-effect={{ $p.health.lostEffect }}
+- --health-ignore-xids={{ $p.health.ignoreXIDs }}
+- --mps-root={{ $p.mps.root }}
+- --mps-launcher={{ $p.mps.launcher }}
+- --nsenter-path={{ $p.mps.nsenterPath }}
+- --systemd-run-path={{ $p.mps.systemdRunPath }}
+{{- with $p.mps.controlBinary }}
+- --mps-control-binary={{ . }}
+{{- end }}
+{{- with $p.nvidiaSMIPath }}
+- --nvidia-smi-path={{ . }}
+{{- end }}
+- --nvidia-cdi-hook-path={{ $p.nvidiaCDIHookPath }}
+- --cdi-dir={{ $p.cdiDir }}
+- --plugin-data-dir={{ include "gpudra.kubeletPlugin.dataDir" . }}
+- --registrar-dir={{ $p.kubeletRegistrarDir }}
+{{- end -}}
+
+{{- define "gpudra.kubeletPlugin.dataDir" -}}
+{{- printf "%s/%s" (trimSuffix "/" .Values.kubeletPlugin.kubeletPluginsDir) .Values.driverName -}}
+{{- end -}}
+
+{{/*
+The arguments of `gpudra webhook`, in one place because that command's flags
+are the newest; the render tests check them against its flag set. Both TLS
+modes read the files below; in selfSigned mode the webhook first makes them
+in an emptyDir, for the Service's names, and keeps its CA in the
+ValidatingWebhookConfiguration's caBundle.
+*/}}
+{{- define "gpudra.webhook.args" -}}
+{{- $w := .Values.webhook -}}
+{{- $svc := include "gpudra.webhook.name" . -}}
+{{- $ns := include "gpudra.namespace" . -}}
+- webhook
+- --driver-name={{ .Values.driverName }}
+- --port={{ $w.port }}
+- --v={{ $w.logVerbosity }}
+- --logging-format={{ $w.logFormat }}
+- --tls-cert-file={{ include "gpudra.webhook.tlsDir" . }}/tls.crt
+- --tls-private-key-file={{ include "gpudra.webhook.tlsDir" . }}/tls.key
+{{- if eq $w.tls.mode "selfSigned" }}
+- --self-signed-dir={{ include "gpudra.webhook.tlsDir" . }}
+- --self-signed-hosts={{ printf "%s,%s.%s,%s.%s.svc" $svc $svc $ns $svc $ns }}
+- --webhook-configuration-name={{ include "gpudra.webhook.name" . }}
+{{- end }}
+{{- end -}}
+
+{{- define "gpudra.webhook.tlsDir" -}}/etc/gpudra/webhook-tls{{- end -}}
+{{- define "gpudra.webhook.path" -}}/validate{{- end -}}
+
+{{/*
+NetworkPolicy egress every component needs: the API server and DNS.
+*/}}
+{{- define "gpudra.networkPolicy.egress" -}}
+- ports:
+  {{- range .Values.networkPolicy.apiServerPorts }}
+  - port: {{ . }}
+    protocol: TCP
+  {{- end }}
+- ports:
+  - port: 53
+    protocol: UDP
+  - port: 53
+    protocol: TCP
+{{- end -}}

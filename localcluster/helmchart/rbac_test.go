@@ -1,0 +1,130 @@
+package helmchart
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+
+	"github.com/gpudra/gpudra/deployments/rbac"
+)
+
+// grants flattens the rules of every ClusterRole bound to the ServiceAccount
+// namespace/name into "verb group/resource[/name]" lines, sorted.
+func grants(objs []Object, namespace, name string) []string {
+	roles := map[string]*rbacv1.ClusterRole{}
+	for _, r := range all[*rbacv1.ClusterRole](objs) {
+		roles[r.Name] = r
+	}
+	var out []string
+	for _, b := range all[*rbacv1.ClusterRoleBinding](objs) {
+		if !slices.ContainsFunc(b.Subjects, func(s rbacv1.Subject) bool {
+			return s.Kind == rbacv1.ServiceAccountKind && s.Namespace == namespace && s.Name == name
+		}) {
+			continue
+		}
+		role := roles[b.RoleRef.Name]
+		if role == nil {
+			out = append(out, "missing ClusterRole "+b.RoleRef.Name)
+			continue
+		}
+		for _, r := range role.Rules {
+			for _, g := range r.APIGroups {
+				for _, res := range r.Resources {
+					for _, v := range r.Verbs {
+						if len(r.ResourceNames) == 0 {
+							out = append(out, fmt.Sprintf("%s %s/%s", v, g, res))
+						}
+						for _, n := range r.ResourceNames {
+							out = append(out, fmt.Sprintf("%s %s/%s/%s", v, g, res, n))
+						}
+					}
+				}
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// TestRBACPerComponent lists what each component may do and compares it
+// with what it needs; anything more is a failure.
+func TestRBACPerComponent(t *testing.T) {
+	pluginNeeds := []string{
+		// The ResourceSlice controller of the kubeletplugin helper (and the
+		// ResourceSlice policy narrows these to the node's own slices).
+		"list resource.k8s.io/resourceslices", "watch resource.k8s.io/resourceslices",
+		"create resource.k8s.io/resourceslices", "update resource.k8s.io/resourceslices", "delete resource.k8s.io/resourceslices",
+		// Prepare reads claims; the sweep and adoption list them.
+		"get resource.k8s.io/resourceclaims", "list resource.k8s.io/resourceclaims",
+		// Device status, only on claims allocated on the plugin's node.
+		"patch resource.k8s.io/resourceclaims/status",
+		"associated-node:patch resource.k8s.io/resourceclaims/driver/gpu.nvidia.com",
+		// The Node owns the slices; the sweep checks consumer pods.
+		"get /nodes", "get /pods",
+		// Events.
+		"create /events", "patch /events",
+	}
+	sort.Strings(pluginNeeds)
+	webhookNeeds := []string{
+		// Self-signed: keep its CA in its own configuration's caBundle.
+		"get admissionregistration.k8s.io/validatingwebhookconfigurations/gpudra-webhook",
+		"update admissionregistration.k8s.io/validatingwebhookconfigurations/gpudra-webhook",
+	}
+
+	for _, tc := range []struct {
+		name                string
+		values              map[string]any
+		plugin, webhook     []string
+		clusterRoles, roles int
+	}{
+		{"defaults", nil, pluginNeeds, webhookNeeds, 2, 0},
+		{"webhook with a certificate Secret", values("webhook.tls.mode", "secret", "webhook.tls.secretName", "s", "webhook.tls.caBundle", "Y2E="), pluginNeeds, nil, 1, 0},
+		{"webhook off", values("webhook.enabled", false), pluginNeeds, nil, 1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs := render(t, Options{Values: tc.values})
+			if got := grants(objs, "gpudra", rbac.KubeletPluginName); !slices.Equal(got, tc.plugin) {
+				t.Errorf("kubelet plugin may:\n  %s\nwants:\n  %s", strings.Join(got, "\n  "), strings.Join(tc.plugin, "\n  "))
+			}
+			if got := grants(objs, "gpudra", "gpudra-webhook"); !slices.Equal(got, tc.webhook) {
+				t.Errorf("webhook may:\n  %s\nwants:\n  %s", strings.Join(got, "\n  "), strings.Join(tc.webhook, "\n  "))
+			}
+			if n := len(all[*rbacv1.ClusterRole](objs)); n != tc.clusterRoles {
+				t.Errorf("%d ClusterRoles, want %d", n, tc.clusterRoles)
+			}
+			if n := len(all[*rbacv1.Role](objs)) + len(all[*rbacv1.RoleBinding](objs)); n != tc.roles {
+				t.Errorf("%d Roles and RoleBindings, want %d", n, tc.roles)
+			}
+			for _, r := range all[*rbacv1.ClusterRole](objs) {
+				for _, rule := range r.Rules {
+					if slices.Contains(rule.Verbs, "*") || slices.Contains(rule.Resources, "*") || slices.Contains(rule.APIGroups, "*") {
+						t.Errorf("ClusterRole %s has a wildcard rule %+v", r.Name, rule)
+					}
+				}
+			}
+		})
+	}
+
+	// The plugin's role is deployments/rbac's, the one the local cluster's
+	// plugins run with (and localcluster/rbactest checks call by call).
+	t.Run("same as deployments/rbac", func(t *testing.T) {
+		objs := render(t, Options{Namespace: "gpu-system"})
+		want, err := rbac.KubeletPlugin("gpu-system", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		role := find[*rbacv1.ClusterRole](t, objs, rbac.KubeletPluginName)
+		binding := find[*rbacv1.ClusterRoleBinding](t, objs, rbac.KubeletPluginName)
+		if !equality.Semantic.DeepEqual(role.Rules, want.ClusterRole.Rules) {
+			t.Errorf("ClusterRole rules differ from deployments/rbac:\n got %+v\nwant %+v", role.Rules, want.ClusterRole.Rules)
+		}
+		if !equality.Semantic.DeepEqual(binding.Subjects, want.ClusterRoleBinding.Subjects) || binding.RoleRef != want.ClusterRoleBinding.RoleRef {
+			t.Errorf("binding %+v -> %+v, want %+v -> %+v", binding.Subjects, binding.RoleRef, want.ClusterRoleBinding.Subjects, want.ClusterRoleBinding.RoleRef)
+		}
+	})
+}

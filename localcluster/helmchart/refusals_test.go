@@ -1,0 +1,82 @@
+package helmchart
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestSchemaRefuses checks that values.schema.json refuses mistyped values
+// at install, as helm install validates them, with a message that names the
+// value.
+func TestSchemaRefuses(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		values map[string]any
+		want   string
+	}{
+		{"verbosity as a word", values("kubeletPlugin.logVerbosity", "high"), "/kubeletPlugin/logVerbosity"},
+		{"verbosity negative", values("kubeletPlugin.logVerbosity", -1), "/kubeletPlugin/logVerbosity"},
+		{"QPS as a string", values("kubeletPlugin.kubeAPIQPS", "fast"), "/kubeletPlugin/kubeAPIQPS"},
+		{"unknown MIG mode", values("kubeletPlugin.migMode", "auto"), "/kubeletPlugin/migMode"},
+		{"one share", values("kubeletPlugin.sharing", "shares=1"), "/kubeletPlugin/sharing"},
+		{"NVIDIA's sharing spelling", values("kubeletPlugin.sharing", "memory"), "/kubeletPlugin/sharing"},
+		{"VFIO as a bool", values("kubeletPlugin.vfio", true), "/kubeletPlugin/vfio"},
+		{"GPU minors as a string", values("kubeletPlugin.vfioGPUs", "0,1"), "/kubeletPlugin/vfioGPUs"},
+		{"relative driver root", values("kubeletPlugin.driverRoot", "run/nvidia/driver"), "/kubeletPlugin/driverRoot"},
+		{"duration without unit", values("kubeletPlugin.sweepInterval", "60"), "/kubeletPlugin/sweepInterval"},
+		{"port out of range", values("kubeletPlugin.httpPort", 70000), "/kubeletPlugin/httpPort"},
+		{"taint effect lowercase", values("kubeletPlugin.health.effect", "noschedule"), "/kubeletPlugin/health/effect"},
+		{"misspelt value", values("kubeletPlugin.migmode", "static"), "migmode"},
+		{"misspelt section", values("kubeletplugin.migMode", "static"), "kubeletplugin"},
+		{"log format", values("webhook.logFormat", "yaml"), "/webhook/logFormat"},
+		{"failure policy lowercase", values("webhook.failurePolicy", "fail"), "/webhook/failurePolicy"},
+		{"TLS mode", values("webhook.tls.mode", "cert-manager"), "/webhook/tls/mode"},
+		{"extendedResourceName as a name", values("deviceClasses.extendedResourceName", "nvidia.com/gpu"), "/deviceClasses/extendedResourceName"},
+		{"driver name with a slash", values("driverName", "nvidia.com/gpu"), "/driverName"},
+		{"namespace with capitals", values("namespace.name", "GPU"), "/namespace/name"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Render(loadChart(t), Options{Values: tc.values})
+			if err == nil {
+				t.Fatalf("values %v were accepted", tc.values)
+			}
+			if !strings.Contains(err.Error(), "schema") || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error does not name %s as a schema violation:\n%v", tc.want, err)
+			}
+		})
+	}
+}
+
+// TestTemplateRefusals checks the refusals the schema cannot word well.
+func TestTemplateRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		namespace string
+		values    map[string]any
+		want      string
+	}{
+		{"ComputeDomains", "", values("computeDomains.enabled", true), "no ComputeDomain driver"},
+		{"create the release's namespace", "gpudra", values("namespace.create", true), "--create-namespace"},
+		{"create it by name", "gpudra", values("namespace.create", true, "namespace.name", "gpudra"), "--create-namespace"},
+		{"Secret without a name", "", values("webhook.tls.mode", "secret"), "webhook.tls.secretName"},
+		{"VFIO only without GPUs", "", values("kubeletPlugin.vfio", "only"), "kubeletPlugin.vfioGPUs"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Render(loadChart(t), Options{Namespace: tc.namespace, Values: tc.values})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want one naming %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestKubeVersion checks the chart's kubeVersion: resource.k8s.io/v1 and
+// the token's node name are in 1.34.
+func TestKubeVersion(t *testing.T) {
+	for version, ok := range map[string]bool{"v1.33.5": false, "v1.34.0": true, "v1.37.1": true, "v1.38.0-alpha.1": true} {
+		_, err := Render(loadChart(t), Options{KubeVersion: version})
+		if (err == nil) != ok {
+			t.Errorf("Kubernetes %s: error %v, want accepted=%v", version, err, ok)
+		}
+	}
+}
