@@ -216,12 +216,34 @@ func nvidiaFixtures(t *testing.T) map[string][]byte {
 			}}},
 		},
 	}}
+	// For pkg/plugin's test: node dgx-h100-0 of the simulated dgx-h100
+	// fleet (its GPUs' UUIDs), in the plugin harness's boot.
+	const h100 = "dgx-h100-0"
+	plugin := &genV2{NodeBootID: "boot-1", PreparedClaims: map[string]genClaimV2{
+		nvClaimGPUs: {
+			CheckpointState: phaseCompleted,
+			Status: allocated(h100,
+				resourceapi.DeviceRequestAllocationResult{Request: "gpus", Device: "gpu-0"},
+				resourceapi.DeviceRequestAllocationResult{Request: "gpus", Device: "gpu-1"}),
+			PreparedDevices: []*genGroup{{Devices: []genDevice{
+				{Gpu: &genGPU{Info: &genInfo{UUID: "GPU-9f254704-323e-54e8-af53-3241ba4bef7d"}, Device: kdev(h100, nvClaimGPUs, "gpus", "gpu-0")}},
+				{Gpu: &genGPU{Info: &genInfo{UUID: "GPU-c74d5aca-296e-5109-96ef-3f49b7da58bd"}, Device: kdev(h100, nvClaimGPUs, "gpus", "gpu-1")}},
+			}}},
+		},
+		nvClaimStarted: {
+			CheckpointState: "PrepareStarted",
+			Status:          allocated(h100, resourceapi.DeviceRequestAllocationResult{Request: "gpu", Device: "gpu-2"}),
+			Name:            "half-done",
+			Namespace:       "default",
+		},
+	}}
 	legacy := &genV2{PreparedClaims: map[string]genClaimV2{nvClaimGPUs: gpus.PreparedClaims[nvClaimGPUs]}}
 
 	out := map[string][]byte{
-		"v2-gpus.json":   marshalNVIDIA(t, gpus, false),
-		"v2-mig.json":    marshalNVIDIA(t, mig, false),
-		"v1-legacy.json": marshalNVIDIA(t, legacy, true),
+		"v2-gpus.json":       marshalNVIDIA(t, gpus, false),
+		"v2-mig.json":        marshalNVIDIA(t, mig, false),
+		"v1-legacy.json":     marshalNVIDIA(t, legacy, true),
+		"v2-dgx-h100-0.json": marshalNVIDIA(t, plugin, false),
 	}
 	// The same as v2-gpus.json with one device renamed after the
 	// checksums were computed: what NVIDIA's driver refuses as corrupt.
