@@ -79,6 +79,7 @@ FUZZ_TARGETS := \
 	./pkg/config:FuzzResolve \
 	./pkg/checkpoint:FuzzDecode \
 	./pkg/checkpoint:FuzzOpen \
+	./pkg/checkpoint:FuzzDecodeNVIDIA \
 	./pkg/hardware/sim:FuzzParse \
 	./pkg/cdi:FuzzRead \
 	./pkg/features/migmode:FuzzRecord \

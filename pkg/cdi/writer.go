@@ -228,17 +228,34 @@ func (w *Writer) holdsOurSpec(path string) (bool, error) {
 	return spec.Kind == Kind(w.driverName), nil
 }
 
-// Exists reports whether the claim's spec file is there.
-func (w *Writer) Exists(claimUID string) bool {
-	_, err := os.Stat(w.Path(claimUID))
-	return err == nil
+// NVIDIAPath returns the file NVIDIA's DRA driver writes a claim's spec to:
+// the same transient spec name, in YAML. A claim adopted from that driver's
+// checkpoint keeps it: it defines the CDI device IDs the kubelet holds, and
+// a spec of gpudra's beside it would define the same devices twice, which
+// the CDI library refuses.
+func (w *Writer) NVIDIAPath(claimUID string) string {
+	return filepath.Join(w.dir, w.specName(claimUID)+".yaml")
 }
 
-// Remove deletes the claim's spec file; a missing file is not an error.
+// Exists reports whether the claim's spec file is there: gpudra's, or the
+// one NVIDIA's DRA driver wrote for a claim gpudra adopted from it.
+func (w *Writer) Exists(claimUID string) bool {
+	for _, p := range []string{w.Path(claimUID), w.NVIDIAPath(claimUID)} {
+		if _, err := os.Stat(p); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// Remove deletes the claim's spec file, and the one NVIDIA's DRA driver
+// wrote for it if there is one; a missing file is not an error.
 func (w *Writer) Remove(claimUID string) error {
-	err := os.Remove(w.Path(claimUID))
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("remove CDI spec for claim %s: %w", claimUID, err)
+	for _, p := range []string{w.Path(claimUID), w.NVIDIAPath(claimUID)} {
+		err := os.Remove(p)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove CDI spec for claim %s: %w", claimUID, err)
+		}
 	}
 	return nil
 }

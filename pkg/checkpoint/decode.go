@@ -52,6 +52,8 @@ type decoded struct {
 	// poolFilled counts the devices read without a pool that got the
 	// schema's.
 	poolFilled int
+	// nvidia is set when the file was NVIDIA's DRA driver's.
+	nvidia *nvidiaDecoded
 }
 
 // decode understands every version up to latestKnown. It returns a
@@ -59,6 +61,9 @@ type decoded struct {
 // sc does not know; any other error means the content is unreadable.
 // Unknown fields are ignored in every version.
 func (sc schema) decode(data []byte) (decoded, error) {
+	if looksLikeNVIDIA(data) {
+		return sc.decodeNVIDIA(data)
+	}
 	// v2 (v5 without records) or v5 is the common case: parse once.
 	var f fileV5
 	err := json.Unmarshal(data, &f)

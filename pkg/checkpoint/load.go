@@ -85,6 +85,8 @@ type loaded struct {
 	// corrupt is the unreadable file of the current boot this load moved
 	// aside (or found gone); snapshot.lost is then set too.
 	corrupt *CorruptFile
+	// nvidia describes the NVIDIA DRA driver checkpoint this load adopted.
+	nvidia *NVIDIAAdoption
 }
 
 // load reads the adopt-pending marker and checkpoint.json; the caller holds
@@ -173,6 +175,17 @@ func (s *Store) loadFile(lost *lossRecord) (loaded, error) {
 		if !written(d.from) {
 			l.migrated = d.from
 		}
+		if d.nvidia != nil {
+			// The file is about to be replaced by gpudra's: keep NVIDIA's
+			// as it was, for a rollback and for the record.
+			kept, err := s.keepNVIDIA(data)
+			if err != nil {
+				_ = f.Close()
+				return loaded{}, fmt.Errorf("keep NVIDIA DRA driver checkpoint %s before adopting it: %w", s.path, err)
+			}
+			l.nvidia = &NVIDIAAdoption{Format: d.from, KeptAt: kept, Claims: len(d.state.Claims),
+				Started: d.nvidia.started, Skipped: d.nvidia.skipped}
+		}
 		sameBoot := d.bootID == s.bootID
 		if d.bootID == "" {
 			sameBoot = !previousBoot
@@ -231,6 +244,34 @@ func (s *Store) asideName() (string, error) {
 			return "", err
 		}
 		dst = fmt.Sprintf("%s-%d", base, i)
+	}
+}
+
+// keepNVIDIA writes a copy of an NVIDIA DRA driver checkpoint next to
+// checkpoint.json, under a name of its own, and returns its path. A copy,
+// not a rename: until gpudra's file replaces it, checkpoint.json stays
+// NVIDIA's, so a crash in between only makes the next Open adopt it again.
+func (s *Store) keepNVIDIA(data []byte) (string, error) {
+	base := s.path + nvidiaAsideInfix + s.now().UTC().Format("20060102T150405.000000000Z")
+	dst := base
+	for i := 1; ; i++ {
+		f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if errors.Is(err, fs.ErrExist) {
+			dst = fmt.Sprintf("%s-%d", base, i)
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		_, err = f.Write(data)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			_ = os.Remove(dst)
+			return "", err
+		}
+		return dst, nil
 	}
 }
 

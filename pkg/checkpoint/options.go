@@ -17,6 +17,7 @@ type options struct {
 	onCorrupt    func(CorruptFile)
 	knownRecords []string
 	pool         string
+	driverName   string
 }
 
 func defaultOptions() options {
@@ -79,4 +80,12 @@ func WithKnownRecords(names ...string) Option {
 // without a pool is refused. Without this option pools are kept as read.
 func WithPool(pool string) Option {
 	return func(o *options) { o.pool = pool }
+}
+
+// WithDriverName names the DRA driver this plugin serves (gpu.nvidia.com by
+// default). A checkpoint of NVIDIA's DRA driver is adopted at Open; the
+// claims it had only started to prepare hold the devices of its allocation
+// that belong to this driver.
+func WithDriverName(name string) Option {
+	return func(o *options) { o.driverName = name }
 }

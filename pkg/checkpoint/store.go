@@ -57,6 +57,27 @@ type OpenReport struct {
 	// file requires that this plugin does not know (see WithKnownRecords);
 	// "" when NewerVersion is a newer version.
 	UnknownRecords string
+	// NVIDIA is set when checkpoint.json was NVIDIA's DRA driver's: its
+	// claims were converted into gpudra records (unless BootIDChanged
+	// says they were of a previous boot) and the file was rewritten in
+	// gpudra's format, the original kept at NVIDIA.KeptAt. Migrated is
+	// NVIDIAv1 or NVIDIAv2 then.
+	NVIDIA *NVIDIAAdoption
+}
+
+// NVIDIAAdoption describes an NVIDIA DRA driver checkpoint adopted at Open.
+type NVIDIAAdoption struct {
+	// Format is NVIDIAv1 or NVIDIAv2.
+	Format string
+	// KeptAt is the copy of NVIDIA's file, checkpoint.json.nvidia-<time>.
+	KeptAt string
+	// Claims is how many claims the file recorded (and were adopted, unless
+	// the file was of a previous boot); Started of them were only started
+	// (gpudra rolls them back before preparing them again).
+	Claims, Started int
+	// Skipped counts started claims dropped because they held no device of
+	// this driver: NVIDIA had set nothing up for them.
+	Skipped int
 }
 
 // CorruptFile is an unreadable checkpoint that was moved aside (or one
@@ -211,7 +232,7 @@ func (s *Store) open(ctx context.Context) (OpenReport, error) {
 		}
 	}
 	s.pub = s.cur
-	report := OpenReport{Migrated: l.migrated, BootIDChanged: l.bootReset, Corrupt: l.corrupt}
+	report := OpenReport{Migrated: l.migrated, BootIDChanged: l.bootReset, Corrupt: l.corrupt, NVIDIA: l.nvidia}
 	if report.Corrupt == nil && l.lost != nil {
 		report.Corrupt = l.lost.corruptFile()
 	}

@@ -165,10 +165,15 @@ func toV5(bootID string, st *claimstate.State) (*fileV5, error) {
 type schema struct {
 	known map[string]bool
 	pool  string // "" when unknown: pools are kept as read
+	// driverName selects the allocation results of NVIDIA's started claims.
+	driverName string
 }
 
 func newSchema(o options) schema {
-	sc := schema{known: map[string]bool{}, pool: o.pool}
+	sc := schema{known: map[string]bool{}, pool: o.pool, driverName: o.driverName}
+	if sc.driverName == "" {
+		sc.driverName = defaultNVIDIADriverName
+	}
 	for _, name := range o.knownRecords {
 		sc.known[name] = true
 	}

@@ -238,6 +238,7 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 	opts := []checkpoint.Option{
 		checkpoint.WithCorruptHandler(d.onCorruptCheckpoint),
 		checkpoint.WithPool(cfg.NodeName),
+		checkpoint.WithDriverName(cfg.DriverName),
 		checkpoint.WithKnownRecords(preparer.RecordNames(d.features.Configurators)...),
 	}
 	if cfg.BootIDPath != "" {

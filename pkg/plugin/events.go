@@ -99,6 +99,18 @@ func (e *events) reportCheckpoint(logger klog.Logger, r checkpoint.OpenReport) {
 			"version", r.NewerVersion)
 		event(corev1.EventTypeWarning, "CheckpointTooNew",
 			fmt.Sprintf("gpudra checkpoint has schema version %s, newer than this plugin understands", r.NewerVersion))
+	case r.NVIDIA != nil && r.BootIDChanged:
+		logger.Info("Checkpoint of NVIDIA's DRA driver is from a previous boot; nothing to adopt",
+			"format", r.NVIDIA.Format, "keptAt", r.NVIDIA.KeptAt)
+		event(corev1.EventTypeNormal, "NVIDIACheckpointAdopted",
+			fmt.Sprintf("gpudra replaced the checkpoint of NVIDIA's DRA driver (%s), which was of a previous boot: no claims adopted; the original is kept at %s", r.NVIDIA.Format, r.NVIDIA.KeptAt))
+	case r.NVIDIA != nil:
+		logger.Info("Adopted the claims NVIDIA's DRA driver prepared on this node",
+			"claims", r.NVIDIA.Claims, "started", r.NVIDIA.Started, "skipped", r.NVIDIA.Skipped,
+			"format", r.NVIDIA.Format, "keptAt", r.NVIDIA.KeptAt)
+		event(corev1.EventTypeNormal, "NVIDIACheckpointAdopted",
+			fmt.Sprintf("gpudra adopted %d claims prepared by NVIDIA's DRA driver (%d only started, rolled back before they are prepared again); its checkpoint is kept at %s",
+				r.NVIDIA.Claims, r.NVIDIA.Started, r.NVIDIA.KeptAt))
 	case r.BootIDChanged:
 		logger.Info("Checkpoint is from a previous boot; its state was discarded")
 	case r.Migrated != "":
