@@ -90,8 +90,8 @@ type SpecInput struct {
 	// node-wide spec of class [DeviceClass], whose devices are named as
 	// the device model names them.
 	ClaimUID string
-	Majors     hardware.Majors
-	Devices    []SpecDevice
+	Majors   hardware.Majors
+	Devices  []SpecDevice
 	// Common are container edits every device of the claim needs besides
 	// the device nodes: driver libraries, hooks (from nvcdi on real nodes).
 	// May be nil.
