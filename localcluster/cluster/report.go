@@ -252,6 +252,11 @@ func ClaimNames(pod *corev1.Pod) []string {
 			}
 		}
 	}
+	// The claim the scheduler made for the pod's extended resources
+	// (nvidia.com/gpu through a DeviceClass's extendedResourceName).
+	if s := pod.Status.ExtendedResourceClaimStatus; s != nil && s.ResourceClaimName != "" {
+		names = append(names, s.ResourceClaimName)
+	}
 	return names
 }
 

@@ -59,6 +59,22 @@ func TestExamples(t *testing.T) {
 			}
 		}
 	}
+	// A pod that asks for nvidia.com/gpu (or a class's implicit extended
+	// resource) has no claims in its spec: the scheduler made one for it,
+	// named in its status, allocated from gpudra's slices.
+	extendedClaim := func(t *testing.T, pod *corev1.Pod, devs []resourceapi.Device) {
+		s := pod.Status.ExtendedResourceClaimStatus
+		if s == nil || s.ResourceClaimName == "" || len(s.RequestMappings) == 0 {
+			t.Fatalf("no extendedResourceClaimStatus: %+v", s)
+		}
+		claim, err := demo.Client().ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, s.ResourceClaimName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if claim.Status.Allocation == nil || len(claim.Status.Allocation.Devices.Results) != len(devs) || claim.Status.Allocation.Devices.Results[0].Driver != "gpu.nvidia.com" {
+			t.Errorf("claim %s allocation %+v", claim.Name, claim.Status.Allocation)
+		}
+	}
 	tests := []struct {
 		ns, pod string
 		checks  []check
@@ -119,6 +135,7 @@ func TestExamples(t *testing.T) {
 				t.Errorf("VFIO container's nodes %v, want /dev/iommu and /dev/vfio/devices/vfioN", nodes)
 			}
 		}}},
+		{"extended-resources", "two-gpus-by-class", []check{isType("gpu", 2), extendedClaim}},
 		{"mig-dynamic", "pod", []check{isType("mig", 2), func(t *testing.T, pod *corev1.Pod, devs []resourceapi.Device) {
 			if pod.Spec.NodeName != "dgx-h100-1" || attr(devs[0], "parentUUID") != attr(devs[1], "parentUUID") {
 				t.Errorf("devices %s and %s on %s, want two of one GPU on dgx-h100-1", devs[0].Name, devs[1].Name, pod.Spec.NodeName)
@@ -151,6 +168,33 @@ func TestExamples(t *testing.T) {
 			}
 		})
 	}
+
+	t.Run("extended-resources/classic-gpu", func(t *testing.T) {
+		pods, err := demo.Client().CoreV1().Pods("extended-resources").List(ctx, metav1.ListOptions{LabelSelector: "app=classic-gpu"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pods.Items) != 2 {
+			t.Fatalf("%d pods of the Deployment, want 2", len(pods.Items))
+		}
+		for i := range pods.Items {
+			pod := &pods.Items[i]
+			if pod.Status.Phase != corev1.PodRunning {
+				t.Fatalf("%s: phase %s; reason: %s", pod.Name, pod.Status.Phase, reasonOf(pod))
+			}
+			devs := devicesOf(t, ctx, pod)
+			isType("gpu", 1)(t, pod, devs)
+			extendedClaim(t, pod, devs)
+			checkContainersSeeDevices(t, pod, devs)
+			for _, d := range devs {
+				key := pod.Spec.NodeName + "/" + d.Name
+				if other, dup := seen[key]; dup {
+					t.Errorf("device %s given to both %s and %s", key, other, pod.Name)
+				}
+				seen[key] = pod.Name
+			}
+		}
+	})
 
 	t.Run("job-claim-template", func(t *testing.T) {
 		job, err := demo.Client().BatchV1().Jobs("job-claim-template").Get(ctx, "train", metav1.GetOptions{})

@@ -148,6 +148,17 @@ func checkpointHas(t *testing.T, node, claimUID string) bool {
 	return strings.Contains(string(data), claimUID)
 }
 
+// asksForExtendedGPUs reports whether a container asks for GPUs as an
+// extended resource: nvidia.com/gpu, or a DeviceClass's implicit name.
+func asksForExtendedGPUs(c *corev1.Container) bool {
+	for name := range c.Resources.Limits {
+		if name == "nvidia.com/gpu" || strings.HasPrefix(string(name), "deviceclass.resource.kubernetes.io/") {
+			return true
+		}
+	}
+	return false
+}
+
 // checkContainersSeeDevices checks that every container with claims got
 // CDI devices that resolve to device nodes: each allocated GPU's
 // /dev/nvidia<minor>, and for MIG devices a GPU node and MIG capability
@@ -161,7 +172,7 @@ func checkContainersSeeDevices(t *testing.T, pod *corev1.Pod, devs []resourceapi
 	}
 	gpuNode := regexp.MustCompile(`^/dev/nvidia[0-9]+$`)
 	for _, c := range pod.Spec.Containers {
-		if len(c.Resources.Claims) == 0 {
+		if len(c.Resources.Claims) == 0 && !asksForExtendedGPUs(&c) {
 			continue
 		}
 		got := ctrs[c.Name]
