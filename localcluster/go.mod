@@ -3,6 +3,7 @@ module github.com/gpudra/gpudra/localcluster
 go 1.26.0
 
 require (
+	github.com/google/cadvisor/lib v0.60.5
 	github.com/google/uuid v1.6.0
 	github.com/gpudra/gpudra v0.0.0-00010101000000-000000000000
 	github.com/opencontainers/runtime-spec v1.3.0

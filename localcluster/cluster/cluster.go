@@ -234,6 +234,10 @@ func (c *Cluster) startNode(ctx context.Context, name string) (*simnode.Node, er
 	if err != nil {
 		return nil, err
 	}
+	dpConfig, err := fn.DevicePluginConfig()
+	if err != nil {
+		return nil, fmt.Errorf("node %s: devicePlugin: %w", name, err)
+	}
 	return simnode.Start(klog.NewContext(ctx, klog.FromContext(ctx)), simnode.Config{
 		Sysfs:         sysfs,
 		Sharing:       sharing,
@@ -245,6 +249,8 @@ func (c *Cluster) startNode(ctx context.Context, name string) (*simnode.Node, er
 		PluginClient:  pluginClient,
 		Workers:       c.opts.NodeWorkers,
 		MIGMode:       plugin.MIGMode(fn.MIGMode),
+		Mode:          fn.Mode,
+		DevicePlugin:  dpConfig,
 
 		MPSControlBinary: c.opts.MPSControlBinary,
 		KubeletTLS:       kubeletTLS,

@@ -28,13 +28,16 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
 	draplugin "k8s.io/kubernetes/pkg/kubelet/cm/dra/plugin"
 	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/hardware"
+	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/timeslice"
@@ -82,6 +85,13 @@ type Config struct {
 	KubeletTLS *tls.Config
 	// KubeletVersion is the Node's status.nodeInfo.kubeletVersion.
 	KubeletVersion string
+	// Mode is which of gpudra's plugins serves the node's GPUs:
+	// sim.ModeDRA (the default) or sim.ModeDevicePlugin, gpudra's device
+	// plugin under the kubelet's own device manager.
+	Mode string
+	// DevicePlugin is the device plugin's config (NVIDIA's format), nil
+	// for its defaults.
+	DevicePlugin *deviceplugin.Config
 }
 
 // DefaultWorkers is how many pods a node's loop handles at once unless
@@ -112,6 +122,13 @@ type Node struct {
 	api *kubeletServer
 	// metrics serves the running plugin's metrics on loopback.
 	metrics *metricsServer
+
+	// devices is the kubelet's device manager and devicePlugin gpudra's
+	// device plugin, on a node in ModeDevicePlugin.
+	devMu        sync.Mutex
+	admitMu      sync.Mutex
+	devices      *devicemanager.ManagerImpl
+	devicePlugin *deviceplugin.Plugin
 
 	// timeSlices holds the simulated GPUs' time-slice intervals; mpsRoot
 	// the node's MPS daemon directories (short: sockets live there).
@@ -197,8 +214,20 @@ func Start(ctx context.Context, cfg Config) (_ *Node, finalErr error) {
 		pm.Run(runCtx, n.loop.sourcesReady, n.pmStop)
 	}()
 
-	if err := n.StartPlugin(ctx); err != nil {
-		return nil, err
+	switch cfg.Mode {
+	case sim.ModeDevicePlugin:
+		if err := n.startDeviceManager(); err != nil {
+			return nil, err
+		}
+		if err := n.startDevicePlugin(ctx); err != nil {
+			return nil, err
+		}
+	case "", sim.ModeDRA:
+		if err := n.StartPlugin(ctx); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("node %s: mode %q: must be %s or %s", cfg.Name, cfg.Mode, sim.ModeDRA, sim.ModeDevicePlugin)
 	}
 	n.loop.start(runCtx)
 	return n, nil
@@ -383,6 +412,9 @@ func (n *Node) Stop() {
 	}
 	if n.manager != nil {
 		n.manager.Stop()
+	}
+	if dm := n.deviceManager(); dm != nil {
+		_ = dm.Stop(n.logger)
 	}
 	if n.stopRec != nil {
 		n.stopRec()

@@ -278,6 +278,16 @@ func (l *podLoop) sync(ctx context.Context, uid types.UID) (time.Duration, error
 // devices and marks it Running.
 func (l *podLoop) startPod(ctx context.Context, pod *corev1.Pod) (time.Duration, error) {
 	manager := l.n.manager
+	// On a device-plugin node the device manager allocates the
+	// containers' extended resources first, as the kubelet's admission
+	// does.
+	dm := l.n.deviceManager()
+	if dm != nil {
+		if err := l.n.admit(ctx, dm, pod); err != nil {
+			l.waiting(ctx, pod, err)
+			return 0, err
+		}
+	}
 	if err := manager.PrepareResources(ctx, pod); err != nil {
 		l.waiting(ctx, pod, err)
 		return 0, err
@@ -294,6 +304,23 @@ func (l *podLoop) startPod(ctx context.Context, pod *corev1.Pod) (time.Duration,
 		var ids []string
 		for _, d := range info.CDIDevices {
 			ids = append(ids, d.Name)
+		}
+		var dpEnv map[string]string
+		if dm != nil {
+			opts, err := dm.GetDeviceRunContainerOptions(ctx, pod, c)
+			if err != nil {
+				l.waiting(ctx, pod, err)
+				return 0, err
+			}
+			if opts != nil {
+				for _, d := range opts.CDIDevices {
+					ids = append(ids, d.Name)
+				}
+				dpEnv = map[string]string{}
+				for _, e := range opts.Envs {
+					dpEnv[e.Name] = e.Value
+				}
+			}
 		}
 		devs, mounts, err := l.cdi.resolve(ids)
 		if err != nil {
@@ -320,6 +347,12 @@ func (l *podLoop) startPod(ctx context.Context, pod *corev1.Pod) (time.Duration,
 			l.waiting(ctx, pod, err)
 			return 0, err
 		}
+		for k, v := range dpEnv {
+			if devs.Env == nil {
+				devs.Env = map[string]string{}
+			}
+			devs.Env[k] = v
+		}
 		containers[c.Name] = devs
 	}
 
@@ -342,10 +375,13 @@ func (l *podLoop) startPod(ctx context.Context, pod *corev1.Pod) (time.Duration,
 		})
 	}
 	l.allocatedResourcesStatus(ctx, updated)
+	// What the containers got is on record before anyone can see the pod
+	// Running.
+	l.update(pod.UID, func(st *podState) { st.containers = containers })
 	if _, err := l.n.cfg.KubeletClient.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{}); err != nil {
 		return 0, fmt.Errorf("mark pod running: %w", err)
 	}
-	l.update(pod.UID, func(st *podState) { st.running, st.containers = true, containers })
+	l.update(pod.UID, func(st *podState) { st.running = true })
 	klog.FromContext(ctx).V(2).Info("Pod running", "containers", len(containers))
 	return l.runFor(pod, now.Time)
 }

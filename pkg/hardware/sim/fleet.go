@@ -33,6 +33,7 @@ package sim
 import (
 	"crypto/sha1"
 	"embed"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -43,6 +44,8 @@ import (
 
 	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
+
+	"github.com/gpudra/gpudra/pkg/deviceplugin"
 )
 
 // Defaults for the driver versions a node reports.
@@ -81,8 +84,31 @@ type Node struct {
 	// "share" (one share, as NVIDIA's driver gives); empty leaves it to the
 	// plugin (whole).
 	SharingDefault string `json:"sharingDefault,omitempty"`
+	// Mode is which of gpudra's plugins serves the node's GPUs in the
+	// local cluster: "dra" (the default) or "device-plugin" (gpudra's
+	// device plugin under the kubelet's device manager).
+	Mode string `json:"mode,omitempty"`
+	// DevicePlugin is the device plugin's config file, NVIDIA's format
+	// (version, flags.migStrategy, sharing.timeSlicing), for a node in
+	// device-plugin mode.
+	DevicePlugin json.RawMessage `json:"devicePlugin,omitempty"`
 	// GPUs in NVML index order.
 	GPUs []GPU `json:"gpus,omitempty"`
+}
+
+// The modes of a node ([Node.Mode]).
+const (
+	ModeDRA          = "dra"
+	ModeDevicePlugin = "device-plugin"
+)
+
+// DevicePluginConfig is the node's device-plugin config, nil when it has
+// none (its defaults).
+func (n *Node) DevicePluginConfig() (*deviceplugin.Config, error) {
+	if len(n.DevicePlugin) == 0 {
+		return nil, nil
+	}
+	return deviceplugin.ParseConfig(n.DevicePlugin)
 }
 
 // GPU is one simulated GPU. After [Load] or [Parse] every optional field

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/deviceplugin"
 )
 
 var (
@@ -108,6 +109,18 @@ func (n *Node) resolve(p *problems) {
 	if n.SharingDefault != "" {
 		if _, err := devicemodel.ParseSharingDefault(n.SharingDefault); err != nil {
 			p.add("sharingDefault", "%v", err)
+		}
+	}
+	switch n.Mode {
+	case "", ModeDRA, ModeDevicePlugin:
+	default:
+		p.add("mode", "%q: must be %s or %s", n.Mode, ModeDRA, ModeDevicePlugin)
+	}
+	if len(n.DevicePlugin) > 0 {
+		if n.Mode != ModeDevicePlugin {
+			p.add("devicePlugin", "only for a node with mode: %s", ModeDevicePlugin)
+		} else if _, err := deviceplugin.ParseConfig(n.DevicePlugin); err != nil {
+			p.add("devicePlugin", "%v", err)
 		}
 	}
 
