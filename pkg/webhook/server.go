@@ -93,7 +93,6 @@ func Serve(ctx context.Context, l net.Listener, h http.Handler, certs *ServingTL
 		TLSConfig:         certs.Config(),
 		ReadHeaderTimeout: 10 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return ctx },
-		ErrorLog:          nil,
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.ServeTLS(l, "", "") }()
