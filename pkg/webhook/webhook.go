@@ -25,7 +25,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 
 	admissionv1 "k8s.io/api/admission/v1"
@@ -131,13 +133,9 @@ func NewHandler(opts ...Option) (*Handler, error) {
 	return h, nil
 }
 
-// DriverNames returns the driver names whose configs h validates.
+// DriverNames returns the driver names whose configs h validates, sorted.
 func (h *Handler) DriverNames() []string {
-	var names []string
-	for name := range h.v.names {
-		names = append(names, name)
-	}
-	return names
+	return slices.Sorted(maps.Keys(h.v.names))
 }
 
 var codecs = func() serializer.CodecFactory {
