@@ -14,6 +14,7 @@ import (
 	logsapi "k8s.io/component-base/logs/api/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/pkg/version"
 	"github.com/gpudra/gpudra/pkg/webhook"
 )
 
@@ -133,6 +134,6 @@ func (o *webhookOptions) kubeClient() (kubernetes.Interface, error) {
 	if err != nil {
 		return nil, fmt.Errorf("API client config (--kubeconfig): %w", err)
 	}
-	cfg.UserAgent = "gpudra-webhook/" + buildVersion()
+	cfg.UserAgent = "gpudra-webhook/" + version.Get().UserAgentVersion()
 	return kubernetes.NewForConfig(cfg)
 }
