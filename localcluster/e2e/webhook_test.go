@@ -49,12 +49,15 @@ func startWebhook(t *testing.T, ctx context.Context) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Made before the server's cleanup is registered, so removed after
+	// the server stops.
+	certDir := t.TempDir()
 	runCtx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
 		done <- webhook.Run(runCtx, l, webhook.Config{
 			Handler:           handler,
-			SelfSignedDir:     t.TempDir(),
+			SelfSignedDir:     certDir,
 			SelfSignedHosts:   []string{"127.0.0.1"},
 			WebhookConfigName: configName,
 			Client:            demo.Client(),
