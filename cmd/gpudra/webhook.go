@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -32,6 +33,12 @@ type webhookOptions struct {
 }
 
 func newWebhookCommand() *cobra.Command {
+	cmd, _ := webhookCommand()
+	return cmd
+}
+
+// webhookCommand returns the command and the options its flags set.
+func webhookCommand() (*cobra.Command, *webhookOptions) {
 	o := &webhookOptions{logging: logsapi.NewLoggingConfiguration()}
 	cmd := &cobra.Command{
 		Use:   "webhook",
@@ -45,14 +52,14 @@ func newWebhookCommand() *cobra.Command {
 	fs.IntVar(&o.port, "port", 8443, "HTTPS port of the webhook (path "+webhook.ValidatePath+") and its probes /healthz and /readyz")
 	fs.StringVar(&o.certFile, "tls-cert-file", "", "serving certificate (PEM), e.g. from a cert-manager Secret; read again when it changes")
 	fs.StringVar(&o.keyFile, "tls-private-key-file", "", "the serving certificate's private key (PEM)")
-	fs.StringVar(&o.selfSignedDir, "self-signed-cert-dir", "", "when --tls-cert-file and --tls-private-key-file are not given or do not exist: make a CA and a serving certificate in this directory (or keep those of an earlier start) and set the CA as the caBundle of --webhook-config-name; for clusters without cert-manager")
+	fs.StringVar(&o.selfSignedDir, "self-signed-dir", "", "when --tls-cert-file and --tls-private-key-file are not given or do not exist: make a CA and a serving certificate in this directory (or keep those of an earlier start) and set the CA as the caBundle of --webhook-configuration-name; for clusters without cert-manager")
 	fs.StringSliceVar(&o.selfSignedHosts, "self-signed-hosts", nil, "DNS names (the webhook Service's, e.g. gpudra-webhook.gpudra.svc) and IP addresses of the self-signed certificate, comma-separated")
-	fs.StringVar(&o.webhookConfigName, "webhook-config-name", "gpudra-webhook", "ValidatingWebhookConfiguration whose webhooks' caBundle a self-signed webhook keeps set to its CA; empty: none")
+	fs.StringVar(&o.webhookConfigName, "webhook-configuration-name", "gpudra-webhook", "ValidatingWebhookConfiguration whose webhooks' caBundle a self-signed webhook keeps set to its CA; empty: none")
 	fs.StringVar(&o.driverName, "driver-name", webhook.DefaultDriverName(webhook.GPUDriver), "DRA driver name of the GPU kubelet plugin, whose opaque configs are validated; empty: none")
 	fs.StringVar(&o.cdDriverName, "compute-domain-driver-name", webhook.DefaultDriverName(webhook.ComputeDomainDriver), "DRA driver name of the ComputeDomain kubelet plugin, whose opaque configs are validated; empty: none")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file, for setting the caBundle; in-cluster config when empty (env KUBECONFIG)")
 	logsapi.AddFlags(o.logging, fs)
-	return cmd
+	return cmd, o
 }
 
 // config checks the flags and returns the webhook's configuration, without
@@ -66,15 +73,15 @@ func (o *webhookOptions) config() (webhook.Config, error) {
 		return cfg, errors.New("--tls-cert-file and --tls-private-key-file: give both or neither")
 	}
 	if o.certFile == "" && o.selfSignedDir == "" {
-		return cfg, errors.New("no serving certificate: give --tls-cert-file and --tls-private-key-file, or --self-signed-cert-dir for a self-signed one")
+		return cfg, errors.New("no serving certificate: give --tls-cert-file and --tls-private-key-file, or --self-signed-dir for a self-signed one")
 	}
 	if o.selfSignedDir != "" && len(o.selfSignedHosts) == 0 {
-		return cfg, errors.New("--self-signed-hosts is required with --self-signed-cert-dir: the webhook Service's DNS names, e.g. gpudra-webhook.gpudra.svc")
+		return cfg, errors.New("--self-signed-hosts is required with --self-signed-dir: the webhook Service's DNS names, e.g. gpudra-webhook.gpudra.svc")
 	}
 	if o.certFile != "" && o.selfSignedDir == "" {
 		for flag, path := range map[string]string{"--tls-cert-file": o.certFile, "--tls-private-key-file": o.keyFile} {
 			if _, err := os.Stat(path); err != nil {
-				return cfg, fmt.Errorf("%s: %w (give --self-signed-cert-dir to make a certificate when there is none)", flag, err)
+				return cfg, fmt.Errorf("%s: %w (give --self-signed-dir to make a certificate when there is none)", flag, err)
 			}
 		}
 	}
@@ -106,14 +113,19 @@ func (o *webhookOptions) run(cmd *cobra.Command) error {
 	if err := logsapi.ValidateAndApply(o.logging, nil); err != nil {
 		return err
 	}
-	ctx := cmd.Context()
+	return o.serve(cmd.Context(), cfg)
+}
+
+// serve runs the webhook that cfg describes until ctx is cancelled.
+func (o *webhookOptions) serve(ctx context.Context, cfg webhook.Config) error {
+	var err error
 	logger := klog.FromContext(ctx)
 	if o.selfSignedDir != "" && o.webhookConfigName != "" {
 		if cfg.Client, err = o.kubeClient(); err != nil {
 			return err
 		}
 	} else if o.selfSignedDir != "" {
-		logger.Info("--webhook-config-name is empty: the self-signed CA must be put into the webhook's caBundle by other means")
+		logger.Info("--webhook-configuration-name is empty: the self-signed CA must be put into the webhook's caBundle by other means")
 	}
 	l, err := net.Listen("tcp", net.JoinHostPort("", strconv.Itoa(o.port)))
 	if err != nil {

@@ -28,13 +28,13 @@ func TestWebhookFlagErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{nil, "--tls-cert-file and --tls-private-key-file, or --self-signed-cert-dir"},
+		{nil, "--tls-cert-file and --tls-private-key-file, or --self-signed-dir"},
 		{[]string{"--tls-cert-file", missing}, "--tls-private-key-file: give both or neither"},
 		{[]string{"--tls-cert-file", missing, "--tls-private-key-file", missing}, "--tls-cert-file: stat " + missing},
-		{[]string{"--self-signed-cert-dir", t.TempDir()}, "--self-signed-hosts is required"},
-		{[]string{"--self-signed-cert-dir", t.TempDir(), "--self-signed-hosts", "x.svc", "--port", "0"}, "--port 0: must be from 1 to 65535"},
-		{[]string{"--self-signed-cert-dir", t.TempDir(), "--self-signed-hosts", "x.svc", "--driver-name", "", "--compute-domain-driver-name", ""}, "nothing to validate"},
-		{[]string{"--self-signed-cert-dir", t.TempDir(), "--self-signed-hosts", "x.svc", "--compute-domain-driver-name", "gpu.nvidia.com"}, `--driver-name, --compute-domain-driver-name: drivers`},
+		{[]string{"--self-signed-dir", t.TempDir()}, "--self-signed-hosts is required"},
+		{[]string{"--self-signed-dir", t.TempDir(), "--self-signed-hosts", "x.svc", "--port", "0"}, "--port 0: must be from 1 to 65535"},
+		{[]string{"--self-signed-dir", t.TempDir(), "--self-signed-hosts", "x.svc", "--driver-name", "", "--compute-domain-driver-name", ""}, "nothing to validate"},
+		{[]string{"--self-signed-dir", t.TempDir(), "--self-signed-hosts", "x.svc", "--compute-domain-driver-name", "gpu.nvidia.com"}, `--driver-name, --compute-domain-driver-name: drivers`},
 	} {
 		cmd := newRootCommand()
 		cmd.SetArgs(append([]string{"webhook"}, tc.args...))
@@ -57,11 +57,17 @@ func TestWebhookServes(t *testing.T) {
 	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() {
-		cmd := newRootCommand()
-		cmd.SetArgs([]string{"webhook", "--port", port, "--self-signed-cert-dir", dir, "--self-signed-hosts", "127.0.0.1", "--webhook-config-name", ""})
-		done <- cmd.ExecuteContext(ctx)
-	}()
+	// The command's steps but the logging setup, which a process does
+	// once and another test may have done.
+	cmd, o := webhookCommand()
+	if err := cmd.ParseFlags([]string{"--port", port, "--self-signed-dir", dir, "--self-signed-hosts", "127.0.0.1", "--webhook-configuration-name", ""}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := o.config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- o.serve(ctx, cfg) }()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {

@@ -9,10 +9,6 @@
 // gpu.nvidia.com. Those two values are templates; [KubeletPlugin] replaces
 // them, and so must any other tool that installs gpudra elsewhere or under
 // another driver name.
-//
-// The webhook's ServiceAccount, ClusterRole and binding are here too
-// (webhook-*.yaml, [Webhook]); their templates are the namespace and the
-// ValidatingWebhookConfiguration's name, gpudra-webhook.
 package rbac
 
 import (

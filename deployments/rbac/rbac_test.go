@@ -105,31 +105,8 @@ func TestFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{clusterRoleFile, clusterRoleBindingFile, serviceAccountFile, webhookClusterRoleFile, webhookClusterRoleBindingFile, webhookServiceAccountFile}
+	want := []string{clusterRoleFile, clusterRoleBindingFile, serviceAccountFile}
 	if !slices.Equal(names, want) {
 		t.Errorf("files %v, want %v", names, want)
-	}
-}
-
-func TestWebhook(t *testing.T) {
-	objs, err := Webhook("gpu-system", "my-webhook")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if objs.ServiceAccount.Namespace != "gpu-system" || objs.ClusterRoleBinding.Subjects[0].Namespace != "gpu-system" {
-		t.Errorf("namespace not replaced: %s, %s", objs.ServiceAccount.Namespace, objs.ClusterRoleBinding.Subjects[0].Namespace)
-	}
-	if got := objs.ClusterRole.Rules[0].ResourceNames; !slices.Equal(got, []string{"my-webhook"}) {
-		t.Errorf("resourceNames %v, want [my-webhook]", got)
-	}
-	if objs.ServiceAccount.Name != WebhookName || objs.ClusterRole.Name != WebhookName {
-		t.Errorf("names %s, %s, want %s", objs.ServiceAccount.Name, objs.ClusterRole.Name, WebhookName)
-	}
-	defaults, err := Webhook("", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if defaults.ServiceAccount.Namespace != DefaultNamespace || !slices.Equal(defaults.ClusterRole.Rules[0].ResourceNames, []string{DefaultWebhookConfigName}) {
-		t.Errorf("defaults: %s, %v", defaults.ServiceAccount.Namespace, defaults.ClusterRole.Rules[0].ResourceNames)
 	}
 }

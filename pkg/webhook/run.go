@@ -23,7 +23,8 @@ type Config struct {
 	Handler *Handler
 	// CertFile and KeyFile are the serving certificate and its key, e.g.
 	// from a Secret that cert-manager keeps. When both exist they are
-	// served, and read again whenever they change.
+	// served, and read again whenever they change; unless they are the
+	// files of SelfSignedDir, which the bootstrap checks and keeps.
 	CertFile, KeyFile string
 	// SelfSignedDir, when set, is used when CertFile and KeyFile are not
 	// both there: a CA and a serving certificate for SelfSignedHosts are
@@ -84,7 +85,13 @@ func Run(ctx context.Context, l net.Listener, cfg Config) error {
 // certificate returns the certificate files to serve and, when they are
 // self-signed, the CA.
 func (cfg *Config) certificate(now time.Time) (certFile, keyFile string, caPEM []byte, err error) {
-	if cfg.CertFile != "" && cfg.KeyFile != "" && exists(cfg.CertFile) && exists(cfg.KeyFile) {
+	selfCert, selfKey := filepath.Join(cfg.SelfSignedDir, SelfSignedCertFile), filepath.Join(cfg.SelfSignedDir, SelfSignedKeyFile)
+	// Files of an earlier self-signed start (a restarted container with
+	// the same emptyDir, where the chart points both flags) are not a
+	// certificate from elsewhere: the bootstrap keeps them, and their CA
+	// in the caBundle.
+	earlierSelfSigned := cfg.SelfSignedDir != "" && filepath.Clean(cfg.CertFile) == selfCert && filepath.Clean(cfg.KeyFile) == selfKey
+	if cfg.CertFile != "" && cfg.KeyFile != "" && !earlierSelfSigned && exists(cfg.CertFile) && exists(cfg.KeyFile) {
 		return cfg.CertFile, cfg.KeyFile, nil, nil
 	}
 	if cfg.SelfSignedDir == "" {
@@ -97,7 +104,7 @@ func (cfg *Config) certificate(now time.Time) (certFile, keyFile string, caPEM [
 	if err != nil {
 		return "", "", nil, fmt.Errorf("self-signed certificate in %s: %w", cfg.SelfSignedDir, err)
 	}
-	return filepath.Join(cfg.SelfSignedDir, SelfSignedCertFile), filepath.Join(cfg.SelfSignedDir, SelfSignedKeyFile), caPEM, nil
+	return selfCert, selfKey, caPEM, nil
 }
 
 func exists(path string) bool {

@@ -215,4 +215,17 @@ func TestCertificateFlags(t *testing.T) {
 	if _, err := os.Stat(c.SelfSignedDir); !os.IsNotExist(err) {
 		t.Errorf("self-signed directory made although the files exist: %v", err)
 	}
+
+	// As the chart runs it: both flags point into the self-signed
+	// directory. A restart with the files there is still self-signed, so
+	// the CA keeps being put into the caBundle.
+	self := &Config{CertFile: cert, KeyFile: key, SelfSignedDir: dir, SelfSignedHosts: []string{"x.svc"}}
+	ca1, err := os.ReadFile(filepath.Join(dir, SelfSignedCAFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotCert, gotKey, ca, err = self.certificate(time.Now())
+	if err != nil || gotCert != cert || gotKey != key || !bytes.Equal(ca, ca1) {
+		t.Errorf("restart of a self-signed webhook: %s, %s, same CA %v, %v; want its files and CA", gotCert, gotKey, bytes.Equal(ca, ca1), err)
+	}
 }
