@@ -164,6 +164,12 @@ func (e *ConfigError) Error() string { return e.Origin.String() + ": " + e.Err.E
 // Unwrap returns the underlying error.
 func (e *ConfigError) Unwrap() error { return e.Err }
 
+// ValidationFeatures is what the kubelet plugin and the webhook validate
+// opaque configs against: every value the API defines is checked, so a typo
+// is reported as such, before the plugin's configurators say which settings
+// its node can carry out. One value for both keeps their messages the same.
+var ValidationFeatures = v1beta1.Features{TimeSlicingSettings: true, MPSSupport: true}
+
 // DecodeParameters decodes one opaque parameters document of this driver
 // strictly, normalizes it and validates it against features.
 func DecodeParameters(raw []byte, features v1beta1.Features) (v1beta1.Config, error) {

@@ -9,7 +9,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
-	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/config"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
@@ -17,10 +16,9 @@ import (
 	"github.com/gpudra/gpudra/pkg/preparer"
 )
 
-// configFeatures is what the opaque configs are validated against: every
-// value the API defines is checked, so a typo is reported as such, before
-// the configurators say which settings this node can carry out.
-var configFeatures = v1beta1.Features{TimeSlicingSettings: true, MPSSupport: true}
+// configFeatures is what the opaque configs are validated against, the
+// same as the webhook's.
+var configFeatures = config.ValidationFeatures
 
 // node is the preparer's view of the node: the published devices and the
 // API server's allocations. It implements [preparer.Node].
