@@ -7,13 +7,19 @@
 // The selectors are those of NVIDIA's DRA driver, so that claims written
 // for it select the same devices under gpudra. They name the default
 // driver name, gpu.nvidia.com.
+//
+// The classes of the ComputeDomain driver (compute-domain.nvidia.com) are
+// in the subdirectory computedomain, apart from the GPU driver's: they are
+// installed with that driver ([ComputeDomain]), not by [All].
 package deviceclasses
 
 import (
 	"embed"
 	"fmt"
 	"io/fs"
+	"path"
 	"slices"
+	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"sigs.k8s.io/yaml"
@@ -22,16 +28,35 @@ import (
 //go:embed *.yaml
 var files embed.FS
 
+//go:embed computedomain/*.yaml
+var computeDomainFiles embed.FS
+
 // Names of the DeviceClasses, sorted.
 const (
 	GPU  = "gpu.nvidia.com"
 	MIG  = "mig.nvidia.com"
 	VFIO = "vfio.gpu.nvidia.com"
+
+	// ComputeDomainDaemon and ComputeDomainChannel are the classes of
+	// driver compute-domain.nvidia.com.
+	ComputeDomainDaemon  = "compute-domain-daemon.nvidia.com"
+	ComputeDomainChannel = "compute-domain-default-channel.nvidia.com"
 )
 
-// All returns a fresh copy of every DeviceClass, sorted by name.
+// All returns a fresh copy of every DeviceClass of the GPU driver, sorted
+// by name.
 func All() ([]*resourceapi.DeviceClass, error) {
-	names, err := fs.Glob(files, "*.yaml")
+	return load(files, ".")
+}
+
+// ComputeDomain returns a fresh copy of every DeviceClass of the
+// ComputeDomain driver, sorted by name.
+func ComputeDomain() ([]*resourceapi.DeviceClass, error) {
+	return load(computeDomainFiles, "computedomain")
+}
+
+func load(files embed.FS, dir string) ([]*resourceapi.DeviceClass, error) {
+	names, err := fs.Glob(files, path.Join(dir, "*.yaml"))
 	if err != nil {
 		return nil, err
 	}
@@ -46,7 +71,7 @@ func All() ([]*resourceapi.DeviceClass, error) {
 		if err := yaml.UnmarshalStrict(data, class); err != nil {
 			return nil, fmt.Errorf("DeviceClass file %s: %w", name, err)
 		}
-		if want := name[:len(name)-len(".yaml")]; class.Name != want {
+		if want := strings.TrimSuffix(path.Base(name), ".yaml"); class.Name != want {
 			return nil, fmt.Errorf("DeviceClass file %s holds class %q; the file must be named after its class", name, class.Name)
 		}
 		classes = append(classes, class)

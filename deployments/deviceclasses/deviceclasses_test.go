@@ -38,3 +38,36 @@ func TestAll(t *testing.T) {
 		}
 	}
 }
+
+func TestComputeDomain(t *testing.T) {
+	classes, err := ComputeDomain()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		ComputeDomainDaemon:  "device.driver == 'compute-domain.nvidia.com' && device.attributes['compute-domain.nvidia.com'].type == 'daemon'",
+		ComputeDomainChannel: "device.driver == 'compute-domain.nvidia.com' && device.attributes['compute-domain.nvidia.com'].type == 'channel' && device.attributes['compute-domain.nvidia.com'].id == 0",
+	}
+	if len(classes) != len(want) {
+		t.Fatalf("got %d classes, want %d", len(classes), len(want))
+	}
+	for _, c := range classes {
+		if c.APIVersion != "resource.k8s.io/v1" || c.Kind != "DeviceClass" || c.Spec.ExtendedResourceName != nil {
+			t.Errorf("%s: %+v", c.Name, c)
+		}
+		if len(c.Spec.Selectors) != 1 || c.Spec.Selectors[0].CEL == nil || c.Spec.Selectors[0].CEL.Expression != want[c.Name] {
+			t.Errorf("%s: selectors %+v, want %q", c.Name, c.Spec.Selectors, want[c.Name])
+		}
+	}
+	// The GPU driver's classes stay apart: the chart and the local cluster
+	// install All() with the GPU driver.
+	all, err := All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range all {
+		if _, ok := want[c.Name]; ok {
+			t.Errorf("All() holds %s", c.Name)
+		}
+	}
+}

@@ -103,8 +103,10 @@ type SpecInput struct {
 // VFIO, not through NVIDIA's driver, so a claim of VFIO devices only gets
 // none of the driver's nodes and files either.
 func BuildSpec(in SpecInput) (*cdispec.Spec, error) {
-	vfioOnly := len(in.Devices) > 0 && !slices.ContainsFunc(in.Devices, func(d SpecDevice) bool { return d.Device.Kind != devicemodel.KindVFIO })
-	if vfioOnly {
+	// Claims of VFIO devices or IMEX channels only need none of the
+	// driver's GPU device nodes.
+	gpuFree := len(in.Devices) > 0 && !slices.ContainsFunc(in.Devices, func(d SpecDevice) bool { return usesGPUNodes(d.Device.Kind) })
+	if gpuFree {
 		return buildSpec(in, cdispec.ContainerEdits{})
 	}
 	if in.Majors.NVIDIA == 0 || in.Majors.UVM == 0 {
@@ -140,7 +142,7 @@ func buildSpec(in SpecInput, common cdispec.ContainerEdits) (*cdispec.Spec, erro
 	for _, sd := range in.Devices {
 		d := sd.Device
 		var nodes []*cdispec.DeviceNode
-		if d.Kind != devicemodel.KindVFIO {
+		if usesGPUNodes(d.Kind) {
 			nodes = append(nodes, charNode(fmt.Sprintf("/dev/nvidia%d", d.GPU.Minor), in.Majors.NVIDIA, d.GPU.Minor))
 		}
 		if d.MIG != nil {
@@ -174,6 +176,19 @@ func buildSpec(in SpecInput, common cdispec.ContainerEdits) (*cdispec.Spec, erro
 	}
 	spec.Version = v
 	return spec, nil
+}
+
+// usesGPUNodes reports whether a device of kind reaches the container
+// through the driver's GPU device nodes (/dev/nvidia<minor>, nvidiactl,
+// nvidia-uvm): full GPUs and MIG devices do; VFIO devices and the IMEX
+// channel and daemon devices bring their own nodes (as configurator
+// edits).
+func usesGPUNodes(kind devicemodel.Kind) bool {
+	switch kind {
+	case devicemodel.KindVFIO, devicemodel.KindChannel, devicemodel.KindDaemon:
+		return false
+	}
+	return true
 }
 
 func charNode(path string, major, minor int) *cdispec.DeviceNode {

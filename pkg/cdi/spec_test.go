@@ -149,7 +149,7 @@ func TestNames(t *testing.T) {
 func TestBuildSpec(t *testing.T) {
 	n := loadNode(t)
 	majors := n.inv.Majors
-	if majors != (hardware.Majors{NVIDIA: nvidiaMajor, UVM: uvmMajor, Caps: capsMajor}) {
+	if majors != (hardware.Majors{NVIDIA: nvidiaMajor, UVM: uvmMajor, Caps: capsMajor, IMEXChannels: sim.IMEXChannelsMajor}) {
 		t.Fatalf("simulated majors %+v", majors)
 	}
 	tests := []struct {

@@ -58,27 +58,39 @@ const (
 	// VFIO is a GPU passed through with VFIO, configured by a
 	// v1beta1.VfioDeviceConfig.
 	VFIO DeviceKind = "vfio"
+	// Channel is an IMEX channel of driver compute-domain.nvidia.com,
+	// configured by a v1beta1.ComputeDomainChannelConfig.
+	Channel DeviceKind = "channel"
+	// Daemon is the IMEX daemon device of driver compute-domain.nvidia.com,
+	// configured by a v1beta1.ComputeDomainDaemonConfig.
+	Daemon DeviceKind = "daemon"
 )
 
 // configKind is the config kind each device kind takes.
 var configKind = map[DeviceKind]string{
-	GPU:  v1beta1.GpuConfigKind,
-	MIG:  v1beta1.MigDeviceConfigKind,
-	VFIO: v1beta1.VfioDeviceConfigKind,
+	GPU:     v1beta1.GpuConfigKind,
+	MIG:     v1beta1.MigDeviceConfigKind,
+	VFIO:    v1beta1.VfioDeviceConfigKind,
+	Channel: v1beta1.ComputeDomainChannelConfigKind,
+	Daemon:  v1beta1.ComputeDomainDaemonConfigKind,
 }
 
 // deviceKindName names a device kind in messages.
 var deviceKindName = map[DeviceKind]string{
-	GPU:  "a full GPU",
-	MIG:  "a MIG device",
-	VFIO: "a VFIO passthrough GPU",
+	GPU:     "a full GPU",
+	MIG:     "a MIG device",
+	VFIO:    "a VFIO passthrough GPU",
+	Channel: "an IMEX channel",
+	Daemon:  "an IMEX daemon device",
 }
 
 // pluralKindName names the devices of a kind in messages.
 var pluralKindName = map[DeviceKind]string{
-	GPU:  "full GPUs",
-	MIG:  "MIG devices",
-	VFIO: "VFIO passthrough GPUs",
+	GPU:     "full GPUs",
+	MIG:     "MIG devices",
+	VFIO:    "VFIO passthrough GPUs",
+	Channel: "IMEX channels",
+	Daemon:  "IMEX daemon devices",
 }
 
 // kindConfigured returns the kind of device config configures; "" for none.
@@ -90,6 +102,10 @@ func kindConfigured(config v1beta1.Config) DeviceKind {
 		return MIG
 	case *v1beta1.VfioDeviceConfig:
 		return VFIO
+	case *v1beta1.ComputeDomainChannelConfig:
+		return Channel
+	case *v1beta1.ComputeDomainDaemonConfig:
+		return Daemon
 	}
 	return ""
 }
@@ -108,6 +124,10 @@ func defaultConfig(kind DeviceKind) v1beta1.Config {
 		return v1beta1.DefaultMigDeviceConfig()
 	case VFIO:
 		return v1beta1.DefaultVfioDeviceConfig()
+	case Channel:
+		return v1beta1.DefaultComputeDomainChannelConfig()
+	case Daemon:
+		return v1beta1.DefaultComputeDomainDaemonConfig()
 	}
 	return nil
 }

@@ -248,11 +248,15 @@ func TestResolveErrors(t *testing.T) {
 		},
 		"missing kind": {
 			configs: configs{claimCfg(`{"apiVersion": "resource.nvidia.com/v1beta1"}`)},
-			want:    `claim config #0 (all requests): kind: Required value: supported kinds in resource.nvidia.com/v1beta1: "GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"`,
+			want:    `claim config #0 (all requests): kind: Required value: supported kinds in resource.nvidia.com/v1beta1: "ComputeDomainChannelConfig", "ComputeDomainDaemonConfig", "GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"`,
 		},
 		"unknown kind": {
-			configs: configs{claimCfg(`{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig"}`)},
-			want:    `claim config #0 (all requests): kind: Unsupported value: "ComputeDomainChannelConfig": supported kinds in resource.nvidia.com/v1beta1: "GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"`,
+			configs: configs{claimCfg(`{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain"}`)},
+			want:    `claim config #0 (all requests): kind: Unsupported value: "ComputeDomain": supported kinds in resource.nvidia.com/v1beta1: "ComputeDomainChannelConfig", "ComputeDomainDaemonConfig", "GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"`,
+		},
+		"channel config for the GPU driver": {
+			configs: configs{claimCfg(`{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig", "domainID": "d"}`)},
+			want:    `claim config #0 (all requests): a ComputeDomainChannelConfig configures IMEX channels only, and this claim has none: device "gpu-0" (request "gpu") is a full GPU; use a GpuConfig`,
 		},
 		"bad apiVersion": {
 			configs: configs{claimCfg(`{"apiVersion": "resource.nvidia.com/v1", "kind": "GpuConfig"}`)},

@@ -77,6 +77,10 @@ type Majors struct {
 	UVM int `json:"uvm"`
 	// Caps is the major of /dev/nvidia-caps/nvidia-cap<N> (MIG access).
 	Caps int `json:"caps"`
+	// IMEXChannels is the major of
+	// /dev/nvidia-caps-imex-channels/channel<N> (/proc/devices names it
+	// nvidia-caps-imex-channels); 0 when the driver has no IMEX channels.
+	IMEXChannels int `json:"imexChannels,omitempty"`
 }
 
 // GPU is one physical GPU.
@@ -119,6 +123,78 @@ type GPU struct {
 	// these queries with MIG mode off too, so they are filled in for every
 	// MIG-capable GPU. Empty when the GPU is not MIG-capable.
 	MIGProfiles []MIGProfile `json:"migProfiles,omitempty"`
+	// Fabric is the GPU's place in a multi-node NVLink fabric
+	// (nvmlDeviceGetGpuFabricInfo); nil when the GPU or its driver has no
+	// such fabric.
+	Fabric *Fabric `json:"fabric,omitempty"`
+}
+
+// FabricState is how far a GPU's registration with the NVLink fabric
+// (with the fabric manager) has come.
+type FabricState string
+
+// The fabric states NVML reports (NVML_GPU_FABRIC_STATE_*), and one for a
+// state that could not be read.
+const (
+	FabricNotStarted FabricState = "NotStarted"
+	FabricInProgress FabricState = "InProgress"
+	FabricCompleted  FabricState = "Completed"
+	// FabricUnknown: NVML failed to answer; Fabric.Status says why.
+	FabricUnknown FabricState = "Unknown"
+)
+
+// Fabric is a GPU's membership in a multi-node NVLink fabric. The GPUs of
+// one NVLink partition (a clique, e.g. the 72 GPUs of a GB200 NVL72 rack)
+// share the cluster UUID and clique ID once registration completed.
+type Fabric struct {
+	// ClusterUUID identifies the fabric; empty (all zeroes in NVML) on
+	// systems that have NVLink but no multi-node NVLink.
+	ClusterUUID string `json:"clusterUUID,omitempty"`
+	// CliqueID identifies the GPU's NVLink partition in the fabric.
+	CliqueID uint32 `json:"cliqueID"`
+	// State is how far registration has come.
+	State FabricState `json:"state"`
+	// Status is the registration's error once State is Completed (NVML's
+	// status), or why the state is Unknown; empty when all is well.
+	Status string `json:"status,omitempty"`
+}
+
+// Attached reports whether the GPU completed registration with a
+// multi-node NVLink fabric, without error.
+func (f *Fabric) Attached() bool {
+	return f != nil && f.State == FabricCompleted && f.Status == "" && f.ClusterUUID != ""
+}
+
+// CliqueID returns the node's clique, "<cluster UUID>.<clique ID>", as
+// NVIDIA's driver names it: the one clique every fabric-attached GPU of
+// the node is in. It is "" when no GPU is attached to a multi-node fabric
+// (a node that is in no clique). GPUs whose fabric state could not be read,
+// or whose registration failed or has not finished, and GPUs that disagree
+// about their clique, make it an error naming the GPU: a node must not join
+// a clique it may not be in.
+func (inv *Inventory) CliqueID() (string, error) {
+	clique := ""
+	for _, g := range inv.GPUs {
+		f := g.Fabric
+		switch {
+		case f == nil:
+			continue
+		case f.State == FabricUnknown:
+			return "", fmt.Errorf("GPU %d (%s): NVLink fabric state unknown: %s", g.Index, g.UUID, f.Status)
+		case f.State != FabricCompleted:
+			return "", fmt.Errorf("GPU %d (%s): NVLink fabric registration not finished (state %s)", g.Index, g.UUID, f.State)
+		case f.Status != "":
+			return "", fmt.Errorf("GPU %d (%s): NVLink fabric registration failed: %s", g.Index, g.UUID, f.Status)
+		case f.ClusterUUID == "":
+			continue // NVLink, but no multi-node NVLink
+		}
+		id := fmt.Sprintf("%s.%d", f.ClusterUUID, f.CliqueID)
+		if clique != "" && id != clique {
+			return "", fmt.Errorf("GPU %d (%s) is in clique %s, other GPUs of the node in %s", g.Index, g.UUID, id, clique)
+		}
+		clique = id
+	}
+	return clique, nil
 }
 
 // MIGProfile is one GPU instance profile of a GPU, with the compute

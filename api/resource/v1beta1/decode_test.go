@@ -133,19 +133,35 @@ func TestDecodeErrors(t *testing.T) {
 		},
 		"missing apiVersion and kind": {
 			in:   `{}`,
-			want: `[apiVersion: Required value: must be "resource.nvidia.com/v1beta1", kind: Required value: supported kinds in resource.nvidia.com/v1beta1: "GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"]`,
+			want: `[apiVersion: Required value: must be "resource.nvidia.com/v1beta1", kind: Required value: supported kinds in resource.nvidia.com/v1beta1: "ComputeDomainChannelConfig", "ComputeDomainDaemonConfig", "GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"]`,
 		},
 		"missing kind": {
 			in:   `{"apiVersion": "resource.nvidia.com/v1beta1"}`,
-			want: `kind: Required value: supported kinds in resource.nvidia.com/v1beta1: "GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"`,
+			want: `kind: Required value: supported kinds in resource.nvidia.com/v1beta1: "ComputeDomainChannelConfig", "ComputeDomainDaemonConfig", "GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"`,
 		},
-		"unknown kind": {
-			in:   doc("ComputeDomainChannelConfig", ""),
-			want: `kind: Unsupported value: "ComputeDomainChannelConfig": supported kinds in resource.nvidia.com/v1beta1: "GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"`,
+		"custom resource kinds are not parameters": {
+			in:   doc("ComputeDomain", `"spec": {}`),
+			want: `kind: Unsupported value: "ComputeDomain": supported kinds in resource.nvidia.com/v1beta1: "ComputeDomainChannelConfig", "ComputeDomainDaemonConfig", "GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"`,
+		},
+		"channel config, unknown field": {
+			in:   doc("ComputeDomainChannelConfig", `"domainID": "d1", "domainId": "d2"`),
+			want: `unknown field "domainId"`,
+		},
+		"channel config, domainID of the wrong type": {
+			in:   doc("ComputeDomainChannelConfig", `"domainID": 7`),
+			want: `domainID: expected string, got number 7`,
+		},
+		"channel config, allocationMode of the wrong type": {
+			in:   doc("ComputeDomainChannelConfig", `"domainID": "d1", "allocationMode": ["All"]`),
+			want: `allocationMode: expected string, got array`,
+		},
+		"daemon config has no allocationMode": {
+			in:   doc("ComputeDomainDaemonConfig", `"domainID": "d1", "allocationMode": "All"`),
+			want: `unknown field "allocationMode"`,
 		},
 		"kind is case-sensitive": {
 			in:   doc("gpuConfig", ""),
-			want: `kind: Unsupported value: "gpuConfig": supported kinds in resource.nvidia.com/v1beta1: "GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"`,
+			want: `kind: Unsupported value: "gpuConfig": supported kinds in resource.nvidia.com/v1beta1: "ComputeDomainChannelConfig", "ComputeDomainDaemonConfig", "GpuConfig", "MigDeviceConfig", "VfioDeviceConfig"`,
 		},
 		"other version": {
 			in:   `{"apiVersion": "resource.nvidia.com/v1alpha1", "kind": "GpuConfig"}`,
@@ -282,7 +298,7 @@ func TestDecodeLenient(t *testing.T) {
 
 func TestKinds(t *testing.T) {
 	got := strings.Join(Kinds(), ",")
-	if want := "GpuConfig,MigDeviceConfig,VfioDeviceConfig"; got != want {
+	if want := "ComputeDomainChannelConfig,ComputeDomainDaemonConfig,GpuConfig,MigDeviceConfig,VfioDeviceConfig"; got != want {
 		t.Errorf("Kinds() = %s, want %s", got, want)
 	}
 	for _, kind := range Kinds() {
@@ -308,6 +324,9 @@ func TestNormalizedRoundTrip(t *testing.T) {
 		doc("VfioDeviceConfig", ""),
 		doc("VfioDeviceConfig", `"iommu": {"backendPolicy": "PreferIommuFD", "enableAPIDevice": false}`),
 		doc("VfioDeviceConfig", `"iommu": {"enableAPIDevice": false}`),
+		doc("ComputeDomainChannelConfig", `"domainID": "d1"`),
+		doc("ComputeDomainChannelConfig", `"domainID": "d1", "allocationMode": "All"`),
+		doc("ComputeDomainDaemonConfig", `"domainID": "d1"`),
 	} {
 		obj, err := Decode([]byte(in))
 		if err != nil {

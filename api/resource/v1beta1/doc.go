@@ -45,7 +45,13 @@
 // sharing strategy.
 //
 // Additions of gpudra will be new optional fields; existing fields keep their
-// names and meaning. More kinds of the same group
-// (ComputeDomainChannelConfig, ComputeDomainDaemonConfig) are added to the
-// same scheme as they are implemented.
+// names and meaning.
+//
+// The configs of driver compute-domain.nvidia.com, ComputeDomainChannelConfig
+// and ComputeDomainDaemonConfig (domainID, allocationMode), decode through
+// the same strict machinery. A domainID must be a label value (a
+// ComputeDomain's UID is); NVIDIA's driver refuses the same IDs at prepare
+// time. The custom resources ComputeDomain and ComputeDomainClique live in
+// this package too, registered apart (AddResourcesToScheme) so that Decode
+// never takes one for device parameters.
 package v1beta1

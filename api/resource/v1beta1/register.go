@@ -21,6 +21,12 @@ const (
 	MigDeviceConfigKind = "MigDeviceConfig"
 	// VfioDeviceConfigKind is the kind of [VfioDeviceConfig].
 	VfioDeviceConfigKind = "VfioDeviceConfig"
+	// ComputeDomainChannelConfigKind is the kind of
+	// [ComputeDomainChannelConfig].
+	ComputeDomainChannelConfigKind = "ComputeDomainChannelConfig"
+	// ComputeDomainDaemonConfigKind is the kind of
+	// [ComputeDomainDaemonConfig].
+	ComputeDomainDaemonConfigKind = "ComputeDomainDaemonConfig"
 )
 
 // SchemeGroupVersion is the group and version of every kind in this package.
@@ -29,8 +35,17 @@ var SchemeGroupVersion = schema.GroupVersion{Group: GroupName, Version: Version}
 var (
 	// SchemeBuilder registers the kinds of this package with a scheme.
 	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
-	// AddToScheme adds the kinds of this package to a scheme.
+	// AddToScheme adds the config kinds of this package to a scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
+
+	// ResourcesSchemeBuilder registers the custom resources of this package
+	// (ComputeDomain, ComputeDomainClique) with a scheme. They are kept out
+	// of SchemeBuilder so that Decode never takes one for device
+	// parameters.
+	ResourcesSchemeBuilder = runtime.NewSchemeBuilder(addResourceTypes)
+	// AddResourcesToScheme adds the custom resources of this package to a
+	// scheme.
+	AddResourcesToScheme = ResourcesSchemeBuilder.AddToScheme
 )
 
 func addKnownTypes(s *runtime.Scheme) error {
@@ -38,7 +53,20 @@ func addKnownTypes(s *runtime.Scheme) error {
 		&GpuConfig{},
 		&MigDeviceConfig{},
 		&VfioDeviceConfig{},
+		&ComputeDomainChannelConfig{},
+		&ComputeDomainDaemonConfig{},
 	)
+	return nil
+}
+
+func addResourceTypes(s *runtime.Scheme) error {
+	s.AddKnownTypes(SchemeGroupVersion,
+		&ComputeDomain{},
+		&ComputeDomainList{},
+		&ComputeDomainClique{},
+		&ComputeDomainCliqueList{},
+	)
+	metav1.AddToGroupVersion(s, SchemeGroupVersion)
 	return nil
 }
 

@@ -99,6 +99,9 @@ func newMockGPU(i int) *mock.Device {
 			return info, nvml.SUCCESS
 		},
 		GetMigModeFunc: func() (int, int, nvml.Return) { return 0, 0, nvml.ERROR_NOT_SUPPORTED },
+		GetGpuFabricInfoFunc: func() (nvml.GpuFabricInfo, nvml.Return) {
+			return nvml.GpuFabricInfo{}, nvml.ERROR_NOT_SUPPORTED
+		},
 	}
 }
 

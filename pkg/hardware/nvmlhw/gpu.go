@@ -126,6 +126,7 @@ func (g *gpuReader) read(i int) (gpu hardware.GPU, ok bool, problems []hardware.
 		PCIBusID:              busID,
 		PCIeRoot:              root,
 		NUMANode:              numa,
+		Fabric:                readFabric(dev),
 	}
 
 	current, _, ret := dev.GetMigMode()
@@ -185,4 +186,42 @@ func (g *gpuReader) read(i int) (gpu hardware.GPU, ok bool, problems []hardware.
 		return gpu, true, problems
 	}
 	return gpu, true, nil
+}
+
+// readFabric returns the GPU's NVLink fabric membership, nil when the GPU
+// or its driver has none. A failed query does not leave the GPU out, since
+// only ComputeDomains need the fabric: the state is then Unknown, with why.
+//
+// It calls nvmlDeviceGetGpuFabricInfo, as NVIDIA's driver does: the
+// versioned nvmlDeviceGetGpuFabricInfoV is bound in go-nvml to a concrete
+// handler type that no fake can serve, and adds only health fields.
+func readFabric(dev nvml.Device) *hardware.Fabric {
+	info, ret := dev.GetGpuFabricInfo() //nolint:staticcheck // see above
+	switch {
+	case ret == nvml.ERROR_NOT_SUPPORTED || ret == nvml.ERROR_FUNCTION_NOT_FOUND:
+		return nil
+	case ret != nvml.SUCCESS:
+		return &hardware.Fabric{State: hardware.FabricUnknown, Status: fmt.Sprintf("nvmlDeviceGetGpuFabricInfo: %v", ret)}
+	}
+	f := &hardware.Fabric{CliqueID: info.CliqueId}
+	switch info.State {
+	case nvml.GPU_FABRIC_STATE_NOT_SUPPORTED:
+		return nil
+	case nvml.GPU_FABRIC_STATE_NOT_STARTED:
+		f.State = hardware.FabricNotStarted
+	case nvml.GPU_FABRIC_STATE_IN_PROGRESS:
+		f.State = hardware.FabricInProgress
+	case nvml.GPU_FABRIC_STATE_COMPLETED:
+		f.State = hardware.FabricCompleted
+		if r := nvml.Return(info.Status); r != nvml.SUCCESS {
+			f.Status = r.Error()
+		}
+	default:
+		f.State, f.Status = hardware.FabricUnknown, fmt.Sprintf("unknown fabric state %d", info.State)
+	}
+	if info.ClusterUuid != [16]uint8{} {
+		u := info.ClusterUuid
+		f.ClusterUUID = fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
+	}
+	return f
 }

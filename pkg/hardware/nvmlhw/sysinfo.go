@@ -137,6 +137,10 @@ func (p *procSystemInfo) Majors() (hardware.Majors, error) {
 	return majors, nil
 }
 
+// IMEXChannelsDeviceName is the name /proc/devices gives the major of the
+// IMEX channel device nodes.
+const IMEXChannelsDeviceName = "nvidia-caps-imex-channels"
+
 // parseProcDevices reads the "Character devices:" section of /proc/devices.
 func parseProcDevices(r io.Reader, name string) (hardware.Majors, error) {
 	majors := hardware.Majors{NVIDIA: NVIDIAMajor}
@@ -167,6 +171,8 @@ func parseProcDevices(r io.Reader, name string) (hardware.Majors, error) {
 			majors.UVM = major
 		case "nvidia-caps":
 			majors.Caps = major
+		case IMEXChannelsDeviceName:
+			majors.IMEXChannels = major
 		}
 	}
 	if err := scanner.Err(); err != nil {

@@ -108,7 +108,7 @@ Block devices:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (hardware.Majors{NVIDIA: 195, UVM: 509, Caps: 237}); majors != want {
+	if want := (hardware.Majors{NVIDIA: 195, UVM: 509, Caps: 237, IMEXChannels: 236}); majors != want {
 		t.Errorf("Majors: got %+v, want %+v", majors, want)
 	}
 	caps, err := sys.MIGCapMinors()

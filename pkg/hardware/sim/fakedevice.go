@@ -2,9 +2,13 @@ package sim
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+
+	"github.com/gpudra/gpudra/pkg/hardware"
 )
 
 // fakeDevice is a physical GPU.
@@ -15,12 +19,43 @@ type fakeDevice struct {
 	uuid, busID string
 	model       *Model
 	memoryBytes uint64
+	// fabric is the node's; nil: no NVLink fabric.
+	fabric *Fabric
 
 	// Guarded by nv.mu.
 	minor                  int
 	migEnabled, migPending bool // current and pending MIG mode
 	gis                    []*fakeGI
 	migs                   []*fakeMIG
+}
+
+// GetGpuFabricInfo implements nvml.Device: the node's fabric, or
+// ERROR_NOT_SUPPORTED as a GPU without one answers.
+func (d *fakeDevice) GetGpuFabricInfo() (nvml.GpuFabricInfo, nvml.Return) {
+	if ret := d.hit("nvmlDeviceGetGpuFabricInfo"); ret != nvml.SUCCESS {
+		return nvml.GpuFabricInfo{}, ret
+	}
+	if d.fabric == nil {
+		return nvml.GpuFabricInfo{}, nvml.ERROR_NOT_SUPPORTED
+	}
+	info := nvml.GpuFabricInfo{CliqueId: d.fabric.CliqueID, Status: uint32(nvml.SUCCESS)}
+	switch hardware.FabricState(d.fabric.State) {
+	case hardware.FabricNotStarted:
+		info.State = nvml.GPU_FABRIC_STATE_NOT_STARTED
+	case hardware.FabricInProgress:
+		info.State = nvml.GPU_FABRIC_STATE_IN_PROGRESS
+	default:
+		info.State = nvml.GPU_FABRIC_STATE_COMPLETED
+	}
+	if d.fabric.Status != "" {
+		info.Status = uint32(nvml.ERROR_UNKNOWN)
+	}
+	hex := strings.ReplaceAll(d.fabric.ClusterUUID, "-", "")
+	for i := range info.ClusterUuid {
+		b, _ := strconv.ParseUint(hex[2*i:2*i+2], 16, 8) // validated as a UUID
+		info.ClusterUuid[i] = uint8(b)
+	}
+	return info, nvml.SUCCESS
 }
 
 // GetIndex implements nvml.Device.

@@ -25,6 +25,11 @@
 //	      uuid: MIG-...             # optional, derived
 //	    - profile: 2g.20gb
 //	      computeSlices: 1          # optional: split into 1c.2g.20gb instances
+//	  fabric:                       # optional: the node's GPUs are in a multi-node NVLink clique
+//	    cliqueID: 1                 # the NVLink partition
+//	    clusterUUID: ...            # optional, default DefaultClusterUUID
+//	    state: Completed            # optional: NotStarted, InProgress, Completed (default)
+//	    status: ""                  # optional: a registration error (with Completed)
 //
 // Everything derived is deterministic, so two loads of a fleet describe the
 // same GPUs.
@@ -94,6 +99,10 @@ type Node struct {
 	DevicePlugin json.RawMessage `json:"devicePlugin,omitempty"`
 	// GPUs in NVML index order.
 	GPUs []GPU `json:"gpus,omitempty"`
+	// Fabric, if set, puts every GPU of the node in a multi-node NVLink
+	// clique: what nvmlDeviceGetGpuFabricInfo answers for each. Without it
+	// the GPUs answer that they have no fabric.
+	Fabric *Fabric `json:"fabric,omitempty"`
 }
 
 // The modes of a node ([Node.Mode]).
@@ -110,6 +119,24 @@ func (n *Node) DevicePluginConfig() (*deviceplugin.Config, error) {
 	}
 	return deviceplugin.ParseConfig(n.DevicePlugin)
 }
+
+// Fabric is a node's place in a multi-node NVLink fabric.
+type Fabric struct {
+	// ClusterUUID identifies the fabric; DefaultClusterUUID when empty.
+	ClusterUUID string `json:"clusterUUID,omitempty"`
+	// CliqueID identifies the NVLink partition (e.g. one GB200 NVL72
+	// rack) in the fabric.
+	CliqueID uint32 `json:"cliqueID"`
+	// State is NotStarted, InProgress or Completed (the default).
+	State string `json:"state,omitempty"`
+	// Status, with state Completed, is a registration error NVML reports
+	// (an NVML error string such as "Unknown Error"); empty means none.
+	Status string `json:"status,omitempty"`
+}
+
+// DefaultClusterUUID is the fabric cluster UUID of simulated nodes whose
+// fleet file gives none: one fabric for the whole simulation.
+var DefaultClusterUUID = nameUUID("fabric/cluster")
 
 // GPU is one simulated GPU. After [Load] or [Parse] every optional field
 // holds its effective value.

@@ -17,6 +17,10 @@ import (
 const (
 	UVMMajor  = 509
 	CapsMajor = 510
+	// IMEXChannelsMajor is the major of
+	// /dev/nvidia-caps-imex-channels/channel<N>; real nodes show their
+	// own in /proc/devices (nvidia-caps-imex-channels).
+	IMEXChannelsMajor = 511
 )
 
 // Hardware returns the node's GPUs as [hardware.Hardware]: NVML discovery
@@ -94,6 +98,10 @@ func WithMinorAfterMIGModeSwitch(gpuUUID string, minor int) HardwareOption {
 func (n *Node) clone() *Node {
 	c := *n
 	c.GPUs = slices.Clone(n.GPUs)
+	if n.Fabric != nil {
+		f := *n.Fabric
+		c.Fabric = &f
+	}
 	for i := range c.GPUs {
 		c.GPUs[i].MIGDevices = slices.Clone(c.GPUs[i].MIGDevices)
 	}
@@ -165,7 +173,7 @@ var standardCaps = sync.OnceValue(nvmlhw.StandardMIGCapMinors)
 
 // Majors implements [nvmlhw.SystemInfo].
 func (systemInfo) Majors() (hardware.Majors, error) {
-	return hardware.Majors{NVIDIA: nvmlhw.NVIDIAMajor, UVM: UVMMajor, Caps: CapsMajor}, nil
+	return hardware.Majors{NVIDIA: nvmlhw.NVIDIAMajor, UVM: UVMMajor, Caps: CapsMajor, IMEXChannels: IMEXChannelsMajor}, nil
 }
 
 // MIGCapMinors implements [nvmlhw.SystemInfo].

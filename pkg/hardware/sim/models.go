@@ -70,6 +70,9 @@ type layout struct {
 	// numa are the GPUs' NUMA nodes in NVML index order; nil: the first
 	// half of a node's GPUs on node 0, the second on node 1.
 	numa []int
+	// domains are the GPUs' PCI domains in NVML index order; nil: domain
+	// 0, and the next domain for each further set of len(busIDs) GPUs.
+	domains []int
 }
 
 var (
@@ -91,6 +94,18 @@ var (
 		busIDs: []int{0x1b, 0x43, 0x52, 0x61, 0x9d, 0xc3, 0xd1, 0xdf},
 		roots:  []int{0x15, 0x48, 0x97, 0xc7},
 	}
+	// A GB200 compute tray (one of the 18 of a GB200 NVL72 rack): two Grace
+	// CPUs with two GPUs each, every GPU in a PCI domain of its own.
+	// nvidia-smi on GB200 trays lists GPU 0 at 00000008:01:00.0 (public
+	// nvidia-smi outputs of GB200 NVL72 systems); the domains of GPUs 1 to
+	// 3 (0009, 0018, 0019) are those commonly shown for the other three,
+	// and the NUMA nodes are the two Grace CPUs'.
+	gb200TrayLayout = &layout{
+		busIDs:  []int{0x01, 0x01, 0x01, 0x01},
+		roots:   []int{0x00, 0x00},
+		numa:    []int{0, 0, 1, 1},
+		domains: []int{0x0008, 0x0009, 0x0018, 0x0019},
+	}
 	// A generic PCIe server.
 	genericLayout = &layout{
 		busIDs: []int{0x01, 0x21, 0x41, 0x61, 0x81, 0xa1, 0xc1, 0xe1},
@@ -101,14 +116,22 @@ var (
 // busID returns the default PCI bus ID of the GPU at index i. Beyond the
 // eighth GPU the layout repeats in the next PCI domain.
 func (l *layout) busID(i int) string {
+	return fmt.Sprintf("%04x:%02x:00.0", l.domain(i), l.busIDs[i%len(l.busIDs)])
+}
+
+// domain returns the PCI domain of the GPU at index i.
+func (l *layout) domain(i int) int {
 	n := len(l.busIDs)
-	return fmt.Sprintf("%04x:%02x:00.0", i/n, l.busIDs[i%n])
+	if l.domains != nil {
+		return l.domains[i%n] + i/n*0x100
+	}
+	return i / n
 }
 
 // pcieRoot returns the default PCIe root of the GPU at index i.
 func (l *layout) pcieRoot(i int) string {
 	n := len(l.busIDs)
-	return fmt.Sprintf("pci%04x:%02x", i/n, l.roots[(i%n)/2])
+	return fmt.Sprintf("pci%04x:%02x", l.domain(i), l.roots[(i%n)/2])
 }
 
 // numaNode returns the default NUMA node of the GPU at index i of a node
@@ -212,6 +235,17 @@ var models = map[string]*Model{
 		MIGProfiles: hopperProfiles(
 			[7]string{"1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"},
 			[7]uint64{16384, 16384, 33024, 33024, 71168, 71168, 143104}),
+	},
+	// The Blackwell GPU of a GB200 superchip (GB200 NVL72 compute trays):
+	// nvidia-smi names it "NVIDIA GB200" and reports 189471MiB (public
+	// nvidia-smi outputs of GB200 NVL72 trays; 186 GB HBM3e marketed),
+	// compute capability 10.0 (CUDA's table for GB200/B200), PCI device
+	// 0x2941 (as pci.ids lists GB200; not checked on hardware here). Its MIG profiles are not entered yet: the
+	// simulated GB200 answers that it does not support MIG.
+	"GB200": {
+		Name: "GB200", ProductName: "NVIDIA GB200",
+		Architecture: nvml.DEVICE_ARCH_BLACKWELL, Brand: nvml.BRAND_NVIDIA, CCMajor: 10, CCMinor: 0,
+		MemoryMiB: 189471, PCIDeviceID: 0x294110DE, layout: gb200TrayLayout,
 	},
 	// A GPU without MIG, so that fleets can hold one.
 	"L40S": {

@@ -74,7 +74,8 @@ func TestBuiltinFleets(t *testing.T) {
 		{"demo", map[string]modelFacts{"dgx-h100-0": h100, "dgx-h100-1": h100, "dgx-a100-0": a100},
 			map[string][]int{"dgx-h100-0": {0, 0, 0, 0, 0, 0, 4, 7}, "dgx-h100-1": {0, 0, 0, 0, -1, -1, -1, -1}, "dgx-a100-0": {7, 2, 0, 0, 0, 0, 0, 0}}},
 	}
-	if got, want := len(tests), len(sim.BuiltinNames()); got != want {
+	// gb200-nvl72 is TestGB200NVL72's.
+	if got, want := len(tests)+1, len(sim.BuiltinNames()); got != want {
 		t.Errorf("test covers %d fleets, BuiltinNames has %d: %v", got, want, sim.BuiltinNames())
 	}
 	seenUUIDs := map[string]string{}
@@ -95,7 +96,7 @@ func TestBuiltinFleets(t *testing.T) {
 				if inv.DriverVersion != "580.65.06" || inv.CUDADriverVersion != "13.0" {
 					t.Errorf("%s: versions %q/%q, want 580.65.06/13.0", node, inv.DriverVersion, inv.CUDADriverVersion)
 				}
-				if want := (hardware.Majors{NVIDIA: 195, UVM: sim.UVMMajor, Caps: sim.CapsMajor}); inv.Majors != want {
+				if want := (hardware.Majors{NVIDIA: 195, UVM: sim.UVMMajor, Caps: sim.CapsMajor, IMEXChannels: sim.IMEXChannelsMajor}); inv.Majors != want {
 					t.Errorf("%s: majors %+v, want %+v", node, inv.Majors, want)
 				}
 				if len(inv.GPUs) != 8 {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
+	"github.com/gpudra/gpudra/pkg/hardware"
 )
 
 var (
@@ -17,6 +18,7 @@ var (
 	cudaVersionRE   = regexp.MustCompile(`^[0-9]+\.[0-9]{1,2}$`)
 	uuidBody        = `[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`
 	gpuUUIDRE       = regexp.MustCompile(`^GPU-` + uuidBody + `$`)
+	uuidRE          = regexp.MustCompile(`^` + uuidBody + `$`)
 	migUUIDRE       = regexp.MustCompile(`^MIG-` + uuidBody + `$`)
 	busIDRE         = regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
 	pcieRootRE      = regexp.MustCompile(`^pci[0-9a-f]{4}:[0-9a-f]{2}$`)
@@ -96,6 +98,23 @@ func (n *Node) resolve(p *problems) {
 		p.add("cudaDriverVersion", "%q is not a CUDA version like %q", n.CUDADriverVersion, DefaultCUDADriverVersion)
 	}
 
+	if f := n.Fabric; f != nil {
+		if f.ClusterUUID == "" {
+			f.ClusterUUID = DefaultClusterUUID
+		} else if !uuidRE.MatchString(f.ClusterUUID) {
+			p.add("fabric.clusterUUID", "%q is not a UUID like %q", f.ClusterUUID, DefaultClusterUUID)
+		}
+		switch f.State {
+		case "":
+			f.State = string(hardware.FabricCompleted)
+		case string(hardware.FabricNotStarted), string(hardware.FabricInProgress), string(hardware.FabricCompleted):
+		default:
+			p.add("fabric.state", "%q: must be NotStarted, InProgress or Completed", f.State)
+		}
+		if f.Status != "" && f.State != string(hardware.FabricCompleted) {
+			p.add("fabric.status", "a registration error needs state Completed (NVML reports status only then)")
+		}
+	}
 	switch n.MIGMode {
 	case "", "dynamic", "static":
 	default:

@@ -1,0 +1,93 @@
+package sim_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/gpudra/gpudra/pkg/hardware"
+	"github.com/gpudra/gpudra/pkg/hardware/sim"
+)
+
+// TestGB200NVL72 discovers the built-in rack through the real NVML
+// discovery code: 18 nodes of 4 GB200 GPUs, every GPU in clique 1 of one
+// fabric, with the IMEX channels' major.
+func TestGB200NVL72(t *testing.T) {
+	invs := discover(t, "gb200-nvl72")
+	if len(invs) != 18 {
+		t.Fatalf("%d nodes, want 18", len(invs))
+	}
+	wantClique := sim.DefaultClusterUUID + ".1"
+	uuids := map[string]bool{}
+	for name, inv := range invs {
+		if inv.Problems != nil || len(inv.GPUs) != 4 {
+			t.Fatalf("%s: %d GPUs, problems %+v", name, len(inv.GPUs), inv.Problems)
+		}
+		if inv.Majors.IMEXChannels != sim.IMEXChannelsMajor {
+			t.Errorf("%s: majors %+v", name, inv.Majors)
+		}
+		for i, g := range inv.GPUs {
+			if g.ProductName != "NVIDIA GB200" || g.Architecture != "Blackwell" || g.CUDAComputeCapability != "10.0" ||
+				g.MemoryBytes != 189471<<20 || g.MIGCapable {
+				t.Errorf("%s GPU %d: %+v", name, i, g)
+			}
+			if want := []string{"0008:01:00.0", "0009:01:00.0", "0018:01:00.0", "0019:01:00.0"}[i]; g.PCIBusID != want {
+				t.Errorf("%s GPU %d: bus ID %s, want %s", name, i, g.PCIBusID, want)
+			}
+			if !g.Fabric.Attached() || g.Fabric.CliqueID != 1 || g.Fabric.ClusterUUID != sim.DefaultClusterUUID {
+				t.Errorf("%s GPU %d: fabric %+v", name, i, g.Fabric)
+			}
+			uuids[g.UUID] = true
+		}
+		if clique, err := inv.CliqueID(); err != nil || clique != wantClique {
+			t.Errorf("%s: CliqueID() = %q, %v; want %q", name, clique, err, wantClique)
+		}
+	}
+	if len(uuids) != 72 {
+		t.Errorf("%d distinct GPU UUIDs, want 72", len(uuids))
+	}
+}
+
+// TestFabricStates checks what discovery makes of each fabric a fleet can
+// describe, and the node's clique that follows.
+func TestFabricStates(t *testing.T) {
+	tests := map[string]struct {
+		fabric    string
+		state     hardware.FabricState
+		clique    string
+		cliqueErr string
+	}{
+		"no fabric":   {fabric: "", clique: ""},
+		"completed":   {fabric: "fabric: {cliqueID: 7, clusterUUID: 01234567-89ab-4cde-8f01-23456789abcd}", state: hardware.FabricCompleted, clique: "01234567-89ab-4cde-8f01-23456789abcd.7"},
+		"in progress": {fabric: "fabric: {cliqueID: 7, state: InProgress}", state: hardware.FabricInProgress, cliqueErr: "registration not finished (state InProgress)"},
+		"not started": {fabric: "fabric: {cliqueID: 7, state: NotStarted}", state: hardware.FabricNotStarted, cliqueErr: "registration not finished (state NotStarted)"},
+		"failed":      {fabric: "fabric: {cliqueID: 7, status: failed}", state: hardware.FabricCompleted, cliqueErr: "registration failed: ERROR_UNKNOWN"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			f, err := sim.Parse([]byte("nodes:\n- name: node-a\n  "+tc.fabric+"\n  gpus:\n  - model: GB200\n  - model: GB200\n"), "test")
+			if err != nil {
+				t.Fatal(err)
+			}
+			inv, err := f.Nodes[0].Hardware().Discover(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, g := range inv.GPUs {
+				switch {
+				case tc.state == "" && g.Fabric != nil:
+					t.Errorf("GPU %d: fabric %+v, want none", g.Index, g.Fabric)
+				case tc.state != "" && (g.Fabric == nil || g.Fabric.State != tc.state):
+					t.Errorf("GPU %d: fabric %+v, want state %s", g.Index, g.Fabric, tc.state)
+				}
+			}
+			clique, err := inv.CliqueID()
+			switch {
+			case tc.cliqueErr == "" && (err != nil || clique != tc.clique):
+				t.Errorf("CliqueID() = %q, %v; want %q", clique, err, tc.clique)
+			case tc.cliqueErr != "" && (err == nil || !strings.Contains(err.Error(), tc.cliqueErr)):
+				t.Errorf("CliqueID() = %q, %v; want an error containing %q", clique, err, tc.cliqueErr)
+			}
+		})
+	}
+}
