@@ -16,11 +16,12 @@ import (
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/health"
 	"github.com/gpudra/gpudra/pkg/nodemode"
+	"github.com/gpudra/gpudra/pkg/pluginflags"
 )
 
 type devicePluginOptions struct {
-	hw                  discoveryFlags
-	cdi                 cdiFlags
+	hw                  pluginflags.Discovery
+	cdi                 pluginflags.CDI
 	configFile          string
 	migStrategy         string
 	deviceListStrategy  []string
@@ -49,8 +50,8 @@ the DRA plugin, never both: each refuses to start while the other serves the nod
 		RunE: func(cmd *cobra.Command, _ []string) error { return o.run(cmd) },
 	}
 	fs := cmd.Flags()
-	o.hw.addFlags(fs)
-	o.cdi.addFlags(fs)
+	o.hw.AddFlags(fs)
+	o.cdi.AddFlags(fs)
 	fs.StringVar(&o.configFile, "config-file", "", "NVIDIA's device-plugin config file (version v1: flags.migStrategy, flags.plugin.*, sharing.timeSlicing); flags given on the command line win")
 	fs.StringVar(&o.migStrategy, "mig-strategy", deviceplugin.MIGStrategyNone, "how MIG devices are offered, one of none (every GPU as nvidia.com/gpu), single (MIG devices of one profile as nvidia.com/gpu), mixed (nvidia.com/mig-<profile>)")
 	fs.StringSliceVar(&o.deviceListStrategy, "device-list-strategy", []string{deviceplugin.DeviceListCDICRI}, "how a container gets its devices, any of cdi-cri (CDI device names in the Allocate response), envvar (NVIDIA_VISIBLE_DEVICES for a legacy runtime hook), cdi-annotations")
@@ -110,7 +111,7 @@ func (o *devicePluginOptions) options(fs *pflag.FlagSet) (deviceplugin.Options, 
 		o.migStrategy = *f.MigStrategy
 	}
 	if f.NvidiaDriverRoot != nil && !fs.Changed("driver-root") {
-		o.hw.driverRoot = *f.NvidiaDriverRoot
+		o.hw.DriverRoot = *f.NvidiaDriverRoot
 	}
 	if p != nil {
 		if len(p.DeviceListStrategy) > 0 && !fs.Changed("device-list-strategy") {
@@ -126,7 +127,7 @@ func (o *devicePluginOptions) options(fs *pflag.FlagSet) (deviceplugin.Options, 
 			o.cdiAnnotationPrefix = *p.CDIAnnotationPrefix
 		}
 		if p.ContainerDriverRoot != nil && !fs.Changed("container-driver-root") {
-			o.hw.containerDriverRoot = *p.ContainerDriverRoot
+			o.hw.ContainerDriverRoot = *p.ContainerDriverRoot
 		}
 	}
 	if !slices.Contains(deviceplugin.MIGStrategies, o.migStrategy) {
@@ -140,16 +141,16 @@ func (o *devicePluginOptions) options(fs *pflag.FlagSet) (deviceplugin.Options, 
 	if !slices.Contains(deviceplugin.DeviceIDStrategies, o.deviceIDStrategy) {
 		return opts, fmt.Errorf("--device-id-strategy %q: must be one of %s", o.deviceIDStrategy, strings.Join(deviceplugin.DeviceIDStrategies, ", "))
 	}
-	if o.hw.simulated() && o.nodeName == "" {
+	if o.hw.Simulated() && o.nodeName == "" {
 		return opts, fmt.Errorf("--node-name (or env NODE_NAME) is required with --fleet")
 	}
-	if err := o.hw.validate(); err != nil {
+	if err := o.hw.Validate(); err != nil {
 		return opts, err
 	}
-	if err := o.cdi.validate(); err != nil {
+	if err := o.cdi.Validate(); err != nil {
 		return opts, err
 	}
-	if err := absolutePaths([]pathFlag{{"device-plugin-dir", &o.devicePluginDir}, {"cdi-dir", &o.cdiDir}}); err != nil {
+	if err := pluginflags.AbsolutePaths([]pluginflags.PathFlag{{Name: "device-plugin-dir", Value: &o.devicePluginDir}, {Name: "cdi-dir", Value: &o.cdiDir}}); err != nil {
 		return opts, err
 	}
 	policy := health.DefaultPolicy()
@@ -158,7 +159,7 @@ func (o *devicePluginOptions) options(fs *pflag.FlagSet) (deviceplugin.Options, 
 		return opts, err
 	}
 	policy.IgnoreXIDs = append([]uint64{}, xids...)
-	hw, _, err := o.hw.nodeHardware(o.nodeName)
+	hw, _, err := o.hw.NodeHardware(o.nodeName)
 	if err != nil {
 		return opts, err
 	}
@@ -167,7 +168,7 @@ func (o *devicePluginOptions) options(fs *pflag.FlagSet) (deviceplugin.Options, 
 		DriverName:           o.driverName,
 		PluginDir:            o.devicePluginDir,
 		CDIDir:               o.cdiDir,
-		DriverEdits:          driverEdits(&o.hw, &o.cdi),
+		DriverEdits:          pluginflags.DriverEdits(&o.hw, &o.cdi),
 		Plan:                 deviceplugin.PlanOptions{MIGStrategy: o.migStrategy, DeviceIDStrategy: o.deviceIDStrategy, TimeSlicing: cfg.Sharing.TimeSlicing},
 		DeviceListStrategies: o.deviceListStrategy,
 		CDIAnnotationPrefix:  o.cdiAnnotationPrefix,

@@ -15,17 +15,18 @@ import (
 	"github.com/gpudra/gpudra/pkg/inspect"
 	"github.com/gpudra/gpudra/pkg/nodemode"
 	"github.com/gpudra/gpudra/pkg/plugin"
+	"github.com/gpudra/gpudra/pkg/pluginflags"
 	"github.com/gpudra/gpudra/pkg/preparer"
 )
 
 type inspectOptions struct {
-	hw         discoveryFlags
-	vfio       vfioFlags
+	hw         pluginflags.Discovery
+	vfio       pluginflags.VFIO
 	node       string
 	output     string
 	driverName string
 	migMode    string
-	sharing    gpuSharingFlags
+	sharing    pluginflags.GPUSharing
 	pluginDir  string
 }
 
@@ -51,12 +52,12 @@ starts.`,
 		},
 	}
 	fs := cmd.Flags()
-	o.hw.addFlags(fs)
+	o.hw.AddFlags(fs)
 	fs.StringVar(&o.node, "node", "", "node to show: a node of the fleet (default: all of them), or the name to give this node (default: its hostname)")
 	fs.StringVarP(&o.output, "output", "o", inspect.Formats[0], "output format: "+strings.Join(inspect.Formats, "|"))
 	fs.StringVar(&o.driverName, "driver-name", "gpu.nvidia.com", "DRA driver name")
-	o.vfio.addFlags(fs)
-	o.sharing.addFlags(fs, "as for kubelet-plugin: none, memory-compute, shares=<N> or unlimited (a simulated fleet's node may set its own)")
+	o.vfio.AddFlags(fs)
+	o.sharing.AddFlags(fs, "as for kubelet-plugin: none, memory-compute, shares=<N> or unlimited (a simulated fleet's node may set its own)")
 	fs.StringVar(&o.pluginDir, "plugin-data-dir", "", "the kubelet plugin's directory on this node (default /var/lib/kubelet/plugins/<driver-name>): -o yaml and -o json are refused while a plugin listens there, since its slices already publish this node's pool")
 	fs.StringVar(&o.migMode, "mig-mode", string(plugin.MIGModeDynamic), fmt.Sprintf("as for kubelet-plugin, one of %v (a simulated fleet's node may set its own); inspect does not read the plugin's checkpoint, so it shows dynamic MIG devices even on GPUs the plugin would leave out for MIG instances it did not create", plugin.MIGModes))
 	return cmd
@@ -69,10 +70,10 @@ func (o *inspectOptions) run(cmd *cobra.Command) error {
 	if !slices.Contains(plugin.MIGModes, plugin.MIGMode(o.migMode)) {
 		return fmt.Errorf("--mig-mode %q: must be one of %v", o.migMode, plugin.MIGModes)
 	}
-	if err := o.hw.validate(); err != nil {
+	if err := o.hw.Validate(); err != nil {
 		return err
 	}
-	if err := o.vfio.validate(); err != nil {
+	if err := o.vfio.Validate(); err != nil {
 		return err
 	}
 	if o.output != "table" {
@@ -92,7 +93,7 @@ func (o *inspectOptions) run(cmd *cobra.Command) error {
 	}
 	var nodes []inspect.Node
 	for _, name := range names {
-		hw, fleetMIGMode, err := o.hw.nodeHardware(name)
+		hw, fleetMIGMode, err := o.hw.NodeHardware(name)
 		if err != nil {
 			return err
 		}
@@ -134,32 +135,32 @@ func (o *inspectOptions) run(cmd *cobra.Command) error {
 func (o *inspectOptions) features(cmd *cobra.Command, node, migMode string, hw hardware.Hardware) (*features.Set, error) {
 	fo := features.Options{DynamicMIG: plugin.MIGMode(migMode) == plugin.MIGModeDynamic}
 	fo.MIG, _ = hw.(hardware.MIGManager)
-	fleetNode, err := o.hw.fleetNode(node)
+	fleetNode, err := o.hw.FleetNode(node)
 	if err != nil {
 		return nil, err
 	}
-	vfioConfig, err := o.vfio.config(&o.hw, fleetNode)
+	vfioConfig, err := o.vfio.Config(&o.hw, fleetNode)
 	if err != nil {
 		return nil, err
 	}
 	fo.VFIO = vfioConfig
-	if fo.Sharing, err = o.sharing.resolve(cmd.Flags(), fleetNode); err != nil {
+	if fo.Sharing, err = o.sharing.Resolve(cmd.Flags(), fleetNode); err != nil {
 		return nil, err
 	}
 	return features.New(fo)
 }
 
 func (o *inspectOptions) nodeNames() ([]string, error) {
-	if !o.hw.simulated() {
+	if !o.hw.Simulated() {
 		if o.node != "" {
 			return []string{o.node}, nil
 		}
-		return []string{hostname()}, nil
+		return []string{pluginflags.Hostname()}, nil
 	}
 	if o.node != "" {
 		return []string{o.node}, nil
 	}
-	fleet, err := sim.Load(o.hw.fleet)
+	fleet, err := sim.Load(o.hw.Fleet)
 	if err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package main
+package pluginflags
 
 import (
 	"fmt"
@@ -19,20 +19,22 @@ const (
 	vfioOff    = "off"
 )
 
-// vfioFlags configure VFIO passthrough.
-type vfioFlags struct {
+// VFIO flags configure VFIO passthrough.
+type VFIO struct {
 	mode   string
 	gpus   []int
 	driver string
 }
 
-func (f *vfioFlags) addFlags(fs *pflag.FlagSet) {
+// AddFlags adds the flags to fs.
+func (f *VFIO) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&f.mode, "vfio", vfioBeside, fmt.Sprintf("VFIO passthrough of GPUs with an IOMMU group, one of [%s %s %s]: %s publishes gpu-vfio-<minor> devices beside the CUDA devices, kept apart by shared counters (needs partitionable devices; without them no VFIO device is published); %s offers the GPUs of --vfio-gpus for passthrough alone, without their CUDA devices; %s publishes none", vfioBeside, vfioOnly, vfioOff, vfioBeside, vfioOnly, vfioOff))
 	fs.IntSliceVar(&f.gpus, "vfio-gpus", nil, "minors of the GPUs offered for passthrough (default: every GPU with an IOMMU group)")
 	fs.StringVar(&f.driver, "vfio-driver", vfio.VFIOPCI, fmt.Sprintf("the VFIO driver GPUs are bound to, one of [%s %s] (the latter on Grace Hopper and Grace Blackwell)", vfio.VFIOPCI, vfio.NVGraceGPUVFIOPCI))
 }
 
-func (f *vfioFlags) validate() error {
+// Validate checks the flags and cleans their paths.
+func (f *VFIO) Validate() error {
 	if !slices.Contains([]string{vfioBeside, vfioOnly, vfioOff}, f.mode) {
 		return fmt.Errorf("--vfio %q: must be one of [%s %s %s]", f.mode, vfioBeside, vfioOnly, vfioOff)
 	}
@@ -42,21 +44,21 @@ func (f *vfioFlags) validate() error {
 	return nil
 }
 
-// config returns the plugin's VFIO config: real sysfs, procfs and modprobe,
+// Config returns the plugin's VFIO config: real sysfs, procfs and modprobe,
 // or for a simulated fleet's node a fake sysfs that models the kernel.
-func (f *vfioFlags) config(hw *discoveryFlags, fleetNode *sim.Node) (*plugin.VFIOConfig, error) {
+func (f *VFIO) Config(hw *Discovery, fleetNode *sim.Node) (*plugin.VFIOConfig, error) {
 	if f.mode == vfioOff {
 		return nil, nil
 	}
 	c := &plugin.VFIOConfig{Mode: devicemodel.VFIOMode(f.mode), GPUDriver: f.driver, GPUs: f.gpus}
 	if fleetNode != nil {
-		fake, err := fleetNode.SysfsWithState(hw.simStateFile(sim.SysfsStateFile))
+		fake, err := fleetNode.SysfsWithState(hw.SimStateFile(sim.SysfsStateFile))
 		if err != nil {
 			return nil, err
 		}
 		c.FS, c.Busy, c.Modules = fake, fake, fake
 		return c, nil
 	}
-	c.FS, c.Busy, c.Modules = vfio.Dir(hw.sysfsRoot), vfio.ProcHolders{Root: hw.procRoot}, vfio.Modprobe{}
+	c.FS, c.Busy, c.Modules = vfio.Dir(hw.SysfsRoot), vfio.ProcHolders{Root: hw.ProcRoot}, vfio.Modprobe{}
 	return c, nil
 }

@@ -1,4 +1,4 @@
-package main
+package pluginflags
 
 import (
 	"github.com/spf13/pflag"
@@ -6,23 +6,24 @@ import (
 	"github.com/gpudra/gpudra/pkg/health"
 )
 
-// healthFlags set the health policy (docs/health.md).
-type healthFlags struct {
+// Health flags set the health policy (docs/health.md).
+type Health struct {
 	ignoreXIDs  string
 	faultEffect string
 	lostEffect  string
 }
 
-func (f *healthFlags) addFlags(fs *pflag.FlagSet) {
+// AddFlags adds the flags to fs.
+func (f *Health) AddFlags(fs *pflag.FlagSet) {
 	d := health.DefaultPolicy()
 	fs.StringVar(&f.ignoreXIDs, "health-ignore-xids", health.FormatXIDs(d.IgnoreXIDs), "XIDs that taint nothing (application errors), comma-separated; the default is NVIDIA's list. See docs/health.md")
 	fs.StringVar(&f.faultEffect, "health-effect", string(d.FaultEffect), "effect of the taints of a GPU's XID and double-bit ECC errors, one of None, NoSchedule, NoExecute")
 	fs.StringVar(&f.lostEffect, "health-lost-effect", string(d.LostEffect), "effect of the taint of a GPU lost off the bus, one of None, NoSchedule, NoExecute")
 }
 
-// policy returns the policy the flags set; errors name the flag and the
+// Policy returns the policy the flags set; errors name the flag and the
 // allowed values.
-func (f *healthFlags) policy() (health.Policy, error) {
+func (f *Health) Policy() (health.Policy, error) {
 	var p health.Policy
 	var err error
 	if p.IgnoreXIDs, err = health.ParseXIDs("health-ignore-xids", f.ignoreXIDs); err != nil {

@@ -1,4 +1,4 @@
-package main
+package pluginflags
 
 import (
 	"fmt"
@@ -19,8 +19,8 @@ const (
 	launcherSystemdRun = "systemd-run"
 )
 
-// sharingFlags configure time-slicing and MPS.
-type sharingFlags struct {
+// Sharing flags configure time-slicing and MPS.
+type Sharing struct {
 	nvidiaSMI       string
 	mpsRoot         string
 	mpsControl      string
@@ -30,7 +30,8 @@ type sharingFlags struct {
 	fakeTimeSlicing bool
 }
 
-func (f *sharingFlags) addFlags(fs *pflag.FlagSet) {
+// AddFlags adds the flags to fs.
+func (f *Sharing) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&f.nvidiaSMI, "nvidia-smi-path", "", "nvidia-smi, as this process sees it, for time-slicing (default: usr/bin/nvidia-smi under --container-driver-root); time-slicing is refused when it is missing")
 	fs.StringVar(&f.mpsRoot, "mps-root", "/run/gpudra/mps", "directory of the MPS daemons' pipe, log and shm directories, on tmpfs and at the same path on the host and in the plugin's container (see docs/mps.md)")
 	fs.StringVar(&f.mpsControl, "mps-control-binary", "", "nvidia-cuda-mps-control, as this process sees it (default: usr/bin/nvidia-cuda-mps-control under --container-driver-root); MPS is refused when it is missing")
@@ -39,7 +40,8 @@ func (f *sharingFlags) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&f.systemdRunPath, "systemd-run-path", "/usr/bin/systemd-run", "with --mps-launcher=systemd-run: systemd-run as the host sees it")
 }
 
-func (f *sharingFlags) validate() error {
+// Validate checks the flags and cleans their paths.
+func (f *Sharing) Validate() error {
 	if f.mpsLauncher != launcherProcess && f.mpsLauncher != launcherSystemdRun {
 		return fmt.Errorf("--mps-launcher %q: must be one of [%s %s]", f.mpsLauncher, launcherProcess, launcherSystemdRun)
 	}
@@ -49,27 +51,27 @@ func (f *sharingFlags) validate() error {
 	return nil
 }
 
-// timeSlicer returns the setter for time slices, or nil when nvidia-smi is
+// TimeSlicer returns the setter for time slices, or nil when nvidia-smi is
 // missing. Simulated GPUs (a fleet) keep their time slices in memory, or
 // in a file of --sim-state-dir.
-func (f *sharingFlags) timeSlicer(hw *discoveryFlags) (timeslice.Setter, error) {
-	if hw.fleet != "" {
-		if path := hw.simStateFile(sim.TimeSlicesStateFile); path != "" {
+func (f *Sharing) TimeSlicer(hw *Discovery) (timeslice.Setter, error) {
+	if hw.Fleet != "" {
+		if path := hw.SimStateFile(sim.TimeSlicesStateFile); path != "" {
 			return timeslice.LoadMemory(path)
 		}
 		return &timeslice.Memory{}, nil
 	}
 	path := f.nvidiaSMI
 	if path == "" {
-		path = filepath.Join(hw.containerDriverRoot, "usr/bin/nvidia-smi")
+		path = filepath.Join(hw.ContainerDriverRoot, "usr/bin/nvidia-smi")
 	}
 	if _, err := os.Stat(path); err != nil {
 		return nil, nil
 	}
 	var opts []timeslice.Option
-	if hw.containerDriverRoot != "/" {
+	if hw.ContainerDriverRoot != "/" {
 		for _, lib := range []string{"usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "usr/lib64/libnvidia-ml.so.1", "usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1"} {
-			if p := filepath.Join(hw.containerDriverRoot, lib); fileExists(p) {
+			if p := filepath.Join(hw.ContainerDriverRoot, lib); fileExists(p) {
 				opts = append(opts, timeslice.WithNVMLLibrary(p))
 				break
 			}
@@ -78,12 +80,12 @@ func (f *sharingFlags) timeSlicer(hw *discoveryFlags) (timeslice.Setter, error) 
 	return timeslice.NewNvidiaSMI(path, opts...), nil
 }
 
-// mpsManager returns the MPS manager, or nil with the reason MPS is not
+// MPSManager returns the MPS manager, or nil with the reason MPS is not
 // available.
-func (f *sharingFlags) mpsManager(hw *discoveryFlags) (*mps.Manager, string) {
+func (f *Sharing) MPSManager(hw *Discovery) (*mps.Manager, string) {
 	path := f.mpsControl
 	if path == "" {
-		path = filepath.Join(hw.containerDriverRoot, "usr/bin", mps.DefaultControlBinary)
+		path = filepath.Join(hw.ContainerDriverRoot, "usr/bin", mps.DefaultControlBinary)
 	}
 	if !fileExists(path) {
 		return nil, fmt.Sprintf("%s not found; see --mps-control-binary", path)
@@ -104,24 +106,25 @@ func fileExists(path string) bool {
 	return err == nil && st.Mode().IsRegular()
 }
 
-// gpuSharingFlags say how full GPUs are shared between claims (KEP-5075
+// GPUSharing flags say how full GPUs are shared between claims (KEP-5075
 // consumable capacity): --sharing, NVIDIA's --consumable-shares for the
 // same, and --sharing-default.
-type gpuSharingFlags struct {
+type GPUSharing struct {
 	sharing          devicemodel.Sharing
 	consumableShares string
 	sharingDefault   string
 }
 
-func (f *gpuSharingFlags) addFlags(fs *pflag.FlagSet, help string) {
+// AddFlags adds the flags to fs.
+func (f *GPUSharing) AddFlags(fs *pflag.FlagSet, help string) {
 	fs.Var(&f.sharing, "sharing", help)
 	fs.StringVar(&f.consumableShares, "consumable-shares", "", "--sharing under the name and values of NVIDIA's driver, so that its DaemonSet arguments carry over: disabled, memory (memory-compute), <N> (shares=<N>) or unlimited")
 	fs.StringVar(&f.sharingDefault, "sharing-default", devicemodel.SharingDefaultWhole, fmt.Sprintf("what a claim that asks for no capacity gets on a shared GPU: %s (the whole GPU, uncapped) or %s (one share with shares=<N>, no memory with unlimited, as NVIDIA's driver gives)", devicemodel.SharingDefaultWhole, devicemodel.SharingDefaultShare))
 }
 
-// resolve returns the sharing the flags set, with what a simulated node
+// Resolve returns the sharing the flags set, with what a simulated node
 // sets where a flag was not given.
-func (f *gpuSharingFlags) resolve(fs *pflag.FlagSet, fleetNode *sim.Node) (devicemodel.Sharing, error) {
+func (f *GPUSharing) Resolve(fs *pflag.FlagSet, fleetNode *sim.Node) (devicemodel.Sharing, error) {
 	s := devicemodel.Sharing{}
 	if fleetNode != nil {
 		var err error

@@ -1,0 +1,242 @@
+package pluginflags
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	logsapi "k8s.io/component-base/logs/api/v1"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
+	"github.com/gpudra/gpudra/pkg/cdi"
+	"github.com/gpudra/gpudra/pkg/hardware"
+	"github.com/gpudra/gpudra/pkg/mps"
+	"github.com/gpudra/gpudra/pkg/nodemode"
+	"github.com/gpudra/gpudra/pkg/plugin"
+	"github.com/gpudra/gpudra/pkg/timeslice"
+)
+
+// Client rate limits. The kubeletplugin helper GETs every claim of every
+// NodePrepareResources call from the API server; at client-go's default of
+// 5 requests/s a node starting 32 pods would wait seconds for its own
+// client. 50/s sustained with a burst of 100 lets a full node's pods start
+// at once, and stays small next to the kubelet's own API traffic.
+const (
+	DefaultKubeAPIQPS   = 50
+	DefaultKubeAPIBurst = 100
+)
+
+// KubeletPlugin is the flags of `gpudra kubelet-plugin`.
+type KubeletPlugin struct {
+	HW                Discovery
+	CDI               CDI
+	Sharing           Sharing
+	VFIO              VFIO
+	GPUSharing        GPUSharing
+	Health            Health
+	HTTPEndpoint      string
+	MetricsPath       string
+	DriverName        string
+	NodeName          string
+	Kubeconfig        string
+	KubeAPIQPS        float32
+	KubeAPIBurst      int
+	PluginDataDir     string
+	RegistrarDir      string
+	DevicePluginDir   string
+	CDIDir            string
+	PodUID            string
+	DiscoveryInterval time.Duration
+	SweepInterval     time.Duration
+	CallTimeout       time.Duration
+	MIGMode           string
+	MIGModeSwitching  bool
+	Logging           *logsapi.LoggingConfiguration
+}
+
+// NewKubeletPlugin returns the flags' holder with its logging
+// configuration.
+func NewKubeletPlugin() *KubeletPlugin {
+	return &KubeletPlugin{Logging: logsapi.NewLoggingConfiguration()}
+}
+
+// ParseKubeletPlugin parses args (the flags after `gpudra kubelet-plugin`)
+// with the command's flag set, as the binary does, and returns the flags
+// and the set (which says what was given).
+func ParseKubeletPlugin(args []string) (*KubeletPlugin, *pflag.FlagSet, error) {
+	o := NewKubeletPlugin()
+	fs := pflag.NewFlagSet("kubelet-plugin", pflag.ContinueOnError)
+	fs.SetOutput(&strings.Builder{})
+	o.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, nil, fmt.Errorf("kubelet-plugin %s: %w", strings.Join(args, " "), err)
+	}
+	if fs.NArg() > 0 {
+		return nil, nil, fmt.Errorf("kubelet-plugin: unexpected arguments %q", fs.Args())
+	}
+	return o, fs, nil
+}
+
+// AddFlags adds every flag of `gpudra kubelet-plugin` to fs.
+func (o *KubeletPlugin) AddFlags(fs *pflag.FlagSet) {
+	o.HW.AddFlags(fs)
+	o.CDI.AddFlags(fs)
+	o.Sharing.AddFlags(fs)
+	o.VFIO.AddFlags(fs)
+	o.Health.AddFlags(fs)
+	o.GPUSharing.AddFlags(fs, "how full GPUs are shared between claims (KEP-5075 consumable capacity), one of none, memory-compute, shares=<N>, unlimited; a capped share gets an MPS daemon with its caps. See docs/sharing.md")
+	fs.StringVar(&o.DriverName, "driver-name", "gpu.nvidia.com", "DRA driver name; NVIDIA's DRA driver uses gpu.nvidia.com")
+	fs.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node, also the pool name (env NODE_NAME)")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file; in-cluster config when empty (env KUBECONFIG)")
+	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", DefaultKubeAPIQPS, "sustained requests per second to the API server")
+	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", DefaultKubeAPIBurst, "burst of requests to the API server")
+	fs.StringVar(&o.PluginDataDir, "plugin-data-dir", "", "directory for the DRA socket and the checkpoint (default /var/lib/kubelet/plugins/<driver-name>)")
+	fs.StringVar(&o.RegistrarDir, "registrar-dir", kubeletplugin.KubeletRegistryDir, "the kubelet's plugin registration directory")
+	fs.StringVar(&o.DevicePluginDir, "device-plugin-dir", nodemode.DefaultDevicePluginDir, "the kubelet's device-plugin directory: the DRA plugin refuses to start while a device plugin for NVIDIA GPUs (gpudra's or NVIDIA's) listens there")
+	fs.StringVar(&o.CDIDir, "cdi-dir", "/var/run/cdi", "directory for the per-claim CDI specs; the container runtime must read it")
+	fs.StringVar(&o.PodUID, "pod-uid", os.Getenv("POD_UID"), "UID of the plugin's pod; enables rolling updates with two instances side by side (env POD_UID)")
+	fs.DurationVar(&o.DiscoveryInterval, "discovery-interval", plugin.DefaultDiscoveryInterval, "how often GPUs are discovered again (sooner while discovery fails)")
+	fs.DurationVar(&o.SweepInterval, "sweep-interval", plugin.DefaultSweepInterval, "how often stale prepared claims and orphaned CDI specs are cleaned up")
+	fs.DurationVar(&o.CallTimeout, "kubelet-call-timeout", plugin.DefaultCallTimeout, "the kubelet's timeout for one DRA call; older unfinished preparations are rolled back")
+	fs.StringVar(&o.MIGMode, "mig-mode", string(plugin.MIGModeDynamic), fmt.Sprintf("how GPUs with MIG mode on are offered, one of %v: dynamic publishes every profile at every placement and creates the MIG device at Prepare; static publishes the MIG devices that exist and never creates or destroys one", plugin.MIGModes))
+	fs.StringVar(&o.HTTPEndpoint, "http-endpoint", "", "TCP address of the HTTP server for metrics and probes (e.g. :8080; /livez, /readyz and the metrics at --metrics-path); empty: no server")
+	fs.StringVar(&o.MetricsPath, "metrics-path", "/metrics", "HTTP path of the Prometheus metrics on --http-endpoint")
+	fs.BoolVar(&o.MIGModeSwitching, "mig-mode-switching", false, "with --mig-mode=dynamic, offer Hopper and newer MIG-capable GPUs both as a full GPU and as MIG devices whatever their MIG mode, and switch the mode at Prepare as the allocated device needs")
+	logsapi.AddFlags(o.Logging, fs)
+}
+
+// Validate checks the flags that need no I/O and fills in defaults that
+// depend on other flags (--plugin-data-dir, --container-driver-root).
+func (o *KubeletPlugin) Validate() error {
+	if o.NodeName == "" {
+		return fmt.Errorf("--node-name (or env NODE_NAME) is required")
+	}
+	if !slices.Contains(plugin.MIGModes, plugin.MIGMode(o.MIGMode)) {
+		return fmt.Errorf("--mig-mode %q: must be one of %v", o.MIGMode, plugin.MIGModes)
+	}
+	for _, v := range []interface{ Validate() error }{&o.HW, &o.CDI, &o.Sharing, &o.VFIO} {
+		if err := v.Validate(); err != nil {
+			return err
+		}
+	}
+	if _, err := o.Health.Policy(); err != nil {
+		return err
+	}
+	if !strings.HasPrefix(o.MetricsPath, "/") {
+		return fmt.Errorf("--metrics-path %q: must start with /", o.MetricsPath)
+	}
+	if o.PluginDataDir == "" {
+		o.PluginDataDir = filepath.Join(kubeletplugin.KubeletPluginsDir, o.DriverName)
+	}
+	return nil
+}
+
+// Host is what a node gives its plugin besides the flags: the GPUs and
+// the tools that reach them. A nil field comes from the flags (NVML under
+// --container-driver-root, or the --fleet node; nvidia-smi and
+// nvidia-cuda-mps-control under the driver root; sysfs for VFIO). The
+// local cluster sets every field to its simulated node's.
+type Host struct {
+	// Hardware is the node's GPUs.
+	Hardware hardware.Hardware
+	// VFIO is the kernel side of passthrough (FS, Busy, Modules of a
+	// plugin.VFIOConfig); the mode, driver and GPUs still come from the
+	// flags. Set with NoVFIO for a node without it.
+	VFIO *plugin.VFIOConfig
+	// NoVFIO: the node offers no passthrough, whatever --vfio says.
+	NoVFIO bool
+	// TimeSlicer sets time slices.
+	TimeSlicer timeslice.Setter
+	// MPS runs MPS daemons; with MPSUnavailable set instead, MPS claims
+	// are refused with that reason.
+	MPS            *mps.Manager
+	MPSUnavailable string
+	// DriverEdits say where CDI specs get the driver's files from.
+	DriverEdits cdi.DriverEdits
+}
+
+// Config validates the flags and returns the plugin's configuration, with
+// client as its API client and host's parts where host sets them. It
+// touches no directory: the caller creates them and checks the node's
+// device plugins (see `gpudra kubelet-plugin`).
+func (o *KubeletPlugin) Config(fs *pflag.FlagSet, client kubernetes.Interface, host Host) (plugin.Config, error) {
+	if err := o.Validate(); err != nil {
+		return plugin.Config{}, err
+	}
+	healthPolicy, err := o.Health.Policy()
+	if err != nil {
+		return plugin.Config{}, err
+	}
+	cfg := plugin.Config{
+		DriverName:        o.DriverName,
+		NodeName:          o.NodeName,
+		KubeClient:        client,
+		PluginDataDir:     o.PluginDataDir,
+		RegistrarDir:      o.RegistrarDir,
+		CDIDir:            o.CDIDir,
+		RollingUpdateUID:  types.UID(o.PodUID),
+		DiscoveryInterval: o.DiscoveryInterval,
+		CallTimeout:       o.CallTimeout,
+		SweepInterval:     o.SweepInterval,
+		MIGMode:           plugin.MIGMode(o.MIGMode),
+		MIGModeSwitching:  o.MIGModeSwitching,
+		HealthPolicy:      healthPolicy,
+		Hardware:          host.Hardware,
+		TimeSlicer:        host.TimeSlicer,
+		MPS:               host.MPS,
+		MPSUnavailable:    host.MPSUnavailable,
+		DriverEdits:       host.DriverEdits,
+	}
+	if cfg.Hardware == nil {
+		hw, fleetMIGMode, err := o.HW.NodeHardware(o.NodeName)
+		if err != nil {
+			return plugin.Config{}, err
+		}
+		cfg.Hardware = hw
+		if fleetMIGMode != "" && !fs.Changed("mig-mode") {
+			cfg.MIGMode = plugin.MIGMode(fleetMIGMode)
+		}
+	}
+	fleetNode, err := o.HW.FleetNode(o.NodeName)
+	if err != nil {
+		return plugin.Config{}, err
+	}
+	switch {
+	case host.NoVFIO:
+	case host.VFIO != nil:
+		if cfg.VFIO, err = o.VFIO.Config(&o.HW, nil); err != nil {
+			return plugin.Config{}, err
+		}
+		if cfg.VFIO != nil {
+			cfg.VFIO.FS, cfg.VFIO.Busy, cfg.VFIO.Modules = host.VFIO.FS, host.VFIO.Busy, host.VFIO.Modules
+		}
+	default:
+		if cfg.VFIO, err = o.VFIO.Config(&o.HW, fleetNode); err != nil {
+			return plugin.Config{}, err
+		}
+	}
+	if cfg.Sharing, err = o.GPUSharing.Resolve(fs, fleetNode); err != nil {
+		return plugin.Config{}, err
+	}
+	if cfg.TimeSlicer == nil {
+		if cfg.TimeSlicer, err = o.Sharing.TimeSlicer(&o.HW); err != nil {
+			return plugin.Config{}, err
+		}
+	}
+	if cfg.MPS == nil && cfg.MPSUnavailable == "" {
+		cfg.MPS, cfg.MPSUnavailable = o.Sharing.MPSManager(&o.HW)
+	}
+	if cfg.DriverEdits == nil {
+		cfg.DriverEdits = DriverEdits(&o.HW, &o.CDI)
+	}
+	return cfg, nil
+}
+
+// NVIDIASMIPath is the nvidia-smi time-slicing uses, for messages.
+func (o *KubeletPlugin) NVIDIASMIPath() string { return o.Sharing.nvidiaSMI }
