@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 
 	"github.com/spf13/cobra"
@@ -19,17 +17,11 @@ import (
 	"github.com/gpudra/gpudra/pkg/webhook"
 )
 
+// webhookOptions are the command's flags; package webhook holds them so
+// that the local cluster parses the Helm chart's arguments with the same
+// flag set.
 type webhookOptions struct {
-	port              int
-	certFile          string
-	keyFile           string
-	selfSignedDir     string
-	selfSignedHosts   []string
-	webhookConfigName string
-	driverName        string
-	cdDriverName      string
-	kubeconfig        string
-	logging           *logsapi.LoggingConfiguration
+	*webhook.Flags
 }
 
 func newWebhookCommand() *cobra.Command {
@@ -39,7 +31,7 @@ func newWebhookCommand() *cobra.Command {
 
 // webhookCommand returns the command and the options its flags set.
 func webhookCommand() (*cobra.Command, *webhookOptions) {
-	o := &webhookOptions{logging: logsapi.NewLoggingConfiguration()}
+	o := &webhookOptions{webhook.NewFlags()}
 	cmd := &cobra.Command{
 		Use:   "webhook",
 		Short: "Run the validating admission webhook of the opaque configs in ResourceClaims, ResourceClaimTemplates and DeviceClasses",
@@ -48,61 +40,13 @@ func webhookCommand() (*cobra.Command, *webhookOptions) {
 			return o.run(cmd)
 		},
 	}
-	fs := cmd.Flags()
-	fs.IntVar(&o.port, "port", 8443, "HTTPS port of the webhook (path "+webhook.ValidatePath+") and its probes /healthz and /readyz")
-	fs.StringVar(&o.certFile, "tls-cert-file", "", "serving certificate (PEM), e.g. from a cert-manager Secret; read again when it changes")
-	fs.StringVar(&o.keyFile, "tls-private-key-file", "", "the serving certificate's private key (PEM)")
-	fs.StringVar(&o.selfSignedDir, "self-signed-dir", "", "when --tls-cert-file and --tls-private-key-file are not given or do not exist: make a CA and a serving certificate in this directory (or keep those of an earlier start) and set the CA as the caBundle of --webhook-configuration-name; for clusters without cert-manager")
-	fs.StringSliceVar(&o.selfSignedHosts, "self-signed-hosts", nil, "DNS names (the webhook Service's, e.g. gpudra-webhook.gpudra.svc) and IP addresses of the self-signed certificate, comma-separated")
-	fs.StringVar(&o.webhookConfigName, "webhook-configuration-name", "gpudra-webhook", "ValidatingWebhookConfiguration whose webhooks' caBundle a self-signed webhook keeps set to its CA; empty: none")
-	fs.StringVar(&o.driverName, "driver-name", webhook.DefaultDriverName(webhook.GPUDriver), "DRA driver name of the GPU kubelet plugin, whose opaque configs are validated; empty: none")
-	fs.StringVar(&o.cdDriverName, "compute-domain-driver-name", webhook.DefaultDriverName(webhook.ComputeDomainDriver), "DRA driver name of the ComputeDomain kubelet plugin, whose opaque configs are validated; empty: none")
-	fs.StringVar(&o.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file, for setting the caBundle; in-cluster config when empty (env KUBECONFIG)")
-	logsapi.AddFlags(o.logging, fs)
+	o.AddFlags(cmd.Flags())
 	return cmd, o
 }
 
 // config checks the flags and returns the webhook's configuration, without
 // its API client.
-func (o *webhookOptions) config() (webhook.Config, error) {
-	var cfg webhook.Config
-	if o.port < 1 || o.port > 65535 {
-		return cfg, fmt.Errorf("--port %d: must be from 1 to 65535", o.port)
-	}
-	if (o.certFile == "") != (o.keyFile == "") {
-		return cfg, errors.New("--tls-cert-file and --tls-private-key-file: give both or neither")
-	}
-	if o.certFile == "" && o.selfSignedDir == "" {
-		return cfg, errors.New("no serving certificate: give --tls-cert-file and --tls-private-key-file, or --self-signed-dir for a self-signed one")
-	}
-	if o.selfSignedDir != "" && len(o.selfSignedHosts) == 0 {
-		return cfg, errors.New("--self-signed-hosts is required with --self-signed-dir: the webhook Service's DNS names, e.g. gpudra-webhook.gpudra.svc")
-	}
-	if o.certFile != "" && o.selfSignedDir == "" {
-		for flag, path := range map[string]string{"--tls-cert-file": o.certFile, "--tls-private-key-file": o.keyFile} {
-			if _, err := os.Stat(path); err != nil {
-				return cfg, fmt.Errorf("%s: %w (give --self-signed-dir to make a certificate when there is none)", flag, err)
-			}
-		}
-	}
-	if o.driverName == "" && o.cdDriverName == "" {
-		return cfg, errors.New("--driver-name and --compute-domain-driver-name are both empty: nothing to validate")
-	}
-	handler, err := webhook.NewHandler(
-		webhook.WithDriverName(webhook.GPUDriver, o.driverName),
-		webhook.WithDriverName(webhook.ComputeDomainDriver, o.cdDriverName))
-	if err != nil {
-		return cfg, fmt.Errorf("--driver-name, --compute-domain-driver-name: %w", err)
-	}
-	return webhook.Config{
-		Handler:           handler,
-		CertFile:          o.certFile,
-		KeyFile:           o.keyFile,
-		SelfSignedDir:     o.selfSignedDir,
-		SelfSignedHosts:   o.selfSignedHosts,
-		WebhookConfigName: o.webhookConfigName,
-	}, nil
-}
+func (o *webhookOptions) config() (webhook.Config, error) { return o.Config() }
 
 func (o *webhookOptions) run(cmd *cobra.Command) error {
 	// Flags first: logging is applied once per process.
@@ -110,7 +54,7 @@ func (o *webhookOptions) run(cmd *cobra.Command) error {
 	if err != nil {
 		return err
 	}
-	if err := logsapi.ValidateAndApply(o.logging, nil); err != nil {
+	if err := logsapi.ValidateAndApply(o.Logging, nil); err != nil {
 		return err
 	}
 	return o.serve(cmd.Context(), cfg)
@@ -120,14 +64,14 @@ func (o *webhookOptions) run(cmd *cobra.Command) error {
 func (o *webhookOptions) serve(ctx context.Context, cfg webhook.Config) error {
 	var err error
 	logger := klog.FromContext(ctx)
-	if o.selfSignedDir != "" && o.webhookConfigName != "" {
+	if o.SelfSignedDir != "" && o.WebhookConfigName != "" {
 		if cfg.Client, err = o.kubeClient(); err != nil {
 			return err
 		}
-	} else if o.selfSignedDir != "" {
+	} else if o.SelfSignedDir != "" {
 		logger.Info("--webhook-configuration-name is empty: the self-signed CA must be put into the webhook's caBundle by other means")
 	}
-	l, err := net.Listen("tcp", net.JoinHostPort("", strconv.Itoa(o.port)))
+	l, err := net.Listen("tcp", net.JoinHostPort("", strconv.Itoa(o.Port)))
 	if err != nil {
 		return fmt.Errorf("--port: %w", err)
 	}
@@ -138,8 +82,8 @@ func (o *webhookOptions) serve(ctx context.Context, cfg webhook.Config) error {
 func (o *webhookOptions) kubeClient() (kubernetes.Interface, error) {
 	var cfg *rest.Config
 	var err error
-	if o.kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	if o.Kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
 	} else {
 		cfg, err = rest.InClusterConfig()
 	}
