@@ -9,28 +9,25 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	"k8s.io/klog/v2"
 
-	"github.com/gpudra/gpudra/deployments/deviceclasses"
-	"github.com/gpudra/gpudra/deployments/rbac"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
 
 	"github.com/gpudra/gpudra/localcluster/controlplane"
+	"github.com/gpudra/gpudra/localcluster/install"
 	"github.com/gpudra/gpudra/localcluster/manifests"
 	"github.com/gpudra/gpudra/localcluster/simnode"
 )
@@ -61,6 +58,15 @@ type Options struct {
 	// MPSControlBinary, if set, is the (fake) nvidia-cuda-mps-control the
 	// nodes run MPS daemons with; without it nodes refuse MPS claims.
 	MPSControlBinary string
+	// ChartValues are the values gpudra's Helm chart is installed with
+	// (helm install -f), over the chart's values.yaml; driverName is
+	// DriverName unless they set it.
+	ChartValues map[string]any
+	// ChartNamespace is the release's namespace (default "gpudra").
+	ChartNamespace string
+	// BeforeChart, if set, may change the rendered chart before anything
+	// of it is applied or run (tests take a verb out of a role with it).
+	BeforeChart func(*install.Release) error
 }
 
 // Cluster is a running local cluster.
@@ -73,6 +79,9 @@ type Cluster struct {
 	dyn    dynamic.Interface
 	mapper *restmapper.DeferredDiscoveryRESTMapper
 	nodes  []*simnode.Node
+	// release is the chart as installed; webhook its webhook's pod.
+	release *install.Release
+	webhook *webhookPod
 	// health injects health events into every node's simulated GPUs.
 	health *sim.HealthEvents
 	// kubeletVersion is what the Nodes report: the control plane's
@@ -149,20 +158,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, finalErr error) {
 	}
 	c.mapper = restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc))
 
-	classes, err := deviceclasses.All()
-	if err != nil {
+	if err := c.installChart(ctx, progress); err != nil {
 		return nil, err
 	}
-	for _, class := range classes {
-		if _, err := c.client.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return nil, fmt.Errorf("install DeviceClass %s: %w", class.Name, err)
-		}
-	}
-	progress(fmt.Sprintf("%-24s installed", fmt.Sprintf("%d DeviceClasses", len(classes))))
-	if err := c.installRBAC(ctx); err != nil {
-		return nil, err
-	}
-	progress(fmt.Sprintf("%-24s installed", "kubelet plugin RBAC"))
 
 	kubeVersion, err := controlplane.KubernetesVersion()
 	if err != nil {
@@ -189,7 +187,7 @@ func (c *Cluster) startNodes(ctx context.Context) error {
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			nodes[i], errs[i] = c.startNode(ctx, name)
+			nodes[i], errs[i] = c.startNode(ctx, i, name)
 		})
 	}
 	wg.Wait()
@@ -201,7 +199,7 @@ func (c *Cluster) startNodes(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-func (c *Cluster) startNode(ctx context.Context, name string) (*simnode.Node, error) {
+func (c *Cluster) startNode(ctx context.Context, index int, name string) (*simnode.Node, error) {
 	fn, err := c.opts.Fleet.Node(name)
 	if err != nil {
 		return nil, err
@@ -214,18 +212,14 @@ func (c *Cluster) startNode(ctx context.Context, name string) (*simnode.Node, er
 	if err != nil {
 		return nil, err
 	}
+	// The plugin runs as the chart's DaemonSet's ServiceAccount, with the
+	// node name its pod-bound token carries: the status.devices permission
+	// and the ResourceSlice policy depend on it.
+	pod := c.release.KubeletPlugin
 	pluginCfg := c.cp.RESTConfig("gpudra-kubelet-plugin/"+name, c.opts.NodeQPS, c.opts.NodeBurst)
-	// The plugin's pod-bound ServiceAccount token names its node; the
-	// status.devices permission depends on it.
-	pluginCfg.Impersonate = rest.ImpersonationConfig{
-		UserName: serviceaccount.MakeUsername(rbac.DefaultNamespace, rbac.KubeletPluginName),
-		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + rbac.DefaultNamespace, "system:authenticated"},
-		Extra:    map[string][]string{serviceaccount.NodeNameKey: {name}},
-	}
-	pluginClient, err := kubernetes.NewForConfig(pluginCfg)
-	if err != nil {
-		return nil, err
-	}
+	pluginCfg.Impersonate = serviceAccountIdentity(pod.Namespace, pod.ServiceAccount(), name)
+	// Short: unix socket paths below it must fit in 108 bytes.
+	nodeDir := filepath.Join(c.dir, "n", strconv.Itoa(index))
 	sysfs, err := fn.Sysfs()
 	if err != nil {
 		return nil, err
@@ -239,56 +233,26 @@ func (c *Cluster) startNode(ctx context.Context, name string) (*simnode.Node, er
 		return nil, fmt.Errorf("node %s: devicePlugin: %w", name, err)
 	}
 	return simnode.Start(klog.NewContext(ctx, klog.FromContext(ctx)), simnode.Config{
-		Sysfs:         sysfs,
-		Sharing:       sharing,
-		Name:          name,
-		DriverName:    c.opts.DriverName,
-		Hardware:      fn.Hardware(sim.WithHealthEvents(c.health)),
-		Dir:           filepath.Join(c.dir, "n", name),
-		KubeletClient: kubelet,
-		PluginClient:  pluginClient,
-		Workers:       c.opts.NodeWorkers,
-		MIGMode:       plugin.MIGMode(fn.MIGMode),
-		Mode:          fn.Mode,
-		DevicePlugin:  dpConfig,
+		Sysfs:            sysfs,
+		Sharing:          sharing,
+		Name:             name,
+		DriverName:       c.opts.DriverName,
+		Hardware:         fn.Hardware(sim.WithHealthEvents(c.health)),
+		Dir:              nodeDir,
+		KubeletClient:    kubelet,
+		PluginRESTConfig: pluginCfg,
+		PluginArgs: func(podUID string) ([]string, error) {
+			return pod.Args(install.Instance{NodeName: name, UID: podUID, Volume: nodeVolumes(nodeDir, c.opts.DriverName)})
+		},
+		Workers:      c.opts.NodeWorkers,
+		MIGMode:      plugin.MIGMode(fn.MIGMode),
+		Mode:         fn.Mode,
+		DevicePlugin: dpConfig,
 
 		MPSControlBinary: c.opts.MPSControlBinary,
 		KubeletTLS:       kubeletTLS,
 		KubeletVersion:   c.kubeletVersion,
 	})
-}
-
-// installRBAC creates the plugin's namespace, ServiceAccount, ClusterRole
-// and ClusterRoleBinding from deployments/rbac, as the Helm chart does.
-func (c *Cluster) installRBAC(ctx context.Context) error {
-	objs, err := rbac.KubeletPlugin(rbac.DefaultNamespace, c.opts.DriverName)
-	if err != nil {
-		return err
-	}
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: rbac.DefaultNamespace}}
-	for _, create := range []func() error{
-		func() error {
-			_, err := c.client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
-			return err
-		},
-		func() error {
-			_, err := c.client.CoreV1().ServiceAccounts(rbac.DefaultNamespace).Create(ctx, objs.ServiceAccount, metav1.CreateOptions{})
-			return err
-		},
-		func() error {
-			_, err := c.client.RbacV1().ClusterRoles().Create(ctx, objs.ClusterRole, metav1.CreateOptions{})
-			return err
-		},
-		func() error {
-			_, err := c.client.RbacV1().ClusterRoleBindings().Create(ctx, objs.ClusterRoleBinding, metav1.CreateOptions{})
-			return err
-		},
-	} {
-		if err := create(); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("install the kubelet plugin's RBAC: %w", err)
-		}
-	}
-	return nil
 }
 
 // Options returns the options in effect, defaults filled in.
@@ -362,6 +326,10 @@ func (c *Cluster) Stop() error {
 	wg.Wait()
 	c.nodes = nil
 	var errs []error
+	if c.webhook != nil {
+		errs = append(errs, c.webhook.stop())
+		c.webhook = nil
+	}
 	if c.cp != nil {
 		errs = append(errs, c.cp.Stop())
 		c.cp = nil

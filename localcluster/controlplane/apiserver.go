@@ -42,6 +42,8 @@ type apiServer struct {
 	requests *requestCounter
 	// kubeletCA signs the simulated nodes' kubelet API certificates.
 	kubeletCA *kubeletCA
+	// routes resolve the Services kube-apiserver calls (webhooks).
+	routes *serviceRoutes
 }
 
 // startAPIServer runs kube-apiserver in this process on a free loopback
@@ -139,7 +141,8 @@ func startAPIServer(ctx context.Context, dir, etcdURL string, authzModes []strin
 		ln.Close()
 		return nil, fmt.Errorf("validate kube-apiserver options: %v", errs)
 	}
-	config, err := app.NewConfig(completed)
+	routes := &serviceRoutes{routes: map[string]string{}}
+	config, err := withServiceResolver(routes, func() (*app.Config, error) { return app.NewConfig(completed) })
 	if err != nil {
 		ln.Close()
 		return nil, err
@@ -174,7 +177,7 @@ func startAPIServer(ctx context.Context, dir, etcdURL string, authzModes []strin
 		}
 		done <- prepared.Run(runCtx)
 	}()
-	a := &apiServer{done: done, cancel: cancel, requests: requests, kubeletCA: kubeletCA}
+	a := &apiServer{done: done, cancel: cancel, requests: requests, kubeletCA: kubeletCA, routes: routes}
 	defer func() {
 		if finalErr != nil {
 			a.stop()

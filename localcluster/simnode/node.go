@@ -22,9 +22,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
@@ -34,12 +36,14 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
+	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/plugin"
+	"github.com/gpudra/gpudra/pkg/pluginflags"
 	"github.com/gpudra/gpudra/pkg/timeslice"
 	"github.com/gpudra/gpudra/pkg/vfio/fakesysfs"
 )
@@ -57,9 +61,23 @@ type Config struct {
 	// stay under 108 bytes, so keep it short.
 	Dir string
 	// KubeletClient is what the node's kubelet parts (DRA manager, pod
-	// loop) use; PluginClient is the plugin's.
-	KubeletClient kubernetes.Interface
-	PluginClient  kubernetes.Interface
+	// loop) use; PluginClient is the plugin's. With PluginRESTConfig
+	// instead, the plugin's client is made from it with the rate limits of
+	// the plugin's --kube-api-qps and --kube-api-burst.
+	KubeletClient    kubernetes.Interface
+	PluginClient     kubernetes.Interface
+	PluginRESTConfig *rest.Config
+	// PluginArgs, if set, returns the command line of the node's plugin
+	// pod with the given UID, `kubelet-plugin` and its flags (the Helm
+	// chart's DaemonSet container's, see package install): the plugin's
+	// configuration is parsed from it with the command's own flag set
+	// (package pluginflags). What the flags cannot say comes from this
+	// Config: the simulated hardware, VFIO's fake sysfs, the time slices,
+	// the fake MPS binary, no driver files in CDI specs; and the fleet's
+	// per-node MIGMode and Sharing, where set, win over the flags (on a
+	// cluster, a values file per node pool). Unset: the node's directories
+	// and DriverName, every other flag at its default.
+	PluginArgs func(podUID string) ([]string, error)
 	// Workers is how many pods the loop handles at once (default
 	// DefaultWorkers).
 	Workers int
@@ -115,6 +133,9 @@ type Node struct {
 
 	pluginMu sync.Mutex
 	plugin   *plugin.Driver
+	// podUID is the UID of the plugin's pod: its --pod-uid, kept across
+	// restarts of the plugin (a container restart keeps its pod).
+	podUID string
 	// mps is the MPS manager of the running plugin, nil without MPS.
 	mps *mps.Manager
 
@@ -159,7 +180,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, finalErr error) {
 	}
 	logger := klog.FromContext(ctx).WithName("node").WithValues("node", cfg.Name)
 	runCtx, cancel := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), logger))
-	n := &Node{cfg: cfg, logger: logger, ctx: runCtx, cancel: cancel, timeSlices: &timeslice.Memory{}}
+	n := &Node{cfg: cfg, logger: logger, ctx: runCtx, cancel: cancel, timeSlices: &timeslice.Memory{}, podUID: string(uuid.NewUUID())}
 	if cfg.MPSControlBinary != "" {
 		// Not under Dir: the daemons' sockets must stay under 108 bytes.
 		dir, err := os.MkdirTemp("/tmp", "gpudra-mps-")
@@ -296,28 +317,9 @@ func (n *Node) StartPlugin(ctx context.Context) error {
 	if n.plugin != nil {
 		return errors.New("plugin already running")
 	}
-	cfg := plugin.Config{
-		DriverName:     n.cfg.DriverName,
-		NodeName:       n.cfg.Name,
-		KubeClient:     n.cfg.PluginClient,
-		Hardware:       n.cfg.Hardware,
-		PluginDataDir:  n.cfg.pluginDir(),
-		RegistrarDir:   n.cfg.registryDir(),
-		CDIDir:         n.cfg.CDIDir(),
-		MIGMode:        n.cfg.MIGMode,
-		TimeSlicer:     n.timeSlices,
-		VFIO:           n.vfioConfig(),
-		Sharing:        n.cfg.Sharing,
-		MPSUnavailable: "the simulated node has no MPS control binary",
-	}
-	if n.cfg.MPSControlBinary != "" {
-		// A new manager per plugin start, as a restarted plugin process
-		// would have: it adopts the daemons its predecessor started.
-		m, err := mps.New(n.mpsRoot, mps.WithControlBinary(n.cfg.MPSControlBinary))
-		if err != nil {
-			return fmt.Errorf("node %s: MPS: %w", n.cfg.Name, err)
-		}
-		cfg.MPS, cfg.MPSUnavailable = m, ""
+	cfg, err := n.pluginConfig(n.podUID)
+	if err != nil {
+		return fmt.Errorf("node %s: plugin: %w", n.cfg.Name, err)
 	}
 	d, err := plugin.Start(n.ctx, cfg)
 	if err != nil {
@@ -325,6 +327,83 @@ func (n *Node) StartPlugin(ctx context.Context) error {
 	}
 	n.plugin, n.mps = d, cfg.MPS
 	return n.waitForPlugin(ctx)
+}
+
+// pluginConfig returns the configuration of the node's plugin in the pod
+// with the given UID: parsed from its command line, with the simulated
+// node's parts (see Config.PluginArgs).
+func (n *Node) pluginConfig(podUID string) (plugin.Config, error) {
+	args := []string{"kubelet-plugin",
+		"--driver-name=" + n.cfg.DriverName,
+		"--node-name=" + n.cfg.Name,
+		"--plugin-data-dir=" + n.cfg.pluginDir(),
+		"--registrar-dir=" + n.cfg.registryDir(),
+		"--cdi-dir=" + n.cfg.CDIDir(),
+	}
+	if n.cfg.PluginArgs != nil {
+		var err error
+		if args, err = n.cfg.PluginArgs(podUID); err != nil {
+			return plugin.Config{}, err
+		}
+	}
+	if len(args) == 0 || args[0] != "kubelet-plugin" {
+		return plugin.Config{}, fmt.Errorf("command line %q: want gpudra kubelet-plugin", args)
+	}
+	flags, fs, err := pluginflags.ParseKubeletPlugin(args[1:])
+	if err != nil {
+		return plugin.Config{}, err
+	}
+	// The kubelet finds the plugin where it looks: the node's directories.
+	for _, f := range []struct{ flag, got, want string }{
+		{"--node-name", flags.NodeName, n.cfg.Name},
+		{"--driver-name", flags.DriverName, n.cfg.DriverName},
+		{"--plugin-data-dir", flags.PluginDataDir, n.cfg.pluginDir()},
+		{"--registrar-dir", flags.RegistrarDir, n.cfg.registryDir()},
+		{"--cdi-dir", flags.CDIDir, n.cfg.CDIDir()},
+	} {
+		if f.got != f.want {
+			return plugin.Config{}, fmt.Errorf("%s %q: the simulated node's is %q", f.flag, f.got, f.want)
+		}
+	}
+	host := pluginflags.Host{
+		Hardware:       n.cfg.Hardware,
+		TimeSlicer:     n.timeSlices,
+		DriverEdits:    cdi.NoDriverEdits{},
+		MPSUnavailable: "the simulated node has no MPS control binary",
+	}
+	if s := n.cfg.Sysfs; s != nil {
+		host.VFIO = &plugin.VFIOConfig{FS: s, Busy: s, Modules: s}
+	} else {
+		host.NoVFIO = true
+	}
+	if n.cfg.MPSControlBinary != "" {
+		// A new manager per plugin start, as a restarted plugin process
+		// would have: it adopts the daemons its predecessor started.
+		m, err := mps.New(n.mpsRoot, mps.WithControlBinary(n.cfg.MPSControlBinary))
+		if err != nil {
+			return plugin.Config{}, fmt.Errorf("MPS: %w", err)
+		}
+		host.MPS, host.MPSUnavailable = m, ""
+	}
+	client := n.cfg.PluginClient
+	if n.cfg.PluginRESTConfig != nil {
+		rc := rest.CopyConfig(n.cfg.PluginRESTConfig)
+		rc.QPS, rc.Burst = flags.KubeAPIQPS, flags.KubeAPIBurst
+		if client, err = kubernetes.NewForConfig(rc); err != nil {
+			return plugin.Config{}, err
+		}
+	}
+	cfg, err := flags.Config(fs, client, host)
+	if err != nil {
+		return plugin.Config{}, err
+	}
+	if n.cfg.MIGMode != "" {
+		cfg.MIGMode = n.cfg.MIGMode
+	}
+	if n.cfg.Sharing != (devicemodel.Sharing{}) {
+		cfg.Sharing = n.cfg.Sharing
+	}
+	return cfg, nil
 }
 
 // waitForPlugin waits for registration with the DRA manager (the plugin
@@ -424,15 +503,6 @@ func (n *Node) Stop() {
 	if n.mpsRoot != "" {
 		_ = os.RemoveAll(n.mpsRoot)
 	}
-}
-
-// vfioConfig is the plugin's passthrough config, nil without a sysfs.
-func (n *Node) vfioConfig() *plugin.VFIOConfig {
-	s := n.cfg.Sysfs
-	if s == nil {
-		return nil
-	}
-	return &plugin.VFIOConfig{Mode: devicemodel.VFIOBeside, FS: s, Busy: s, Modules: s}
 }
 
 // Sysfs returns the node's fake sysfs, nil if it has none.

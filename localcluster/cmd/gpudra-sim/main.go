@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	sigsyaml "sigs.k8s.io/yaml"
 	"syscall"
 	"time"
 
@@ -45,6 +46,8 @@ type options struct {
 	loadDir string
 	// events is a health events file to play after the apply.
 	events string
+	// chartValues is a values file for gpudra's chart.
+	chartValues string
 }
 
 func main() {
@@ -56,10 +59,11 @@ func main() {
 	var o options
 	fs := flag.NewFlagSet("gpudra-sim", flag.ExitOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `Usage: gpudra-sim [--fleet FILE|NAME] [--manifests DIR] [--events FILE] [--report FILE] [--keep-running]
+		fmt.Fprintf(fs.Output(), `Usage: gpudra-sim [--fleet FILE|NAME] [--chart-values FILE] [--manifests DIR] [--events FILE] [--report FILE] [--keep-running]
 
 Runs a local Kubernetes cluster in this process with simulated GPU nodes and
-gpudra, applies the manifests, waits until the pods and workloads settle and
+gpudra, installed from its Helm chart (deployments/helm/gpudra) with the
+values of --chart-values, applies the manifests, waits until the pods and workloads settle and
 prints where each pod landed and what its containers got (CDI devices, device
 nodes, environment, mounts, MPS caps, time slices), the workloads, and the
 objects the API server refused. Exit status 1 if the cluster did not start,
@@ -71,6 +75,7 @@ Flags:
 		fs.PrintDefaults()
 	}
 	fs.StringVar(&o.fleet, "fleet", "demo", "simulated fleet: a built-in name ("+fmt.Sprint(sim.BuiltinNames())+") or a fleet YAML file")
+	fs.StringVar(&o.chartValues, "chart-values", "", "values file (YAML) for gpudra's Helm chart, as helm install -f; the chart's flags, RBAC, policy and webhook are what the cluster runs")
 	fs.StringVar(&o.manifests, "manifests", "", "directory (or file) of YAML manifests to apply (default: the repository's examples/)")
 	fs.StringVar(&o.events, "events", "", "YAML list of GPU health events to inject after the apply: {after: <duration>, node: <name>, gpu: <index>, event: xid:<n>|ecc-dbe|gpu-lost|recover}")
 	fs.StringVar(&o.report, "report", "", "write a JSON report of the pods to this file")
@@ -202,9 +207,13 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 	// fake's default bound.
 	_ = os.Setenv(mpsfake.EnvMaxLifetime, "0")
 
+	values, err := readChartValues(o.chartValues)
+	if err != nil {
+		return err
+	}
 	progress("starting the local cluster: fleet %s, %d nodes", o.fleet, len(fleet.Nodes))
 	start := time.Now()
-	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, MPSControlBinary: mpsControl, Progress: func(msg string) { progress("%s", msg) }})
+	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, MPSControlBinary: mpsControl, ChartValues: values, Progress: func(msg string) { progress("%s", msg) }})
 	if err != nil {
 		return fmt.Errorf("start the local cluster: %w", err)
 	}
@@ -331,4 +340,21 @@ func findExamples() (string, error) {
 		}
 	}
 	return "", errors.New("no examples/ directory here or in the parent directory; give --manifests DIR")
+}
+
+// readChartValues reads a values file as helm install -f does; no file, no
+// values.
+func readChartValues(path string) (map[string]any, error) {
+	if path == "" {
+		return nil, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--chart-values: %w", err)
+	}
+	values := map[string]any{}
+	if err := sigsyaml.Unmarshal(data, &values); err != nil {
+		return nil, fmt.Errorf("--chart-values %s: %w", path, err)
+	}
+	return values, nil
 }
