@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -218,8 +219,7 @@ func (c *Cluster) startNode(ctx context.Context, index int, name string) (*simno
 	pod := c.release.KubeletPlugin
 	pluginCfg := c.cp.RESTConfig("gpudra-kubelet-plugin/"+name, c.opts.NodeQPS, c.opts.NodeBurst)
 	pluginCfg.Impersonate = serviceAccountIdentity(pod.Namespace, pod.ServiceAccount(), name)
-	// Short: unix socket paths below it must fit in 108 bytes.
-	nodeDir := filepath.Join(c.dir, "n", strconv.Itoa(index))
+	nodeDir := c.nodeDir(index)
 	sysfs, err := fn.Sysfs()
 	if err != nil {
 		return nil, err
@@ -253,6 +253,20 @@ func (c *Cluster) startNode(ctx context.Context, index int, name string) (*simno
 		KubeletTLS:       kubeletTLS,
 		KubeletVersion:   c.kubeletVersion,
 	})
+}
+
+// nodeDir returns the directory of the node with the given index: short,
+// for unix socket paths below it must fit in 108 bytes with the NUL. One
+// length is avoided: kubeletplugin v0.37.1 names the registration socket
+// of a plugin with --pod-uid <driver>-<pod UID>-reg.sock when that path
+// is at most 108 bytes long, one more than fits, and the plugin then fails
+// to listen; a byte longer, it takes a hashed name that fits.
+func (c *Cluster) nodeDir(index int) string {
+	dir := filepath.Join(c.dir, "n", strconv.Itoa(index))
+	if len(filepath.Join(dir, "plugins_registry", c.opts.DriverName+"-"+strings.Repeat("0", 36)+"-reg.sock")) == 108 {
+		dir += "_"
+	}
+	return dir
 }
 
 // Options returns the options in effect, defaults filled in.

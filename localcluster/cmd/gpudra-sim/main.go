@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -116,8 +117,11 @@ func setUpLogging(o options) (func(), error) {
 			return nil, err
 		}
 	}
+	// The standard logger's too: Helm's chart loader and the webhook's
+	// HTTP server log through it.
 	if o.logFile == "" {
 		klog.SetOutput(io.Discard)
+		log.SetOutput(io.Discard)
 		return func() {}, nil
 	}
 	f, err := os.Create(o.logFile)
@@ -125,6 +129,7 @@ func setUpLogging(o options) (func(), error) {
 		return nil, err
 	}
 	klog.SetOutput(f)
+	log.SetOutput(f)
 	return func() { klog.Flush(); f.Close() }, nil
 }
 
