@@ -3,127 +3,31 @@ package e2e
 import (
 	"context"
 	"errors"
-	"net"
 	"strings"
 	"testing"
 	"time"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/utils/ptr"
 
 	"github.com/gpudra/gpudra/pkg/config"
-	"github.com/gpudra/gpudra/pkg/webhook"
 
 	"github.com/gpudra/gpudra/localcluster/manifests"
 )
 
-const (
-	// webhookName is the name of the webhook in its configuration, which
-	// the API server's refusals quote.
-	webhookName = "opaque-configs.gpudra.io"
-	// webhookNamespaceLabel selects the namespaces the webhook validates,
-	// so that the other tests of the shared cluster never meet it.
-	webhookNamespaceLabel = "gpudra.io/e2e-webhook"
-)
+// webhookName is the name of the chart's webhook in its
+// ValidatingWebhookConfiguration, which the API server's refusals quote.
+// The demo cluster runs the webhook's pod from the chart (see package
+// install) for every namespace, as a cluster that installed the chart does.
+const webhookName = "opaque-config.gpu.nvidia.com"
 
-// startWebhook runs `gpudra webhook`'s server in process on a loopback
-// port with a self-signed certificate, registers it with the local
-// cluster's API server (matchPolicy Equivalent, failurePolicy Fail) for
-// the namespaces labelled webhookNamespaceLabel, leaves the caBundle to the
-// server's bootstrap, and waits until the API server calls it. All of it
-// goes at the end of the test, the registration first.
-func startWebhook(t *testing.T, ctx context.Context) {
-	t.Helper()
-	const configName = "gpudra-e2e-webhook"
-	handler, err := webhook.NewHandler()
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Made before the server's cleanup is registered, so removed after
-	// the server stops.
-	certDir := t.TempDir()
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- webhook.Run(runCtx, l, webhook.Config{
-			Handler:           handler,
-			SelfSignedDir:     certDir,
-			SelfSignedHosts:   []string{"127.0.0.1"},
-			WebhookConfigName: configName,
-			Client:            demo.Client(),
-			CABundleInterval:  100 * time.Millisecond,
-		})
-	}()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("webhook server: %v", err)
-		}
-	})
-
-	var rules []admissionregistrationv1.RuleWithOperations
-	for _, r := range webhook.Resources() {
-		rules = append(rules, admissionregistrationv1.RuleWithOperations{
-			Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
-			Rule: admissionregistrationv1.Rule{
-				APIGroups: []string{r.Group}, APIVersions: []string{r.Version}, Resources: []string{r.Resource},
-				Scope: ptr.To(admissionregistrationv1.AllScopes),
-			},
-		})
-	}
-	vwcs := demo.Client().AdmissionregistrationV1().ValidatingWebhookConfigurations()
-	vwc := &admissionregistrationv1.ValidatingWebhookConfiguration{
-		ObjectMeta: metav1.ObjectMeta{Name: configName},
-		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
-			Name: webhookName,
-			// No caBundle: the server's self-signed bootstrap sets it.
-			ClientConfig:            admissionregistrationv1.WebhookClientConfig{URL: ptr.To("https://" + l.Addr().String() + webhook.ValidatePath)},
-			Rules:                   rules,
-			MatchPolicy:             ptr.To(admissionregistrationv1.Equivalent),
-			FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
-			SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
-			AdmissionReviewVersions: []string{"v1"},
-			TimeoutSeconds:          ptr.To[int32](10),
-			NamespaceSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{webhookNamespaceLabel: "true"}},
-		}},
-	}
-	if _, err := vwcs.Create(ctx, vwc, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := vwcs.Delete(context.Background(), configName, metav1.DeleteOptions{}); err != nil {
-			t.Errorf("delete ValidatingWebhookConfiguration: %v", err)
-		}
-	})
-
-	// Ready when a dry run of a bad claim is refused by the webhook: the
-	// caBundle is set and the API server has picked the configuration up.
-	ns := webhookNamespace(t, ctx, "webhook-probe")
-	probe := claimWithConfig("probe", misspeltGpuConfig)
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, err := demo.Client().ResourceV1().ResourceClaims(ns).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return err != nil && strings.Contains(err.Error(), `admission webhook "`+webhookName+`" denied the request`), nil
-	})
-	if err != nil {
-		t.Fatalf("the API server never called the webhook: %v", err)
-	}
-}
-
-// webhookNamespace creates a namespace the webhook validates; it goes at
-// the end of the test.
+// webhookNamespace creates a namespace; it goes at the end of the test.
 func webhookNamespace(t *testing.T, ctx context.Context, name string) string {
 	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{webhookNamespaceLabel: "true"}}}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
 	if _, err := demo.Client().CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
@@ -169,7 +73,6 @@ func pluginMessage(t *testing.T, params string) string {
 // a pod's claim is prepared); a good claim is created.
 func TestWebhookRefusesMisspeltConfigAtCreation(t *testing.T) {
 	ctx := testContext(t, 2*time.Minute)
-	startWebhook(t, ctx)
 	ns := webhookNamespace(t, ctx, "webhook-configs")
 	refusal := `admission webhook "` + webhookName + `" denied the request: `
 
@@ -243,18 +146,6 @@ spec:
 	if _, err := demo.Client().ResourceV1().ResourceClaimTemplates(ns).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
 		t.Errorf("good template: %v", err)
 	}
-	// Where the webhook is not registered (a namespace it does not select)
-	// the same claim is created, to be refused only at Prepare.
-	plain := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "webhook-unselected"}}
-	if _, err := demo.Client().CoreV1().Namespaces().Create(ctx, plain, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = demo.Client().CoreV1().Namespaces().Delete(context.Background(), plain.Name, metav1.DeleteOptions{})
-	})
-	if _, err := demo.Client().ResourceV1().ResourceClaims(plain.Name).Create(ctx, claimWithConfig("misspelt", misspeltGpuConfig), metav1.CreateOptions{}); err != nil {
-		t.Errorf("claim with a misspelt field where the webhook is not registered: %v", err)
-	}
 	// A config of another driver is not the webhook's business.
 	other := claimWithConfig("other-driver", misspeltGpuConfig)
 	other.Spec.Devices.Config[0].Opaque.Driver = "nic.example.com"
@@ -262,8 +153,7 @@ spec:
 		t.Errorf("claim with a config of another driver: %v", err)
 	}
 
-	// A DeviceClass (cluster-scoped: the namespace selector does not
-	// apply) with a bad config is refused too; it is never created.
+	// A DeviceClass with a bad config is refused too; it is never created.
 	class := &resourceapi.DeviceClass{ObjectMeta: metav1.ObjectMeta{Name: "webhook-e2e.gpudra.io"}}
 	class.Spec.Config = []resourceapi.DeviceClassConfiguration{{DeviceConfiguration: claimWithConfig("", misspeltGpuConfig).Spec.Devices.Config[0].DeviceConfiguration}}
 	_, err = demo.Client().ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{})
