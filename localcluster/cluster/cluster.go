@@ -263,7 +263,7 @@ func (c *Cluster) startNode(ctx context.Context, index int, name string) (*simno
 // to listen; a byte longer, it takes a hashed name that fits.
 func (c *Cluster) nodeDir(index int) string {
 	dir := filepath.Join(c.dir, "n", strconv.Itoa(index))
-	if len(filepath.Join(dir, "plugins_registry", c.opts.DriverName+"-"+strings.Repeat("0", 36)+"-reg.sock")) == 108 {
+	if len(filepath.Join(dir, "plugins_registry", c.opts.DriverName+"-"+strings.Repeat("0", simnode.PodUIDLength)+"-reg.sock")) == 108 {
 		dir += "_"
 	}
 	return dir

@@ -94,7 +94,7 @@ func TestChartPolicyRefusesOtherNodesSlices(t *testing.T) {
 	checkRefused(t, "create node B's slice", err, want)
 
 	changed := sliceB.DeepCopy()
-	changed.Spec.Devices = changed.Spec.Devices[:1]
+	changed.Labels = map[string]string{"e2e": "changed-by-another-node"}
 	_, err = pluginA.ResourceV1().ResourceSlices().Update(ctx, changed, metav1.UpdateOptions{})
 	checkRefused(t, "update node B's slice", err, want)
 

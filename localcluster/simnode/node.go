@@ -112,6 +112,16 @@ type Config struct {
 	DevicePlugin *deviceplugin.Config
 }
 
+// PodUIDLength is the length of the UIDs of the simulated plugin pods.
+// Shorter than a real pod's UUID (36): the plugin names its DRA socket
+// dra-<pod UID>.sock in its data directory, which on a simulated node lies
+// deeper than /var/lib/kubelet/plugins, and a unix socket path must fit in
+// 107 bytes.
+const PodUIDLength = 8
+
+// NewPodUID returns a new UID for a simulated plugin pod.
+func NewPodUID() string { return string(uuid.NewUUID())[:PodUIDLength] }
+
 // DefaultWorkers is how many pods a node's loop handles at once unless
 // Config.Workers says otherwise.
 const DefaultWorkers = 4
@@ -180,7 +190,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, finalErr error) {
 	}
 	logger := klog.FromContext(ctx).WithName("node").WithValues("node", cfg.Name)
 	runCtx, cancel := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), logger))
-	n := &Node{cfg: cfg, logger: logger, ctx: runCtx, cancel: cancel, timeSlices: &timeslice.Memory{}, podUID: string(uuid.NewUUID())}
+	n := &Node{cfg: cfg, logger: logger, ctx: runCtx, cancel: cancel, timeSlices: &timeslice.Memory{}, podUID: NewPodUID()}
 	if cfg.MPSControlBinary != "" {
 		// Not under Dir: the daemons' sockets must stay under 108 bytes.
 		dir, err := os.MkdirTemp("/tmp", "gpudra-mps-")
