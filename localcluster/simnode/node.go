@@ -464,6 +464,55 @@ func (n *Node) RestartPlugin(ctx context.Context) error {
 	return n.StartPlugin(ctx)
 }
 
+// UpgradePlugin rolls the node's plugin to a new pod, as the chart's
+// DaemonSet rolls (maxSurge 1, maxUnavailable 0): the new pod's plugin,
+// with a new --pod-uid and so sockets of its own, starts beside the old
+// one on the same data directory; once the kubelet has it registered the
+// old one stops. The kubelet calls whichever plugin is registered last at
+// every moment. It returns how long the two ran side by side.
+func (n *Node) UpgradePlugin(ctx context.Context) (time.Duration, error) {
+	n.pluginMu.Lock()
+	defer n.pluginMu.Unlock()
+	if n.plugin == nil {
+		return 0, errors.New("no plugin running")
+	}
+	var before *draplugin.DRAPlugin
+	if n.plugins != nil {
+		before, _ = n.plugins.GetPlugin(n.cfg.DriverName)
+	}
+	uid := NewPodUID()
+	cfg, err := n.pluginConfig(uid)
+	if err != nil {
+		return 0, fmt.Errorf("node %s: new plugin: %w", n.cfg.Name, err)
+	}
+	start := time.Now()
+	d, err := plugin.Start(n.ctx, cfg)
+	if err != nil {
+		return 0, fmt.Errorf("node %s: start new plugin: %w", n.cfg.Name, err)
+	}
+	// Ready when the kubelet's DRA manager calls the new one.
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		if n.plugins == nil {
+			return true, nil
+		}
+		p, err := n.plugins.GetPlugin(n.cfg.DriverName)
+		return err == nil && p != before, nil
+	})
+	if err != nil {
+		d.Stop()
+		return 0, fmt.Errorf("node %s: the new plugin was not registered: %w", n.cfg.Name, err)
+	}
+	n.plugin.Stop()
+	n.plugin, n.mps, n.podUID = d, cfg.MPS, uid
+	return time.Since(start), nil
+}
+
+// DRACallFailures returns how many of the kubelet's PrepareResources and
+// UnprepareResources calls on this node failed (the kubelet retries each).
+func (n *Node) DRACallFailures() (prepare, unprepare int64) {
+	return n.loop.prepareFailures.Load(), n.loop.unprepareFailures.Load()
+}
+
 // Name returns the node name.
 func (n *Node) Name() string { return n.cfg.Name }
 

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -42,6 +43,10 @@ type podState struct {
 // pod's claims through the DRA manager, marks it Running (Succeeded after
 // its run-for time), and unprepares when the pod ends or goes away.
 type podLoop struct {
+	// prepareFailures and unprepareFailures count the kubelet's failed
+	// PrepareResources and UnprepareResources calls (each is retried).
+	prepareFailures, unprepareFailures atomic.Int64
+
 	n        *Node
 	factory  informers.SharedInformerFactory
 	informer cache.SharedIndexInformer
@@ -235,6 +240,7 @@ func (l *podLoop) sync(ctx context.Context, uid types.UID) (time.Duration, error
 		// The containers "stop" at once; then the claims are released
 		// and the pod object removed, as the kubelet does.
 		if err := manager.UnprepareResources(ctx, pod); err != nil {
+			l.unprepareFailures.Add(1)
 			return 0, err
 		}
 		if st.deleted {
@@ -256,6 +262,7 @@ func (l *podLoop) sync(ctx context.Context, uid types.UID) (time.Duration, error
 	case terminal(pod):
 		if st.prepared || manager.PodMightNeedToUnprepareResources(uid) {
 			if err := manager.UnprepareResources(ctx, pod); err != nil {
+				l.unprepareFailures.Add(1)
 				return 0, err
 			}
 			l.update(uid, func(s *podState) { s.prepared = false })
@@ -289,6 +296,7 @@ func (l *podLoop) startPod(ctx context.Context, pod *corev1.Pod) (time.Duration,
 		}
 	}
 	if err := manager.PrepareResources(ctx, pod); err != nil {
+		l.prepareFailures.Add(1)
 		l.waiting(ctx, pod, err)
 		return 0, err
 	}
