@@ -259,6 +259,36 @@ func TestDevicePluginMode(t *testing.T) {
 		}
 		return false
 	})
+
+	migrateToDRA(t, ctx, c, notSingle)
+}
+
+// TestDevicePluginMode's last step, on its cluster: the device-plugin
+// node is drained and moved to DRA, and the same Deployment runs there
+// through DRA.
+func migrateToDRA(t *testing.T, ctx context.Context, c *cluster.Cluster, notSingle string) {
+	t.Helper()
+	if err := c.Client().CoreV1().Namespaces().Delete(ctx, "classic", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, "the classic namespace's pods to go (the drain)", func() bool {
+		return len(podsOf(t, ctx, c, "classic", "train")) == 0
+	})
+	if err := c.Node("dp-classic").MigrateToDRA(ctx); err != nil {
+		t.Fatal(err)
+	}
+	apply(t, ctx, classicDeployment("after", "train", 6, "nvidia.com/gpu", notSingle))
+	perNode := map[string]int{}
+	for _, pod := range waitRunning(t, ctx, c, "after", "train", 6) {
+		perNode[pod.Spec.NodeName]++
+		ctrs, _ := c.Node(pod.Spec.NodeName).Containers(&pod)
+		if pod.Status.ExtendedResourceClaimStatus == nil || len(ctrs["ctr"].CDIDevices) != 1 || !strings.HasPrefix(ctrs["ctr"].CDIDevices[0], "k8s.gpu.nvidia.com/claim=") {
+			t.Errorf("after the migration %s on %s: extended claim %+v, CDI devices %v; want a DRA claim", pod.Name, pod.Spec.NodeName, pod.Status.ExtendedResourceClaimStatus, ctrs["ctr"].CDIDevices)
+		}
+	}
+	if perNode["dp-classic"] != 4 || perNode["dra-node"] != 2 {
+		t.Errorf("after the migration, pods per node %v, want 4 on the migrated node and 2 on dra-node", perNode)
+	}
 }
 
 func firstKey(m map[string]int) string {

@@ -32,7 +32,7 @@ type fakeKubelet struct {
 	reqs   []*pluginapi.RegisterRequest
 }
 
-func startKubelet(t *testing.T, dir string) *fakeKubelet {
+func startKubelet(t testing.TB, dir string) *fakeKubelet {
 	t.Helper()
 	k := &fakeKubelet{sock: filepath.Join(dir, "kubelet.sock")}
 	l, err := net.Listen("unix", k.sock)
@@ -66,13 +66,21 @@ func (k *fakeKubelet) registered() []string {
 // restart is a kubelet restart: it removes every socket in its
 // directory (the kubelet's device manager does), and serves a new
 // kubelet.sock.
-func (k *fakeKubelet) restart(t *testing.T) *fakeKubelet {
+func (k *fakeKubelet) restart(t testing.TB) *fakeKubelet {
 	k.server.Stop()
 	entries, _ := os.ReadDir(filepath.Dir(k.sock))
 	for _, e := range entries {
 		_ = os.Remove(filepath.Join(filepath.Dir(k.sock), e.Name()))
 	}
 	return startKubelet(t, filepath.Dir(k.sock))
+}
+
+// testLogger logs through t for tests, and discards for benchmarks.
+func testLogger(tb testing.TB) klog.Logger {
+	if t, ok := tb.(*testing.T); ok {
+		return ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+	}
+	return klog.NewKlogr().V(10)
 }
 
 type rig struct {
@@ -85,7 +93,7 @@ type rig struct {
 	done                   chan error
 }
 
-func newRig(t *testing.T, fleet, node string, o deviceplugin.Options) *rig {
+func newRig(t testing.TB, fleet, node string, o deviceplugin.Options) *rig {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "gpudra-dp")
 	if err != nil {
@@ -109,7 +117,7 @@ func newRig(t *testing.T, fleet, node string, o deviceplugin.Options) *rig {
 	o.DriverName = "gpu.nvidia.com"
 	o.PluginDir = r.pluginDir
 	o.CDIDir = r.cdiDir
-	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))))
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), testLogger(t)))
 	r.cancel = cancel
 	r.plugin, err = deviceplugin.New(ctx, o)
 	if err != nil {
@@ -125,7 +133,7 @@ func newRig(t *testing.T, fleet, node string, o deviceplugin.Options) *rig {
 }
 
 // client dials a resource's socket once the plugin registered it.
-func (r *rig) client(t *testing.T, resource string) pluginapi.DevicePluginClient {
+func (r *rig) client(t testing.TB, resource string) pluginapi.DevicePluginClient {
 	t.Helper()
 	sock := filepath.Join(r.pluginDir, deviceplugin.SocketName(resource))
 	waitFor(t, "registration of "+resource, func() bool {
@@ -139,7 +147,7 @@ func (r *rig) client(t *testing.T, resource string) pluginapi.DevicePluginClient
 	return pluginapi.NewDevicePluginClient(conn)
 }
 
-func waitFor(t *testing.T, what string, ok func() bool) {
+func waitFor(t testing.TB, what string, ok func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for !ok() {
