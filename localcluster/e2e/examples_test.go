@@ -182,6 +182,16 @@ func TestExamples(t *testing.T) {
 			if pod.Status.Phase != corev1.PodRunning {
 				t.Fatalf("%s: phase %s; reason: %s", pod.Name, pod.Status.Phase, reasonOf(pod))
 			}
+			if pod.Spec.NodeName == "a100-classic" {
+				// The demo's device-plugin node: the kubelet's device
+				// manager gave the container one of gpudra's device-plugin
+				// devices, and no claim was made.
+				ctrs, _ := demo.Node(pod.Spec.NodeName).Containers(pod)
+				if cdi := ctrs["ctr"].CDIDevices; len(cdi) != 1 || !strings.HasPrefix(cdi[0], "k8s.gpu.nvidia.com/device=gpu-") || pod.Status.ExtendedResourceClaimStatus != nil {
+					t.Errorf("%s on the device-plugin node: CDI devices %v, extended claim %+v", pod.Name, cdi, pod.Status.ExtendedResourceClaimStatus)
+				}
+				continue
+			}
 			devs := devicesOf(t, ctx, pod)
 			isType("gpu", 1)(t, pod, devs)
 			extendedClaim(t, pod, devs)
