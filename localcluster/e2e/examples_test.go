@@ -135,7 +135,7 @@ func TestExamples(t *testing.T) {
 				t.Errorf("VFIO container's nodes %v, want /dev/iommu and /dev/vfio/devices/vfioN", nodes)
 			}
 		}}},
-		{"extended-resources", "two-gpus-by-class", []check{isType("gpu", 2), extendedClaim}},
+		{"extended-resources", "gpu-by-class", []check{isType("gpu", 1), extendedClaim}},
 		{"mig-dynamic", "pod", []check{isType("mig", 2), func(t *testing.T, pod *corev1.Pod, devs []resourceapi.Device) {
 			if pod.Spec.NodeName != "dgx-h100-1" || attr(devs[0], "parentUUID") != attr(devs[1], "parentUUID") {
 				t.Errorf("devices %s and %s on %s, want two of one GPU on dgx-h100-1", devs[0].Name, devs[1].Name, pod.Spec.NodeName)
