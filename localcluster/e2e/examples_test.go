@@ -136,6 +136,11 @@ func TestExamples(t *testing.T) {
 			}
 		}}},
 		{"extended-resources", "gpu-by-class", []check{isType("gpu", 1), extendedClaim}},
+		{"extended-resources", "mig-by-extended-resource", []check{isType("mig", 1), extendedClaim, func(t *testing.T, _ *corev1.Pod, devs []resourceapi.Device) {
+			if p := attr(devs[0], "profile"); p != "1g.10gb" {
+				t.Errorf("device %s has profile %s, want 1g.10gb", devs[0].Name, p)
+			}
+		}}},
 		{"mig-dynamic", "pod", []check{isType("mig", 2), func(t *testing.T, pod *corev1.Pod, devs []resourceapi.Device) {
 			if pod.Spec.NodeName != "dgx-h100-1" || attr(devs[0], "parentUUID") != attr(devs[1], "parentUUID") {
 				t.Errorf("devices %s and %s on %s, want two of one GPU on dgx-h100-1", devs[0].Name, devs[1].Name, pod.Spec.NodeName)
