@@ -44,6 +44,10 @@ const devicePluginFleet = `nodes:
   - model: H100-SXM5-80GB
     migEnabled: true
     migDevices: [{profile: 1g.10gb, placementStart: 0}, {profile: 1g.10gb, placementStart: 1}, {profile: 3g.40gb, placementStart: 4}]
+- name: dp-mps
+  mode: device-plugin
+  devicePlugin: {version: v1, sharing: {mps: {resources: [{name: nvidia.com/gpu, rename: nvidia.com/gpu.mps, replicas: 2}]}}}
+  gpus: [{model: H100-SXM5-80GB}]
 - name: dp-single
   mode: device-plugin
   migMode: static
@@ -117,7 +121,7 @@ func TestDevicePluginMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet})
+	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, MPSControlBinary: mpsControl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,6 +139,7 @@ func TestDevicePluginMode(t *testing.T) {
 		"dp-classic": {"nvidia.com/gpu": 4},
 		"dp-mixed":   {"nvidia.com/gpu.shared": 4, "nvidia.com/mig-1g.10gb": 2, "nvidia.com/mig-3g.40gb": 1},
 		"dp-single":  {"nvidia.com/gpu": 2},
+		"dp-mps":     {"nvidia.com/gpu.mps": 2},
 		"dra-node":   {"nvidia.com/gpu": 0},
 	} {
 		n, err := c.Client().CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
@@ -151,7 +156,7 @@ func TestDevicePluginMode(t *testing.T) {
 
 	// One Deployment, six pods of nvidia.com/gpu: four GPUs on the
 	// device-plugin node, two through DRA.
-	notSingle := "      affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: kubernetes.io/hostname, operator: NotIn, values: [dp-single]}]}]}}}\n"
+	notSingle := "      affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: kubernetes.io/hostname, operator: NotIn, values: [dp-single, dp-mps]}]}]}}}\n"
 	apply(t, ctx, classicDeployment("classic", "train", 6, "nvidia.com/gpu", notSingle))
 	pods := waitRunning(t, ctx, c, "classic", "train", 6)
 	perNode := map[string]int{}
@@ -208,6 +213,18 @@ func TestDevicePluginMode(t *testing.T) {
 	}
 	if len(gpus) != 2 || gpus[firstKey(gpus)] != 2 {
 		t.Errorf("four time slices over %v, want two on each of two GPUs", gpus)
+	}
+
+	// MPS replicas: two pods on one GPU, each a client of the GPU's MPS
+	// daemon through its pipe directory.
+	apply(t, ctx, classicDeployment("mps", "clients", 2, "nvidia.com/gpu.mps", ""))
+	for _, pod := range waitRunning(t, ctx, c, "mps", "clients", 2) {
+		ctrs, _ := c.Node(pod.Spec.NodeName).Containers(&pod)
+		got := ctrs["ctr"]
+		if pod.Spec.NodeName != "dp-mps" || len(got.CDIDevices) != 1 || got.CDIDevices[0] != "k8s.gpu.nvidia.com/device=gpu-0-mps" ||
+			got.Env["CUDA_MPS_PIPE_DIRECTORY"] != "/tmp/nvidia-mps" || !slices.Contains(got.Mounts, "/tmp/nvidia-mps") {
+			t.Errorf("MPS pod %s on %s: %+v; want gpu-0-mps with the daemon's pipe directory", pod.Name, pod.Spec.NodeName, got)
+		}
 	}
 
 	// Single strategy: the MIG devices are nvidia.com/gpu.

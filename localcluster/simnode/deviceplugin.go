@@ -23,6 +23,7 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
 
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
+	"github.com/gpudra/gpudra/pkg/mps"
 )
 
 // newDeviceManager is the kubelet's device manager with its registration
@@ -103,6 +104,16 @@ func (n *Node) startDevicePlugin(ctx context.Context) error {
 			}
 		}
 		opts.Plan.TimeSlicing = c.Sharing.TimeSlicing
+		if c.Sharing.MPS != nil {
+			opts.Plan.MPS = *c.Sharing.MPS
+			if n.cfg.MPSControlBinary != "" {
+				m, err := mps.New(n.mpsRoot, mps.WithControlBinary(n.cfg.MPSControlBinary))
+				if err != nil {
+					return fmt.Errorf("node %s: MPS: %w", n.cfg.Name, err)
+				}
+				opts.MPS = m
+			}
+		}
 	}
 	p, err := deviceplugin.New(n.ctx, opts)
 	if err != nil {
