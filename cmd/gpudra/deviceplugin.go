@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/health"
+	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/nodemode"
 	"github.com/gpudra/gpudra/pkg/pluginflags"
 )
@@ -22,6 +23,7 @@ import (
 type devicePluginOptions struct {
 	hw                  pluginflags.Discovery
 	cdi                 pluginflags.CDI
+	sharing             pluginflags.Sharing
 	configFile          string
 	migStrategy         string
 	deviceListStrategy  []string
@@ -52,6 +54,7 @@ the DRA plugin, never both: each refuses to start while the other serves the nod
 	fs := cmd.Flags()
 	o.hw.AddFlags(fs)
 	o.cdi.AddFlags(fs)
+	o.sharing.AddFlags(fs)
 	fs.StringVar(&o.configFile, "config-file", "", "NVIDIA's device-plugin config file (version v1: flags.migStrategy, flags.plugin.*, sharing.timeSlicing); flags given on the command line win")
 	fs.StringVar(&o.migStrategy, "mig-strategy", deviceplugin.MIGStrategyNone, "how MIG devices are offered, one of none (every GPU as nvidia.com/gpu), single (MIG devices of one profile as nvidia.com/gpu), mixed (nvidia.com/mig-<profile>)")
 	fs.StringSliceVar(&o.deviceListStrategy, "device-list-strategy", []string{deviceplugin.DeviceListCDICRI}, "how a container gets its devices, any of cdi-cri (CDI device names in the Allocate response), envvar (NVIDIA_VISIBLE_DEVICES for a legacy runtime hook), cdi-annotations")
@@ -150,6 +153,9 @@ func (o *devicePluginOptions) options(fs *pflag.FlagSet) (deviceplugin.Options, 
 	if err := o.cdi.Validate(); err != nil {
 		return opts, err
 	}
+	if err := o.sharing.Validate(); err != nil {
+		return opts, err
+	}
 	if err := pluginflags.AbsolutePaths([]pluginflags.PathFlag{{Name: "device-plugin-dir", Value: &o.devicePluginDir}, {Name: "cdi-dir", Value: &o.cdiDir}}); err != nil {
 		return opts, err
 	}
@@ -163,13 +169,23 @@ func (o *devicePluginOptions) options(fs *pflag.FlagSet) (deviceplugin.Options, 
 	if err != nil {
 		return opts, err
 	}
+	plan := deviceplugin.PlanOptions{MIGStrategy: o.migStrategy, DeviceIDStrategy: o.deviceIDStrategy, TimeSlicing: cfg.Sharing.TimeSlicing}
+	var mpsManager *mps.Manager
+	if cfg.Sharing.MPS != nil {
+		plan.MPS = *cfg.Sharing.MPS
+		var why string
+		if mpsManager, why = o.sharing.MPSManager(&o.hw); mpsManager == nil {
+			return opts, fmt.Errorf("--config-file: sharing.mps needs MPS daemons: %s", why)
+		}
+	}
 	return deviceplugin.Options{
+		MPS:                  mpsManager,
 		Hardware:             hw,
 		DriverName:           o.driverName,
 		PluginDir:            o.devicePluginDir,
 		CDIDir:               o.cdiDir,
 		DriverEdits:          pluginflags.DriverEdits(&o.hw, &o.cdi),
-		Plan:                 deviceplugin.PlanOptions{MIGStrategy: o.migStrategy, DeviceIDStrategy: o.deviceIDStrategy, TimeSlicing: cfg.Sharing.TimeSlicing},
+		Plan:                 plan,
 		DeviceListStrategies: o.deviceListStrategy,
 		CDIAnnotationPrefix:  o.cdiAnnotationPrefix,
 		PassDeviceSpecs:      o.passDeviceSpecs,
