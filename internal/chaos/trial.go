@@ -162,7 +162,8 @@ func (t *trial) newClaim(ctx context.Context) (*claim, error) {
 	kinds := kindsOf(t.n.profile)
 	k := kinds[t.rng.IntN(len(kinds))]
 	t.seq++
-	name := fmt.Sprintf("c%d-%s", t.seq, k)
+	// A kind's "+" is no character of an object name (RFC 1123).
+	name := fmt.Sprintf("c%d-%s", t.seq, strings.ReplaceAll(string(k), "+", "-"))
 	claims := t.n.client.ResourceV1().ResourceClaims(namespace)
 	obj, err := claims.Create(ctx, &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
