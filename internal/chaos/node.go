@@ -309,6 +309,23 @@ func (n *node) logTail(i, lines int) string {
 	return strings.Join(all, "\n")
 }
 
+// logLine returns the first line of the log of the i-th plugin start
+// that holds one of subs, "" when none does.
+func (n *node) logLine(i int, subs ...string) string {
+	data, err := os.ReadFile(n.logPath(i))
+	if err != nil {
+		return ""
+	}
+	for line := range strings.Lines(string(data)) {
+		for _, s := range subs {
+			if strings.Contains(line, s) {
+				return strings.TrimSpace(line)
+			}
+		}
+	}
+	return ""
+}
+
 // logContains reports whether the log of the i-th plugin start holds s.
 func (n *node) logContains(i int, s string) bool {
 	data, err := os.ReadFile(n.logPath(i))

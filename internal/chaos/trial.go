@@ -225,8 +225,8 @@ func (t *trial) deleteObjects(ctx context.Context, c *claim) error {
 var forceDelete = metav1.DeleteOptions{GracePeriodSeconds: new(int64)}
 
 // podFor is the pod of claim name, as the scheduler leaves it: bound to
-// the node and referring to the claim (the resource-claim controller of
-// a real control plane drops a reservation for a pod that does not).
+// the node and referring to the claim. A real API server refuses a pod
+// without a container; kube-scheduler leaves a bound pod alone.
 func podFor(claim string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "pod-" + claim},
@@ -569,6 +569,13 @@ func (t *trial) drain(ctx context.Context) error {
 	for i := 1; i <= t.n.starts; i++ {
 		if t.n.logContains(i, "WARNING: DATA RACE") {
 			t.violate("race: the plugin's log %s reports a data race", filepath.Base(t.n.logPath(i)))
+		}
+		// A write the API server refuses as invalid or unauthorized is a
+		// defect of the plugin however it carries on (a status write that
+		// fails is only logged): a real API server validates and
+		// authorizes every write, the in-repo one neither.
+		if line := t.n.logLine(i, "is invalid", "is forbidden", "Unprocessable Entity"); line != "" {
+			t.violate("refused: the plugin's log %s reports a write the API server refused: %s", filepath.Base(t.n.logPath(i)), line)
 		}
 	}
 	if _, err := t.waitForPool(ctx, t.initial, 10*time.Second); err != nil {
