@@ -222,8 +222,10 @@ func (p *Preparer) removeInterruptedSpec(ctx context.Context, uid string) {
 // would cost a checkpoint write per claim, and nothing needs it: the
 // per-claim CDI spec is named after the claim UID, so it can always be
 // found again, and specs without a completed record are removed at start
-// and by the sweep. Anything else is set up only after a start record
-// names it, so that gpudra never holds hardware state no record owns.
+// and by the sweep. It is checked as a start record would be before its
+// spec is written (checkUnrecorded). Anything else is set up only after a
+// start record names it, so that gpudra never holds hardware state no
+// record owns.
 func (p *Preparer) execute(ctx context.Context, c *Claim, common *cdispec.ContainerEdits, records map[string]json.RawMessage) (_ *claimstate.Claim, finalErr error) {
 	uid := c.UID
 	var startedAt time.Time
