@@ -1,0 +1,438 @@
+package computedomain
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/api/resource/v1beta1"
+)
+
+// Names the controller uses, NVIDIA's where NVIDIA's driver has them.
+const (
+	// Finalizer holds a domain until what the controller created for it
+	// is gone.
+	Finalizer = "resource.nvidia.com/computeDomain"
+	// DomainLabel marks the objects the controller created for a domain,
+	// with the domain's UID.
+	DomainLabel = "resource.nvidia.com/computeDomain"
+	// DriverName is the channel driver.
+	DriverName = "compute-domain.nvidia.com"
+	// ChannelDeviceClass is the class of the channel claims' devices.
+	ChannelDeviceClass = "compute-domain-default-channel.nvidia.com"
+	// ChannelRequest is the request name in the claim template.
+	ChannelRequest = "channel"
+	// FieldManager is the controller's field manager.
+	FieldManager = "gpudra-compute-domain-controller"
+)
+
+// Condition types and reasons the controller sets.
+const (
+	ConditionSpecValid         = "SpecValid"
+	ConditionChannelAssigned   = "ChannelAssigned"
+	ConditionTemplateCreated   = "ResourceClaimTemplateCreated"
+	ReasonInvalidSpec          = "InvalidSpec"
+	ReasonValid                = "Valid"
+	ReasonAssigned             = "Assigned"
+	ReasonChannelsExhausted    = "ChannelsExhausted"
+	ReasonCreated              = "Created"
+	ReasonTemplateNameConflict = "TemplateNameConflict"
+)
+
+// ControllerConfig is what the controller needs.
+type ControllerConfig struct {
+	KubeClient    kubernetes.Interface
+	DynamicClient dynamic.Interface
+	// MaxChannels is the nodes' IMEX channel count; channels are handed
+	// out from 0..MaxChannels-1.
+	MaxChannels int
+	// Resync is how often every domain is reconciled again; zero means
+	// five minutes.
+	Resync time.Duration
+}
+
+// Controller runs the ComputeDomains of the cluster: per domain, the
+// ResourceClaimTemplate its pods use, its IMEX channel, the finalizer
+// that cleans up, and its status. One worker reconciles, so the channel
+// assigner has one owner; run it leader-elected, one per cluster.
+type Controller struct {
+	cfg      ControllerConfig
+	informer cache.SharedIndexInformer
+	queue    workqueue.TypedRateLimitingInterface[string]
+
+	mu       sync.Mutex
+	channels *ChannelAssigner
+	// uids remembers each key's UID, to free the channel of a domain that
+	// vanished without the controller seeing its deletion.
+	uids map[string]types.UID
+}
+
+// NewController returns a controller; Run starts it.
+func NewController(cfg ControllerConfig) *Controller {
+	if cfg.Resync <= 0 {
+		cfg.Resync = 5 * time.Minute
+	}
+	factory := dynamicinformer.NewDynamicSharedInformerFactory(cfg.DynamicClient, cfg.Resync)
+	c := &Controller{
+		cfg:      cfg,
+		informer: factory.ForResource(GVR).Informer(),
+		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
+		uids:     map[string]types.UID{},
+	}
+	enqueue := func(obj any) {
+		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+			c.queue.Add(key)
+		}
+	}
+	_, _ = c.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    enqueue,
+		UpdateFunc: func(_, obj any) { enqueue(obj) },
+		DeleteFunc: enqueue,
+	})
+	return c
+}
+
+// Run reconciles until ctx ends.
+func (c *Controller) Run(ctx context.Context) error {
+	logger := klog.FromContext(ctx).WithName("compute-domain-controller")
+	ctx = klog.NewContext(ctx, logger)
+	defer c.queue.ShutDown()
+	go c.informer.Run(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), c.informer.HasSynced) {
+		return fmt.Errorf("ComputeDomain informer did not sync: %w", ctx.Err())
+	}
+	if err := c.seed(ctx); err != nil {
+		return err
+	}
+	logger.Info("ComputeDomain controller started", "maxChannels", c.cfg.MaxChannels)
+	go func() {
+		<-ctx.Done()
+		c.queue.ShutDown()
+	}()
+	for c.processNext(ctx) {
+	}
+	return nil
+}
+
+// seed learns the channels the domains hold, from a fresh list (not the
+// cache), so that a new leader never hands out a channel its predecessor
+// gave away.
+func (c *Controller) seed(ctx context.Context) error {
+	list, err := c.cfg.DynamicClient.Resource(GVR).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list ComputeDomains: %w", err)
+	}
+	var domains []*v1beta1.ComputeDomain
+	for i := range list.Items {
+		cd, err := FromUnstructured(&list.Items[i])
+		if err != nil {
+			return err
+		}
+		domains = append(domains, cd)
+	}
+	a, conflicts := SeedChannels(c.cfg.MaxChannels, domains)
+	for _, cd := range conflicts {
+		klog.FromContext(ctx).Error(nil, "Two ComputeDomains hold one IMEX channel; the newer gets another", "domain", klog.KObj(cd), "channel", *cd.Status.Channel)
+	}
+	c.mu.Lock()
+	c.channels = a
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *Controller) processNext(ctx context.Context) bool {
+	key, quit := c.queue.Get()
+	if quit {
+		return false
+	}
+	defer c.queue.Done(key)
+	if err := c.Reconcile(ctx, key); err != nil {
+		klog.FromContext(ctx).Error(err, "Reconciling ComputeDomain; retrying", "key", key)
+		c.queue.AddRateLimited(key)
+		return true
+	}
+	c.queue.Forget(key)
+	return true
+}
+
+// Reconcile brings one domain (namespace/name) to what its spec asks.
+func (c *Controller) Reconcile(ctx context.Context, key string) error {
+	namespace, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return err
+	}
+	obj, err := c.cfg.DynamicClient.Resource(GVR).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		c.mu.Lock()
+		if uid, ok := c.uids[key]; ok {
+			c.channels.Release(uid)
+			delete(c.uids, key)
+		}
+		c.mu.Unlock()
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("get ComputeDomain %s: %w", key, err)
+	}
+	cd, err := FromUnstructured(obj)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.uids[key] = cd.UID
+	c.mu.Unlock()
+	if cd.DeletionTimestamp != nil {
+		return c.finalize(ctx, cd)
+	}
+	if err := c.addFinalizer(ctx, cd); err != nil {
+		return err
+	}
+	var conds []metav1.Condition
+	if errs := v1beta1.ValidateComputeDomainSpec(&cd.Spec); len(errs) > 0 {
+		// Nothing is created for a domain whose spec is wrong; the spec
+		// is immutable, so the user deletes it and creates another.
+		conds = append(conds, condition(cd, ConditionSpecValid, metav1.ConditionFalse, ReasonInvalidSpec, errs.ToAggregate().Error()))
+		return c.writeStatus(ctx, cd, nil, conds)
+	}
+	conds = append(conds, condition(cd, ConditionSpecValid, metav1.ConditionTrue, ReasonValid, "the spec is valid"))
+
+	c.mu.Lock()
+	channel, chErr := c.channels.Assign(cd.UID)
+	c.mu.Unlock()
+	var ch *int32
+	if chErr != nil {
+		conds = append(conds, condition(cd, ConditionChannelAssigned, metav1.ConditionFalse, ReasonChannelsExhausted, chErr.Error()))
+	} else {
+		ch = &channel
+		conds = append(conds, condition(cd, ConditionChannelAssigned, metav1.ConditionTrue, ReasonAssigned, fmt.Sprintf("IMEX channel %d on every node of the domain", channel)))
+	}
+	// The channel is recorded before the template exists: no claim of the
+	// domain can reach a node before the domain has its channel.
+	if err := c.writeStatus(ctx, cd, ch, conds); err != nil {
+		return err
+	}
+	if ch == nil {
+		return nil
+	}
+	tmplCond, err := c.ensureTemplate(ctx, cd)
+	if err != nil {
+		return err
+	}
+	conds = append(conds, tmplCond)
+	return c.writeStatus(ctx, cd, ch, conds)
+}
+
+func condition(cd *v1beta1.ComputeDomain, typ string, status metav1.ConditionStatus, reason, msg string) metav1.Condition {
+	c := metav1.Condition{Type: typ, Status: status, Reason: reason, Message: msg, ObservedGeneration: cd.Generation, LastTransitionTime: metav1.Now()}
+	// Keep the transition time of a condition that did not change.
+	if old := meta.FindStatusCondition(cd.Status.Conditions, typ); old != nil && old.Status == status {
+		c.LastTransitionTime = old.LastTransitionTime
+	}
+	return c
+}
+
+// writeStatus merge-patches the fields the controller owns: the channel,
+// the conditions and the overall status. The node entries are not
+// touched, and no resourceVersion is read back and written: a patch of
+// its own fields cannot race another writer's.
+func (c *Controller) writeStatus(ctx context.Context, cd *v1beta1.ComputeDomain, ch *int32, conds []metav1.Condition) error {
+	status := v1beta1.ComputeDomainStatusNotReady
+	ready := ch != nil && !slices.ContainsFunc(conds, func(c metav1.Condition) bool { return c.Status != metav1.ConditionTrue })
+	if ready && len(conds) == 3 && (cd.Spec.NumNodes == 0 || readyNodes(cd) >= cd.Spec.NumNodes) {
+		status = v1beta1.ComputeDomainStatusReady
+	}
+	if cd.Status.Status == status && equalChannel(cd.Status.Channel, ch) && sameConditions(cd.Status.Conditions, conds) {
+		return nil
+	}
+	patch := map[string]any{"status": map[string]any{"status": status, "channel": ch, "conditions": conds}}
+	data, err := json.Marshal(patch)
+	if err != nil {
+		return err
+	}
+	obj, err := c.cfg.DynamicClient.Resource(GVR).Namespace(cd.Namespace).Patch(ctx, cd.Name, types.MergePatchType, data, metav1.PatchOptions{FieldManager: FieldManager}, "status")
+	if err != nil {
+		return fmt.Errorf("write status of ComputeDomain %s/%s: %w", cd.Namespace, cd.Name, err)
+	}
+	updated, err := FromUnstructured(obj)
+	if err != nil {
+		return err
+	}
+	*cd = *updated
+	return nil
+}
+
+func readyNodes(cd *v1beta1.ComputeDomain) int {
+	n := 0
+	for _, node := range cd.Status.Nodes {
+		if node != nil && node.Status == v1beta1.ComputeDomainStatusReady {
+			n++
+		}
+	}
+	return n
+}
+
+func equalChannel(a, b *int32) bool {
+	return a == nil && b == nil || a != nil && b != nil && *a == *b
+}
+
+func sameConditions(a, b []metav1.Condition) bool {
+	return slices.EqualFunc(a, b, func(x, y metav1.Condition) bool {
+		return x.Type == y.Type && x.Status == y.Status && x.Reason == y.Reason && x.Message == y.Message && x.ObservedGeneration == y.ObservedGeneration
+	})
+}
+
+// ensureTemplate creates the domain's ResourceClaimTemplate. A template of
+// that name that the domain did not create is left alone, and the
+// condition names the field.
+func (c *Controller) ensureTemplate(ctx context.Context, cd *v1beta1.ComputeDomain) (metav1.Condition, error) {
+	name := cd.Spec.Channel.ResourceClaimTemplate.Name
+	want, err := channelTemplate(cd)
+	if err != nil {
+		return metav1.Condition{}, err
+	}
+	templates := c.cfg.KubeClient.ResourceV1().ResourceClaimTemplates(cd.Namespace)
+	_, err = templates.Create(ctx, want, metav1.CreateOptions{FieldManager: FieldManager})
+	switch {
+	case err == nil:
+		klog.FromContext(ctx).Info("Created the ResourceClaimTemplate of a ComputeDomain", "domain", klog.KObj(cd), "template", name)
+	case apierrors.IsAlreadyExists(err):
+		got, err := templates.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return metav1.Condition{}, fmt.Errorf("get ResourceClaimTemplate %s/%s: %w", cd.Namespace, name, err)
+		}
+		if got.Labels[DomainLabel] != string(cd.UID) {
+			return condition(cd, ConditionTemplateCreated, metav1.ConditionFalse, ReasonTemplateNameConflict,
+				fmt.Sprintf("spec.channel.resourceClaimTemplate.name: ResourceClaimTemplate %s/%s exists and belongs to no ComputeDomain of this UID; choose another name", cd.Namespace, name)), nil
+		}
+	default:
+		return metav1.Condition{}, fmt.Errorf("create ResourceClaimTemplate %s/%s: %w", cd.Namespace, name, err)
+	}
+	return condition(cd, ConditionTemplateCreated, metav1.ConditionTrue, ReasonCreated, fmt.Sprintf("ResourceClaimTemplate %s", name)), nil
+}
+
+// channelTemplate is the ResourceClaimTemplate of a domain's channel
+// claims: one channel device of the default-channel class, configured
+// with the domain's UID and allocation mode.
+func channelTemplate(cd *v1beta1.ComputeDomain) (*resourceapi.ResourceClaimTemplate, error) {
+	cfg := v1beta1.ComputeDomainChannelConfig{
+		TypeMeta:       metav1.TypeMeta{APIVersion: v1beta1.SchemeGroupVersion.String(), Kind: v1beta1.ComputeDomainChannelConfigKind},
+		DomainID:       string(cd.UID),
+		AllocationMode: cd.Spec.Channel.AllocationMode,
+	}
+	if cfg.AllocationMode == "" {
+		cfg.AllocationMode = v1beta1.ChannelAllocationModeSingle
+	}
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &resourceapi.ResourceClaimTemplate{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: cd.Namespace,
+			Name:      cd.Spec.Channel.ResourceClaimTemplate.Name,
+			Labels:    map[string]string{DomainLabel: string(cd.UID)},
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: v1beta1.SchemeGroupVersion.String(), Kind: v1beta1.ComputeDomainKind,
+				Name: cd.Name, UID: cd.UID,
+			}},
+		},
+		Spec: resourceapi.ResourceClaimTemplateSpec{
+			Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+				Requests: []resourceapi.DeviceRequest{{
+					Name:    ChannelRequest,
+					Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: ChannelDeviceClass, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1},
+				}},
+				Config: []resourceapi.DeviceClaimConfiguration{{
+					Requests: []string{ChannelRequest},
+					DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+						Driver: DriverName, Parameters: runtime.RawExtension{Raw: raw},
+					}},
+				}},
+			}},
+		},
+	}, nil
+}
+
+// addFinalizer adds the finalizer with a JSON patch that tests the list
+// it extends, so another writer's finalizers are never lost.
+func (c *Controller) addFinalizer(ctx context.Context, cd *v1beta1.ComputeDomain) error {
+	if slices.Contains(cd.Finalizers, Finalizer) {
+		return nil
+	}
+	var ops []map[string]any
+	if len(cd.Finalizers) == 0 {
+		ops = []map[string]any{{"op": "test", "path": "/metadata/resourceVersion", "value": cd.ResourceVersion}, {"op": "add", "path": "/metadata/finalizers", "value": []string{Finalizer}}}
+	} else {
+		ops = []map[string]any{{"op": "add", "path": "/metadata/finalizers/-", "value": Finalizer}}
+	}
+	return c.patchMeta(ctx, cd, ops)
+}
+
+// finalize deletes what the controller created for the domain, frees its
+// channel and removes the finalizer.
+func (c *Controller) finalize(ctx context.Context, cd *v1beta1.ComputeDomain) error {
+	i := slices.Index(cd.Finalizers, Finalizer)
+	if i < 0 {
+		return nil
+	}
+	templates := c.cfg.KubeClient.ResourceV1().ResourceClaimTemplates(cd.Namespace)
+	list, err := templates.List(ctx, metav1.ListOptions{LabelSelector: DomainLabel + "=" + string(cd.UID)})
+	if err != nil {
+		return fmt.Errorf("list ResourceClaimTemplates of ComputeDomain %s/%s: %w", cd.Namespace, cd.Name, err)
+	}
+	for _, t := range list.Items {
+		err := templates.Delete(ctx, t.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &t.UID}})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete ResourceClaimTemplate %s/%s: %w", cd.Namespace, t.Name, err)
+		}
+		klog.FromContext(ctx).Info("Deleted the ResourceClaimTemplate of a deleted ComputeDomain", "domain", klog.KObj(cd), "template", t.Name)
+	}
+	ops := []map[string]any{
+		{"op": "test", "path": fmt.Sprintf("/metadata/finalizers/%d", i), "value": Finalizer},
+		{"op": "remove", "path": fmt.Sprintf("/metadata/finalizers/%d", i)},
+	}
+	if err := c.patchMeta(ctx, cd, ops); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	c.mu.Lock()
+	c.channels.Release(cd.UID)
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *Controller) patchMeta(ctx context.Context, cd *v1beta1.ComputeDomain, ops []map[string]any) error {
+	data, err := json.Marshal(ops)
+	if err != nil {
+		return err
+	}
+	obj, err := c.cfg.DynamicClient.Resource(GVR).Namespace(cd.Namespace).Patch(ctx, cd.Name, types.JSONPatchType, data, metav1.PatchOptions{FieldManager: FieldManager})
+	if err != nil {
+		if apierrors.IsInvalid(err) || strings.Contains(err.Error(), "test operation") {
+			return fmt.Errorf("patch finalizers of ComputeDomain %s/%s: changed meanwhile, retrying: %w", cd.Namespace, cd.Name, err)
+		}
+		return fmt.Errorf("patch finalizers of ComputeDomain %s/%s: %w", cd.Namespace, cd.Name, err)
+	}
+	updated, err := FromUnstructured(obj)
+	if err != nil {
+		return err
+	}
+	*cd = *updated
+	return nil
+}
