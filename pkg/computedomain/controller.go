@@ -223,13 +223,16 @@ func (c *Controller) Reconcile(ctx context.Context, key string) error {
 		ch = &channel
 		conds = append(conds, condition(cd, ConditionChannelAssigned, metav1.ConditionTrue, ReasonAssigned, fmt.Sprintf("IMEX channel %d on every node of the domain", channel)))
 	}
-	// The channel is recorded before the template exists: no claim of the
-	// domain can reach a node before the domain has its channel.
-	if err := c.writeStatus(ctx, cd, ch, conds); err != nil {
-		return err
-	}
 	if ch == nil {
-		return nil
+		return c.writeStatus(ctx, cd, nil, conds)
+	}
+	// The channel is recorded before the template exists: no claim of the
+	// domain can reach a node before the domain has its channel. Once
+	// recorded, only the final status is written, and only if it changed.
+	if !equalChannel(cd.Status.Channel, ch) {
+		if err := c.writeStatus(ctx, cd, ch, conds); err != nil {
+			return err
+		}
 	}
 	tmplCond, err := c.ensureTemplate(ctx, cd)
 	if err != nil {
