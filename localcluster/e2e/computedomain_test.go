@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -81,7 +82,16 @@ func TestComputeDomainChannels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet})
+	// A short directory: the channel driver's registration socket,
+	// <dir>/n/<node>/plugins_registry/compute-domain.nvidia.com-reg.sock,
+	// must fit in 108 bytes, which the default gpudra-sim-<random> does
+	// not always.
+	dir, err := os.MkdirTemp("", "cd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, Dir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,25 +178,71 @@ func TestComputeDomainChannels(t *testing.T) {
 		t.Errorf("domain-a's pod on nvl-1: %v, want %v (the same channel on every node)", got, channelPath(chA))
 	}
 
-	// Deleting a domain removes its template and, once the controller
-	// has cleaned up, the domain itself.
+	// Deleting a domain removes its template at once, and the domain (its
+	// channel freed) only once its pod and claim are gone.
 	dyn := c.Dynamic()
 	if err := dyn.Resource(computedomain.GVR).Namespace("cd-demo").Delete(ctx, "domain-b", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	err = wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		_, errT := c.Client().ResourceV1().ResourceClaimTemplates("cd-demo").Get(ctx, "domain-b-channel", metav1.GetOptions{})
-		_, errD := dyn.Resource(computedomain.GVR).Namespace("cd-demo").Get(ctx, "domain-b", metav1.GetOptions{})
-		return apierrors.IsNotFound(errT) && apierrors.IsNotFound(errD), nil
+		_, err := c.Client().ResourceV1().ResourceClaimTemplates("cd-demo").Get(ctx, "domain-b-channel", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
 	})
 	if err != nil {
-		t.Errorf("domain-b's template or the domain itself stayed: %v", err)
+		t.Fatalf("domain-b's template stayed: %v", err)
 	}
-	for _, name := range []string{"domain-a", "domain-a-1", "domain-b"} {
+	if _, err := dyn.Resource(computedomain.GVR).Namespace("cd-demo").Get(ctx, "domain-b", metav1.GetOptions{}); err != nil {
+		t.Errorf("domain-b went while its pod still holds its channel: %v", err)
+	}
+	claimUID := claimUIDOf(t, ctx, c, "cd-demo", "domain-b")
+	specsOf := func() []string {
+		var out []string
+		entries, _ := os.ReadDir(c.Node("nvl-0").CDIDir())
+		for _, e := range entries {
+			if strings.Contains(e.Name(), claimUID) {
+				out = append(out, e.Name())
+			}
+		}
+		return out
+	}
+	if len(specsOf()) != 1 {
+		t.Errorf("CDI specs of domain-b's claim on nvl-0: %v, want one", specsOf())
+	}
+	if err := c.Client().CoreV1().Pods("cd-demo").Delete(ctx, "domain-b", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		_, err := dyn.Resource(computedomain.GVR).Namespace("cd-demo").Get(ctx, "domain-b", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Errorf("domain-b stayed after its pod went: %v", err)
+	}
+	if left := specsOf(); len(left) != 0 {
+		t.Errorf("domain-b's channel is still prepared on nvl-0: %v", left)
+	}
+	for _, name := range []string{"domain-a", "domain-a-1"} {
 		if err := c.Client().CoreV1().Pods("cd-demo").Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
 			t.Error(err)
 		}
 	}
+}
+
+// claimUIDOf returns the UID of the pod's one ResourceClaim.
+func claimUIDOf(t *testing.T, ctx context.Context, c *cluster.Cluster, ns, pod string) string {
+	t.Helper()
+	p, err := c.Client().CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Status.ResourceClaimStatuses) != 1 || p.Status.ResourceClaimStatuses[0].ResourceClaimName == nil {
+		t.Fatalf("pod %s/%s claims: %+v", ns, pod, p.Status.ResourceClaimStatuses)
+	}
+	claim, err := c.Client().ResourceV1().ResourceClaims(ns).Get(ctx, *p.Status.ResourceClaimStatuses[0].ResourceClaimName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(claim.UID)
 }
 
 func waitForPodIn(t *testing.T, ctx context.Context, c *cluster.Cluster, ns, name string) *corev1.Pod {

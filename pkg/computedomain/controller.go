@@ -3,6 +3,7 @@ package computedomain
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -163,7 +164,15 @@ func (c *Controller) processNext(ctx context.Context) bool {
 		return false
 	}
 	defer c.queue.Done(key)
-	if err := c.Reconcile(ctx, key); err != nil {
+	err := c.Reconcile(ctx, key)
+	var wait *WaitError
+	if errors.As(err, &wait) {
+		klog.FromContext(ctx).V(2).Info("Waiting", "key", key, "reason", wait.Reason, "retryIn", wait.After)
+		c.queue.Forget(key)
+		c.queue.AddAfter(key, wait.After)
+		return true
+	}
+	if err != nil {
 		klog.FromContext(ctx).Error(err, "Reconciling ComputeDomain; retrying", "key", key)
 		c.queue.AddRateLimited(key)
 		return true
@@ -388,8 +397,24 @@ func (c *Controller) addFinalizer(ctx context.Context, cd *v1beta1.ComputeDomain
 	return c.patchMeta(ctx, cd, ops)
 }
 
-// finalize deletes what the controller created for the domain, frees its
-// channel and removes the finalizer.
+// WaitError is returned by Reconcile when the domain waits for something
+// that no watched object announces: it is looked at again After.
+type WaitError struct {
+	Reason string
+	After  time.Duration
+}
+
+func (e *WaitError) Error() string { return fmt.Sprintf("%s; again in %v", e.Reason, e.After) }
+
+// claimWait is how often a deleted domain looks again for its claims.
+const claimWait = 2 * time.Second
+
+// finalize deletes what the controller created for the domain, waits
+// until no ResourceClaim of the domain is left, frees its channel and
+// removes the finalizer. The wait closes an isolation gap: a channel freed
+// while pods of the deleted domain still hold it on nodes could go to a new
+// domain, whose pods on other nodes would share it with them across the
+// fabric.
 func (c *Controller) finalize(ctx context.Context, cd *v1beta1.ComputeDomain) error {
 	i := slices.Index(cd.Finalizers, Finalizer)
 	if i < 0 {
@@ -406,6 +431,19 @@ func (c *Controller) finalize(ctx context.Context, cd *v1beta1.ComputeDomain) er
 			return fmt.Errorf("delete ResourceClaimTemplate %s/%s: %w", cd.Namespace, t.Name, err)
 		}
 		klog.FromContext(ctx).Info("Deleted the ResourceClaimTemplate of a deleted ComputeDomain", "domain", klog.KObj(cd), "template", t.Name)
+	}
+	claims, err := c.cfg.KubeClient.ResourceV1().ResourceClaims(cd.Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list ResourceClaims of ComputeDomain %s/%s: %w", cd.Namespace, cd.Name, err)
+	}
+	var left []string
+	for i := range claims.Items {
+		if ClaimDomain(&claims.Items[i]) == string(cd.UID) {
+			left = append(left, claims.Items[i].Name)
+		}
+	}
+	if len(left) > 0 {
+		return &WaitError{Reason: fmt.Sprintf("ComputeDomain %s/%s is deleted but %d ResourceClaim(s) of it remain (%s): its channel stays held until they are gone", cd.Namespace, cd.Name, len(left), strings.Join(left, ", ")), After: claimWait}
 	}
 	ops := []map[string]any{
 		{"op": "test", "path": fmt.Sprintf("/metadata/finalizers/%d", i), "value": Finalizer},
@@ -438,4 +476,22 @@ func (c *Controller) patchMeta(ctx context.Context, cd *v1beta1.ComputeDomain, o
 	}
 	*cd = *updated
 	return nil
+}
+
+// ClaimDomain returns the domainID of the ComputeDomainChannelConfig a
+// claim carries for the channel driver, or "" when it carries none.
+func ClaimDomain(claim *resourceapi.ResourceClaim) string {
+	for _, cfg := range claim.Spec.Devices.Config {
+		if cfg.Opaque == nil || cfg.Opaque.Driver != DriverName {
+			continue
+		}
+		obj, err := v1beta1.DecodeLenient(cfg.Opaque.Parameters.Raw)
+		if err != nil {
+			continue
+		}
+		if ch, ok := obj.(*v1beta1.ComputeDomainChannelConfig); ok && ch.DomainID != "" {
+			return ch.DomainID
+		}
+	}
+	return ""
 }

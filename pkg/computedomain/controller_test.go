@@ -3,6 +3,7 @@ package computedomain
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 
@@ -248,5 +249,49 @@ func TestControllerRestartChangesNothing(t *testing.T) {
 		default:
 			t.Errorf("restarted controller wrote: %s %s", a.GetVerb(), a.GetResource().Resource)
 		}
+	}
+}
+
+// TestControllerDeletionWaitsForClaims: a deleted domain keeps its
+// channel, and its finalizer, while claims of it exist.
+func TestControllerDeletionWaitsForClaims(t *testing.T) {
+	h := newControllerHarness(t, 8, newDomain("a", "a-channel", ""))
+	h.reconcile("a")
+	tmpl, err := h.kube.ResourceV1().ResourceClaimTemplates("demo").Get(h.ctx, "a-channel", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A claim made from the template, as the resource claim controller
+	// makes it for a pod.
+	claim := &resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "demo", Name: "pod-a-channel"}, Spec: tmpl.Spec.Spec}
+	if _, err := h.kube.ResourceV1().ResourceClaims("demo").Create(h.ctx, claim, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a := h.get("a")
+	now := metav1.Now()
+	a.DeletionTimestamp = &now
+	if _, err := h.dyn.Resource(GVR).Namespace("demo").Update(h.ctx, toUnstructured(t, a), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = h.c.Reconcile(h.ctx, "demo/a")
+	var wait *WaitError
+	if !errors.As(err, &wait) || !strings.Contains(err.Error(), "pod-a-channel") {
+		t.Fatalf("reconcile with a claim left: %v, want a WaitError naming the claim", err)
+	}
+	if got := h.get("a").Finalizers; len(got) != 1 {
+		t.Errorf("finalizer removed while a claim of the domain exists: %v", got)
+	}
+	if _, err := h.kube.ResourceV1().ResourceClaimTemplates("demo").Get(h.ctx, "a-channel", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("template kept while waiting: %v; it goes first, so no new claim is made", err)
+	}
+	if got, _ := h.c.channels.Assign("uid-new"); got == *a.Status.Channel {
+		t.Errorf("the deleted domain's channel %d was handed out while its claim exists", got)
+	}
+	if err := h.kube.ResourceV1().ResourceClaims("demo").Delete(h.ctx, "pod-a-channel", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.reconcile("a")
+	if got := h.get("a").Finalizers; len(got) != 0 {
+		t.Errorf("finalizers %v once the claims are gone", got)
 	}
 }
