@@ -239,3 +239,27 @@ func TestComputeDomainPrepare(t *testing.T) {
 		t.Errorf("domain b after its claims left: %v, want %v", got, want)
 	}
 }
+
+// TestComputeDomainCheckpointLost: after the checkpoint is lost, the
+// channel a domain holds on the node is adopted from its claim's CDI spec,
+// so the guard still keeps another domain off that channel.
+func TestComputeDomainCheckpointLost(t *testing.T) {
+	h := newCDHarness(t, domain("default", "a", "uid-a", ch(3)), domain("default", "b", "uid-b", ch(3)))
+	a1 := h.channelClaim("default", "a1", "uid-a")
+	h.mustPrepare(a1)
+	h.stop()
+	if err := os.Remove(filepath.Join(h.cfg.PluginDataDir, "checkpoint.json")); err != nil {
+		t.Fatal(err)
+	}
+	h.start()
+	if !strings.Contains(h.checkpoint(), "uid-a") {
+		t.Errorf("adopted checkpoint lacks domain a's channel record: %s", h.checkpoint())
+	}
+	b1 := h.channelClaim("default", "b1", "uid-b")
+	if r := h.prepare(b1).Claims[string(b1.UID)]; r == nil || !strings.Contains(r.Error, "channel 3 of this node serves domain uid-a") {
+		t.Errorf("domain b on domain a's channel after the checkpoint was lost: %+v", r)
+	}
+	if got, want := h.channelNodes(a1), []string{"/dev/nvidia-caps-imex-channels/channel3 c 511:3"}; !slices.Equal(got, want) {
+		t.Errorf("domain a's spec after adoption: %v, want %v", got, want)
+	}
+}
