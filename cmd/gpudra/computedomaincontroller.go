@@ -22,6 +22,7 @@ type cdControllerOptions struct {
 	api           apiFlags
 	maxChannels   int
 	resync        time.Duration
+	cliqueNS      string
 	leaderElect   bool
 	leaseName     string
 	leaseNS       string
@@ -50,6 +51,7 @@ created. Run one per cluster; replicas elect a leader through a Lease.`,
 	o.api.addFlags(cmd)
 	fs.IntVar(&o.maxChannels, "max-channels", imexchannel.DefaultMaxChannels, "IMEX channels handed out to domains, 0..N-1: the nodes' channel count (NVreg_ImexChannelCount); at most this many domains live at once")
 	fs.DurationVar(&o.resync, "resync-interval", 5*time.Minute, "how often every ComputeDomain is reconciled again")
+	fs.StringVar(&o.cliqueNS, "clique-namespace", os.Getenv("POD_NAMESPACE"), "the driver's namespace, where nodes report their IMEX daemons in ComputeDomainCliques; the domains' status.nodes are derived from them (env POD_NAMESPACE); empty: no status.nodes")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "elect a leader among replicas through a Lease; false runs the controller at once (one replica only)")
 	fs.StringVar(&o.leaseName, "leader-election-id", "gpudra-compute-domain-controller", "name of the leader-election Lease")
 	fs.StringVar(&o.leaseNS, "leader-election-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the leader-election Lease (env POD_NAMESPACE; default kube-system)")
@@ -77,7 +79,7 @@ func (o *cdControllerOptions) run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	run := func(ctx context.Context) error {
 		return computedomain.NewController(computedomain.ControllerConfig{
-			KubeClient: kube, DynamicClient: dyn, MaxChannels: o.maxChannels, Resync: o.resync,
+			KubeClient: kube, DynamicClient: dyn, MaxChannels: o.maxChannels, Resync: o.resync, CliqueNamespace: o.cliqueNS,
 		}).Run(ctx)
 	}
 	if !o.leaderElect {

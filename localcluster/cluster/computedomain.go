@@ -80,7 +80,7 @@ func (c *Cluster) StartComputeDomains(ctx context.Context, maxChannels int) (_ *
 			cds.Stop()
 		}
 	}()
-	ctrl := computedomain.NewController(computedomain.ControllerConfig{KubeClient: c.client, DynamicClient: c.dyn, MaxChannels: maxChannels})
+	ctrl := computedomain.NewController(computedomain.ControllerConfig{KubeClient: c.client, DynamicClient: c.dyn, MaxChannels: maxChannels, CliqueNamespace: "gpudra"})
 	go func() { cds.done <- ctrl.Run(runCtx) }()
 
 	// The plugins read domains with the admin client: the chart's RBAC

@@ -17,6 +17,12 @@ import (
 // GVR is the ComputeDomain resource.
 var GVR = schema.GroupVersionResource{Group: v1beta1.GroupName, Version: v1beta1.Version, Resource: v1beta1.ComputeDomainResource}
 
+// CliqueGVR is the ComputeDomainClique resource.
+var CliqueGVR = schema.GroupVersionResource{Group: v1beta1.GroupName, Version: v1beta1.Version, Resource: v1beta1.ComputeDomainCliqueResource}
+
+// CliqueName is the name of a domain's clique object.
+func CliqueName(domainUID, cliqueID string) string { return domainUID + "." + cliqueID }
+
 // FromUnstructured converts an object the dynamic client returned.
 func FromUnstructured(u *unstructured.Unstructured) (*v1beta1.ComputeDomain, error) {
 	cd := &v1beta1.ComputeDomain{}

@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
@@ -67,6 +68,11 @@ type ControllerConfig struct {
 	// Resync is how often every domain is reconciled again; zero means
 	// five minutes.
 	Resync time.Duration
+	// CliqueNamespace is the driver's namespace, where the nodes report
+	// their IMEX daemons in ComputeDomainCliques ("<domain UID>.<clique
+	// ID>"); the domains' status.nodes are derived from them. Empty: no
+	// status.nodes.
+	CliqueNamespace string
 }
 
 // Controller runs the ComputeDomains of the cluster: per domain, the
@@ -76,13 +82,17 @@ type ControllerConfig struct {
 type Controller struct {
 	cfg      ControllerConfig
 	informer cache.SharedIndexInformer
+	// cliques is nil without ControllerConfig.CliqueNamespace.
+	cliques  cache.SharedIndexInformer
 	queue    workqueue.TypedRateLimitingInterface[string]
 
 	mu       sync.Mutex
 	channels *ChannelAssigner
 	// uids remembers each key's UID, to free the channel of a domain that
-	// vanished without the controller seeing its deletion.
+	// vanished without the controller seeing its deletion; keys is the
+	// reverse, to find the domain of a clique.
 	uids map[string]types.UID
+	keys map[types.UID]string
 }
 
 // NewController returns a controller; Run starts it.
@@ -96,6 +106,7 @@ func NewController(cfg ControllerConfig) *Controller {
 		informer: factory.ForResource(GVR).Informer(),
 		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		uids:     map[string]types.UID{},
+		keys:     map[types.UID]string{},
 	}
 	enqueue := func(obj any) {
 		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
@@ -107,6 +118,29 @@ func NewController(cfg ControllerConfig) *Controller {
 		UpdateFunc: func(_, obj any) { enqueue(obj) },
 		DeleteFunc: enqueue,
 	})
+	if cfg.CliqueNamespace != "" {
+		cf := dynamicinformer.NewFilteredDynamicSharedInformerFactory(cfg.DynamicClient, cfg.Resync, cfg.CliqueNamespace, nil)
+		c.cliques = cf.ForResource(CliqueGVR).Informer()
+		enqueueDomain := func(obj any) {
+			key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+			if err != nil {
+				return
+			}
+			_, name, _ := cache.SplitMetaNamespaceKey(key)
+			uid, _, _ := strings.Cut(name, ".")
+			c.mu.Lock()
+			domainKey, ok := c.keys[types.UID(uid)]
+			c.mu.Unlock()
+			if ok {
+				c.queue.Add(domainKey)
+			}
+		}
+		_, _ = c.cliques.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    enqueueDomain,
+			UpdateFunc: func(_, obj any) { enqueueDomain(obj) },
+			DeleteFunc: enqueueDomain,
+		})
+	}
 	return c
 }
 
@@ -116,7 +150,12 @@ func (c *Controller) Run(ctx context.Context) error {
 	ctx = klog.NewContext(ctx, logger)
 	defer c.queue.ShutDown()
 	go c.informer.Run(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), c.informer.HasSynced) {
+	synced := []cache.InformerSynced{c.informer.HasSynced}
+	if c.cliques != nil {
+		go c.cliques.Run(ctx.Done())
+		synced = append(synced, c.cliques.HasSynced)
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return fmt.Errorf("ComputeDomain informer did not sync: %w", ctx.Err())
 	}
 	if err := c.seed(ctx); err != nil {
@@ -193,6 +232,7 @@ func (c *Controller) Reconcile(ctx context.Context, key string) error {
 		if uid, ok := c.uids[key]; ok {
 			c.channels.Release(uid)
 			delete(c.uids, key)
+			delete(c.keys, uid)
 		}
 		c.mu.Unlock()
 		return nil
@@ -206,6 +246,7 @@ func (c *Controller) Reconcile(ctx context.Context, key string) error {
 	}
 	c.mu.Lock()
 	c.uids[key] = cd.UID
+	c.keys[cd.UID] = key
 	c.mu.Unlock()
 	if cd.DeletionTimestamp != nil {
 		return c.finalize(ctx, cd)
@@ -265,15 +306,16 @@ func condition(cd *v1beta1.ComputeDomain, typ string, status metav1.ConditionSta
 // touched, and no resourceVersion is read back and written: a patch of
 // its own fields cannot race another writer's.
 func (c *Controller) writeStatus(ctx context.Context, cd *v1beta1.ComputeDomain, ch *int32, conds []metav1.Condition) error {
+	nodes := c.nodesOf(cd)
 	status := v1beta1.ComputeDomainStatusNotReady
 	ready := ch != nil && !slices.ContainsFunc(conds, func(c metav1.Condition) bool { return c.Status != metav1.ConditionTrue })
-	if ready && len(conds) == 3 && (cd.Spec.NumNodes == 0 || readyNodes(cd) >= cd.Spec.NumNodes) {
+	if ready && len(conds) == 3 && (cd.Spec.NumNodes == 0 || readyNodes(nodes) >= cd.Spec.NumNodes) {
 		status = v1beta1.ComputeDomainStatusReady
 	}
-	if cd.Status.Status == status && equalChannel(cd.Status.Channel, ch) && sameConditions(cd.Status.Conditions, conds) {
+	if cd.Status.Status == status && equalChannel(cd.Status.Channel, ch) && sameConditions(cd.Status.Conditions, conds) && sameNodes(cd.Status.Nodes, nodes) {
 		return nil
 	}
-	patch := map[string]any{"status": map[string]any{"status": status, "channel": ch, "conditions": conds}}
+	patch := map[string]any{"status": map[string]any{"status": status, "channel": ch, "conditions": conds, "nodes": nodes}}
 	data, err := json.Marshal(patch)
 	if err != nil {
 		return err
@@ -290,9 +332,61 @@ func (c *Controller) writeStatus(ctx context.Context, cd *v1beta1.ComputeDomain,
 	return nil
 }
 
-func readyNodes(cd *v1beta1.ComputeDomain) int {
+// nodesOf derives the domain's nodes from the ComputeDomainCliques the
+// nodes write, one entry per node, ordered by clique, index and name. A
+// node in two cliques of the domain (it moved) is listed once, from the
+// clique that sorts first.
+func (c *Controller) nodesOf(cd *v1beta1.ComputeDomain) []*v1beta1.ComputeDomainNode {
+	if c.cliques == nil {
+		return cd.Status.Nodes
+	}
+	var nodes []*v1beta1.ComputeDomainNode
+	seen := map[string]bool{}
+	prefix := string(cd.UID) + "."
+	objs := c.cliques.GetStore().List()
+	var cliques []*v1beta1.ComputeDomainClique
+	for _, obj := range objs {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok || !strings.HasPrefix(u.GetName(), prefix) {
+			continue
+		}
+		cl := &v1beta1.ComputeDomainClique{}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.UnstructuredContent(), cl); err != nil {
+			continue
+		}
+		cliques = append(cliques, cl)
+	}
+	slices.SortFunc(cliques, func(a, b *v1beta1.ComputeDomainClique) int { return strings.Compare(a.Name, b.Name) })
+	for _, cl := range cliques {
+		for _, d := range cl.Daemons {
+			if d == nil || seen[d.NodeName] {
+				continue
+			}
+			seen[d.NodeName] = true
+			nodes = append(nodes, &v1beta1.ComputeDomainNode{Name: d.NodeName, IPAddress: d.IPAddress, CliqueID: d.CliqueID, Index: d.Index, Status: d.Status})
+		}
+	}
+	slices.SortFunc(nodes, func(a, b *v1beta1.ComputeDomainNode) int {
+		if c := strings.Compare(a.CliqueID, b.CliqueID); c != 0 {
+			return c
+		}
+		if a.Index != b.Index {
+			return a.Index - b.Index
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return nodes
+}
+
+func sameNodes(a, b []*v1beta1.ComputeDomainNode) bool {
+	return slices.EqualFunc(a, b, func(x, y *v1beta1.ComputeDomainNode) bool {
+		return x != nil && y != nil && *x == *y
+	})
+}
+
+func readyNodes(nodes []*v1beta1.ComputeDomainNode) int {
 	n := 0
-	for _, node := range cd.Status.Nodes {
+	for _, node := range nodes {
 		if node != nil && node.Status == v1beta1.ComputeDomainStatusReady {
 			n++
 		}
@@ -431,6 +525,19 @@ func (c *Controller) finalize(ctx context.Context, cd *v1beta1.ComputeDomain) er
 			return fmt.Errorf("delete ResourceClaimTemplate %s/%s: %w", cd.Namespace, t.Name, err)
 		}
 		klog.FromContext(ctx).Info("Deleted the ResourceClaimTemplate of a deleted ComputeDomain", "domain", klog.KObj(cd), "template", t.Name)
+	}
+	if c.cliques != nil {
+		prefix := string(cd.UID) + "."
+		for _, obj := range c.cliques.GetStore().List() {
+			u, ok := obj.(*unstructured.Unstructured)
+			if !ok || !strings.HasPrefix(u.GetName(), prefix) {
+				continue
+			}
+			err := c.cfg.DynamicClient.Resource(CliqueGVR).Namespace(c.cfg.CliqueNamespace).Delete(ctx, u.GetName(), metav1.DeleteOptions{})
+			if err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("delete ComputeDomainClique %s/%s: %w", c.cfg.CliqueNamespace, u.GetName(), err)
+			}
+		}
 	}
 	claims, err := c.cfg.KubeClient.ResourceV1().ResourceClaims(cd.Namespace).List(ctx, metav1.ListOptions{})
 	if err != nil {

@@ -295,3 +295,44 @@ func TestControllerDeletionWaitsForClaims(t *testing.T) {
 		t.Errorf("finalizers %v once the claims are gone", got)
 	}
 }
+
+// TestControllerStatusFromCliques: status.nodes and Ready come from the
+// cliques the nodes write, never from a node writing the domain.
+func TestControllerStatusFromCliques(t *testing.T) {
+	cd := newDomain("a", "a-channel", "")
+	cd.Spec.NumNodes = 2
+	h := newControllerHarness(t, 8, cd)
+	h.c = NewController(ControllerConfig{KubeClient: h.kube, DynamicClient: h.dyn, MaxChannels: 8, CliqueNamespace: "gpudra"})
+	if err := h.c.seed(h.ctx); err != nil {
+		t.Fatal(err)
+	}
+	clique := func(name string, daemons ...*v1beta1.ComputeDomainDaemonInfo) *unstructured.Unstructured {
+		cl := &v1beta1.ComputeDomainClique{ObjectMeta: metav1.ObjectMeta{Namespace: "gpudra", Name: name}, Daemons: daemons}
+		cl.APIVersion, cl.Kind = v1beta1.SchemeGroupVersion.String(), v1beta1.ComputeDomainCliqueKind
+		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(cl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &unstructured.Unstructured{Object: m}
+	}
+	daemon := func(node, cliqueID string, index int, status string) *v1beta1.ComputeDomainDaemonInfo {
+		return &v1beta1.ComputeDomainDaemonInfo{NodeName: node, IPAddress: "10.0.0.1", CliqueID: cliqueID, Index: index, Status: status}
+	}
+	store := h.c.cliques.GetStore()
+	_ = store.Add(clique(CliqueName("uid-a", "c.1"), daemon("n-b", "c.1", 1, v1beta1.ComputeDomainStatusNotReady), daemon("n-a", "c.1", 0, v1beta1.ComputeDomainStatusReady)))
+	_ = store.Add(clique(CliqueName("uid-other", "c.1"), daemon("n-x", "c.1", 0, v1beta1.ComputeDomainStatusReady)))
+	h.reconcile("a")
+	got := h.get("a")
+	var names []string
+	for _, n := range got.Status.Nodes {
+		names = append(names, n.Name)
+	}
+	if strings.Join(names, ",") != "n-a,n-b" || got.Status.Status != v1beta1.ComputeDomainStatusNotReady {
+		t.Fatalf("nodes %v, status %s: want n-a,n-b (by index) and NotReady (1 of numNodes 2 ready)", names, got.Status.Status)
+	}
+	_ = store.Update(clique(CliqueName("uid-a", "c.1"), daemon("n-b", "c.1", 1, v1beta1.ComputeDomainStatusReady), daemon("n-a", "c.1", 0, v1beta1.ComputeDomainStatusReady)))
+	h.reconcile("a")
+	if got := h.get("a"); got.Status.Status != v1beta1.ComputeDomainStatusReady {
+		t.Errorf("status %s with both nodes ready, want Ready", got.Status.Status)
+	}
+}
