@@ -3,6 +3,7 @@ package computedomain
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -68,16 +69,6 @@ func (a *ChannelAssigner) Release(uid types.UID) {
 	}
 }
 
-// Holders returns the domains holding channels, sorted.
-func (a *ChannelAssigner) Holders() []types.UID {
-	out := make([]types.UID, 0, len(a.byUID))
-	for uid := range a.byUID {
-		out = append(out, uid)
-	}
-	slices.Sort(out)
-	return out
-}
-
 // SeedChannels builds an assigner from the domains as listed: domains
 // with a channel keep it, oldest first, and a newer domain holding a
 // channel an older one holds is returned in conflicts, to be given a new
@@ -89,7 +80,7 @@ func SeedChannels(max int, domains []*v1beta1.ComputeDomain) (*ChannelAssigner, 
 		if c := x.CreationTimestamp.Compare(y.CreationTimestamp.Time); c != 0 {
 			return c
 		}
-		return cmpString(string(x.UID), string(y.UID))
+		return strings.Compare(string(x.UID), string(y.UID))
 	})
 	var conflicts []*v1beta1.ComputeDomain
 	for _, d := range sorted {
@@ -101,14 +92,4 @@ func SeedChannels(max int, domains []*v1beta1.ComputeDomain) (*ChannelAssigner, 
 		}
 	}
 	return a, conflicts
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
