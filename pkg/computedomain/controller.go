@@ -83,8 +83,8 @@ type Controller struct {
 	cfg      ControllerConfig
 	informer cache.SharedIndexInformer
 	// cliques is nil without ControllerConfig.CliqueNamespace.
-	cliques  cache.SharedIndexInformer
-	queue    workqueue.TypedRateLimitingInterface[string]
+	cliques cache.SharedIndexInformer
+	queue   workqueue.TypedRateLimitingInterface[string]
 
 	mu       sync.Mutex
 	channels *ChannelAssigner
