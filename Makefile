@@ -63,6 +63,8 @@ image:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 300x ./pkg/plugin/ ./pkg/checkpoint/
 	$(GO) test -run '^$$' -bench . -benchtime 300x ./pkg/devicemodel/
+	$(GO) test -run '^$$' -bench . -benchtime 2000x ./pkg/deviceplugin/
+	cd localcluster && $(GO) test -run '^$$' -bench . -benchtime 300x ./preparebench/
 
 # Every decoder of user or on-disk input, fuzzed for FUZZTIME each (make
 # fuzz FUZZTIME=30s); `make test` runs their seed corpora as ordinary tests.

@@ -15,12 +15,14 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/health"
+	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/nodemode"
 )
 
 type devicePluginOptions struct {
 	hw                  discoveryFlags
 	cdi                 cdiFlags
+	sharing             sharingFlags
 	configFile          string
 	migStrategy         string
 	deviceListStrategy  []string
@@ -51,6 +53,7 @@ the DRA plugin, never both: each refuses to start while the other serves the nod
 	fs := cmd.Flags()
 	o.hw.addFlags(fs)
 	o.cdi.addFlags(fs)
+	o.sharing.addFlags(fs)
 	fs.StringVar(&o.configFile, "config-file", "", "NVIDIA's device-plugin config file (version v1: flags.migStrategy, flags.plugin.*, sharing.timeSlicing); flags given on the command line win")
 	fs.StringVar(&o.migStrategy, "mig-strategy", deviceplugin.MIGStrategyNone, "how MIG devices are offered, one of none (every GPU as nvidia.com/gpu), single (MIG devices of one profile as nvidia.com/gpu), mixed (nvidia.com/mig-<profile>)")
 	fs.StringSliceVar(&o.deviceListStrategy, "device-list-strategy", []string{deviceplugin.DeviceListCDICRI}, "how a container gets its devices, any of cdi-cri (CDI device names in the Allocate response), envvar (NVIDIA_VISIBLE_DEVICES for a legacy runtime hook), cdi-annotations")
@@ -149,6 +152,9 @@ func (o *devicePluginOptions) options(fs *pflag.FlagSet) (deviceplugin.Options, 
 	if err := o.cdi.validate(); err != nil {
 		return opts, err
 	}
+	if err := o.sharing.validate(); err != nil {
+		return opts, err
+	}
 	if err := absolutePaths([]pathFlag{{"device-plugin-dir", &o.devicePluginDir}, {"cdi-dir", &o.cdiDir}}); err != nil {
 		return opts, err
 	}
@@ -162,13 +168,23 @@ func (o *devicePluginOptions) options(fs *pflag.FlagSet) (deviceplugin.Options, 
 	if err != nil {
 		return opts, err
 	}
+	plan := deviceplugin.PlanOptions{MIGStrategy: o.migStrategy, DeviceIDStrategy: o.deviceIDStrategy, TimeSlicing: cfg.Sharing.TimeSlicing}
+	var mpsManager *mps.Manager
+	if cfg.Sharing.MPS != nil {
+		plan.MPS = *cfg.Sharing.MPS
+		var why string
+		if mpsManager, why = o.sharing.mpsManager(&o.hw); mpsManager == nil {
+			return opts, fmt.Errorf("--config-file: sharing.mps needs MPS daemons: %s", why)
+		}
+	}
 	return deviceplugin.Options{
+		MPS:                  mpsManager,
 		Hardware:             hw,
 		DriverName:           o.driverName,
 		PluginDir:            o.devicePluginDir,
 		CDIDir:               o.cdiDir,
 		DriverEdits:          driverEdits(&o.hw, &o.cdi),
-		Plan:                 deviceplugin.PlanOptions{MIGStrategy: o.migStrategy, DeviceIDStrategy: o.deviceIDStrategy, TimeSlicing: cfg.Sharing.TimeSlicing},
+		Plan:                 plan,
 		DeviceListStrategies: o.deviceListStrategy,
 		CDIAnnotationPrefix:  o.cdiAnnotationPrefix,
 		PassDeviceSpecs:      o.passDeviceSpecs,

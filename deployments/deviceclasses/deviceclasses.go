@@ -6,7 +6,11 @@
 //
 // The selectors are those of NVIDIA's DRA driver, so that claims written
 // for it select the same devices under gpudra. They name the default
-// driver name, gpu.nvidia.com.
+// driver name, gpu.nvidia.com. Besides NVIDIA's three classes there is one
+// class per MIG profile (mig-<profile>.nvidia.com, generated from the
+// simulated models' MIG tables by TestMIGProfileClasses), whose
+// extendedResourceName nvidia.com/mig-<profile> lets pods written for
+// NVIDIA's device plugin (mixed strategy) run unchanged on DRA nodes.
 //
 // The classes of the ComputeDomain driver (compute-domain.nvidia.com) are
 // in the subdirectory computedomain, apart from the GPU driver's: they are

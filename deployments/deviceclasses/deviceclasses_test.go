@@ -14,6 +14,11 @@ func TestAll(t *testing.T) {
 		MIG:  "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'",
 		VFIO: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'vfio'",
 	}
+	wantExtendedName := map[string]string{GPU: "nvidia.com/gpu"}
+	for _, p := range migProfiles(t) {
+		want["mig-"+p+".nvidia.com"] = "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig' && device.attributes['gpu.nvidia.com'].profile == '" + p + "'"
+		wantExtendedName["mig-"+p+".nvidia.com"] = "nvidia.com/mig-" + p
+	}
 	if len(classes) != len(want) {
 		t.Fatalf("got %d classes, want %d", len(classes), len(want))
 	}
@@ -28,12 +33,13 @@ func TestAll(t *testing.T) {
 			t.Errorf("%s: expression %q, want %q", c.Name, got, want[c.Name])
 		}
 		// Only whole GPUs answer the classic nvidia.com/gpu request, as in
-		// NVIDIA's chart.
+		// NVIDIA's chart; each MIG profile's class answers the mixed
+		// strategy's nvidia.com/mig-<profile>.
 		var gotExtended string
 		if c.Spec.ExtendedResourceName != nil {
 			gotExtended = *c.Spec.ExtendedResourceName
 		}
-		if wantExtended := map[string]string{GPU: "nvidia.com/gpu"}[c.Name]; gotExtended != wantExtended {
+		if wantExtended := wantExtendedName[c.Name]; gotExtended != wantExtended {
 			t.Errorf("%s: extendedResourceName %q, want %q", c.Name, gotExtended, wantExtended)
 		}
 	}

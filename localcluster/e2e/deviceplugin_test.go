@@ -44,6 +44,10 @@ const devicePluginFleet = `nodes:
   - model: H100-SXM5-80GB
     migEnabled: true
     migDevices: [{profile: 1g.10gb, placementStart: 0}, {profile: 1g.10gb, placementStart: 1}, {profile: 3g.40gb, placementStart: 4}]
+- name: dp-mps
+  mode: device-plugin
+  devicePlugin: {version: v1, sharing: {mps: {resources: [{name: nvidia.com/gpu, rename: nvidia.com/gpu.mps, replicas: 2}]}}}
+  gpus: [{model: H100-SXM5-80GB}]
 - name: dp-single
   mode: device-plugin
   migMode: static
@@ -117,7 +121,7 @@ func TestDevicePluginMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet})
+	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, MPSControlBinary: mpsControl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,6 +139,7 @@ func TestDevicePluginMode(t *testing.T) {
 		"dp-classic": {"nvidia.com/gpu": 4},
 		"dp-mixed":   {"nvidia.com/gpu.shared": 4, "nvidia.com/mig-1g.10gb": 2, "nvidia.com/mig-3g.40gb": 1},
 		"dp-single":  {"nvidia.com/gpu": 2},
+		"dp-mps":     {"nvidia.com/gpu.mps": 2},
 		"dra-node":   {"nvidia.com/gpu": 0},
 	} {
 		n, err := c.Client().CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
@@ -151,7 +156,7 @@ func TestDevicePluginMode(t *testing.T) {
 
 	// One Deployment, six pods of nvidia.com/gpu: four GPUs on the
 	// device-plugin node, two through DRA.
-	notSingle := "      affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: kubernetes.io/hostname, operator: NotIn, values: [dp-single]}]}]}}}\n"
+	notSingle := "      affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: kubernetes.io/hostname, operator: NotIn, values: [dp-single, dp-mps]}]}]}}}\n"
 	apply(t, ctx, classicDeployment("classic", "train", 6, "nvidia.com/gpu", notSingle))
 	pods := waitRunning(t, ctx, c, "classic", "train", 6)
 	perNode := map[string]int{}
@@ -210,6 +215,18 @@ func TestDevicePluginMode(t *testing.T) {
 		t.Errorf("four time slices over %v, want two on each of two GPUs", gpus)
 	}
 
+	// MPS replicas: two pods on one GPU, each a client of the GPU's MPS
+	// daemon through its pipe directory.
+	apply(t, ctx, classicDeployment("mps", "clients", 2, "nvidia.com/gpu.mps", ""))
+	for _, pod := range waitRunning(t, ctx, c, "mps", "clients", 2) {
+		ctrs, _ := c.Node(pod.Spec.NodeName).Containers(&pod)
+		got := ctrs["ctr"]
+		if pod.Spec.NodeName != "dp-mps" || len(got.CDIDevices) != 1 || got.CDIDevices[0] != "k8s.gpu.nvidia.com/device=gpu-0-mps" ||
+			got.Env["CUDA_MPS_PIPE_DIRECTORY"] != "/tmp/nvidia-mps" || !slices.Contains(got.Mounts, "/tmp/nvidia-mps") {
+			t.Errorf("MPS pod %s on %s: %+v; want gpu-0-mps with the daemon's pipe directory", pod.Name, pod.Spec.NodeName, got)
+		}
+	}
+
 	// Single strategy: the MIG devices are nvidia.com/gpu.
 	apply(t, ctx, classicDeployment("single", "mig", 2, "nvidia.com/gpu", "      nodeSelector: {kubernetes.io/hostname: dp-single}\n"))
 	for _, pod := range waitRunning(t, ctx, c, "single", "mig", 2) {
@@ -259,6 +276,36 @@ func TestDevicePluginMode(t *testing.T) {
 		}
 		return false
 	})
+
+	migrateToDRA(t, ctx, c, notSingle)
+}
+
+// TestDevicePluginMode's last step, on its cluster: the device-plugin
+// node is drained and moved to DRA, and the same Deployment runs there
+// through DRA.
+func migrateToDRA(t *testing.T, ctx context.Context, c *cluster.Cluster, notSingle string) {
+	t.Helper()
+	if err := c.Client().CoreV1().Namespaces().Delete(ctx, "classic", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, "the classic namespace's pods to go (the drain)", func() bool {
+		return len(podsOf(t, ctx, c, "classic", "train")) == 0
+	})
+	if err := c.Node("dp-classic").MigrateToDRA(ctx); err != nil {
+		t.Fatal(err)
+	}
+	apply(t, ctx, classicDeployment("after", "train", 6, "nvidia.com/gpu", notSingle))
+	perNode := map[string]int{}
+	for _, pod := range waitRunning(t, ctx, c, "after", "train", 6) {
+		perNode[pod.Spec.NodeName]++
+		ctrs, _ := c.Node(pod.Spec.NodeName).Containers(&pod)
+		if pod.Status.ExtendedResourceClaimStatus == nil || len(ctrs["ctr"].CDIDevices) != 1 || !strings.HasPrefix(ctrs["ctr"].CDIDevices[0], "k8s.gpu.nvidia.com/claim=") {
+			t.Errorf("after the migration %s on %s: extended claim %+v, CDI devices %v; want a DRA claim", pod.Name, pod.Spec.NodeName, pod.Status.ExtendedResourceClaimStatus, ctrs["ctr"].CDIDevices)
+		}
+	}
+	if perNode["dp-classic"] != 4 || perNode["dra-node"] != 2 {
+		t.Errorf("after the migration, pods per node %v, want 4 on the migrated node and 2 on dra-node", perNode)
+	}
 }
 
 func firstKey(m map[string]int) string {

@@ -135,7 +135,12 @@ func TestExamples(t *testing.T) {
 				t.Errorf("VFIO container's nodes %v, want /dev/iommu and /dev/vfio/devices/vfioN", nodes)
 			}
 		}}},
-		{"extended-resources", "two-gpus-by-class", []check{isType("gpu", 2), extendedClaim}},
+		{"extended-resources", "gpu-by-class", []check{isType("gpu", 1), extendedClaim}},
+		{"extended-resources", "mig-by-extended-resource", []check{isType("mig", 1), extendedClaim, func(t *testing.T, _ *corev1.Pod, devs []resourceapi.Device) {
+			if p := attr(devs[0], "profile"); p != "1g.10gb" {
+				t.Errorf("device %s has profile %s, want 1g.10gb", devs[0].Name, p)
+			}
+		}}},
 		{"mig-dynamic", "pod", []check{isType("mig", 2), func(t *testing.T, pod *corev1.Pod, devs []resourceapi.Device) {
 			if pod.Spec.NodeName != "dgx-h100-1" || attr(devs[0], "parentUUID") != attr(devs[1], "parentUUID") {
 				t.Errorf("devices %s and %s on %s, want two of one GPU on dgx-h100-1", devs[0].Name, devs[1].Name, pod.Spec.NodeName)
@@ -181,6 +186,16 @@ func TestExamples(t *testing.T) {
 			pod := &pods.Items[i]
 			if pod.Status.Phase != corev1.PodRunning {
 				t.Fatalf("%s: phase %s; reason: %s", pod.Name, pod.Status.Phase, reasonOf(pod))
+			}
+			if pod.Spec.NodeName == "a100-classic" {
+				// The demo's device-plugin node: the kubelet's device
+				// manager gave the container one of gpudra's device-plugin
+				// devices, and no claim was made.
+				ctrs, _ := demo.Node(pod.Spec.NodeName).Containers(pod)
+				if cdi := ctrs["ctr"].CDIDevices; len(cdi) != 1 || !strings.HasPrefix(cdi[0], "k8s.gpu.nvidia.com/device=gpu-") || pod.Status.ExtendedResourceClaimStatus != nil {
+					t.Errorf("%s on the device-plugin node: CDI devices %v, extended claim %+v", pod.Name, cdi, pod.Status.ExtendedResourceClaimStatus)
+				}
+				continue
 			}
 			devs := devicesOf(t, ctx, pod)
 			isType("gpu", 1)(t, pod, devs)

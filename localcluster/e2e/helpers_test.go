@@ -152,7 +152,7 @@ func checkpointHas(t *testing.T, node, claimUID string) bool {
 // extended resource: nvidia.com/gpu, or a DeviceClass's implicit name.
 func asksForExtendedGPUs(c *corev1.Container) bool {
 	for name := range c.Resources.Limits {
-		if name == "nvidia.com/gpu" || strings.HasPrefix(string(name), "deviceclass.resource.kubernetes.io/") {
+		if name == "nvidia.com/gpu" || strings.HasPrefix(string(name), "nvidia.com/mig-") || strings.HasPrefix(string(name), "deviceclass.resource.kubernetes.io/") {
 			return true
 		}
 	}

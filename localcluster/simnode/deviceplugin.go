@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/kubelet/cm/containermap"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
 
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
+	"github.com/gpudra/gpudra/pkg/mps"
 )
 
 // newDeviceManager is the kubelet's device manager with its registration
@@ -102,14 +104,27 @@ func (n *Node) startDevicePlugin(ctx context.Context) error {
 			}
 		}
 		opts.Plan.TimeSlicing = c.Sharing.TimeSlicing
+		if c.Sharing.MPS != nil {
+			opts.Plan.MPS = *c.Sharing.MPS
+			if n.cfg.MPSControlBinary != "" {
+				m, err := mps.New(n.mpsRoot, mps.WithControlBinary(n.cfg.MPSControlBinary))
+				if err != nil {
+					return fmt.Errorf("node %s: MPS: %w", n.cfg.Name, err)
+				}
+				opts.MPS = m
+			}
+		}
 	}
 	p, err := deviceplugin.New(n.ctx, opts)
 	if err != nil {
 		return fmt.Errorf("node %s: device plugin: %w", n.cfg.Name, err)
 	}
-	n.devicePlugin = p
+	runCtx, cancel := context.WithCancel(n.ctx)
+	done := make(chan struct{})
+	n.devicePlugin, n.stopDevicePlugin = p, func() { cancel(); <-done }
 	go func() {
-		if err := p.Run(n.ctx); err != nil {
+		defer close(done)
+		if err := p.Run(runCtx); err != nil {
 			n.logger.Error(err, "Device plugin stopped")
 		}
 	}()
@@ -133,7 +148,7 @@ func (n *Node) startDevicePlugin(ctx context.Context) error {
 	if err := n.syncDeviceCapacity(ctx); err != nil {
 		return err
 	}
-	go wait.UntilWithContext(n.ctx, func(ctx context.Context) {
+	go wait.UntilWithContext(runCtx, func(ctx context.Context) {
 		if err := n.syncDeviceCapacity(ctx); err != nil && ctx.Err() == nil {
 			n.logger.Error(err, "Node capacity of the device plugin's resources")
 		}
@@ -190,6 +205,44 @@ func (n *Node) admit(ctx context.Context, dm *devicemanager.ManagerImpl, pod *co
 		}
 	}
 	return nil
+}
+
+// MigrateToDRA moves a drained device-plugin node to DRA, as
+// docs/migration.md tells an operator to: the device plugin stops, the
+// kubelet drops its resources from the Node (a real kubelet does so five
+// minutes after the plugin's socket went away, or at its next restart),
+// and gpudra's DRA plugin starts and publishes the node's GPUs. Pods that
+// still hold device-plugin GPUs on the node keep them on record, as a
+// real node's would; drain it first.
+func (n *Node) MigrateToDRA(ctx context.Context) error {
+	dm := n.deviceManager()
+	if dm == nil || n.stopDevicePlugin == nil {
+		return errors.New("the node runs no device plugin")
+	}
+	n.stopDevicePlugin()
+	resources := n.devicePlugin.Resources()
+	n.devMu.Lock()
+	n.devices, n.devicePlugin, n.stopDevicePlugin = nil, nil, nil
+	n.devMu.Unlock()
+	if err := dm.Stop(n.logger); err != nil {
+		return err
+	}
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		node, err := n.cfg.KubeletClient.CoreV1().Nodes().Get(ctx, n.cfg.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, r := range resources {
+			delete(node.Status.Capacity, corev1.ResourceName(r.Name))
+			delete(node.Status.Allocatable, corev1.ResourceName(r.Name))
+		}
+		_, err = n.cfg.KubeletClient.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("node %s: drop the device plugin's resources: %w", n.cfg.Name, err)
+	}
+	return n.StartPlugin(ctx)
 }
 
 // DevicePlugin returns the node's device plugin, nil on a DRA node.

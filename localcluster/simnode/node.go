@@ -129,6 +129,8 @@ type Node struct {
 	admitMu      sync.Mutex
 	devices      *devicemanager.ManagerImpl
 	devicePlugin *deviceplugin.Plugin
+	// stopDevicePlugin stops the device plugin and waits for it.
+	stopDevicePlugin func()
 
 	// timeSlices holds the simulated GPUs' time-slice intervals; mpsRoot
 	// the node's MPS daemon directories (short: sockets live there).

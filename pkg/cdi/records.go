@@ -52,12 +52,7 @@ func SetClaim(spec *cdispec.Spec, devices []DeviceIdentity, records map[string]j
 		}
 		spec.Annotations[RecordsAnnotation] = string(data)
 	}
-	v, err := cdispec.MinimumRequiredVersion(spec)
-	if err != nil {
-		return fmt.Errorf("records annotation: %w", err)
-	}
-	spec.Version = v
-	return nil
+	return setVersion(spec)
 }
 
 // SpecContent is what a claim's spec file says about the claim.

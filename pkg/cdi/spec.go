@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"slices"
 
+	"golang.org/x/mod/semver"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpudra/gpudra/pkg/devicemodel"
@@ -170,12 +171,31 @@ func buildSpec(in SpecInput, common cdispec.ContainerEdits) (*cdispec.Spec, erro
 			ContainerEdits: edits,
 		})
 	}
+	if err := setVersion(spec); err != nil {
+		return nil, err
+	}
+	return spec, nil
+}
+
+// SpecVersion is the CDI version of every spec gpudra writes, unless one
+// needs a newer version's feature: the lowest version with everything a
+// claim's spec uses (device names that start with a digit, a claim UID's
+// first character, need 0.5.0; spec annotations 0.6.0). Taking the
+// minimum a spec needs would make the version depend on the claim UID.
+const SpecVersion = "0.6.0"
+
+// setVersion sets spec's version: SpecVersion, or the minimum the spec
+// needs where that is newer.
+func setVersion(spec *cdispec.Spec) error {
 	v, err := cdispec.MinimumRequiredVersion(spec)
 	if err != nil {
-		return nil, fmt.Errorf("CDI spec version: %w", err)
+		return fmt.Errorf("CDI spec version: %w", err)
+	}
+	if semver.Compare("v"+v, "v"+SpecVersion) < 0 {
+		v = SpecVersion
 	}
 	spec.Version = v
-	return spec, nil
+	return nil
 }
 
 // usesGPUNodes reports whether a device of kind reaches the container

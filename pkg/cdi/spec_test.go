@@ -345,3 +345,30 @@ func TestBuildSpecSharesAndVFIO(t *testing.T) {
 		t.Errorf("VFIO claim's nodes %v, env %v; want only /dev/vfio/23", paths, spec.ContainerEdits.Env)
 	}
 }
+
+// TestSpecVersionIsTheSameForEveryClaim: a claim UID that starts with a
+// digit (which the CDI spec 0.5.0 first allows in device names) and one
+// that starts with a letter get specs of the same version, with and
+// without the claim annotations, so that runtimes see one version.
+func TestSpecVersionIsTheSameForEveryClaim(t *testing.T) {
+	n := loadNode(t)
+	versions := map[string]string{}
+	for _, uid := range []string{"0a1b2c3d-0000-4000-8000-000000000001", "ab1b2c3d-0000-4000-8000-000000000002"} {
+		for _, names := range [][]string{{"gpu-4"}, {"gpu-0-mig-1g5gb-19-0"}} {
+			spec, err := cdi.BuildSpec(cdi.SpecInput{DriverName: "gpu.nvidia.com", ClaimUID: uid, Majors: n.inv.Majors, Devices: cdi.Whole(n.devices(t, names...)...)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			versions[uid[:1]+" "+names[0]+" built"] = spec.Version
+			if err := cdi.SetClaim(spec, []cdi.DeviceIdentity{{Name: names[0]}}, nil); err != nil {
+				t.Fatal(err)
+			}
+			versions[uid[:1]+" "+names[0]+" with annotations"] = spec.Version
+		}
+	}
+	for k, v := range versions {
+		if v != cdi.SpecVersion {
+			t.Errorf("%s: version %s, want %s for every claim", k, v, cdi.SpecVersion)
+		}
+	}
+}

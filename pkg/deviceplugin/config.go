@@ -232,15 +232,29 @@ func (c *Config) Validate() error {
 		}
 	}
 	if c.Sharing.MPS != nil && len(c.Sharing.MPS.Resources) > 0 {
-		add("sharing.mps: MPS replicas are not served by gpudra's device-plugin mode; use sharing.timeSlicing, or MPS through DRA (GpuConfig sharing.strategy: MPS), which caps each client")
+		if len(c.Sharing.TimeSlicing.Resources) > 0 {
+			add("sharing: timeSlicing and mps both replicate resources; a node shares its GPUs one way (NVIDIA's device plugin takes one too)")
+		}
+		errs = append(errs, validateReplicated("sharing.mps", c.Sharing.MPS, true)...)
 	}
-	ts := &c.Sharing.TimeSlicing
+	errs = append(errs, validateReplicated("sharing.timeSlicing", &c.Sharing.TimeSlicing, false)...)
+	return errors.Join(errs...)
+}
+
+// validateReplicated checks one sharing strategy's resources; under MPS
+// only full GPUs are shared (an MPS daemon per GPU, as NVIDIA's).
+func validateReplicated(field string, ts *ReplicatedResources, mps bool) []error {
+	var errs []error
+	add := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 	if ts.Strategy != "" {
-		add("sharing.timeSlicing.strategy %q: must be empty", ts.Strategy)
+		add("%s.strategy %q: must be empty", field, ts.Strategy)
 	}
 	seen := map[string]bool{}
 	for i, r := range ts.Resources {
-		path := fmt.Sprintf("sharing.timeSlicing.resources[%d]", i)
+		path := fmt.Sprintf("%s.resources[%d]", field, i)
+		if mps && strings.HasPrefix(r.Name, "nvidia.com/mig-") {
+			add("%s.name %q: MPS replicas are served for full GPUs only; share a MIG device through DRA (MigDeviceConfig sharing.strategy: MPS)", path, r.Name)
+		}
 		switch {
 		case r.Name == "":
 			add("%s.name: required (%s or nvidia.com/mig-<profile>)", path, ResourceGPU)
@@ -257,5 +271,5 @@ func (c *Config) Validate() error {
 			add("%s.rename %q: must be a resource name under nvidia.com/", path, r.Rename)
 		}
 	}
-	return errors.Join(errs...)
+	return errs
 }

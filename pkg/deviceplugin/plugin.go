@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -19,8 +21,10 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpudra/gpudra/pkg/cdi"
+	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/health"
+	"github.com/gpudra/gpudra/pkg/mps"
 )
 
 // Options configure the device plugin.
@@ -51,7 +55,17 @@ type Options struct {
 	HealthPolicy health.Policy
 	// RegisterTimeout bounds one registration with the kubelet.
 	RegisterTimeout time.Duration
+	// MPS runs the MPS daemons of MPS-shared resources (sharing.mps); nil
+	// refuses such a config.
+	MPS *mps.Manager
 }
+
+// mpsDaemonPrefix starts the IDs of the device plugin's MPS daemons, one
+// per GPU: device-plugin-gpu-3.
+const mpsDaemonPrefix = "device-plugin-"
+
+// mpsSuperviseInterval is how often the MPS daemons are checked.
+const mpsSuperviseInterval = 5 * time.Second
 
 // Plugin serves the node's resources to the kubelet.
 type Plugin struct {
@@ -103,7 +117,15 @@ func New(ctx context.Context, o Options) (*Plugin, error) {
 		return nil, err
 	}
 	p := &Plugin{opts: o, plan: o.Plan, resources: resources, health: &health.State{}, cdiKind: cdi.Vendor(o.DriverName) + "/" + cdi.DeviceClass}
-	if p.spec, err = p.buildSpec(ctx, inv); err != nil {
+	if slices.ContainsFunc(resources, func(r Resource) bool { return r.MPS }) &&
+		!slices.ContainsFunc(o.DeviceListStrategies, func(s string) bool { return s != DeviceListEnvVar }) {
+		return nil, errors.New("sharing.mps: the MPS daemon's pipe directory reaches a container through CDI; use --device-list-strategy cdi-cri or cdi-annotations (envvar alone cannot mount it)")
+	}
+	daemons, err := p.startMPSDaemons(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if p.spec, err = p.buildSpec(ctx, inv, daemons); err != nil {
 		return nil, err
 	}
 	w, err := cdi.NewWriter(o.CDIDir, o.DriverName)
@@ -119,16 +141,71 @@ func New(ctx context.Context, o Options) (*Plugin, error) {
 	return p, nil
 }
 
-// buildSpec is the CDI spec of every underlying device of the resources.
-func (p *Plugin) buildSpec(ctx context.Context, inv *hardware.Inventory) (*cdispec.Spec, error) {
+// startMPSDaemons starts (or takes over, after a restart) an MPS daemon
+// per GPU of the MPS-shared resources, each client capped at 1/replicas of
+// the GPU's SMs and memory, and stops the device plugin's daemons of GPUs
+// no longer shared so. It returns the daemons by GPU UUID.
+func (p *Plugin) startMPSDaemons(ctx context.Context) (map[string]mps.Daemon, error) {
+	daemons := map[string]mps.Daemon{}
+	for _, r := range p.resources {
+		if !r.MPS {
+			continue
+		}
+		if p.opts.MPS == nil {
+			return nil, fmt.Errorf("sharing.mps: %s needs MPS daemons, and this node has no nvidia-cuda-mps-control (see --mps-control-binary)", r.Name)
+		}
+		for _, d := range r.Devices {
+			g := d.Device.GPU
+			if _, ok := daemons[g.UUID]; ok {
+				continue
+			}
+			threads := max(1, 100/r.Replicas)
+			daemon, err := p.opts.MPS.Start(ctx, mps.Spec{
+				ID:                     mpsDaemonPrefix + devicemodel.GPUName(g.Minor),
+				DeviceUUIDs:            []string{g.UUID},
+				ActiveThreadPercentage: &threads,
+				PinnedMemoryLimits:     map[string]int64{g.UUID: int64(g.MemoryBytes) / int64(r.Replicas)},
+			})
+			if err != nil {
+				return nil, fmt.Errorf("sharing.mps: %s on GPU %d: %w", r.Name, g.Index, err)
+			}
+			daemons[g.UUID] = daemon
+		}
+	}
+	if p.opts.MPS != nil {
+		running, err := p.opts.MPS.List(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("list MPS daemons: %w", err)
+		}
+		for _, st := range running {
+			if !strings.HasPrefix(st.Spec.ID, mpsDaemonPrefix) || slices.ContainsFunc(slices.Collect(maps.Values(daemons)), func(d mps.Daemon) bool { return d.Spec.ID == st.Spec.ID }) {
+				continue
+			}
+			if err := p.opts.MPS.Stop(ctx, st.Spec.ID); err != nil {
+				return nil, fmt.Errorf("stop the MPS daemon %s of a GPU no longer shared: %w", st.Spec.ID, err)
+			}
+		}
+	}
+	return daemons, nil
+}
+
+// buildSpec is the CDI spec of every underlying device of the resources:
+// a GPU or MIG device, and for an MPS replica its GPU with its daemon's
+// directories (gpu-0-mps).
+func (p *Plugin) buildSpec(ctx context.Context, inv *hardware.Inventory, daemons map[string]mps.Daemon) (*cdispec.Spec, error) {
 	seen := map[string]bool{}
 	var devs []cdi.SpecDevice
 	for _, r := range p.resources {
 		for _, d := range r.Devices {
-			if !seen[d.Device.Name()] {
-				seen[d.Device.Name()] = true
-				devs = append(devs, cdi.SpecDevice{Device: d.Device})
+			if seen[d.CDIName()] {
+				continue
 			}
+			seen[d.CDIName()] = true
+			sd := cdi.SpecDevice{Device: d.Device}
+			if d.MPS {
+				sd.ShareID, sd.Edits = MPSShare, daemons[d.Device.GPU.UUID].ContainerEdits()
+			}
+			devs = append(devs, sd)
 		}
 	}
 	common, err := p.opts.DriverEdits.CommonEdits(ctx, inv.DriverVersion)
@@ -168,6 +245,10 @@ func (p *Plugin) Run(ctx context.Context) error {
 	}
 	if hw, ok := p.opts.Hardware.(hardware.HealthWatcher); ok {
 		go p.watchHealth(ctx, hw)
+	}
+	if p.opts.MPS != nil {
+		// A daemon that dies is started again with its caps.
+		go p.opts.MPS.Supervise(ctx, mpsSuperviseInterval)
 	}
 	defer p.stopServers()
 	kubeletSock := filepath.Join(p.opts.PluginDir, filepath.Base(pluginapi.KubeletSocket))

@@ -2,6 +2,7 @@ package deviceplugin_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -17,9 +18,12 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/mps"
+	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 	"github.com/gpudra/gpudra/pkg/nodemode"
 )
 
@@ -32,7 +36,7 @@ type fakeKubelet struct {
 	reqs   []*pluginapi.RegisterRequest
 }
 
-func startKubelet(t *testing.T, dir string) *fakeKubelet {
+func startKubelet(t testing.TB, dir string) *fakeKubelet {
 	t.Helper()
 	k := &fakeKubelet{sock: filepath.Join(dir, "kubelet.sock")}
 	l, err := net.Listen("unix", k.sock)
@@ -66,13 +70,21 @@ func (k *fakeKubelet) registered() []string {
 // restart is a kubelet restart: it removes every socket in its
 // directory (the kubelet's device manager does), and serves a new
 // kubelet.sock.
-func (k *fakeKubelet) restart(t *testing.T) *fakeKubelet {
+func (k *fakeKubelet) restart(t testing.TB) *fakeKubelet {
 	k.server.Stop()
 	entries, _ := os.ReadDir(filepath.Dir(k.sock))
 	for _, e := range entries {
 		_ = os.Remove(filepath.Join(filepath.Dir(k.sock), e.Name()))
 	}
 	return startKubelet(t, filepath.Dir(k.sock))
+}
+
+// testLogger logs through t for tests, and discards for benchmarks.
+func testLogger(tb testing.TB) klog.Logger {
+	if t, ok := tb.(*testing.T); ok {
+		return ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+	}
+	return klog.NewKlogr().V(10)
 }
 
 type rig struct {
@@ -85,7 +97,7 @@ type rig struct {
 	done                   chan error
 }
 
-func newRig(t *testing.T, fleet, node string, o deviceplugin.Options) *rig {
+func newRig(t testing.TB, fleet, node string, o deviceplugin.Options) *rig {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "gpudra-dp")
 	if err != nil {
@@ -109,7 +121,7 @@ func newRig(t *testing.T, fleet, node string, o deviceplugin.Options) *rig {
 	o.DriverName = "gpu.nvidia.com"
 	o.PluginDir = r.pluginDir
 	o.CDIDir = r.cdiDir
-	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))))
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), testLogger(t)))
 	r.cancel = cancel
 	r.plugin, err = deviceplugin.New(ctx, o)
 	if err != nil {
@@ -125,7 +137,7 @@ func newRig(t *testing.T, fleet, node string, o deviceplugin.Options) *rig {
 }
 
 // client dials a resource's socket once the plugin registered it.
-func (r *rig) client(t *testing.T, resource string) pluginapi.DevicePluginClient {
+func (r *rig) client(t testing.TB, resource string) pluginapi.DevicePluginClient {
 	t.Helper()
 	sock := filepath.Join(r.pluginDir, deviceplugin.SocketName(resource))
 	waitFor(t, "registration of "+resource, func() bool {
@@ -139,7 +151,7 @@ func (r *rig) client(t *testing.T, resource string) pluginapi.DevicePluginClient
 	return pluginapi.NewDevicePluginClient(conn)
 }
 
-func waitFor(t *testing.T, what string, ok func() bool) {
+func waitFor(t testing.TB, what string, ok func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for !ok() {
@@ -355,6 +367,80 @@ sharing:
 	if _, err := gpu.Allocate(ctx, &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{msg.Devices[0].ID, msg.Devices[1].ID}}}}); err == nil || !strings.Contains(err.Error(), "failRequestsGreaterThanOne") {
 		t.Errorf("two replicas: %v", err)
 	}
+}
+
+// TestMPSReplicas: sharing.mps starts an MPS daemon per GPU with each
+// client capped at 1/replicas, and a replica's container gets the GPU and
+// its daemon's pipe directory through CDI.
+func TestMPSReplicas(t *testing.T) {
+	cfg, err := deviceplugin.ParseConfig([]byte("version: v1\nsharing: {mps: {renameByDefault: true, resources: [{name: nvidia.com/gpu, replicas: 4, devices: [0, 1]}]}}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(shortDirT(t), "mps")
+	m, err := mps.New(root, mps.WithControlBinary(filepath.Join(fakeMPSBin, mpsfake.ControlName)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRig(t, "dgx-h100", "dgx-h100-0", deviceplugin.Options{MPS: m, Plan: deviceplugin.PlanOptions{MPS: *cfg.Sharing.MPS}})
+	var names []string
+	for _, res := range r.plugin.Resources() {
+		names = append(names, fmt.Sprintf("%s:%d", res.Name, len(res.Devices)))
+	}
+	if got := strings.Join(names, " "); got != "nvidia.com/gpu:6 nvidia.com/gpu.shared:8" {
+		t.Errorf("resources %s", got)
+	}
+	for _, gpu := range []int{0, 1} {
+		dirs := m.Dirs(fmt.Sprintf("device-plugin-gpu-%d", gpu))
+		rec, err := mpsfake.ReadRecord(dirs.Log)
+		if err != nil {
+			t.Fatalf("GPU %d: no MPS daemon: %v", gpu, err)
+		}
+		uuid := r.plugin.Resources()[1].Devices[gpu*4].UUID()
+		if rec.ActiveThreadPercentage == nil || *rec.ActiveThreadPercentage != 25 || rec.PinnedMemLimitMiB[uuid] != 81559/4 {
+			t.Errorf("GPU %d's daemon: threads %v, pinned %v; want 25%% and %d MiB", gpu, rec.ActiveThreadPercentage, rec.PinnedMemLimitMiB, 81559/4)
+		}
+	}
+	c := r.client(t, "nvidia.com/gpu.shared")
+	alloc, err := c.Allocate(context.Background(), &pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{r.plugin.Resources()[1].Devices[5].ID}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cdiDevs := alloc.ContainerResponses[0].CdiDevices
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(r.cdiDir), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cdiDevs) != 1 || cdiDevs[0].Name != "k8s.gpu.nvidia.com/device=gpu-1-mps" {
+		t.Fatalf("CDI devices %v, want gpu-1-mps", cdiDevs)
+	}
+	d := cache.GetDevice(cdiDevs[0].Name)
+	if d == nil {
+		t.Fatalf("%s does not resolve", cdiDevs[0].Name)
+	}
+	pipe := m.Dirs("device-plugin-gpu-1").Pipe
+	if !slices.ContainsFunc(d.ContainerEdits.Mounts, func(mt *cdispec.Mount) bool { return mt.HostPath == pipe && mt.ContainerPath == mps.ContainerPipeDir }) {
+		t.Errorf("gpu-1-mps mounts %+v, want the daemon's pipe directory %s", d.ContainerEdits.Mounts, pipe)
+	}
+
+	// Without MPS daemons the config is refused, naming the field.
+	f, _ := sim.Load("dgx-h100")
+	n, _ := f.Node("dgx-h100-0")
+	dir := t.TempDir()
+	if _, err := deviceplugin.New(context.Background(), deviceplugin.Options{Hardware: n.Hardware(), DriverName: "gpu.nvidia.com", PluginDir: dir, CDIDir: dir,
+		Plan: deviceplugin.PlanOptions{MPS: *cfg.Sharing.MPS}}); err == nil || !strings.Contains(err.Error(), "sharing.mps") {
+		t.Errorf("MPS replicas without an MPS manager: %v", err)
+	}
+}
+
+func shortDirT(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "dpm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return dir
 }
 
 func TestNewRefusesWhatTheNodeCannotServe(t *testing.T) {

@@ -23,6 +23,9 @@ type Resource struct {
 	// FailRequestsGreaterThanOne refuses a container asking for more than
 	// one replica.
 	FailRequestsGreaterThanOne bool
+	// MPS: the replicas are clients of an MPS daemon per GPU, each capped
+	// at 1/Replicas of the GPU's SMs and memory.
+	MPS bool
 }
 
 // Device is one advertised device: a full GPU, a MIG device, or one
@@ -32,8 +35,23 @@ type Device struct {
 	// index strategy), "::<n>" appended for replica n.
 	ID string
 	// Device is the underlying device in gpudra's device model; its name
-	// (gpu-0, gpu-0-mig-1g.10gb-19-0) names its CDI device.
+	// (gpu-0, gpu-0-mig-1g.10gb-19-0) names its CDI device, or with MPS
+	// replicas its name and "-mps" (the GPU and its daemon's directories).
 	Device *devicemodel.Device
+	// MPS is set for a replica served by the GPU's MPS daemon.
+	MPS bool
+}
+
+// MPSShare is the share ID of an MPS replica's CDI device
+// (gpu-0-mps: cdi.ShareName).
+const MPSShare = "mps"
+
+// CDIName is the name of the device's CDI device in the plugin's spec.
+func (d *Device) CDIName() string {
+	if d.MPS {
+		return d.Device.Name() + "-" + MPSShare
+	}
+	return d.Device.Name()
 }
 
 // UUID is the UUID of the underlying GPU or MIG device.
@@ -48,8 +66,10 @@ type PlanOptions struct {
 	MIGStrategy string
 	// DeviceIDStrategy is uuid (default) or index.
 	DeviceIDStrategy string
-	// TimeSlicing are the replicated resources.
+	// TimeSlicing are the time-sliced resources.
 	TimeSlicing ReplicatedResources
+	// MPS are the resources shared through MPS daemons, one per GPU.
+	MPS ReplicatedResources
 }
 
 // Plan turns a node's inventory into the resources it advertises. A
@@ -163,7 +183,10 @@ func Plan(inv *hardware.Inventory, o PlanOptions) ([]Resource, error) {
 		return nil, fmt.Errorf("flags.migStrategy %q: must be one of %s", o.MIGStrategy, strings.Join(MIGStrategies, ", "))
 	}
 
-	if err := replicate(byName, inv, o.TimeSlicing); err != nil {
+	if err := replicate(byName, inv, "sharing.timeSlicing", o.TimeSlicing, false); err != nil {
+		return nil, err
+	}
+	if err := replicate(byName, inv, "sharing.mps", o.MPS, true); err != nil {
 		return nil, err
 	}
 	out := make([]Resource, 0, len(byName))
@@ -186,9 +209,9 @@ const ReplicaSeparator = "::"
 // replicate turns the time-sliced resources' devices into replicas. A
 // resource the node does not have is skipped (one config serves nodes of
 // every kind); a device the config names that the node lacks is an error.
-func replicate(byName map[string]*Resource, inv *hardware.Inventory, ts ReplicatedResources) error {
+func replicate(byName map[string]*Resource, inv *hardware.Inventory, field string, ts ReplicatedResources, mps bool) error {
 	for i, rr := range ts.Resources {
-		path := fmt.Sprintf("sharing.timeSlicing.resources[%d]", i)
+		path := fmt.Sprintf("%s.resources[%d]", field, i)
 		r := byName[rr.Name]
 		if r == nil {
 			continue
@@ -210,11 +233,14 @@ func replicate(byName map[string]*Resource, inv *hardware.Inventory, ts Replicat
 				kept = append(kept, d)
 				continue
 			}
+			if mps && d.Device.MIG != nil {
+				return fmt.Errorf("%s: %s is a MIG device; MPS replicas are served for full GPUs only", path, d.ID)
+			}
 			for n := range rr.Replicas {
-				replicated = append(replicated, Device{ID: d.ID + ReplicaSeparator + strconv.Itoa(n), Device: d.Device})
+				replicated = append(replicated, Device{ID: d.ID + ReplicaSeparator + strconv.Itoa(n), Device: d.Device, MPS: mps})
 			}
 		}
-		shared := &Resource{Name: name, Devices: replicated, Replicas: rr.Replicas, FailRequestsGreaterThanOne: ts.FailRequestsGreaterThanOne}
+		shared := &Resource{Name: name, Devices: replicated, Replicas: rr.Replicas, FailRequestsGreaterThanOne: ts.FailRequestsGreaterThanOne, MPS: mps}
 		if name == rr.Name {
 			if len(kept) > 0 {
 				return fmt.Errorf("%s.devices: replicates some of %s's devices and not others under the same name; set rename (or renameByDefault) so the two can be told apart", path, rr.Name)

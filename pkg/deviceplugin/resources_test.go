@@ -1,4 +1,4 @@
-package deviceplugin
+package deviceplugin_test
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 )
@@ -32,7 +33,7 @@ func inventory(t testing.TB, fleet, node string) *hardware.Inventory {
 }
 
 // summary renders resources as "name: n devices (first ID)" lines.
-func summary(rs []Resource) string {
+func summary(rs []deviceplugin.Resource) string {
 	var lines []string
 	for _, r := range rs {
 		lines = append(lines, fmt.Sprintf("%s: %d", r.Name, len(r.Devices)))
@@ -58,46 +59,46 @@ func TestPlanStrategies(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		inv     *hardware.Inventory
-		opts    PlanOptions
+		opts    deviceplugin.PlanOptions
 		want    string
 		wantErr string
 	}{
 		{name: "none on a DGX H100", inv: inventory(t, "dgx-h100", "dgx-h100-0"), want: "nvidia.com/gpu: 8"},
 		{name: "none with MIG GPUs advertises them whole", inv: a100mig, want: "nvidia.com/gpu: 8"},
-		{name: "mixed", inv: a100mig, opts: PlanOptions{MIGStrategy: MIGStrategyMixed},
+		{name: "mixed", inv: a100mig, opts: deviceplugin.PlanOptions{MIGStrategy: deviceplugin.MIGStrategyMixed},
 			want: "nvidia.com/gpu: 4; nvidia.com/mig-1g.5gb: 9; nvidia.com/mig-2g.10gb: 1; nvidia.com/mig-3g.20gb: 2; nvidia.com/mig-4g.20gb: 1; nvidia.com/mig-7g.40gb: 1"},
-		{name: "single without MIG GPUs is none", inv: inventory(t, "dgx-h100", "dgx-h100-0"), opts: PlanOptions{MIGStrategy: MIGStrategySingle}, want: "nvidia.com/gpu: 8"},
-		{name: "single with one profile", inv: inventory(t, singleProfileFleet, "single"), opts: PlanOptions{MIGStrategy: MIGStrategySingle}, want: "nvidia.com/gpu: 3"},
-		{name: "single with MIG and whole GPUs", inv: a100mig, opts: PlanOptions{MIGStrategy: MIGStrategySingle},
+		{name: "single without MIG GPUs is none", inv: inventory(t, "dgx-h100", "dgx-h100-0"), opts: deviceplugin.PlanOptions{MIGStrategy: deviceplugin.MIGStrategySingle}, want: "nvidia.com/gpu: 8"},
+		{name: "single with one profile", inv: inventory(t, singleProfileFleet, "single"), opts: deviceplugin.PlanOptions{MIGStrategy: deviceplugin.MIGStrategySingle}, want: "nvidia.com/gpu: 3"},
+		{name: "single with MIG and whole GPUs", inv: a100mig, opts: deviceplugin.PlanOptions{MIGStrategy: deviceplugin.MIGStrategySingle},
 			wantErr: "flags.migStrategy single: GPUs [0 1 2 3] are in MIG mode and GPUs [4 5 6 7] are not"},
-		{name: "unknown strategy", inv: a100mig, opts: PlanOptions{MIGStrategy: "some"}, wantErr: `flags.migStrategy "some": must be one of none, single, mixed`},
+		{name: "unknown strategy", inv: a100mig, opts: deviceplugin.PlanOptions{MIGStrategy: "some"}, wantErr: `flags.migStrategy "some": must be one of none, single, mixed`},
 		{name: "time slicing", inv: inventory(t, "dgx-h100", "dgx-h100-0"),
-			opts: PlanOptions{TimeSlicing: ReplicatedResources{Resources: []ReplicaResource{{Name: ResourceGPU, Replicas: 4}}}},
+			opts: deviceplugin.PlanOptions{TimeSlicing: deviceplugin.ReplicatedResources{Resources: []deviceplugin.ReplicaResource{{Name: deviceplugin.ResourceGPU, Replicas: 4}}}},
 			want: "nvidia.com/gpu: 32"},
 		{name: "time slicing renamed by default", inv: inventory(t, "dgx-h100", "dgx-h100-0"),
-			opts: PlanOptions{TimeSlicing: ReplicatedResources{RenameByDefault: true, Resources: []ReplicaResource{{Name: ResourceGPU, Replicas: 2}}}},
+			opts: deviceplugin.PlanOptions{TimeSlicing: deviceplugin.ReplicatedResources{RenameByDefault: true, Resources: []deviceplugin.ReplicaResource{{Name: deviceplugin.ResourceGPU, Replicas: 2}}}},
 			want: "nvidia.com/gpu.shared: 16"},
 		{name: "time slicing of two GPUs, renamed", inv: inventory(t, "dgx-h100", "dgx-h100-0"),
-			opts: PlanOptions{TimeSlicing: ReplicatedResources{Resources: []ReplicaResource{{Name: ResourceGPU, Rename: "nvidia.com/gpu-shared", Replicas: 3, Devices: ReplicaDevices{List: []string{"0", "7"}}}}}},
+			opts: deviceplugin.PlanOptions{TimeSlicing: deviceplugin.ReplicatedResources{Resources: []deviceplugin.ReplicaResource{{Name: deviceplugin.ResourceGPU, Rename: "nvidia.com/gpu-shared", Replicas: 3, Devices: deviceplugin.ReplicaDevices{List: []string{"0", "7"}}}}}},
 			want: "nvidia.com/gpu: 6; nvidia.com/gpu-shared: 6"},
 		{name: "time slicing of a MIG profile", inv: a100mig,
-			opts: PlanOptions{MIGStrategy: MIGStrategyMixed, TimeSlicing: ReplicatedResources{Resources: []ReplicaResource{{Name: MIGResource("1g.5gb"), Replicas: 2}}}},
+			opts: deviceplugin.PlanOptions{MIGStrategy: deviceplugin.MIGStrategyMixed, TimeSlicing: deviceplugin.ReplicatedResources{Resources: []deviceplugin.ReplicaResource{{Name: deviceplugin.MIGResource("1g.5gb"), Replicas: 2}}}},
 			want: "nvidia.com/gpu: 4; nvidia.com/mig-1g.5gb: 18; nvidia.com/mig-2g.10gb: 1; nvidia.com/mig-3g.20gb: 2; nvidia.com/mig-4g.20gb: 1; nvidia.com/mig-7g.40gb: 1"},
 		{name: "a resource the node lacks is skipped", inv: inventory(t, "dgx-h100", "dgx-h100-0"),
-			opts: PlanOptions{TimeSlicing: ReplicatedResources{Resources: []ReplicaResource{{Name: MIGResource("1g.10gb"), Replicas: 2}}}},
+			opts: deviceplugin.PlanOptions{TimeSlicing: deviceplugin.ReplicatedResources{Resources: []deviceplugin.ReplicaResource{{Name: deviceplugin.MIGResource("1g.10gb"), Replicas: 2}}}},
 			want: "nvidia.com/gpu: 8"},
 		{name: "a GPU index the node lacks", inv: inventory(t, "dgx-h100", "dgx-h100-0"),
-			opts:    PlanOptions{TimeSlicing: ReplicatedResources{Resources: []ReplicaResource{{Name: ResourceGPU, Rename: "nvidia.com/gpu-shared", Replicas: 2, Devices: ReplicaDevices{List: []string{"9"}}}}}},
+			opts:    deviceplugin.PlanOptions{TimeSlicing: deviceplugin.ReplicatedResources{Resources: []deviceplugin.ReplicaResource{{Name: deviceplugin.ResourceGPU, Rename: "nvidia.com/gpu-shared", Replicas: 2, Devices: deviceplugin.ReplicaDevices{List: []string{"9"}}}}}},
 			wantErr: `sharing.timeSlicing.resources[0].devices: "9" names no device of this node's 8 (GPUs 0=GPU-`},
 		{name: "a count beyond the node", inv: inventory(t, "dgx-h100", "dgx-h100-0"),
-			opts:    PlanOptions{TimeSlicing: ReplicatedResources{Resources: []ReplicaResource{{Name: ResourceGPU, Rename: "nvidia.com/gpu-shared", Replicas: 2, Devices: ReplicaDevices{Count: 9}}}}},
+			opts:    deviceplugin.PlanOptions{TimeSlicing: deviceplugin.ReplicatedResources{Resources: []deviceplugin.ReplicaResource{{Name: deviceplugin.ResourceGPU, Rename: "nvidia.com/gpu-shared", Replicas: 2, Devices: deviceplugin.ReplicaDevices{Count: 9}}}}},
 			wantErr: "sharing.timeSlicing.resources[0].devices 9: the node has 8 such devices"},
 		{name: "some replicated under the same name", inv: inventory(t, "dgx-h100", "dgx-h100-0"),
-			opts:    PlanOptions{TimeSlicing: ReplicatedResources{Resources: []ReplicaResource{{Name: ResourceGPU, Replicas: 2, Devices: ReplicaDevices{Count: 2}}}}},
+			opts:    deviceplugin.PlanOptions{TimeSlicing: deviceplugin.ReplicatedResources{Resources: []deviceplugin.ReplicaResource{{Name: deviceplugin.ResourceGPU, Replicas: 2, Devices: deviceplugin.ReplicaDevices{Count: 2}}}}},
 			wantErr: "set rename (or renameByDefault)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rs, err := Plan(tc.inv, tc.opts)
+			rs, err := deviceplugin.Plan(tc.inv, tc.opts)
 			switch {
 			case tc.wantErr != "":
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
@@ -114,8 +115,8 @@ func TestPlanStrategies(t *testing.T) {
 
 func TestPlanIDs(t *testing.T) {
 	inv := inventory(t, "dgx-a100-mig", "dgx-a100-0")
-	rs, err := Plan(inv, PlanOptions{MIGStrategy: MIGStrategyMixed, DeviceIDStrategy: DeviceIDIndex,
-		TimeSlicing: ReplicatedResources{Resources: []ReplicaResource{{Name: MIGResource("4g.20gb"), Replicas: 2}}}})
+	rs, err := deviceplugin.Plan(inv, deviceplugin.PlanOptions{MIGStrategy: deviceplugin.MIGStrategyMixed, DeviceIDStrategy: deviceplugin.DeviceIDIndex,
+		TimeSlicing: deviceplugin.ReplicatedResources{Resources: []deviceplugin.ReplicaResource{{Name: deviceplugin.MIGResource("4g.20gb"), Replicas: 2}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,13 +126,13 @@ func TestPlanIDs(t *testing.T) {
 			ids[r.Name] = append(ids[r.Name], d.ID)
 		}
 	}
-	if got := strings.Join(ids[ResourceGPU], ","); got != "4,5,6,7" {
+	if got := strings.Join(ids[deviceplugin.ResourceGPU], ","); got != "4,5,6,7" {
 		t.Errorf("full GPUs by index: %s", got)
 	}
-	if got := strings.Join(ids[MIGResource("4g.20gb")], ","); got != "2:1::0,2:1::1" {
+	if got := strings.Join(ids[deviceplugin.MIGResource("4g.20gb")], ","); got != "2:1::0,2:1::1" {
 		t.Errorf("replicated MIG device by index: %s", got)
 	}
-	rs, err = Plan(inv, PlanOptions{MIGStrategy: MIGStrategyMixed})
+	rs, err = deviceplugin.Plan(inv, deviceplugin.PlanOptions{MIGStrategy: deviceplugin.MIGStrategyMixed})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +164,7 @@ sharing:
       devices: [0, "1:0", GPU-9f254704-323e-54e8-af53-3241ba4bef7d]
       replicas: 2
 `
-	cfg, err := ParseConfig([]byte(good))
+	cfg, err := deviceplugin.ParseConfig([]byte(good))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,13 +183,15 @@ sharing:
 		{"bad resource name", "version: v1\nsharing: {timeSlicing: {resources: [{name: gpu, replicas: 2}]}}", `sharing.timeSlicing.resources[0].name "gpu": must be nvidia.com/gpu or nvidia.com/mig-<profile>`},
 		{"bad device", "version: v1\nsharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2, devices: [gpu0]}]}}", `"gpu0" is no GPU index`},
 		{"bad devices word", "version: v1\nsharing: {timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2, devices: some}]}}", `"some": must be "all"`},
-		{"MPS", "version: v1\nsharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: 2}]}}", "sharing.mps: MPS replicas are not served"},
+		{"MPS of MIG devices", "version: v1\nsharing: {mps: {resources: [{name: nvidia.com/mig-1g.10gb, replicas: 2}]}}", `sharing.mps.resources[0].name "nvidia.com/mig-1g.10gb": MPS replicas are served for full GPUs only`},
+		{"MPS zero replicas", "version: v1\nsharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: 0}]}}", "sharing.mps.resources[0].replicas 0: must be at least 1"},
+		{"both strategies", "version: v1\nsharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: 2}]}, timeSlicing: {resources: [{name: nvidia.com/gpu, replicas: 2}]}}", "sharing: timeSlicing and mps both replicate resources"},
 		{"wrong version", "version: v2", `version "v2": must be v1`},
 		{"empty", "", "empty config"},
 		{"list strategy", "version: v1\nflags: {plugin: {deviceListStrategy: [volume-mounts]}}", `flags.plugin.deviceListStrategy[0] "volume-mounts": must be one of envvar, cdi-cri, cdi-annotations`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := ParseConfig([]byte(tc.in)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			if _, err := deviceplugin.ParseConfig([]byte(tc.in)); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("got %v, want an error with %q", err, tc.want)
 			}
 		})
@@ -199,7 +202,7 @@ sharing:
 // allocator picks there: all GPUs share NVSwitch NVLink, so the pairs
 // under one PCIe switch come first, then one NUMA node.
 func TestPreferred(t *testing.T) {
-	rs, err := Plan(inventory(t, "dgx-h100", "dgx-h100-0"), PlanOptions{DeviceIDStrategy: DeviceIDIndex})
+	rs, err := deviceplugin.Plan(inventory(t, "dgx-h100", "dgx-h100-0"), deviceplugin.PlanOptions{DeviceIDStrategy: deviceplugin.DeviceIDIndex})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,8 +237,8 @@ func TestPreferred(t *testing.T) {
 	}
 
 	// Replicas spread: four time slices land on four GPUs.
-	rs, err = Plan(inventory(t, "dgx-h100", "dgx-h100-0"), PlanOptions{DeviceIDStrategy: DeviceIDIndex,
-		TimeSlicing: ReplicatedResources{Resources: []ReplicaResource{{Name: ResourceGPU, Replicas: 2}}}})
+	rs, err = deviceplugin.Plan(inventory(t, "dgx-h100", "dgx-h100-0"), deviceplugin.PlanOptions{DeviceIDStrategy: deviceplugin.DeviceIDIndex,
+		TimeSlicing: deviceplugin.ReplicatedResources{Resources: []deviceplugin.ReplicaResource{{Name: deviceplugin.ResourceGPU, Replicas: 2}}}})
 	if err != nil {
 		t.Fatal(err)
 	}

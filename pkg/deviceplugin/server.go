@@ -179,7 +179,7 @@ func (s *resourceServer) Allocate(_ context.Context, req *pluginapi.AllocateRequ
 			if !s.p.healthy(d.Device.GPU.UUID) {
 				return nil, status.Errorf(codes.FailedPrecondition, "%s: device %q is unhealthy", s.res.Name, id)
 			}
-			underlying[d.Device.Name()] = d
+			underlying[d.CDIName()] = d
 		}
 		resp.ContainerResponses = append(resp.ContainerResponses, s.p.containerResponse(slices.Sorted(maps.Keys(underlying)), underlying))
 	}

@@ -345,6 +345,13 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 	if cfg.RollingUpdateUID != "" {
 		helperOpts = append(helperOpts, kubeletplugin.RollingUpdate(cfg.RollingUpdateUID))
 	}
+	if healthWatcher != nil {
+		// Before the helper serves: the kubelet opens the health stream as
+		// soon as the plugin registers, and a stream that started before
+		// this would report every device Unknown until the next resend.
+		d.healthMon.debouncer = d.healthMon.newDebouncer()
+		d.healthMon.watching.Store(true)
+	}
 	if d.helper, err = kubeletplugin.Start(ctx, d, helperOpts...); err != nil {
 		return nil, fmt.Errorf("start kubelet plugin helper: %w", err)
 	}
@@ -360,8 +367,6 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 		}()
 	}
 	if healthWatcher != nil {
-		d.healthMon.debouncer = d.healthMon.newDebouncer()
-		d.healthMon.watching.Store(true)
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()

@@ -165,6 +165,28 @@ spec:
 		t.Errorf("run with a GPU the node lacks: %v", err)
 	}
 
+	// Without events the device is Healthy in the pod's status from the
+	// start: the plugin's first health report, sent as soon as the
+	// kubelet opens the stream, is not Unknown (it was, when the stream
+	// opened before the plugin marked its health watcher as running, until
+	// the resend ten seconds later).
+	healthyReport := filepath.Join(dir, "healthy.json")
+	if err := run(ctx, options{fleet: fleet, manifests: manifests, report: healthyReport, settle: time.Minute}, &strings.Builder{}); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(healthyReport)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var healthy cluster.Report
+	if err := json.Unmarshal(data, &healthy); err != nil {
+		t.Fatal(err)
+	}
+	if p := healthy.Pods; len(p) != 1 || len(p[0].Containers) != 1 || len(p[0].Containers[0].AllocatedResourcesStatus) != 1 ||
+		len(p[0].Containers[0].AllocatedResourcesStatus[0].Resources) != 1 || p[0].Containers[0].AllocatedResourcesStatus[0].Resources[0].Health != "Healthy" {
+		t.Errorf("without events: pods %+v; want train with one Healthy device", p)
+	}
+
 	events := write("events.yaml", `- {after: 1s, node: one-gpu, gpu: 0, event: xid:13}
 - {after: 4s, node: one-gpu, gpu: 0, event: xid:79}
 `)
@@ -174,7 +196,7 @@ spec:
 		t.Fatalf("run: %v\n%s", err, stdout.String())
 	}
 	t.Logf("table:\n%s", stdout.String())
-	data, err := os.ReadFile(reportFile)
+	data, err = os.ReadFile(reportFile)
 	if err != nil {
 		t.Fatal(err)
 	}

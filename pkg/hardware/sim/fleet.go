@@ -10,6 +10,8 @@
 //	  driverVersion: "580.65.06"    # optional, default 580.65.06
 //	  cudaDriverVersion: "13.0"     # optional, default 13.0
 //	  sharing: shares=4             # optional: the plugin's --sharing
+//	  mode: device-plugin           # optional: dra (default) or device-plugin (the local cluster's kubelet device manager)
+//	  devicePlugin: {version: v1}   # optional, with mode device-plugin: NVIDIA's device-plugin config file
 //	  gpus:
 //	  - model: H100-SXM5-80GB       # see ModelNames
 //	    minor: 0                    # optional, default: the GPU's index

@@ -71,7 +71,7 @@ func TestBuiltinFleets(t *testing.T) {
 		{"dgx-h200", map[string]modelFacts{"dgx-h200-0": h200}, nil},
 		{"dgx-a100-mig", map[string]modelFacts{"dgx-a100-0": a100},
 			map[string][]int{"dgx-a100-0": {7, 4, 2, 1, 0, 0, 0, 0}}},
-		{"demo", map[string]modelFacts{"dgx-h100-0": h100, "dgx-h100-1": h100, "dgx-a100-0": a100},
+		{"demo", map[string]modelFacts{"dgx-h100-0": h100, "dgx-h100-1": h100, "dgx-a100-0": a100, "a100-classic": a100},
 			map[string][]int{"dgx-h100-0": {0, 0, 0, 0, 0, 0, 4, 7}, "dgx-h100-1": {0, 0, 0, 0, -1, -1, -1, -1}, "dgx-a100-0": {7, 2, 0, 0, 0, 0, 0, 0}}},
 	}
 	// gb200-nvl72 is TestGB200NVL72's.
@@ -220,11 +220,11 @@ func TestNodeLookup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := f.NodeNames(), []string{"dgx-h100-0", "dgx-h100-1", "dgx-a100-0"}; !reflect.DeepEqual(got, want) {
+	if got, want := f.NodeNames(), []string{"dgx-h100-0", "dgx-h100-1", "dgx-a100-0", "a100-classic"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("NodeNames: got %v, want %v", got, want)
 	}
 	_, err = f.Node("nope")
-	if err == nil || !strings.Contains(err.Error(), "dgx-h100-0, dgx-h100-1, dgx-a100-0") {
+	if err == nil || !strings.Contains(err.Error(), "dgx-h100-0, dgx-h100-1, dgx-a100-0, a100-classic") {
 		t.Errorf("Node(nope): got %v, want an error listing the nodes", err)
 	}
 	_, err = sim.Load("no-such-fleet")
