@@ -18,7 +18,7 @@ LDFLAGS := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).commit=$(COMMI
 IMAGE ?= ghcr.io/gpudra/gpudra:$(VERSION)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
-.PHONY: demo inspect test test-race-e2e build image bench fuzz load chaos
+.PHONY: demo inspect test test-race-e2e build image bench fuzz load chaos chaos-real
 
 # The local cluster: a real control plane with simulated GPU nodes, running
 # every example. The first run compiles Kubernetes (about 10 minutes on 2
@@ -63,6 +63,8 @@ image:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 300x ./pkg/plugin/ ./pkg/checkpoint/
 	$(GO) test -run '^$$' -bench . -benchtime 300x ./pkg/devicemodel/
+	$(GO) test -run '^$$' -bench . -benchtime 2000x ./pkg/deviceplugin/
+	cd localcluster && $(GO) test -run '^$$' -bench . -benchtime 300x ./preparebench/
 
 # Every decoder of user or on-disk input, fuzzed for FUZZTIME each (make
 # fuzz FUZZTIME=30s); `make test` runs their seed corpora as ordinary tests.
@@ -109,3 +111,13 @@ load:
 # failing seed with CHAOS_ARGS='-seed <seed> -trials 5'.
 chaos:
 	$(GO) run ./internal/chaos/cmd/gpudra-chaos $(CHAOS_ARGS)
+
+# The same chaos run against the local cluster's real etcd and
+# kube-apiserver (localcluster/chaosreal) instead of the driver module's
+# in-repo API server: every write of the plugin and the harness is
+# validated as in a cluster. Takes gpudra-chaos's flags in CHAOS_ARGS; the
+# first run compiles Kubernetes. Not part of test (its short form is:
+# localcluster/chaosreal). Replay a failing seed with
+# CHAOS_ARGS='-seed <seed> -trials 5'.
+chaos-real:
+	cd localcluster && $(GO) run ./cmd/gpudra-chaos-real $(CHAOS_ARGS)

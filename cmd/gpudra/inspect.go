@@ -112,7 +112,7 @@ func (o *inspectOptions) run(cmd *cobra.Command) error {
 		// The plugin's own publishing rules, without its checkpoint: MIG
 		// instances count as gpudra's, as the plugin counts them when it
 		// cannot read its records.
-		pub, err := preparer.Publish(inv, nil, nil, set.Publishers)
+		pub, err := preparer.Publish(set.Build, inv, nil, nil, set.Publishers)
 		if err != nil {
 			return fmt.Errorf("node %s: %w", name, err)
 		}

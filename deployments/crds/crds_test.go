@@ -84,7 +84,7 @@ func compare(t *testing.T, path string, schema map[string]any, typ reflect.Type)
 	for typ.Kind() == reflect.Pointer {
 		typ = typ.Elem()
 	}
-	want := map[reflect.Kind]string{reflect.String: "string", reflect.Int: "integer", reflect.Int64: "integer",
+	want := map[reflect.Kind]string{reflect.String: "string", reflect.Int: "integer", reflect.Int64: "integer", reflect.Int32: "integer",
 		reflect.Struct: "object", reflect.Slice: "array", reflect.Bool: "boolean"}[typ.Kind()]
 	if typ == timeType {
 		want = "string"

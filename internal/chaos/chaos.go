@@ -59,6 +59,13 @@ type Options struct {
 	Out io.Writer
 	// Trace writes every call, outcome and kill of the trials to Out.
 	Trace bool
+	// API gives each trial the API server the plugin talks to; nil: a
+	// package apiserver server of its own. The local cluster's module
+	// passes its real etcd and kube-apiserver (docs/chaos.md).
+	API APIServerFactory
+	// ReplayCommand is the command that replays a failing seed, with %d
+	// for the seed; empty: `make chaos`'s.
+	ReplayCommand string
 }
 
 // ShortOptions are the options of the short form that `go test` runs.
@@ -196,7 +203,11 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 					fmt.Fprintf(out, "chaos: seed %d: directories and plugin logs kept in %s\n", seed, kept)
 				}
 			}
-			fmt.Fprintf(out, "chaos: replay with make chaos CHAOS_ARGS='-seed %d -trials 5' (or GPUDRA_CHAOS_SEED=%d go test -run TestChaos ./internal/chaos)\n", seed, seed)
+			if o.ReplayCommand != "" {
+				fmt.Fprintf(out, "chaos: replay with %s\n", fmt.Sprintf(o.ReplayCommand, seed))
+			} else {
+				fmt.Fprintf(out, "chaos: replay with make chaos CHAOS_ARGS='-seed %d -trials 5' (or GPUDRA_CHAOS_SEED=%d go test -run TestChaos ./internal/chaos)\n", seed, seed)
+			}
 		}
 		_ = os.RemoveAll(dir)
 		fmt.Fprintf(out, "chaos: trial %d/%d seed %d (%s, %d claims, %d kills%s) %v: %s\n", i+1, o.Trials, seed, t.n.profile,

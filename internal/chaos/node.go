@@ -16,11 +16,12 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
-	"github.com/gpudra/gpudra/internal/chaos/apiserver"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
@@ -72,7 +73,7 @@ type node struct {
 	profile     profile
 	callTimeout time.Duration
 
-	api    *apiserver.Server
+	api    APIServer
 	proxy  *proxy
 	client kubernetes.Interface // the harness's, straight to the API server
 
@@ -81,6 +82,9 @@ type node struct {
 	conn   *grpc.ClientConn
 	dra    drapb.DRAPluginClient
 	starts int
+	// closeErr is the API server's Close error: a shared one that could
+	// not be cleaned for the next trial.
+	closeErr error
 }
 
 func (n *node) pluginDir() string { return filepath.Join(n.dir, "p") }
@@ -92,9 +96,9 @@ func (n *node) logPath(i int) string {
 	return filepath.Join(n.dir, fmt.Sprintf("plugin-%02d.log", i))
 }
 
-// newNode sets up the node's directories, API server and proxy; the
-// plugin is started by start.
-func newNode(dir, binary, mpsControl string, p profile, callTimeout time.Duration) (*node, error) {
+// newNode sets up the node's directories, API server (from newAPI) and
+// proxy; the plugin is started by start.
+func newNode(ctx context.Context, newAPI APIServerFactory, dir, binary, mpsControl string, p profile, callTimeout time.Duration) (_ *node, finalErr error) {
 	n := &node{dir: dir, binary: binary, mpsControl: mpsControl, profile: p, callTimeout: callTimeout}
 	for _, d := range []string{n.pluginDir(), n.cdiDir(), n.simDir(), n.mpsRoot(), filepath.Join(n.dir, "r")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -104,22 +108,47 @@ func newNode(dir, binary, mpsControl string, p profile, callTimeout time.Duratio
 	if err := os.WriteFile(filepath.Join(n.dir, "fleet.yaml"), []byte(fleetYAML), 0o644); err != nil {
 		return nil, err
 	}
+	if newAPI == nil {
+		newAPI = startInRepoAPIServer
+	}
 	var err error
-	if n.api, err = apiserver.Start(); err != nil {
-		return nil, err
+	if n.api, err = newAPI(ctx); err != nil {
+		return nil, fmt.Errorf("API server: %w", err)
 	}
 	if n.proxy, err = startProxy(n.api.Addr()); err != nil {
-		n.api.Close()
+		_ = n.api.Close()
 		return nil, err
 	}
-	if err := apiserver.WriteKubeconfig(filepath.Join(n.dir, "kubeconfig"), n.proxy.url()); err != nil {
+	defer func() {
+		if finalErr != nil {
+			n.stop()
+		}
+	}()
+	if err := n.api.WriteKubeconfig(filepath.Join(n.dir, "kubeconfig"), n.proxy.addr); err != nil {
 		return nil, err
 	}
-	if n.client, err = kubernetes.NewForConfig(apiserver.RESTConfig(n.api.URL())); err != nil {
+	if n.client, err = kubernetes.NewForConfig(n.api.RESTConfig()); err != nil {
 		return nil, err
 	}
-	_, err = n.client.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, metav1.CreateOptions{})
-	return n, err
+	// A shared API server may have the Node from an earlier trial.
+	if _, err = n.client.CoreV1().Nodes().Create(ctx, nodeObject(), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, err
+	}
+	return n, nil
+}
+
+// nodeObject is the simulated node's Node, as its kubelet registers it
+// (a real API server requires what the scheduler reads of it).
+func nodeObject() *corev1.Node {
+	capacity := corev1.ResourceList{
+		corev1.ResourcePods:   resource.MustParse("110"),
+		corev1.ResourceCPU:    resource.MustParse("64"),
+		corev1.ResourceMemory: resource.MustParse("512Gi"),
+	}
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{corev1.LabelHostname: nodeName}},
+		Status:     corev1.NodeStatus{Capacity: capacity, Allocatable: capacity},
+	}
 }
 
 // args are the plugin's command line.
@@ -259,8 +288,12 @@ func (n *node) stop() {
 		_ = n.conn.Close()
 		n.cmd = nil
 	}
-	n.proxy.Close()
-	n.api.Close()
+	if n.proxy != nil {
+		n.proxy.Close()
+	}
+	if err := n.api.Close(); err != nil {
+		n.closeErr = err
+	}
 }
 
 // logTail returns the last lines of the log of the i-th plugin start.
@@ -274,6 +307,23 @@ func (n *node) logTail(i, lines int) string {
 		all = all[len(all)-lines:]
 	}
 	return strings.Join(all, "\n")
+}
+
+// logLine returns the first line of the log of the i-th plugin start
+// that holds one of subs, "" when none does.
+func (n *node) logLine(i int, subs ...string) string {
+	data, err := os.ReadFile(n.logPath(i))
+	if err != nil {
+		return ""
+	}
+	for line := range strings.Lines(string(data)) {
+		for _, s := range subs {
+			if strings.Contains(line, s) {
+				return strings.TrimSpace(line)
+			}
+		}
+	}
+	return ""
 }
 
 // logContains reports whether the log of the i-th plugin start holds s.
@@ -312,18 +362,23 @@ func buildBinary(ctx context.Context, dir string) (string, error) {
 	return out, nil
 }
 
-// moduleRoot is the directory of the driver module.
+// moduleRoot is the directory of the driver module, from the driver
+// module itself or from a module that requires it (the local cluster's,
+// which replaces it with ../).
 func moduleRoot(ctx context.Context) (string, error) {
-	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	out, err := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", driverModule).Output()
 	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
+		return "", fmt.Errorf("go list -m %s: %w (run from the gpudra or localcluster module)", driverModule, err)
 	}
-	mod := strings.TrimSpace(string(out))
-	if mod == "" || mod == os.DevNull {
-		return "", errors.New("not inside the gpudra module: run from its directory")
+	dir := strings.TrimSpace(string(out))
+	if dir == "" {
+		return "", errors.New("the gpudra module has no directory: run from the gpudra or localcluster module")
 	}
-	return filepath.Dir(mod), nil
+	return dir, nil
 }
+
+// driverModule is the path of the module that holds cmd/gpudra.
+const driverModule = "github.com/gpudra/gpudra"
 
 // pidAlive reports whether pid is a live process (not a zombie).
 func pidAlive(pid int) bool { return pid > 0 && mpsfake.Alive(pid) }

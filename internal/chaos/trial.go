@@ -74,12 +74,17 @@ func (t *trial) listSlices(ctx context.Context) ([]*resourceapi.ResourceSlice, e
 }
 
 func (t *trial) run(ctx context.Context, outage bool) (err error) {
-	n, err := newNode(t.n.dir, t.n.binary, t.n.mpsControl, t.n.profile, t.n.callTimeout)
+	n, err := newNode(ctx, t.o.API, t.n.dir, t.n.binary, t.n.mpsControl, t.n.profile, t.n.callTimeout)
 	if err != nil {
 		return err
 	}
 	t.n = n
-	defer n.stop()
+	defer func() {
+		n.stop()
+		if err == nil && n.closeErr != nil {
+			err = fmt.Errorf("leave the API server clean for the next trial: %w", n.closeErr)
+		}
+	}()
 	if t.sched, err = newScheduler(t); err != nil {
 		return err
 	}
@@ -157,7 +162,8 @@ func (t *trial) newClaim(ctx context.Context) (*claim, error) {
 	kinds := kindsOf(t.n.profile)
 	k := kinds[t.rng.IntN(len(kinds))]
 	t.seq++
-	name := fmt.Sprintf("c%d-%s", t.seq, k)
+	// A kind's "+" is no character of an object name (RFC 1123).
+	name := fmt.Sprintf("c%d-%s", t.seq, strings.ReplaceAll(string(k), "+", "-"))
 	claims := t.n.client.ResourceV1().ResourceClaims(namespace)
 	obj, err := claims.Create(ctx, &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
@@ -175,14 +181,14 @@ func (t *trial) newClaim(ctx context.Context) (*claim, error) {
 		t.sum.NoFit++
 		return nil, claims.Delete(ctx, name, metav1.DeleteOptions{})
 	}
-	pod, err := t.n.client.CoreV1().Pods(namespace).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "pod-" + name}}, metav1.CreateOptions{})
+	pod, err := t.n.client.CoreV1().Pods(namespace).Create(ctx, podFor(name), metav1.CreateOptions{})
 	if err != nil {
 		return nil, err
 	}
 	obj.Status.Allocation = alloc
 	obj.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod.Name, UID: pod.UID}}
 	if obj, err = claims.UpdateStatus(ctx, obj, metav1.UpdateOptions{}); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("write the allocation of %s: %w", name, err)
 	}
 	t.sum.Claims[k]++
 	t.claims++
@@ -208,10 +214,31 @@ func (t *trial) deleteObjects(ctx context.Context, c *claim) error {
 		return err
 	}
 	pod := c.obj.Status.ReservedFor[0].Name
-	if err := t.n.client.CoreV1().Pods(namespace).Delete(ctx, pod, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+	if err := t.n.client.CoreV1().Pods(namespace).Delete(ctx, pod, forceDelete); err != nil && !apierrors.IsNotFound(err) {
 		return err
 	}
 	return nil
+}
+
+// forceDelete removes a pod at once: a pod bound to a node otherwise
+// waits for its kubelet, which the harness plays only over DRA gRPC.
+var forceDelete = metav1.DeleteOptions{GracePeriodSeconds: new(int64)}
+
+// podFor is the pod of claim name, as the scheduler leaves it: bound to
+// the node and referring to the claim. A real API server refuses a pod
+// without a container; kube-scheduler leaves a bound pod alone.
+func podFor(claim string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "pod-" + claim},
+		Spec: corev1.PodSpec{
+			NodeName:       nodeName,
+			ResourceClaims: []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &claim}},
+			Containers: []corev1.Container{{
+				Name: "main", Image: "registry.k8s.io/pause:3.10",
+				Resources: corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}},
+			}},
+		},
+	}
 }
 
 // call is one DRA call of a round.
@@ -542,6 +569,13 @@ func (t *trial) drain(ctx context.Context) error {
 	for i := 1; i <= t.n.starts; i++ {
 		if t.n.logContains(i, "WARNING: DATA RACE") {
 			t.violate("race: the plugin's log %s reports a data race", filepath.Base(t.n.logPath(i)))
+		}
+		// A write the API server refuses as invalid or unauthorized is a
+		// defect of the plugin however it carries on (a status write that
+		// fails is only logged): a real API server validates and
+		// authorizes every write, the in-repo one neither.
+		if line := t.n.logLine(i, "is invalid", "is forbidden", "Unprocessable Entity"); line != "" {
+			t.violate("refused: the plugin's log %s reports a write the API server refused: %s", filepath.Base(t.n.logPath(i)), line)
 		}
 	}
 	if _, err := t.waitForPool(ctx, t.initial, 10*time.Second); err != nil {

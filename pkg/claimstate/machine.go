@@ -162,6 +162,12 @@ func (s *State) sortedUIDs() []string {
 	return uids
 }
 
+// CheckConflicts returns the error the intent's start or completion record
+// would be refused with because of its devices, without recording
+// anything: a claim that gets no start record is checked before its CDI
+// spec names the devices.
+func (s *State) CheckConflicts(in Intent) error { return s.checkConflicts(in) }
+
 // checkConflicts refuses an intent that wants a device exclusively while
 // another claim holds it, or wants a share of a device another claim holds
 // exclusively, or that holds one piece of hardware twice under two names

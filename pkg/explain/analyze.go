@@ -302,3 +302,39 @@ func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
 
 // classNames lists the classes, sorted.
 func (a *analyzer) classNames() []string { return slices.Sorted(maps.Keys(a.classes)) }
+
+// maxClassesNamed is how many classes a missing class's message names.
+const maxClassesNamed = 5
+
+// nearestClasses names the cluster's classes, or where it has many (one
+// per MIG profile, say), the ones whose names are nearest to name (fewest
+// edits), and how many there are.
+func (a *analyzer) nearestClasses(name string) string {
+	names := a.classNames()
+	if len(names) <= maxClassesNamed {
+		return "the cluster has " + strings.Join(names, ", ")
+	}
+	slices.SortStableFunc(names, func(x, y string) int { return editDistance(name, x) - editDistance(name, y) })
+	return fmt.Sprintf("nearest of the cluster's %d: %s", len(names), strings.Join(names[:maxClassesNamed], ", "))
+}
+
+// editDistance is the Levenshtein distance of a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur := make([]int, len(b)+1)
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev = cur
+	}
+	return prev[len(b)]
+}

@@ -272,7 +272,8 @@ func TestBadInput(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		const reason = `DeviceClass "gpu.nvidia" does not exist; the cluster has gpu.nvidia.com, mig.nvidia.com, vfio.gpu.nvidia.com`
+		// The cluster has a class per MIG profile too: the nearest are named.
+		const reason = `DeviceClass "gpu.nvidia" does not exist; nearest of the cluster's 20: gpu.nvidia.com, mig.nvidia.com, vfio.gpu.nvidia.com, mig-1g.5gb.nvidia.com, mig-1g.10gb.nvidia.com`
 		if r := rep.Claims[0].Requests[0]; r.Status != StatusFails || r.Reason != reason {
 			t.Errorf("request %s: %q\nwant %q", r.Status, r.Reason, reason)
 		}

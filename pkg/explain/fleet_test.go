@@ -52,7 +52,7 @@ func fleetSlices(t *testing.T, fleets ...string) ([]runtime.Object, []string) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			pub, err := preparer.Publish(inv, nil, nil, set.Publishers)
+			pub, err := preparer.Publish(set.Build, inv, nil, nil, set.Publishers)
 			if err != nil {
 				t.Fatal(err)
 			}

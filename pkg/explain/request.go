@@ -110,7 +110,7 @@ func (a *analyzer) exact(ctx context.Context, claim *resourceapi.ResourceClaim, 
 	rep.Status = StatusFails
 	class, ok := a.classes[s.exact.DeviceClassName]
 	if !ok {
-		rep.Reason = fmt.Sprintf("DeviceClass %q does not exist; the cluster has %s", s.exact.DeviceClassName, strings.Join(a.classNames(), ", "))
+		rep.Reason = fmt.Sprintf("DeviceClass %q does not exist; %s", s.exact.DeviceClassName, a.nearestClasses(s.exact.DeviceClassName))
 		return ev
 	}
 

@@ -10,6 +10,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/features/devicehealth"
 	"github.com/gpudra/gpudra/pkg/features/dynamicmig"
+	"github.com/gpudra/gpudra/pkg/features/imexchannel"
 	"github.com/gpudra/gpudra/pkg/features/migmode"
 	"github.com/gpudra/gpudra/pkg/features/mpsdaemon"
 	"github.com/gpudra/gpudra/pkg/features/passthrough"
@@ -59,8 +60,13 @@ type Set struct {
 	Publishers []preparer.Publisher
 	// MIG is the MIG publisher, for the plugin's startup log.
 	MIG *dynamicmig.Publisher
-	// Health is Options.Health, for the plugin's health watch.
+	// Health is Options.Health, for the plugin's health watch; nil: the
+	// plugin watches no health.
 	Health *devicehealth.Publisher
+	// Build builds the device model the publishers shape; nil means
+	// devicemodel.Build (the GPU driver's). Another driver's set (the
+	// ComputeDomain channel driver's) brings its own.
+	Build preparer.ModelBuilder
 }
 
 // New builds the node's features.
@@ -96,6 +102,29 @@ func New(o Options) (*Set, error) {
 		MIG:        migPublisher,
 		Health:     o.Health,
 	}, nil
+}
+
+// ComputeDomainOptions are the channel driver's settings.
+type ComputeDomainOptions struct {
+	// Channels says which channel a domain's pods get.
+	Channels imexchannel.Channels
+	// MaxChannels is the node's IMEX channel count; 0 means
+	// imexchannel.DefaultMaxChannels.
+	MaxChannels int
+	// SharedChannel publishes channel-0 for several claims at once.
+	SharedChannel bool
+}
+
+// NewComputeDomain builds the features of the ComputeDomain channel driver
+// (compute-domain.nvidia.com): its devices and the channel configurator.
+// The kubelet plugin shell runs them as it runs the GPU driver's.
+func NewComputeDomain(o ComputeDomainOptions) *Set {
+	p := imexchannel.NewPublisher(o.SharedChannel)
+	return &Set{
+		Configurators: []preparer.Configurator{imexchannel.New(o.Channels, o.MaxChannels)},
+		Publishers:    []preparer.Publisher{p},
+		Build:         p.Build,
+	}
 }
 
 // Fallbacks are the publishers' fallbacks.

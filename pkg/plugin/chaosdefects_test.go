@@ -308,3 +308,53 @@ func TestRefusedPrepareRemovesAnInterruptedAttemptsSpec(t *testing.T) {
 		}
 	})
 }
+
+// Chaos run against the real API server (`make chaos-real`, seed 67): a
+// claim no configurator plans anything for (an uncapped share with no
+// config, a whole GPU with none) gets no start record, so the conflict and
+// counter checks met it only in the transaction that records its
+// completion, after its CDI spec was written. A plugin killed between the
+// two left the spec of a claim whose GPU another claim held through its
+// VFIO device (handed out again after a forced deletion): two claims'
+// specs over one GPU's counters until the next start or the sweep. Such a
+// claim is now checked before its spec is written. The fault hook looks at
+// the node where a kill before the completion record would leave it.
+func TestUnrecordedClaimIsCheckedBeforeItsSpec(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		sharing bool
+	}{
+		{name: "whole GPU", sharing: false},
+		{name: "uncapped share", sharing: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var fake *fakesysfs.Sysfs
+			var h *harness
+			var late types.UID
+			mutate := []func(*plugin.Config){withVFIO(t, devicemodel.VFIOBeside, &fake), func(c *plugin.Config) {
+				c.Faults = func(s plugin.Step, uid string) error {
+					if s == plugin.StepRecordCompleted && types.UID(uid) == late && len(h.specFiles()) > 1 {
+						t.Errorf("a kill before the completion record would leave specs %v: the late claim's names a GPU held through its VFIO device", h.specFiles())
+					}
+					return nil
+				}
+			}}
+			if tc.sharing {
+				mutate = append(mutate, withUnlimitedSharing(t))
+			}
+			h = newHarness(t, mutate...)
+			h.mustPrepare(h.claim("gpu-vfio-2"))
+			var claim = h.claim("gpu-2")
+			if tc.sharing {
+				claim = h.shareClaim("gpu-2", "share-a", "")
+			}
+			late = claim.UID
+			if msg := prepareError(h, claim); !strings.Contains(msg, "already prepared for claim") {
+				t.Fatalf("prepare = %q, want a conflict with the VFIO claim", msg)
+			}
+			if files := h.specFiles(); len(files) != 1 {
+				t.Errorf("specs after the refusal: %v, want the VFIO claim's alone", files)
+			}
+		})
+	}
+}

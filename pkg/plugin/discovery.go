@@ -48,7 +48,7 @@ func (d *Driver) install(ctx context.Context, inv *hardware.Inventory) error {
 	if previous != nil {
 		prevInv = previous.Inventory
 	}
-	pub, err := preparer.Publish(inv, prevInv, state, d.features.Publishers)
+	pub, err := preparer.Publish(d.features.Build, inv, prevInv, state, d.features.Publishers)
 	if err != nil {
 		return err
 	}

@@ -81,6 +81,12 @@ type Config struct {
 	// (KEP-5075 consumable capacity); each capped share gets an MPS
 	// daemon with its caps. The zero value shares nothing.
 	Sharing devicemodel.Sharing
+	// Features, if set, builds the node's features (configurators,
+	// publishers) and the device model they publish, in place of the GPU
+	// driver's built from the fields above: it is how one shell serves
+	// both of gpudra's drivers (the ComputeDomain channel plugin passes
+	// its own). The shell knows no feature either way.
+	Features func(FeatureEnv) (*features.Set, error)
 
 	// PluginDataDir holds the DRA socket and the checkpoint.
 	PluginDataDir string
@@ -122,6 +128,14 @@ type Config struct {
 	// the kubelet again when nothing changed; DefaultHealthReportInterval
 	// when zero.
 	HealthReportInterval time.Duration
+}
+
+// FeatureEnv is what the shell offers a Config.Features constructor.
+type FeatureEnv struct {
+	// DataDir is the plugin's data directory (Config.PluginDataDir).
+	DataDir string
+	// State reads the prepared claims from the checkpoint.
+	State func(ctx context.Context) (*claimstate.State, error)
 }
 
 // Defaults for the timing fields of Config.
@@ -310,6 +324,9 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 	}
 
 	healthWatcher, _ := cfg.Hardware.(hardware.HealthWatcher)
+	if d.features.Health == nil {
+		healthWatcher = nil // the features taint nothing: no watch
+	}
 	helperOpts := []kubeletplugin.Option{
 		kubeletplugin.DriverName(cfg.DriverName),
 		kubeletplugin.NodeName(cfg.NodeName),
@@ -374,6 +391,15 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 // setUpFeatures builds the node's features from the config.
 func (d *Driver) setUpFeatures() error {
 	cfg := &d.cfg
+	readState := func(ctx context.Context) (*claimstate.State, error) { return d.store.Read(ctx) }
+	if cfg.Features != nil {
+		set, err := cfg.Features(FeatureEnv{DataDir: cfg.PluginDataDir, State: readState})
+		if err != nil {
+			return fmt.Errorf("plugin config: %w", err)
+		}
+		d.features = set
+		return nil
+	}
 	healthPublisher, err := devicehealth.New(cfg.DriverName, cfg.HealthPolicy)
 	if err != nil {
 		return fmt.Errorf("plugin config: %w", err)
@@ -384,7 +410,7 @@ func (d *Driver) setUpFeatures() error {
 		VFIO:           cfg.VFIO,
 		TimeSlicer:     cfg.TimeSlicer,
 		DataDir:        cfg.PluginDataDir,
-		State:          func(ctx context.Context) (*claimstate.State, error) { return d.store.Read(ctx) },
+		State:          readState,
 		MPS:            cfg.MPS,
 		MPSUnavailable: cfg.MPSUnavailable,
 		Sharing:        cfg.Sharing,

@@ -32,11 +32,13 @@ var _ preparer.Node = &node{}
 func (n *node) Claim(ctx context.Context, claim *resourceapi.ResourceClaim, intent claimstate.Intent) (*preparer.Claim, *cdispec.ContainerEdits, error) {
 	d := n.d
 	pub := d.current()
-	vfioOnly := !slices.ContainsFunc(intent.Devices, func(cd claimstate.Device) bool {
+	// Containers of a GPU the host driver serves need /dev/nvidia-uvm;
+	// VFIO passthrough and devices that are no GPU (IMEX channels) do not.
+	needsUVM := slices.ContainsFunc(intent.Devices, func(cd claimstate.Device) bool {
 		dev, ok := pub.Model.Lookup(cd.Name)
-		return !ok || dev.Kind != devicemodel.KindVFIO
+		return ok && dev.GPU.UUID != "" && dev.Kind != devicemodel.KindVFIO
 	})
-	if pub.Inventory.Majors.UVM == 0 && len(pub.Inventory.GPUs) > 0 && !vfioOnly {
+	if pub.Inventory.Majors.UVM == 0 && len(pub.Inventory.GPUs) > 0 && needsUVM {
 		// nvidia-uvm loads lazily on hosts with a host-installed driver;
 		// its major may exist by now.
 		if err := d.discover(ctx); err == nil {
@@ -62,7 +64,7 @@ func (n *node) Claim(ctx context.Context, claim *resourceapi.ResourceClaim, inte
 			}
 		case dev.MIG != nil:
 			cd.UUID, cd.ParentUUID = dev.UUID(), dev.GPU.UUID
-		default:
+		case dev.GPU.UUID != "":
 			cd.UUID = dev.GPU.UUID
 		}
 		c.Devices = append(c.Devices, &preparer.Device{State: &cd, Model: dev})
@@ -145,6 +147,10 @@ func configKind(dev *devicemodel.Device) config.DeviceKind {
 		return config.MIG
 	case devicemodel.KindVFIO:
 		return config.VFIO
+	case devicemodel.KindChannel:
+		return config.Channel
+	case devicemodel.KindDaemon:
+		return config.Daemon
 	}
 	return config.GPU
 }

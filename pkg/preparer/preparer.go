@@ -222,8 +222,10 @@ func (p *Preparer) removeInterruptedSpec(ctx context.Context, uid string) {
 // would cost a checkpoint write per claim, and nothing needs it: the
 // per-claim CDI spec is named after the claim UID, so it can always be
 // found again, and specs without a completed record are removed at start
-// and by the sweep. Anything else is set up only after a start record
-// names it, so that gpudra never holds hardware state no record owns.
+// and by the sweep. It is checked as a start record would be before its
+// spec is written (checkUnrecorded). Anything else is set up only after a
+// start record names it, so that gpudra never holds hardware state no
+// record owns.
 func (p *Preparer) execute(ctx context.Context, c *Claim, common *cdispec.ContainerEdits, records map[string]json.RawMessage) (_ *claimstate.Claim, finalErr error) {
 	uid := c.UID
 	var startedAt time.Time
@@ -255,6 +257,8 @@ func (p *Preparer) execute(ctx context.Context, c *Claim, common *cdispec.Contai
 			}
 			records[conf.Name()] = done
 		}
+	} else if err := p.checkUnrecorded(ctx, c.Intent()); err != nil {
+		return nil, err
 	}
 	if err := p.fault(StepWriteCDISpec, uid); err != nil {
 		return nil, err
@@ -285,7 +289,20 @@ func (p *Preparer) execute(ctx context.Context, c *Claim, common *cdispec.Contai
 	// The record's time is when the preparation finished, as the sweep
 	// reads it.
 	startedAt = p.cfg.Clock()
-	if err := p.cfg.Store.Update(ctx, func(s *claimstate.State) error { return s.RecordCompleted(in, startedAt) }); err != nil {
+	if err := p.cfg.Store.Update(ctx, func(s *claimstate.State) error {
+		if len(records) == 0 {
+			// No start record checked the counters: a claim that started
+			// since checkUnrecorded may hold them now.
+			if err := checkCounters(p.cfg.Node.Model(), p.cfg.NodeName, s, unrecorded(in)); err != nil {
+				return err
+			}
+		}
+		return s.RecordCompleted(in, startedAt)
+	}); err != nil {
+		var refused *RefusedError
+		if errors.As(err, &refused) {
+			return nil, err
+		}
 		if isConflict(err) {
 			return nil, err
 		}
@@ -293,6 +310,29 @@ func (p *Preparer) execute(ctx context.Context, c *Claim, common *cdispec.Contai
 	}
 	return &claimstate.Claim{UID: in.UID, Namespace: in.Namespace, Name: in.Name, Phase: claimstate.PrepareCompleted,
 		StartedAt: startedAt, Consumers: in.Consumers, Devices: in.Devices, Records: in.Records}, nil
+}
+
+// checkUnrecorded checks a claim that gets no start record (no
+// configurator planned anything for it) as a start record would be
+// checked, before its CDI spec is written: its devices against every
+// other claim's, and the shared counters. Its completion record checks
+// again, but a plugin killed between writing the spec and recording the
+// completion would leave the spec of a claim whose devices another claim
+// holds (a GPU held through its VFIO device after a forced deletion: chaos
+// seed 67 against the real API server) until the next start or the sweep
+// removes it.
+func (p *Preparer) checkUnrecorded(ctx context.Context, in claimstate.Intent) error {
+	return p.view(ctx, func(s *claimstate.State) error {
+		if err := s.CheckConflicts(in); err != nil {
+			return err
+		}
+		return checkCounters(p.cfg.Node.Model(), p.cfg.NodeName, s, unrecorded(in))
+	})
+}
+
+// unrecorded is the claim an intent would record, for the counter check.
+func unrecorded(in claimstate.Intent) *claimstate.Claim {
+	return &claimstate.Claim{UID: in.UID, Namespace: in.Namespace, Name: in.Name, Consumers: in.Consumers, Devices: in.Devices}
 }
 
 // recordStart records the start of a preparation, with the guards of the

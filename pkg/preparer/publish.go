@@ -60,6 +60,11 @@ type FallbackProvider interface {
 	Fallbacks() []Fallback
 }
 
+// ModelBuilder builds a driver's device model from the node's inventory
+// and the publishers' options: devicemodel.Build for the GPU driver,
+// devicemodel.BuildComputeDomain's wrapper for the channel driver.
+type ModelBuilder func(inv *hardware.Inventory, opts ...devicemodel.Option) (*devicemodel.Model, error)
+
 // Published is one publication: the inventory the devices were built from
 // and the devices.
 type Published struct {
@@ -71,13 +76,17 @@ type Published struct {
 // Publish derives the devices a node publishes from its hardware, its
 // prepared claims and the features' publishing choices. It is pure, and
 // it is the one place those rules live: the kubelet plugin, `gpudra
-// inspect` and the local cluster all call it.
-func Publish(inv, previous *hardware.Inventory, state *claimstate.State, publishers []Publisher) (*Published, error) {
+// inspect` and the local cluster all call it. build nil means
+// devicemodel.Build.
+func Publish(build ModelBuilder, inv, previous *hardware.Inventory, state *claimstate.State, publishers []Publisher) (*Published, error) {
 	in := &PublishInput{Inventory: inv, Previous: previous, State: state}
 	for _, p := range publishers {
 		p.Publish(in)
 	}
-	model, err := devicemodel.Build(in.Inventory, in.Options...)
+	if build == nil {
+		build = devicemodel.Build
+	}
+	model, err := build(in.Inventory, in.Options...)
 	if err != nil {
 		return nil, fmt.Errorf("build device model: %w", err)
 	}

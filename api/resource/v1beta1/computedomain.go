@@ -114,6 +114,12 @@ type ComputeDomainStatus struct {
 	// Conditions say why a domain is not Ready where a field of its spec is
 	// at fault. gpudra's addition; optional.
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// Channel is the IMEX channel the domain's pods get on every node,
+	// assigned by the controller, unique among the live domains of the
+	// cluster; unset until assigned. gpudra's addition; optional. Only the
+	// controller writes it (status subresource): the plugin trusts it to
+	// keep domains apart, so it never comes from a claim's config.
+	Channel *int32 `json:"channel,omitempty"`
 }
 
 // ComputeDomainNode is one node of a domain.

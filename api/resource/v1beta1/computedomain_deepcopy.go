@@ -104,6 +104,10 @@ func (s *ComputeDomainStatus) DeepCopyInto(out *ComputeDomainStatus) {
 			s.Conditions[i].DeepCopyInto(&out.Conditions[i])
 		}
 	}
+	if s.Channel != nil {
+		ch := *s.Channel
+		out.Channel = &ch
+	}
 }
 
 // DeepCopyInto copies l into out, sharing nothing.

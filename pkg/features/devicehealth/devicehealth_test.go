@@ -39,7 +39,7 @@ func TestPublish(t *testing.T) {
 	// GPU 2 is lost: discovery no longer lists it.
 	lostInv := *inv
 	lostInv.GPUs = slices.DeleteFunc(slices.Clone(inv.GPUs), func(g hardware.GPU) bool { return g.UUID == gpu(2) })
-	pub, err := preparer.Publish(&lostInv, inv, nil, []preparer.Publisher{p})
+	pub, err := preparer.Publish(nil, &lostInv, inv, nil, []preparer.Publisher{p})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func TestPublish(t *testing.T) {
 		}
 		fb.On.Store(false)
 	}
-	pub, err = preparer.Publish(&lostInv, inv, nil, []preparer.Publisher{p})
+	pub, err = preparer.Publish(nil, &lostInv, inv, nil, []preparer.Publisher{p})
 	if err != nil {
 		t.Fatal(err)
 	}

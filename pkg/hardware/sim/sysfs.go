@@ -7,15 +7,6 @@ import (
 	"github.com/gpudra/gpudra/pkg/vfio/fakesysfs"
 )
 
-// pciDeviceIDs are the PCI device IDs of the simulated models (the kernel's
-// pci.ids and NVIDIA's listings; vendor 10de).
-var pciDeviceIDs = map[string]string{
-	"A100-SXM4-40GB":  "20b0",
-	"A100-SXM4-80GB":  "20b2",
-	"H100-SXM5-80GB":  "2330",
-	"H200-SXM5-141GB": "2335",
-}
-
 // firstIOMMUGroup is the IOMMU group of a node's first GPU; the others
 // follow, one group per GPU, as on DGX systems whose switches isolate
 // each GPU (ACS).
@@ -48,10 +39,13 @@ func (n *Node) sysfs(stateFile string) (*fakesysfs.Sysfs, error) {
 		b.StateFile(stateFile)
 	}
 	for i, g := range c.GPUs {
-		device, ok := pciDeviceIDs[g.Model]
-		if !ok {
+		// The device ID is the model's, as NVML reports it (device in
+		// the upper half, vendor 10de in the lower): one table for both.
+		m, ok := models[g.Model]
+		if !ok || m.PCIDeviceID == 0 {
 			return nil, fmt.Errorf("simulated node %q: GPU %d: no PCI device ID for model %s", n.Name, i, g.Model)
 		}
+		device := fmt.Sprintf("%04x", m.PCIDeviceID>>16)
 		b.Function(fakesysfs.Function{
 			BusID: g.PCIBusID, Vendor: fakesysfs.NVIDIAVendor, Device: device,
 			Class: "030200", IOMMUGroup: firstIOMMUGroup + i, Driver: "nvidia",

@@ -1,0 +1,70 @@
+package imexchannel
+
+import (
+	"sync/atomic"
+
+	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/hardware"
+	"github.com/gpudra/gpudra/pkg/preparer"
+)
+
+// Publisher is what the channel driver publishes: the node's channel and
+// daemon devices (devicemodel.BuildComputeDomain). It implements
+// [preparer.Publisher] and [preparer.FallbackProvider], and its Build is
+// the driver's [preparer.ModelBuilder].
+type Publisher struct {
+	shared atomic.Bool
+}
+
+var (
+	_ preparer.Publisher        = &Publisher{}
+	_ preparer.FallbackProvider = &Publisher{}
+)
+
+// NewPublisher returns the publisher. shared publishes channel-0 for
+// several claims at once (allowMultipleAllocations), so that several
+// domains, and several pods of one domain, run on the node.
+func NewPublisher(shared bool) *Publisher {
+	p := &Publisher{}
+	p.shared.Store(shared)
+	return p
+}
+
+// Publish implements [preparer.Publisher]: a node whose GPUs disagree
+// about their NVLink clique, or are not registered with the fabric,
+// publishes no channel, and the operator hears why.
+func (p *Publisher) Publish(in *preparer.PublishInput) {
+	if in.Inventory == nil || in.Inventory.Majors.IMEXChannels == 0 {
+		in.Notices = append(in.Notices, preparer.Notice{
+			Reason:  "IMEXChannelsUnavailable",
+			Message: "no nvidia-caps-imex-channels in /proc/devices: the GPU driver offers no IMEX channels, so this node publishes no channel devices",
+		})
+		return
+	}
+	if _, err := in.Inventory.CliqueID(); err != nil {
+		in.Notices = append(in.Notices, preparer.Notice{Reason: "NVLinkCliqueUnknown", Message: "no channel devices published: NVLink clique: " + err.Error()})
+	}
+}
+
+// Build builds the channel driver's devices. A node without channels, or
+// whose clique is unknown, publishes none (Publish says why) rather than
+// failing discovery.
+func (p *Publisher) Build(inv *hardware.Inventory, _ ...devicemodel.Option) (*devicemodel.Model, error) {
+	m, err := devicemodel.BuildComputeDomain(inv, devicemodel.ComputeDomainOptions{SharedChannel: p.shared.Load()})
+	if err != nil {
+		return devicemodel.BuildComputeDomain(nil, devicemodel.ComputeDomainOptions{})
+	}
+	return m, nil
+}
+
+// Fallbacks implements [preparer.FallbackProvider]: without
+// allowMultipleAllocations in the API server, channel-0 is published for
+// one claim at a time, as NVIDIA's driver does.
+func (p *Publisher) Fallbacks() []preparer.Fallback {
+	return []preparer.Fallback{{
+		Feature: "DRAConsumableCapacity", On: &p.shared,
+		Log:    "The API server lacks allowMultipleAllocations (DRAConsumableCapacity): publishing channel-0 for one claim at a time; one domain per node",
+		Reason: "SharedChannelUnavailable",
+		Event:  "The API server dropped allowMultipleAllocations of channel-0 (DRAConsumableCapacity off): gpudra publishes it for one claim at a time, so a node serves one ComputeDomain pod at a time",
+	}}
+}
