@@ -25,6 +25,9 @@ func TestConfigOfTheWrongKindIsRefused(t *testing.T) {
             sharing: {strategy: MPS}
 `
 	}
+	// The refused pods' claims stay allocated, holding two GPUs, until
+	// their namespaces go.
+	t.Cleanup(func() { deleteNamespacesNamed(t, "wrong-kind-named", "wrong-kind-all") })
 	for ns, cfg := range map[string]string{
 		"wrong-kind-named": config("requests: [dev]\n        "),
 		"wrong-kind-all":   config(""),

@@ -239,14 +239,24 @@ func TestExamples(t *testing.T) {
 // are gone, with their pods and claims, so that their devices are free.
 func deleteNamespaces(t *testing.T, objs []manifests.Object) {
 	t.Helper()
-	ctx := testContext(t, 2*time.Minute)
 	var names []string
 	for _, o := range objs {
 		if o.GetKind() == "Namespace" {
 			names = append(names, o.GetName())
-			if err := demo.Client().CoreV1().Namespaces().Delete(ctx, o.GetName(), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-				t.Errorf("delete namespace %s: %v", o.GetName(), err)
-			}
+		}
+	}
+	deleteNamespacesNamed(t, names...)
+}
+
+// deleteNamespacesNamed deletes the demo cluster's namespaces and waits
+// until they are gone: a test's pods, even Pending ones, hold their claims'
+// devices until then, and the tests after it need them.
+func deleteNamespacesNamed(t *testing.T, names ...string) {
+	t.Helper()
+	ctx := testContext(t, 2*time.Minute)
+	for _, n := range names {
+		if err := demo.Client().CoreV1().Namespaces().Delete(ctx, n, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("delete namespace %s: %v", n, err)
 		}
 	}
 	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
@@ -258,7 +268,7 @@ func deleteNamespaces(t *testing.T, objs []manifests.Object) {
 		return true, nil
 	})
 	if err != nil {
-		t.Errorf("example namespaces %v not gone: %v", names, err)
+		t.Errorf("namespaces %v not gone: %v", names, err)
 	}
 }
 
