@@ -159,4 +159,3 @@ func unprepare(ctx context.Context, b *testing.B, dra drapb.DRAPluginClient, c *
 type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
-
