@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,12 +15,10 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
-	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/computedomain"
 	"github.com/gpudra/gpudra/pkg/features"
 	"github.com/gpudra/gpudra/pkg/features/imexchannel"
-	"github.com/gpudra/gpudra/pkg/metrics"
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/pluginflags"
 	"github.com/gpudra/gpudra/pkg/version"
@@ -156,15 +153,14 @@ func (o *cdPluginOptions) run(cmd *cobra.Command) error {
 		return err
 	}
 	ctx := cmd.Context()
-	logger := klog.FromContext(ctx)
-	var httpListener net.Listener
-	if o.httpEndpoint != "" {
-		if httpListener, err = net.Listen("tcp", o.httpEndpoint); err != nil {
-			return fmt.Errorf("--http-endpoint: %w", err)
-		}
+	httpListener, err := listenHTTP(o.httpEndpoint)
+	if err != nil {
+		return err
+	}
+	if httpListener != nil {
 		defer httpListener.Close()
 	}
-	driver, err := plugin.Start(ctx, plugin.Config{
+	return servePlugin(ctx, plugin.Config{
 		DriverName:        o.driverName,
 		NodeName:          o.nodeName,
 		KubeClient:        kube,
@@ -177,25 +173,7 @@ func (o *cdPluginOptions) run(cmd *cobra.Command) error {
 		CallTimeout:       o.callTimeout,
 		SweepInterval:     o.sweepEvery,
 		Features:          o.features(dyn),
-	})
-	if err != nil {
-		return err
-	}
-	httpDone := make(chan error, 1)
-	if httpListener != nil {
-		srv := metrics.NewServer(driver.Metrics(), o.metricsPath, driver.Ready)
-		go func() { httpDone <- srv.Serve(ctx, httpListener) }()
-		logger.Info("Serving metrics and probes", "address", httpListener.Addr().String(), "metricsPath", o.metricsPath)
-	}
-	select {
-	case <-ctx.Done():
-	case err := <-httpDone:
-		logger.Error(err, "HTTP server of metrics and probes stopped")
-		<-ctx.Done()
-	}
-	logger.Info("Shutting down")
-	driver.Stop()
-	return nil
+	}, httpListener, o.metricsPath)
 }
 
 // features is the channel driver's feature set, for plugin.Config.

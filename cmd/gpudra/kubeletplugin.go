@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"net"
 	"os"
 
 	"github.com/spf13/cobra"
@@ -13,9 +12,7 @@ import (
 	_ "k8s.io/component-base/logs/json/register" // --logging-format=json
 	"k8s.io/klog/v2"
 
-	"github.com/gpudra/gpudra/pkg/metrics"
 	"github.com/gpudra/gpudra/pkg/nodemode"
-	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/pluginflags"
 	"github.com/gpudra/gpudra/pkg/version"
 )
@@ -72,34 +69,14 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 	if cfg.MPS == nil {
 		logger.Info("MPS is not available; claims asking for it are refused", "reason", cfg.MPSUnavailable)
 	}
-	var httpListener net.Listener
-	if o.HTTPEndpoint != "" {
-		// Listen before anything starts: a port in use fails at once.
-		if httpListener, err = net.Listen("tcp", o.HTTPEndpoint); err != nil {
-			return fmt.Errorf("--http-endpoint: %w", err)
-		}
-		defer httpListener.Close()
-	}
-	driver, err := plugin.Start(ctx, cfg)
+	httpListener, err := listenHTTP(o.HTTPEndpoint)
 	if err != nil {
 		return err
 	}
-	httpDone := make(chan error, 1)
 	if httpListener != nil {
-		srv := metrics.NewServer(driver.Metrics(), o.MetricsPath, driver.Ready)
-		go func() { httpDone <- srv.Serve(ctx, httpListener) }()
-		logger.Info("Serving metrics and probes", "address", httpListener.Addr().String(), "metricsPath", o.MetricsPath)
+		defer httpListener.Close()
 	}
-	select {
-	case <-ctx.Done():
-	case err := <-httpDone:
-		// The plugin goes on serving the kubelet without it.
-		logger.Error(err, "HTTP server of metrics and probes stopped")
-		<-ctx.Done()
-	}
-	logger.Info("Shutting down")
-	driver.Stop()
-	return nil
+	return servePlugin(ctx, cfg, httpListener, o.MetricsPath)
 }
 
 func (o *kubeletPluginOptions) kubeClient() (kubernetes.Interface, error) {

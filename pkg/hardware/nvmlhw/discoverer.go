@@ -180,18 +180,9 @@ func (r *realLibrary) find() (string, error) {
 func (d *Discoverer) Discover(ctx context.Context) (inv *hardware.Inventory, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-
-	lib, source, err := d.open()
+	lib, err := d.initialized(ctx)
 	if err != nil {
 		return nil, err
-	}
-	// INIT_FLAG_NO_GPUS: a node whose GPUs are all bound to vfio-pci still
-	// has a working driver and an empty inventory, not an outage.
-	if ret := lib.InitWithFlags(nvml.INIT_FLAG_NO_GPUS); ret != nvml.SUCCESS {
-		return nil, initError(source, ret)
 	}
 	defer func() {
 		// When discovery failed, its error is the news.
@@ -200,6 +191,24 @@ func (d *Discoverer) Discover(ctx context.Context) (inv *hardware.Inventory, err
 		}
 	}()
 	return d.discover(ctx, lib)
+}
+
+// initialized loads and initializes NVML for one call; the caller holds
+// d.mu and shuts NVML down when done. INIT_FLAG_NO_GPUS: a node whose GPUs
+// are all bound to vfio-pci still has a working driver and an empty
+// inventory, not an outage.
+func (d *Discoverer) initialized(ctx context.Context) (nvml.Interface, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	lib, source, err := d.open()
+	if err != nil {
+		return nil, err
+	}
+	if ret := lib.InitWithFlags(nvml.INIT_FLAG_NO_GPUS); ret != nvml.SUCCESS {
+		return nil, initError(source, ret)
+	}
+	return lib, nil
 }
 
 // initError explains a failed nvmlInit. Every such failure means NVML is

@@ -63,12 +63,7 @@ const noInstance = 0xFFFFFFFF
 // ones that appear later.
 func (d *Discoverer) WatchHealth(ctx context.Context, out chan<- hardware.HealthEvent) error {
 	d.mu.Lock()
-	lib, source, err := d.open()
-	if err == nil {
-		if ret := lib.InitWithFlags(nvml.INIT_FLAG_NO_GPUS); ret != nvml.SUCCESS {
-			err = initError(source, ret)
-		}
-	}
+	lib, err := d.initialized(ctx)
 	d.mu.Unlock()
 	if err != nil {
 		return err

@@ -15,15 +15,9 @@ import (
 func (d *Discoverer) CheckHealth(ctx context.Context) (conds []hardware.GPUCondition, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	lib, source, err := d.open()
+	lib, err := d.initialized(ctx)
 	if err != nil {
 		return nil, err
-	}
-	if ret := lib.InitWithFlags(nvml.INIT_FLAG_NO_GPUS); ret != nvml.SUCCESS {
-		return nil, initError(source, ret)
 	}
 	defer func() {
 		if ret := lib.Shutdown(); ret != nvml.SUCCESS && err == nil {
