@@ -128,6 +128,9 @@ func (o *KubeletPlugin) Validate() error {
 	if _, err := o.Health.Policy(); err != nil {
 		return err
 	}
+	if _, err := o.Health.ReportInterval(); err != nil {
+		return err
+	}
 	if !strings.HasPrefix(o.MetricsPath, "/") {
 		return fmt.Errorf("--metrics-path %q: must start with /", o.MetricsPath)
 	}
@@ -173,25 +176,30 @@ func (o *KubeletPlugin) Config(fs *pflag.FlagSet, client kubernetes.Interface, h
 	if err != nil {
 		return plugin.Config{}, err
 	}
+	reportInterval, err := o.Health.ReportInterval()
+	if err != nil {
+		return plugin.Config{}, err
+	}
 	cfg := plugin.Config{
-		DriverName:        o.DriverName,
-		NodeName:          o.NodeName,
-		KubeClient:        client,
-		PluginDataDir:     o.PluginDataDir,
-		RegistrarDir:      o.RegistrarDir,
-		CDIDir:            o.CDIDir,
-		RollingUpdateUID:  types.UID(o.PodUID),
-		DiscoveryInterval: o.DiscoveryInterval,
-		CallTimeout:       o.CallTimeout,
-		SweepInterval:     o.SweepInterval,
-		MIGMode:           plugin.MIGMode(o.MIGMode),
-		MIGModeSwitching:  o.MIGModeSwitching,
-		HealthPolicy:      healthPolicy,
-		Hardware:          host.Hardware,
-		TimeSlicer:        host.TimeSlicer,
-		MPS:               host.MPS,
-		MPSUnavailable:    host.MPSUnavailable,
-		DriverEdits:       host.DriverEdits,
+		HealthReportInterval: reportInterval,
+		DriverName:           o.DriverName,
+		NodeName:             o.NodeName,
+		KubeClient:           client,
+		PluginDataDir:        o.PluginDataDir,
+		RegistrarDir:         o.RegistrarDir,
+		CDIDir:               o.CDIDir,
+		RollingUpdateUID:     types.UID(o.PodUID),
+		DiscoveryInterval:    o.DiscoveryInterval,
+		CallTimeout:          o.CallTimeout,
+		SweepInterval:        o.SweepInterval,
+		MIGMode:              plugin.MIGMode(o.MIGMode),
+		MIGModeSwitching:     o.MIGModeSwitching,
+		HealthPolicy:         healthPolicy,
+		Hardware:             host.Hardware,
+		TimeSlicer:           host.TimeSlicer,
+		MPS:                  host.MPS,
+		MPSUnavailable:       host.MPSUnavailable,
+		DriverEdits:          host.DriverEdits,
 	}
 	if cfg.Hardware == nil {
 		hw, fleetMIGMode, err := o.HW.NodeHardware(o.NodeName)

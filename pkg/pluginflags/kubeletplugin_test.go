@@ -3,6 +3,7 @@ package pluginflags
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
@@ -22,7 +23,7 @@ func TestKubeletPluginConfig(t *testing.T) {
 	args := []string{"--node-name=" + fn.Name, "--pod-uid=abc", "--driver-name=gpu.example.com",
 		"--plugin-data-dir=/p/gpu.example.com", "--registrar-dir=/r", "--cdi-dir=/c",
 		"--mig-mode=static", "--sharing=shares=4", "--vfio=only", "--vfio-gpus=1,2", "--kube-api-qps=7",
-		"--health-effect=NoExecute", "--mps-root=/m", "--v=4"}
+		"--health-effect=NoExecute", "--health-report-interval=5s", "--mps-root=/m", "--v=4"}
 	o, fs, err := ParseKubeletPlugin(args)
 	if err != nil {
 		t.Fatal(err)
@@ -34,7 +35,8 @@ func TestKubeletPluginConfig(t *testing.T) {
 	}
 	if cfg.NodeName != fn.Name || cfg.RollingUpdateUID != "abc" || cfg.DriverName != "gpu.example.com" ||
 		cfg.PluginDataDir != "/p/gpu.example.com" || cfg.RegistrarDir != "/r" || cfg.CDIDir != "/c" ||
-		cfg.MIGMode != plugin.MIGModeStatic || cfg.Sharing.Shares != 4 || string(cfg.HealthPolicy.FaultEffect) != "NoExecute" {
+		cfg.MIGMode != plugin.MIGModeStatic || cfg.Sharing.Shares != 4 || string(cfg.HealthPolicy.FaultEffect) != "NoExecute" ||
+		cfg.HealthReportInterval != 5*time.Second {
 		t.Errorf("config %+v does not say what the flags say", cfg)
 	}
 	if cfg.Hardware != hw || cfg.TimeSlicer != slicer || cfg.MPS != nil || cfg.MPSUnavailable != "none here" {
@@ -54,6 +56,8 @@ func TestKubeletPluginConfig(t *testing.T) {
 		{[]string{"--mig-mode=sometimes"}, "--mig-mode"},
 		{[]string{"--vfio=maybe"}, "--vfio"},
 		{[]string{"--health-effect=Loud"}, "health-effect"},
+		{[]string{"--health-report-interval=30s"}, "--health-report-interval 30s: must be more than 0 and less than 30s"},
+		{[]string{"--health-report-interval=0s"}, "--health-report-interval"},
 	} {
 		o, fs, err := ParseKubeletPlugin(append([]string{"--node-name=n"}, tc.args...))
 		if err == nil {
