@@ -172,17 +172,33 @@ func (p procFS) serversOf(pipe string, daemonPID int) []procRef {
 // removed, runs all the same. A -d invocation that has not forked yet looks
 // the same, and is one too.
 func (p procFS) daemonsOf(base, pipe string) []procRef {
+	refs, _ := p.daemonsAndUnsettled(base, pipe)
+	return refs
+}
+
+// daemonsAndUnsettled is daemonsOf, and whether some live user process
+// had no command line to read: one in the middle of an exec (a -d
+// invocation's forked daemon loading its binary shows an empty command
+// line for that while), which may turn out to be a daemon of pipe.
+func (p procFS) daemonsAndUnsettled(base, pipe string) (out []procRef, unsettled bool) {
 	entries, err := os.ReadDir(p.root)
 	if err != nil {
-		return nil
+		return nil, false
 	}
 	if p.afterList != nil {
 		p.afterList()
 	}
-	var out []procRef
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil || !p.isCommand(pid, base, "-d") {
+		if err != nil {
+			continue
+		}
+		if !p.isCommand(pid, base, "-d") {
+			if argv, err := p.cmdline(pid); err == nil && len(argv) == 1 && argv[0] == "" {
+				if st, ok := p.alive(pid); ok && pid != kthreadd && st.ppid != kthreadd {
+					unsettled = true
+				}
+			}
 			continue
 		}
 		if v, found := p.environ(pid, EnvPipeDirectory); !found || filepath.Clean(v) != pipe {
@@ -192,8 +208,12 @@ func (p procFS) daemonsOf(base, pipe string) []procRef {
 			out = append(out, procRef{PID: pid, StartTime: st.startTime})
 		}
 	}
-	return out
+	return out, unsettled
 }
+
+// kthreadd is the PID of the kernel's thread daemon: it and its children,
+// the kernel threads, have no command line.
+const kthreadd = 2
 
 // procRef names one process for as long as it lives: a PID alone may be
 // given to another process once this one is gone.

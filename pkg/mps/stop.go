@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"syscall"
+	"time"
 
 	"k8s.io/klog/v2"
 )
@@ -139,12 +140,31 @@ func (m *Manager) killStrays(ctx context.Context, id string, dirs Dirs, reason s
 // exactly that, whenever it gets to run (chaos seed 508). So a look that
 // finds none is taken again: the daemon was forked before its launcher
 // exited, so it is in the second list.
+//
+// A daemon forked by a launcher that was killed in the middle of the fork
+// can still be in its exec when the two looks run, with no command line
+// to match (the test TestCancelledStartThenStopLeavesNoDaemon caught one
+// that way): while some process shows none, the look is taken again, a
+// few milliseconds apart, for at most unsettledWait.
 func (m *Manager) daemonsNow(base, pipe string) []procRef {
 	if daemons := m.proc.daemonsOf(base, pipe); len(daemons) > 0 {
 		return daemons
 	}
-	return m.proc.daemonsOf(base, pipe)
+	deadline := time.Now().Add(unsettledWait)
+	for {
+		daemons, unsettled := m.proc.daemonsAndUnsettled(base, pipe)
+		if len(daemons) > 0 || !unsettled || time.Now().After(deadline) {
+			return daemons
+		}
+		time.Sleep(unsettledPoll)
+	}
 }
+
+// How long daemonsNow waits for processes in the middle of an exec.
+const (
+	unsettledWait = 500 * time.Millisecond
+	unsettledPoll = 5 * time.Millisecond
+)
 
 // maxKillRounds bounds how often killDaemons looks for daemons again.
 const maxKillRounds = 3
