@@ -78,7 +78,9 @@ func (o *Flags) Config() (Config, error) {
 		return cfg, errors.New("--self-signed-hosts is required with --self-signed-dir: the webhook Service's DNS names, e.g. gpudra-webhook.gpudra.svc")
 	}
 	if o.CertFile != "" && o.SelfSignedDir == "" {
-		for flag, path := range map[string]string{"--tls-cert-file": o.CertFile, "--tls-private-key-file": o.KeyFile} {
+		// In a fixed order, so that the error names the certificate first.
+		for _, f := range []struct{ flag, path string }{{"--tls-cert-file", o.CertFile}, {"--tls-private-key-file", o.KeyFile}} {
+			flag, path := f.flag, f.path
 			if _, err := os.Stat(path); err != nil {
 				return cfg, fmt.Errorf("%s: %w (give --self-signed-dir to make a certificate when there is none)", flag, err)
 			}
