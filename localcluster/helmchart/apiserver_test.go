@@ -32,22 +32,9 @@ import (
 // ServiceAccount with the node name its pod's token carries, to its own
 // node's slices of its own driver.
 func TestChartOnAPIServer(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a kube-apiserver")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cp, err := controlplane.Start(ctx, controlplane.Options{AuthorizationModes: []string{"Node", "RBAC"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := cp.Stop(); err != nil {
-			t.Errorf("stop control plane: %v", err)
-		}
-	}()
-	adminCfg := cp.RESTConfig("helmchart-admin", 100, 200)
-	admin := kubernetes.NewForConfigOrDie(adminCfg)
+	adminCfg, admin := startRBACAPIServer(ctx, t)
 
 	// helm install --namespace gpudra --create-namespace.
 	const namespace = "gpudra"
@@ -198,4 +185,25 @@ func TestChartOnAPIServer(t *testing.T) {
 	if p := vwc.Webhooks[0].MatchPolicy; p == nil || *p != admissionv1.Equivalent {
 		t.Errorf("stored matchPolicy %v", p)
 	}
+}
+
+// startRBACAPIServer starts a control plane whose kube-apiserver
+// authorizes with Node and RBAC, as a cluster's does, stopped when the
+// test ends, and returns its admin's config and client. Short tests skip.
+func startRBACAPIServer(ctx context.Context, t *testing.T) (*rest.Config, kubernetes.Interface) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a kube-apiserver")
+	}
+	cp, err := controlplane.Start(ctx, controlplane.Options{AuthorizationModes: []string{"Node", "RBAC"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cp.Stop(); err != nil {
+			t.Errorf("stop control plane: %v", err)
+		}
+	})
+	cfg := cp.RESTConfig("helmchart-admin", 100, 200)
+	return cfg, kubernetes.NewForConfigOrDie(cfg)
 }

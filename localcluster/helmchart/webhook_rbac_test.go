@@ -16,8 +16,6 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/gpudra/gpudra/pkg/webhook"
-
-	"github.com/gpudra/gpudra/localcluster/controlplane"
 )
 
 // TestWebhookRBACOnAPIServer: the self-signed webhook, as the chart's
@@ -25,22 +23,9 @@ import (
 // caBundle of the chart's ValidatingWebhookConfiguration (the requests
 // gpudra webhook's bootstrap makes), and may not touch another one.
 func TestWebhookRBACOnAPIServer(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a kube-apiserver")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cp, err := controlplane.Start(ctx, controlplane.Options{AuthorizationModes: []string{"Node", "RBAC"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := cp.Stop(); err != nil {
-			t.Errorf("stop control plane: %v", err)
-		}
-	}()
-	adminCfg := cp.RESTConfig("helmchart-admin", 100, 200)
-	admin := kubernetes.NewForConfigOrDie(adminCfg)
+	adminCfg, admin := startRBACAPIServer(ctx, t)
 
 	const namespace = "gpu-system" // not the default: the templates must follow
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {

@@ -1,7 +1,6 @@
 package deviceplugin_test
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
@@ -12,17 +11,4 @@ import (
 // through a symlink) for the MPS replica tests.
 var fakeMPSBin string
 
-func TestMain(m *testing.M) {
-	if code, ok := mpsfake.Main(); ok {
-		os.Exit(code)
-	}
-	dir, cleanup, err := mpsfake.SetUp()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	fakeMPSBin = dir
-	code := m.Run()
-	cleanup()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(mpsfake.RunTests(m, &fakeMPSBin)) }

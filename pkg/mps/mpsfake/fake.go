@@ -567,3 +567,21 @@ func clonePtr(p *float64) *float64 {
 	v := *p
 	return &v
 }
+
+// RunTests is a test binary's TestMain body for tests of the fake daemon's
+// users: it runs as the fake when started as one, else installs the fakes,
+// stores their directory in *dir, runs the tests and removes the fakes. It
+// returns the exit code.
+func RunTests(m interface{ Run() int }, dir *string) int {
+	if code, ok := Main(); ok {
+		return code
+	}
+	d, cleanup, err := SetUp()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	*dir = d
+	defer cleanup()
+	return m.Run()
+}
