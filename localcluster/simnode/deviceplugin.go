@@ -164,6 +164,15 @@ func (n *Node) syncDeviceCapacity(ctx context.Context) error {
 		return nil
 	}
 	capacity, allocatable, removed := dm.GetCapacity(n.logger)
+	// The manager's view changes on health and registrations only: no
+	// API round trip while it is what was written last.
+	synced := fmt.Sprint(capacity, allocatable, removed)
+	n.devMu.Lock()
+	same := synced == n.syncedCapacity
+	n.devMu.Unlock()
+	if same {
+		return nil
+	}
 	client := n.cfg.KubeletClient.CoreV1().Nodes()
 	node, err := client.Get(ctx, n.cfg.Name, metav1.GetOptions{})
 	if err != nil {
@@ -180,11 +189,15 @@ func (n *Node) syncDeviceCapacity(ctx context.Context) error {
 		delete(updated.Status.Capacity, corev1.ResourceName(name))
 		delete(updated.Status.Allocatable, corev1.ResourceName(name))
 	}
-	if apiequality.Semantic.DeepEqual(node.Status, updated.Status) {
-		return nil
+	if !apiequality.Semantic.DeepEqual(node.Status, updated.Status) {
+		if _, err := client.UpdateStatus(ctx, updated, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
 	}
-	_, err = client.UpdateStatus(ctx, updated, metav1.UpdateOptions{})
-	return err
+	n.devMu.Lock()
+	n.syncedCapacity = synced
+	n.devMu.Unlock()
+	return nil
 }
 
 // admit allocates the pod's containers' device-plugin resources, one pod

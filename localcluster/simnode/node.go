@@ -162,6 +162,9 @@ type Node struct {
 	devicePlugin *deviceplugin.Plugin
 	// stopDevicePlugin stops the device plugin and waits for it.
 	stopDevicePlugin func()
+	// syncedCapacity is the device manager's capacity last written to the
+	// Node, rendered.
+	syncedCapacity string
 
 	// timeSlices holds the simulated GPUs' time-slice intervals; mpsRoot
 	// the node's MPS daemon directories (short: sockets live there).

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -177,8 +176,12 @@ func (p *Plugin) startMPSDaemons(ctx context.Context) (map[string]mps.Daemon, er
 		if err != nil {
 			return nil, fmt.Errorf("list MPS daemons: %w", err)
 		}
+		wanted := map[string]bool{}
+		for _, d := range daemons {
+			wanted[d.Spec.ID] = true
+		}
 		for _, st := range running {
-			if !strings.HasPrefix(st.Spec.ID, mpsDaemonPrefix) || slices.ContainsFunc(slices.Collect(maps.Values(daemons)), func(d mps.Daemon) bool { return d.Spec.ID == st.Spec.ID }) {
+			if !strings.HasPrefix(st.Spec.ID, mpsDaemonPrefix) || wanted[st.Spec.ID] {
 				continue
 			}
 			if err := p.opts.MPS.Stop(ctx, st.Spec.ID); err != nil {

@@ -26,6 +26,7 @@ type resourceServer struct {
 	pluginapi.UnimplementedDevicePluginServer
 
 	res    Resource
+	byID   map[string]*Device
 	socket string
 	p      *Plugin
 	server *grpc.Server
@@ -42,7 +43,12 @@ func SocketName(resource string) string {
 }
 
 func newResourceServer(p *Plugin, res Resource) *resourceServer {
-	return &resourceServer{res: res, p: p, socket: filepath.Join(p.opts.PluginDir, SocketName(res.Name)), watchers: map[chan []*pluginapi.Device]bool{}}
+	s := &resourceServer{res: res, p: p, socket: filepath.Join(p.opts.PluginDir, SocketName(res.Name)), watchers: map[chan []*pluginapi.Device]bool{}}
+	s.byID = make(map[string]*Device, len(res.Devices))
+	for i := range s.res.Devices {
+		s.byID[s.res.Devices[i].ID] = &s.res.Devices[i]
+	}
+	return s
 }
 
 // serve listens on the socket (replacing a stale one) and serves until
@@ -161,10 +167,7 @@ func (s *resourceServer) GetPreferredAllocation(_ context.Context, req *pluginap
 // the CDI devices of the underlying GPUs or MIG devices (and, as the
 // strategies say, NVIDIA_VISIBLE_DEVICES, CDI annotations, device specs).
 func (s *resourceServer) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
-	byID := map[string]*Device{}
-	for i := range s.res.Devices {
-		byID[s.res.Devices[i].ID] = &s.res.Devices[i]
-	}
+	byID := s.byID
 	resp := &pluginapi.AllocateResponse{}
 	for _, cr := range req.ContainerRequests {
 		if s.res.FailRequestsGreaterThanOne && len(cr.DevicesIds) > 1 {
