@@ -17,6 +17,7 @@ import (
 	"slices"
 
 	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/dynamic-resource-allocation/deviceattribute"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/utils/ptr"
@@ -106,4 +107,17 @@ func DriverResources(nodeName string, nics []sim.NIC) (resourceslice.DriverResou
 		pool.Slices = []resourceslice.Slice{{}}
 	}
 	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{nodeName: pool}}, nil
+}
+
+// DeviceClass returns the DeviceClass of the driver's NICs, named after
+// the driver as gpudra's gpu.nvidia.com class is.
+func DeviceClass(driverName string) *resourceapi.DeviceClass {
+	return &resourceapi.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: driverName},
+		Spec: resourceapi.DeviceClassSpec{
+			Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+				Expression: fmt.Sprintf("device.driver == %q", driverName),
+			}}},
+		},
+	}
 }

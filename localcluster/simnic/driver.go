@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -56,6 +57,9 @@ func Start(ctx context.Context, cfg Config) (*Driver, error) {
 	devices, err := Devices(cfg.NICs)
 	if err != nil {
 		return nil, fmt.Errorf("NIC driver on node %s: %w", cfg.NodeName, err)
+	}
+	if err := os.MkdirAll(cfg.PluginDataDir, 0o750); err != nil {
+		return nil, fmt.Errorf("NIC driver on node %s: plugin data directory: %w", cfg.NodeName, err)
 	}
 	writer, err := cdi.NewWriter(cfg.CDIDir, cfg.DriverName)
 	if err != nil {
