@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,6 +31,7 @@ import (
 	"github.com/gpudra/gpudra/localcluster/controlplane"
 	"github.com/gpudra/gpudra/localcluster/install"
 	"github.com/gpudra/gpudra/localcluster/manifests"
+	"github.com/gpudra/gpudra/localcluster/simnic"
 	"github.com/gpudra/gpudra/localcluster/simnode"
 )
 
@@ -162,6 +164,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, finalErr error) {
 	if err := c.installChart(ctx, progress); err != nil {
 		return nil, err
 	}
+	if err := c.installNICClass(ctx); err != nil {
+		return nil, err
+	}
 
 	kubeVersion, err := controlplane.KubernetesVersion()
 	if err != nil {
@@ -248,11 +253,26 @@ func (c *Cluster) startNode(ctx context.Context, index int, name string) (*simno
 		MIGMode:      plugin.MIGMode(fn.MIGMode),
 		Mode:         fn.Mode,
 		DevicePlugin: dpConfig,
+		NICs:         fn.NICs,
 
 		MPSControlBinary: c.opts.MPSControlBinary,
 		KubeletTLS:       kubeletTLS,
 		KubeletVersion:   c.kubeletVersion,
 	})
+}
+
+// installNICClass creates the simulated NIC driver's DeviceClass when a
+// node of the fleet has NICs: the class a network driver's chart would
+// install, as gpudra's installs gpu.nvidia.com.
+func (c *Cluster) installNICClass(ctx context.Context) error {
+	if !slices.ContainsFunc(c.opts.Fleet.Nodes, func(n sim.Node) bool { return len(n.NICs) > 0 }) {
+		return nil
+	}
+	class := simnic.DeviceClass(simnic.DefaultDriverName)
+	if _, err := c.client.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("install DeviceClass %s: %w", class.Name, err)
+	}
+	return nil
 }
 
 // nodeDir returns the directory of the node with the given index: short,

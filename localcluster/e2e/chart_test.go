@@ -82,7 +82,13 @@ func TestChartPolicyRefusesOtherNodesSlices(t *testing.T) {
 	pluginA := pluginIdentity(demo, a)
 	want := fmt.Sprintf("the kubelet plugin on node %s may not write the ResourceSlices of node %s", a, b)
 
-	list, err := demo.Client().ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + b})
+	// gpudra's own slices: the nodes also publish the simulated NIC
+	// driver's, which the policy keeps from gpudra's plugin as another
+	// driver's.
+	gpudraSlices := func(node string) metav1.ListOptions {
+		return metav1.ListOptions{FieldSelector: "spec.nodeName=" + node + ",spec.driver=" + demo.Options().DriverName}
+	}
+	list, err := demo.Client().ResourceV1().ResourceSlices().List(ctx, gpudraSlices(b))
 	if err != nil || len(list.Items) == 0 {
 		t.Fatalf("node %s's slices: %v, %d", b, err, len(list.Items))
 	}
@@ -103,7 +109,7 @@ func TestChartPolicyRefusesOtherNodesSlices(t *testing.T) {
 
 	// Its own node's slice: the same write is allowed (a dry run, so as
 	// not to disturb the plugin's own slices).
-	own, err := demo.Client().ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + a})
+	own, err := demo.Client().ResourceV1().ResourceSlices().List(ctx, gpudraSlices(a))
 	if err != nil || len(own.Items) == 0 {
 		t.Fatalf("node %s's slices: %v", a, err)
 	}

@@ -104,6 +104,30 @@ func TestExamples(t *testing.T) {
 			}
 		}}},
 		{"first-available", "pod", []check{isType("gpu", 1), product("NVIDIA H100")}},
+		{"gpu-nic-pair", "pod", []check{func(t *testing.T, pod *corev1.Pod, devs []resourceapi.Device) {
+			if len(devs) != 2 {
+				t.Fatalf("got %d devices, want a GPU and a NIC", len(devs))
+			}
+			byType := map[string]resourceapi.Device{}
+			for _, d := range devs {
+				byType[attr(d, "type")] = d
+			}
+			gpu, nic := byType["gpu"], byType["nic"]
+			root := attr(gpu, "resource.kubernetes.io/pcieRoot")
+			if root == "" || root != attr(nic, "resource.kubernetes.io/pcieRoot") {
+				t.Errorf("GPU %s under %q and NIC %s under %q, want one PCIe root", gpu.Name, root, nic.Name, attr(nic, "resource.kubernetes.io/pcieRoot"))
+			}
+			ctrs, _ := demo.Node(pod.Spec.NodeName).Containers(pod)
+			got := ctrs["ctr"]
+			hca := attr(nic, "rdmaDevice")
+			uverbs := "/dev/infiniband/uverbs" + strings.TrimPrefix(hca, "mlx5_")
+			if !slices.Contains(got.DeviceNodes, "/dev/nvidia"+attr(gpu, "minor")) || !slices.Contains(got.DeviceNodes, uverbs) {
+				t.Errorf("device nodes %v, want /dev/nvidia%s and %s", got.DeviceNodes, attr(gpu, "minor"), uverbs)
+			}
+			if env := got.Env["NCCL_IB_HCA"]; hca == "" || env != "="+hca {
+				t.Errorf("NCCL_IB_HCA=%q, want =%s", env, hca)
+			}
+		}}},
 		{"allocation-mode-all", "pod", []check{isType("mig", 7), func(t *testing.T, pod *corev1.Pod, devs []resourceapi.Device) {
 			for _, d := range devs {
 				if p := attr(d, "profile"); p != "1g.5gb" {

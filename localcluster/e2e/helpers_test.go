@@ -161,8 +161,9 @@ func asksForExtendedGPUs(c *corev1.Container) bool {
 
 // checkContainersSeeDevices checks that every container with claims got
 // CDI devices that resolve to device nodes: each allocated GPU's
-// /dev/nvidia<minor>, and for MIG devices a GPU node and MIG capability
-// nodes (MIG devices do not publish their parent's minor).
+// /dev/nvidia<minor>, for MIG devices a GPU node and MIG capability
+// nodes (MIG devices do not publish their parent's minor), for a NIC of
+// the simulated NIC driver an RDMA uverbs node.
 func checkContainersSeeDevices(t *testing.T, pod *corev1.Pod, devs []resourceapi.Device) {
 	t.Helper()
 	ctrs, ok := demo.Node(pod.Spec.NodeName).Containers(pod)
@@ -191,6 +192,10 @@ func checkContainersSeeDevices(t *testing.T, pod *corev1.Pod, devs []resourceapi
 				gpu := slices.ContainsFunc(got.DeviceNodes, gpuNode.MatchString)
 				if !caps || !gpu {
 					t.Errorf("%s/%s: MIG device %s: device nodes %v lack a GPU node or MIG capabilities", pod.Name, c.Name, d.Name, got.DeviceNodes)
+				}
+			case "nic":
+				if !slices.ContainsFunc(got.DeviceNodes, func(n string) bool { return strings.HasPrefix(n, "/dev/infiniband/uverbs") }) {
+					t.Errorf("%s/%s: NIC %s: device nodes %v lack a uverbs node", pod.Name, c.Name, d.Name, got.DeviceNodes)
 				}
 			case "vfio":
 				vfio := slices.ContainsFunc(got.DeviceNodes, func(n string) bool { return strings.HasPrefix(n, "/dev/vfio/") })

@@ -46,6 +46,8 @@ import (
 	"github.com/gpudra/gpudra/pkg/pluginflags"
 	"github.com/gpudra/gpudra/pkg/timeslice"
 	"github.com/gpudra/gpudra/pkg/vfio/fakesysfs"
+
+	"github.com/gpudra/gpudra/localcluster/simnic"
 )
 
 // Config describes one simulated node.
@@ -110,6 +112,9 @@ type Config struct {
 	// DevicePlugin is the device plugin's config (NVIDIA's format), nil
 	// for its defaults.
 	DevicePlugin *deviceplugin.Config
+	// NICs, if any, are the node's RDMA NICs, which the simulated NIC
+	// driver (package simnic) serves beside gpudra's plugin.
+	NICs []sim.NIC
 }
 
 // PodUIDLength is the length of the UIDs of the simulated plugin pods.
@@ -170,6 +175,9 @@ type Node struct {
 	// the node's MPS daemon directories (short: sockets live there).
 	timeSlices *timeslice.Memory
 	mpsRoot    string
+
+	// nics is the NIC driver, nil on a node without NICs.
+	nics *simnic.Driver
 }
 
 // Directories of a node.
@@ -264,6 +272,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, finalErr error) {
 		}
 	default:
 		return nil, fmt.Errorf("node %s: mode %q: must be %s or %s", cfg.Name, cfg.Mode, sim.ModeDRA, sim.ModeDevicePlugin)
+	}
+	if err := n.startNICDriver(ctx); err != nil {
+		return nil, err
 	}
 	n.loop.start(runCtx)
 	return n, nil
@@ -424,10 +435,15 @@ func (n *Node) pluginConfig(podUID string) (plugin.Config, error) {
 // waitForPlugin waits for registration with the DRA manager (the plugin
 // manager polls its directory once a second) and for the published pool.
 func (n *Node) waitForPlugin(ctx context.Context) error {
-	want := len(n.plugin.Devices())
+	return n.waitForDriver(ctx, n.cfg.DriverName, len(n.plugin.Devices()))
+}
+
+// waitForDriver waits until the DRA manager has the driver registered and
+// the node's slices of the driver hold want devices.
+func (n *Node) waitForDriver(ctx context.Context, driver string, want int) error {
 	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		if n.plugins != nil {
-			if _, err := n.plugins.GetPlugin(n.cfg.DriverName); err != nil {
+			if _, err := n.plugins.GetPlugin(driver); err != nil {
 				return false, nil
 			}
 		}
@@ -439,14 +455,14 @@ func (n *Node) waitForPlugin(ctx context.Context) error {
 		}
 		got := 0
 		for _, s := range slices.Items {
-			if s.Spec.Driver == n.cfg.DriverName {
+			if s.Spec.Driver == driver {
 				got += len(s.Spec.Devices)
 			}
 		}
 		return got == want, nil
 	})
 	if err != nil {
-		return fmt.Errorf("node %s: plugin not registered with its %d devices published: %w", n.cfg.Name, want, err)
+		return fmt.Errorf("node %s: driver %s not registered with its %d devices published: %w", n.cfg.Name, driver, want, err)
 	}
 	return nil
 }
@@ -546,6 +562,9 @@ func (n *Node) Stop() {
 		n.loop.stop()
 	}
 	n.StopPlugin()
+	if n.nics != nil {
+		n.nics.Stop()
+	}
 	if n.pmStop != nil {
 		close(n.pmStop)
 	}

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/registry/rest"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	"k8s.io/kubernetes/pkg/apis/resource"
 	_ "k8s.io/kubernetes/pkg/apis/resource/install" // resource.k8s.io in legacyscheme, with its declarative validation
@@ -63,7 +64,7 @@ func TestResourceSlicesValidate(t *testing.T) {
 				if err != nil {
 					t.Fatalf("Build: %v", err)
 				}
-				objs := sliceObjects("node-0", m)
+				objs := sliceObjects("node-0", driverName, m.DriverResources("node-0"))
 				var sets, devices int
 				for _, obj := range objs {
 					sets += len(obj.Spec.SharedCounters)
@@ -109,7 +110,7 @@ func TestValidationRejects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	objs := sliceObjects("node-0", m)
+	objs := sliceObjects("node-0", driverName, m.DriverResources("node-0"))
 	if len(objs) < 2 || objs[0].Spec.SharedCounters == nil || objs[1].Spec.Devices == nil {
 		t.Fatalf("want a counter set slice, then devices; got %d slices", len(objs))
 	}
@@ -192,16 +193,16 @@ func validateCreate(t *testing.T, obj *resourceapi.ResourceSlice) field.ErrorLis
 	return append(errs, rest.ValidateCreate(ctx, prepared, sliceregistry.Strategy)...)
 }
 
-// sliceObjects turns the model's pool into the ResourceSlices the
+// sliceObjects turns a driver's pools into the ResourceSlices the
 // resourceslice controller would create for the node.
-func sliceObjects(node string, m *devicemodel.Model) []*resourceapi.ResourceSlice {
+func sliceObjects(node, driver string, res resourceslice.DriverResources) []*resourceapi.ResourceSlice {
 	var out []*resourceapi.ResourceSlice
-	for poolName, pool := range m.DriverResources(node).Pools {
+	for poolName, pool := range res.Pools {
 		for i, s := range pool.Slices {
 			out = append(out, &resourceapi.ResourceSlice{
-				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-gpu.nvidia.com-%d", node, i)},
+				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%s-%d", node, driver, i)},
 				Spec: resourceapi.ResourceSliceSpec{
-					Driver:         driverName,
+					Driver:         driver,
 					Pool:           resourceapi.ResourcePool{Name: poolName, Generation: 1, ResourceSliceCount: int64(len(pool.Slices))},
 					NodeName:       ptr.To(node),
 					Devices:        s.Devices,

@@ -27,6 +27,13 @@
 //	      uuid: MIG-...             # optional, derived
 //	    - profile: 2g.20gb
 //	      computeSlices: 1          # optional: split into 1c.2g.20gb instances
+//	  nics:                         # optional: RDMA NICs, published by the local cluster's simulated NIC driver
+//	  - model: ConnectX-7           # see NICModelNames
+//	    pcieRoot: "pci0000:15"      # required: the root it shares with GPUs
+//	    linkType: infiniband        # optional: infiniband (default) or ethernet
+//	    speedGbps: 400              # optional, the model's
+//	    pciBusID: "0000:18:00.0"    # optional
+//	    numaNode: 0                 # optional, a GPU's under the same root, else -1
 //	  fabric:                       # optional: the node's GPUs are in a multi-node NVLink clique
 //	    cliqueID: 1                 # the NVLink partition
 //	    clusterUUID: ...            # optional, default DefaultClusterUUID
@@ -101,6 +108,9 @@ type Node struct {
 	DevicePlugin json.RawMessage `json:"devicePlugin,omitempty"`
 	// GPUs in NVML index order.
 	GPUs []GPU `json:"gpus,omitempty"`
+	// NICs are the node's RDMA network adapters, in the order of their
+	// RDMA devices (mlx5_0, mlx5_1, ...).
+	NICs []NIC `json:"nics,omitempty"`
 	// Fabric, if set, puts every GPU of the node in a multi-node NVLink
 	// clique: what nvmlDeviceGetGpuFabricInfo answers for each. Without it
 	// the GPUs answer that they have no fabric.

@@ -162,6 +162,7 @@ func (n *Node) resolve(p *problems) {
 			busIDs[g.PCIBusID] = i
 		}
 	}
+	n.resolveNICs(p, busIDs)
 }
 
 // resolve fills in the defaults of the GPU at index i of node (which has
