@@ -13,6 +13,27 @@ import (
 	"github.com/gpudra/gpudra/deployments/rbac"
 )
 
+// ruleLines flattens rules into "verb group/resource[/name]" lines, each
+// after prefix.
+func ruleLines(prefix string, rules []rbacv1.PolicyRule) []string {
+	var out []string
+	for _, r := range rules {
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				for _, v := range r.Verbs {
+					if len(r.ResourceNames) == 0 {
+						out = append(out, fmt.Sprintf("%s%s %s/%s", prefix, v, g, res))
+					}
+					for _, n := range r.ResourceNames {
+						out = append(out, fmt.Sprintf("%s%s %s/%s/%s", prefix, v, g, res, n))
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
 // grants flattens the rules of every ClusterRole bound to the ServiceAccount
 // namespace/name into "verb group/resource[/name]" lines, sorted.
 func grants(objs []Object, namespace, name string) []string {
@@ -32,20 +53,7 @@ func grants(objs []Object, namespace, name string) []string {
 			out = append(out, "missing ClusterRole "+b.RoleRef.Name)
 			continue
 		}
-		for _, r := range role.Rules {
-			for _, g := range r.APIGroups {
-				for _, res := range r.Resources {
-					for _, v := range r.Verbs {
-						if len(r.ResourceNames) == 0 {
-							out = append(out, fmt.Sprintf("%s %s/%s", v, g, res))
-						}
-						for _, n := range r.ResourceNames {
-							out = append(out, fmt.Sprintf("%s %s/%s/%s", v, g, res, n))
-						}
-					}
-				}
-			}
-		}
+		out = append(out, ruleLines("", role.Rules)...)
 	}
 	sort.Strings(out)
 	return out
@@ -70,20 +78,7 @@ func roleGrants(objs []Object, namespace, name string) []string {
 			out = append(out, "missing Role "+b.Namespace+"/"+b.RoleRef.Name)
 			continue
 		}
-		for _, r := range role.Rules {
-			for _, g := range r.APIGroups {
-				for _, res := range r.Resources {
-					for _, v := range r.Verbs {
-						if len(r.ResourceNames) == 0 {
-							out = append(out, fmt.Sprintf("%s: %s %s/%s", role.Namespace, v, g, res))
-						}
-						for _, n := range r.ResourceNames {
-							out = append(out, fmt.Sprintf("%s: %s %s/%s/%s", role.Namespace, v, g, res, n))
-						}
-					}
-				}
-			}
-		}
+		out = append(out, ruleLines(role.Namespace+": ", role.Rules)...)
 	}
 	sort.Strings(out)
 	return out

@@ -4,10 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -62,28 +59,9 @@ func (n *Node) StartComputeDomainPlugin(ctx context.Context, args []string, rest
 	if err != nil {
 		return nil, fmt.Errorf("node %s: start ComputeDomain plugin: %w", n.cfg.Name, err)
 	}
-	want := len(d.Devices())
-	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		if n.plugins != nil {
-			if _, err := n.plugins.GetPlugin(flags.DriverName); err != nil {
-				return false, nil
-			}
-		}
-		slices, err := n.cfg.KubeletClient.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + n.cfg.Name})
-		if err != nil {
-			return false, nil
-		}
-		got := 0
-		for _, s := range slices.Items {
-			if s.Spec.Driver == flags.DriverName {
-				got += len(s.Spec.Devices)
-			}
-		}
-		return got == want, nil
-	})
-	if err != nil {
+	if err := n.waitForDriver(ctx, flags.DriverName, len(d.Devices())); err != nil {
 		d.Stop()
-		return nil, fmt.Errorf("node %s: ComputeDomain plugin not registered with its %d devices published: %w", n.cfg.Name, want, err)
+		return nil, err
 	}
 	return d, nil
 }

@@ -424,10 +424,15 @@ func (n *Node) pluginConfig(podUID string) (plugin.Config, error) {
 // waitForPlugin waits for registration with the DRA manager (the plugin
 // manager polls its directory once a second) and for the published pool.
 func (n *Node) waitForPlugin(ctx context.Context) error {
-	want := len(n.plugin.Devices())
+	return n.waitForDriver(ctx, n.cfg.DriverName, len(n.plugin.Devices()))
+}
+
+// waitForDriver waits until the DRA manager has the plugin of driver
+// registered and the node's ResourceSlices of driver hold want devices.
+func (n *Node) waitForDriver(ctx context.Context, driver string, want int) error {
 	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		if n.plugins != nil {
-			if _, err := n.plugins.GetPlugin(n.cfg.DriverName); err != nil {
+			if _, err := n.plugins.GetPlugin(driver); err != nil {
 				return false, nil
 			}
 		}
@@ -439,14 +444,14 @@ func (n *Node) waitForPlugin(ctx context.Context) error {
 		}
 		got := 0
 		for _, s := range slices.Items {
-			if s.Spec.Driver == n.cfg.DriverName {
+			if s.Spec.Driver == driver {
 				got += len(s.Spec.Devices)
 			}
 		}
 		return got == want, nil
 	})
 	if err != nil {
-		return fmt.Errorf("node %s: plugin not registered with its %d devices published: %w", n.cfg.Name, want, err)
+		return fmt.Errorf("node %s: plugin of %s not registered with its %d devices published: %w", n.cfg.Name, driver, want, err)
 	}
 	return nil
 }
