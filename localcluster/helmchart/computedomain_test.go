@@ -12,6 +12,8 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"sigs.k8s.io/yaml"
 
 	"github.com/gpudra/gpudra/deployments/crds"
 )
@@ -199,5 +201,29 @@ func TestRenderComputeDomains(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.check(t, render(t, Options{Values: tc.values}))
 		})
+	}
+}
+
+// TestCRDsOneSource checks that the chart installs exactly the CRDs of
+// deployments/crds (which the tests there check against the Go types),
+// with only the chart's labels and the keep annotation added.
+func TestCRDsOneSource(t *testing.T) {
+	objs := render(t, Options{})
+	for _, name := range []string{crds.ComputeDomains, crds.ComputeDomainCliques} {
+		data, err := crds.Read(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := &apiextensionsv1.CustomResourceDefinition{}
+		if err := yaml.UnmarshalStrict(data, want); err != nil {
+			t.Fatal(err)
+		}
+		got := find[*apiextensionsv1.CustomResourceDefinition](t, objs, name)
+		if !equality.Semantic.DeepEqual(got.Spec, want.Spec) {
+			t.Errorf("chart's CRD %s differs from deployments/crds':\n got %+v\nwant %+v", name, got.Spec, want.Spec)
+		}
+		if got.Labels["app.kubernetes.io/name"] != "gpudra" {
+			t.Errorf("CRD %s labels %v, want the chart's", name, got.Labels)
+		}
 	}
 }
