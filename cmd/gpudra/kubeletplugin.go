@@ -6,15 +6,12 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	_ "k8s.io/component-base/logs/json/register" // --logging-format=json
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/nodemode"
 	"github.com/gpudra/gpudra/pkg/pluginflags"
-	"github.com/gpudra/gpudra/pkg/version"
 )
 
 // kubeletPluginOptions are the command's flags; package pluginflags holds
@@ -80,18 +77,9 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 }
 
 func (o *kubeletPluginOptions) kubeClient() (kubernetes.Interface, error) {
-	var cfg *rest.Config
-	var err error
-	if o.Kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
-	}
+	cfg, err := restConfig(o.Kubeconfig, o.KubeAPIQPS, o.KubeAPIBurst, "kubelet-plugin")
 	if err != nil {
-		return nil, fmt.Errorf("API client config: %w", err)
+		return nil, err
 	}
-	cfg.QPS = o.KubeAPIQPS
-	cfg.Burst = o.KubeAPIBurst
-	cfg.UserAgent = "gpudra-kubelet-plugin/" + version.Get().UserAgentVersion()
 	return kubernetes.NewForConfig(cfg)
 }

@@ -36,6 +36,16 @@ func (c *Cluster) installChart(ctx context.Context, progress func(string)) error
 	if values == nil {
 		values = map[string]any{}
 	}
+	if cd, _ := values["computeDomains"].(map[string]any); cd == nil || cd["enabled"] == nil {
+		// The chart turns the driver on by default; the local cluster
+		// runs it where the fleet has a clique, or when asked.
+		cd = maps.Clone(cd)
+		if cd == nil {
+			cd = map[string]any{}
+		}
+		cd["enabled"] = c.opts.ComputeDomains || fleetHasClique(c.opts.Fleet)
+		values["computeDomains"] = cd
+	}
 	if _, ok := values["driverName"]; !ok {
 		values["driverName"] = c.opts.DriverName
 	} else if values["driverName"] != c.opts.DriverName {

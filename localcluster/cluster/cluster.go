@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/restmapper"
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/pkg/computedomain"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
 
@@ -70,6 +71,11 @@ type Options struct {
 	// BeforeChart, if set, may change the rendered chart before anything
 	// of it is applied or run (tests take a verb out of a role with it).
 	BeforeChart func(*install.Release) error
+	// ComputeDomains installs the chart's ComputeDomain driver
+	// (computeDomains.enabled) even when no node of the fleet is in an
+	// NVLink clique; with one it is installed anyway. ChartValues that set
+	// computeDomains.enabled decide instead.
+	ComputeDomains bool
 }
 
 // Cluster is a running local cluster.
@@ -85,6 +91,9 @@ type Cluster struct {
 	// release is the chart as installed; webhook its webhook's pod.
 	release *install.Release
 	webhook *webhookPod
+	// computeDomains is the chart's ComputeDomain driver, nil when the
+	// chart was installed without it.
+	computeDomains *computeDomains
 	// health injects health events into every node's simulated GPUs.
 	health *sim.HealthEvents
 	// kubeletVersion is what the Nodes report: the control plane's
@@ -178,6 +187,11 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, finalErr error) {
 		return nil, err
 	}
 	progress(fmt.Sprintf("%-24s ready in %v", fmt.Sprintf("%d simulated nodes", len(c.nodes)), time.Since(start).Round(time.Millisecond)))
+	if c.release.ComputeDomainController != nil {
+		if err := c.startComputeDomains(ctx, progress); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
 }
 
@@ -283,10 +297,22 @@ func (c *Cluster) installNICClass(ctx context.Context) error {
 // to listen; a byte longer, it takes a hashed name that fits.
 func (c *Cluster) nodeDir(index int) string {
 	dir := filepath.Join(c.dir, "n", strconv.Itoa(index))
-	if len(filepath.Join(dir, "plugins_registry", c.opts.DriverName+"-"+strings.Repeat("0", simnode.PodUIDLength)+"-reg.sock")) == 108 {
+	// The channel plugin registers in the same directory.
+	for c.registrationSocketIs108(dir) {
 		dir += "_"
 	}
 	return dir
+}
+
+// registrationSocketIs108 reports whether the registration socket of one
+// of the node's plugins (with --pod-uid) is 108 bytes long under dir.
+func (c *Cluster) registrationSocketIs108(dir string) bool {
+	for _, driver := range []string{c.opts.DriverName, computedomain.DriverName} {
+		if len(filepath.Join(dir, "plugins_registry", driver+"-"+strings.Repeat("0", simnode.PodUIDLength)+"-reg.sock")) == 108 {
+			return true
+		}
+	}
+	return false
 }
 
 // Options returns the options in effect, defaults filled in.
@@ -350,16 +376,20 @@ func (c *Cluster) Apply(ctx context.Context, objs []manifests.Object) ([]manifes
 	return a.Apply(ctx, objs)
 }
 
-// Stop stops the nodes, then the control plane, and removes the
-// directory if Start made it.
+// Stop stops the ComputeDomain driver, the nodes, then the control
+// plane, and removes the directory if Start made it.
 func (c *Cluster) Stop() error {
+	var errs []error
+	if c.computeDomains != nil {
+		errs = append(errs, c.computeDomains.stop())
+		c.computeDomains = nil
+	}
 	var wg sync.WaitGroup
 	for _, n := range c.nodes {
 		wg.Go(n.Stop)
 	}
 	wg.Wait()
 	c.nodes = nil
-	var errs []error
 	if c.webhook != nil {
 		errs = append(errs, c.webhook.stop())
 		c.webhook = nil

@@ -7,91 +7,79 @@ import (
 	"sync"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
-	"sigs.k8s.io/yaml"
 
-	"github.com/gpudra/gpudra/deployments/crds"
-	"github.com/gpudra/gpudra/deployments/deviceclasses"
 	"github.com/gpudra/gpudra/pkg/computedomain"
-	"github.com/gpudra/gpudra/pkg/features/imexchannel"
+	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
+
+	"github.com/gpudra/gpudra/localcluster/install"
+	"github.com/gpudra/gpudra/localcluster/simnode"
 )
 
-var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
-
-// ComputeDomains is the ComputeDomain stack of a local cluster: the CRDs,
-// the DeviceClasses, the controller in process and a channel plugin on
-// every node.
-type ComputeDomains struct {
+// computeDomains is the ComputeDomain driver as the chart installed it:
+// the controller Deployment's pod and every node's compute-domains
+// container, running in this process.
+type computeDomains struct {
 	cancel  context.CancelFunc
 	done    chan error
 	plugins []*plugin.Driver
 }
 
-// StartComputeDomains installs the ComputeDomain CRDs and DeviceClasses,
-// starts the controller (maxChannels channels; 0 means the default) and
-// the channel plugin on every node. Stop it before the cluster.
-func (c *Cluster) StartComputeDomains(ctx context.Context, maxChannels int) (_ *ComputeDomains, finalErr error) {
-	if maxChannels <= 0 {
-		maxChannels = imexchannel.DefaultMaxChannels
-	}
-	for _, name := range []string{"computedomains.resource.nvidia.com", "computedomaincliques.resource.nvidia.com"} {
-		data, err := crds.Read(name)
-		if err != nil {
-			return nil, err
-		}
-		obj := &unstructured.Unstructured{}
-		if err := yaml.Unmarshal(data, &obj.Object); err != nil {
-			return nil, fmt.Errorf("CRD %s: %w", name, err)
-		}
-		if _, err := c.dyn.Resource(crdGVR).Create(ctx, obj, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return nil, fmt.Errorf("install CRD %s: %w", name, err)
+// fleetHasClique reports whether a node of the fleet is in a multi-node
+// NVLink clique: the fleet the ComputeDomain driver is for.
+func fleetHasClique(f *sim.Fleet) bool {
+	for _, n := range f.Nodes {
+		if n.Fabric != nil {
+			return true
 		}
 	}
+	return false
+}
+
+// startComputeDomains runs the chart's ComputeDomain driver: it waits for
+// the chart's CRDs to be served, starts the controller's pod and waits
+// until it holds its Lease, then starts the channel plugin on every node,
+// each under the chart's ServiceAccount with its node-bound token.
+func (c *Cluster) startComputeDomains(ctx context.Context, progress func(string)) error {
+	r := c.release
+	start := time.Now()
 	// Served once a List works; then the mapper must learn the new kinds.
 	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, err := c.dyn.Resource(computedomain.GVR).List(ctx, metav1.ListOptions{})
+		_, err := c.dyn.Resource(computedomain.GVR).List(ctx, metav1.ListOptions{Limit: 1})
 		return err == nil, nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("ComputeDomain CRD not served: %w", err)
+		return fmt.Errorf("the chart's ComputeDomain CRD is not served: %w", err)
 	}
 	c.mapper.Reset()
-	classes, err := deviceclasses.ComputeDomain()
-	if err != nil {
-		return nil, err
-	}
-	for _, class := range classes {
-		if _, err := c.client.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return nil, fmt.Errorf("install DeviceClass %s: %w", class.Name, err)
-		}
-	}
 
-	runCtx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.FromContext(ctx)))
-	cds := &ComputeDomains{cancel: cancel, done: make(chan error, 1)}
-	defer func() {
-		if finalErr != nil {
-			cds.Stop()
-		}
-	}()
-	ctrl := computedomain.NewController(computedomain.ControllerConfig{KubeClient: c.client, DynamicClient: c.dyn, MaxChannels: maxChannels, CliqueNamespace: "gpudra"})
-	go func() { cds.done <- ctrl.Run(runCtx) }()
+	runCtx, cancel := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), klog.FromContext(ctx).WithName("compute-domain-controller")))
+	cds := &computeDomains{cancel: cancel, done: make(chan error, 1)}
+	if err := c.startComputeDomainController(ctx, runCtx, r.ComputeDomainController, cds); err != nil {
+		cancel()
+		return err
+	}
+	progress(fmt.Sprintf("%-24s ready in %v", "compute-domain controller", time.Since(start).Round(time.Millisecond)))
 
-	// The plugins read domains with the admin client: the chart's RBAC
-	// for the channel plugin is still to be written.
-	channels := &computedomain.APIChannels{Client: c.dyn}
+	start = time.Now()
+	pod := r.ComputeDomainPlugin
 	var mu sync.Mutex
 	var errs []error
 	var wg sync.WaitGroup
-	for _, n := range c.nodes {
+	for i, fn := range c.opts.Fleet.Nodes {
+		n := c.Node(fn.Name)
+		if n == nil {
+			continue
+		}
 		wg.Go(func() {
-			d, err := n.StartComputeDomainPlugin(ctx, c.client, channels)
+			d, err := c.startComputeDomainPlugin(ctx, n, c.nodeDir(i), pod)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -103,24 +91,103 @@ func (c *Cluster) StartComputeDomains(ctx context.Context, maxChannels int) (_ *
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return nil, err
+		return err
 	}
-	return cds, nil
+	progress(fmt.Sprintf("%-24s ready in %v", fmt.Sprintf("%d channel plugins", len(cds.plugins)), time.Since(start).Round(time.Millisecond)))
+	return nil
 }
 
-// Stop stops the channel plugins and the controller.
-func (s *ComputeDomains) Stop() {
+// startComputeDomainController runs `gpudra compute-domain-controller`
+// with the arguments of the chart's Deployment, as its ServiceAccount,
+// until runCtx ends (its result goes to cds.done; once it runs, cds is the
+// cluster's), and waits until it leads: its Lease names it, or, without
+// leader election, until it runs.
+func (c *Cluster) startComputeDomainController(ctx, runCtx context.Context, pod *install.Pod, cds *computeDomains) error {
+	identity := "gpudra-compute-domain-controller-" + string(uuid.NewUUID())[:8]
+	args, err := pod.Args(install.Instance{UID: identity, Volume: func(corev1.Volume) (string, error) {
+		return "", errors.New("the local cluster runs the compute-domain controller without volumes")
+	}})
+	if err != nil {
+		return err
+	}
+	if len(args) == 0 || args[0] != "compute-domain-controller" {
+		return fmt.Errorf("%s: command line %q: want gpudra compute-domain-controller", pod.Owner, args)
+	}
+	flags, err := computedomain.ParseControllerFlags(args[1:])
+	if err != nil {
+		return fmt.Errorf("%s: %w", pod.Owner, err)
+	}
+	if err := flags.Validate(); err != nil {
+		return fmt.Errorf("%s: %w", pod.Owner, err)
+	}
+	rc := c.cp.RESTConfig("gpudra-compute-domain-controller", flags.KubeAPIQPS, flags.KubeAPIBurst)
+	rc.Impersonate = serviceAccountIdentity(pod.Namespace, pod.ServiceAccount(), "")
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	stopped := make(chan error, 1)
+	go func() {
+		err := flags.Run(runCtx, kube, dyn, identity)
+		stopped <- err
+		cds.done <- err
+	}()
+	c.computeDomains = cds
+	if !flags.LeaderElect {
+		return nil
+	}
+	var holder string
+	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		select {
+		case err := <-stopped:
+			return false, fmt.Errorf("the controller stopped: %w", err)
+		default:
+		}
+		lease, err := c.client.CoordinationV1().Leases(flags.LeaseNamespace).Get(ctx, flags.LeaseName, metav1.GetOptions{})
+		if err != nil || lease.Spec.HolderIdentity == nil {
+			return false, nil
+		}
+		holder = *lease.Spec.HolderIdentity
+		return holder == identity, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s: never held its Lease %s/%s (holder %q): %w", pod.Owner, flags.LeaseNamespace, flags.LeaseName, holder, err)
+	}
+	return nil
+}
+
+// startComputeDomainPlugin runs the DaemonSet's compute-domains container
+// on node n, in a pod of its own UID, under the DaemonSet's ServiceAccount
+// with n's name in its token.
+func (c *Cluster) startComputeDomainPlugin(ctx context.Context, n *simnode.Node, nodeDir string, pod *install.Pod) (*plugin.Driver, error) {
+	args, err := pod.Args(install.Instance{NodeName: n.Name(), UID: simnode.NewPodUID(), Volume: nodeVolumes(nodeDir, c.opts.DriverName)})
+	if err != nil {
+		return nil, err
+	}
+	rc := c.cp.RESTConfig("gpudra-compute-domain-kubelet-plugin/"+n.Name(), c.opts.NodeQPS, c.opts.NodeBurst)
+	rc.Impersonate = serviceAccountIdentity(pod.Namespace, pod.ServiceAccount(), n.Name())
+	return n.StartComputeDomainPlugin(ctx, args, rc)
+}
+
+// stop stops the channel plugins, then the controller.
+func (s *computeDomains) stop() error {
 	for _, d := range s.plugins {
 		d.Stop()
 	}
 	s.plugins = nil
-	if s.cancel != nil {
-		s.cancel()
-		if err := <-s.done; err != nil && !errors.Is(err, context.Canceled) {
-			klog.Background().Error(err, "ComputeDomain controller stopped")
-		}
-		s.cancel = nil
+	if s.cancel == nil {
+		return nil
 	}
+	s.cancel()
+	s.cancel = nil
+	if err := <-s.done; err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("compute-domain controller: %w", err)
+	}
+	return nil
 }
 
 // Dynamic returns the admin's dynamic client, for custom resources such

@@ -10,8 +10,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpudra/gpudra/pkg/computedomain"
@@ -33,6 +35,9 @@ nodes:
     cliqueID: 1
   gpus: [{model: GB200}, {model: GB200}, {model: GB200}, {model: GB200}]
 `
+
+// misspeltChannelConfig has "domainId" for "domainID".
+const misspeltChannelConfig = `{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig", "domainId": "0b6f4a2e-1c55-4f0e-9b1a-3f1d2c4e5a6b"}`
 
 // nvidiaChannelDemo is NVIDIA's IMEX channel injection example (a
 // ComputeDomain and a pod using its template), unchanged but for names
@@ -76,6 +81,10 @@ spec:
     resourceClaimTemplateName: %[1]s-channel
 `
 
+// TestComputeDomainChannels runs NVIDIA's channel demo with the
+// ComputeDomain driver installed from the chart (the fleet has a clique):
+// its CRDs, classes and RBAC, the controller Deployment's pod and every
+// node's compute-domains container.
 func TestComputeDomainChannels(t *testing.T) {
 	ctx := testContext(t, 3*time.Minute)
 	fleet, err := sim.Parse([]byte(cdFleet), "cd-fleet")
@@ -100,12 +109,6 @@ func TestComputeDomainChannels(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	cds, err := c.StartComputeDomains(ctx, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cds.Stop)
-
 	applyTo := func(yamlText string) {
 		t.Helper()
 		objs, err := manifests.Parse([]byte(yamlText), t.Name())
@@ -118,6 +121,23 @@ func TestComputeDomainChannels(t *testing.T) {
 		}
 	}
 	applyTo("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: cd-demo\n")
+
+	// The webhook validates the channel driver's configs as its plugin
+	// decodes them: a misspelt domainID is refused at creation with the
+	// plugin's message.
+	bad := &resourceapi.ResourceClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "cd-demo", Name: "misspelt-domain"},
+		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "channel", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: computedomain.ChannelDeviceClass}}},
+			Config: []resourceapi.DeviceClaimConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+				Driver: computedomain.DriverName, Parameters: runtime.RawExtension{Raw: []byte(misspeltChannelConfig)},
+			}}}},
+		}},
+	}
+	_, err = c.Client().ResourceV1().ResourceClaims("cd-demo").Create(ctx, bad, metav1.CreateOptions{})
+	if want := `admission webhook "` + webhookName + `" denied the request: spec.devices.config[0].opaque.parameters: ` + pluginMessage(t, misspeltChannelConfig); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("a channel claim with domainId for domainID:\n got %v\nwant the refusal %q", err, want)
+	}
 
 	// Two domains, each with a pod on node nvl-0: both run, on different
 	// channels; a third pod of the first domain on nvl-1 gets the first

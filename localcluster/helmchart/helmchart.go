@@ -20,6 +20,7 @@ import (
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
 	"helm.sh/helm/v3/pkg/releaseutil"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -109,7 +110,7 @@ func Render(c *chart.Chart, opts Options) ([]Object, error) {
 		return nil, err
 	}
 
-	decoder := serializer.NewCodecFactory(scheme.Scheme, serializer.EnableStrict).UniversalDeserializer()
+	decoder := serializer.NewCodecFactory(objectScheme, serializer.EnableStrict).UniversalDeserializer()
 	names := make([]string, 0, len(files))
 	for name := range files {
 		names = append(names, name)
@@ -154,6 +155,18 @@ func Render(c *chart.Chart, opts Options) ([]Object, error) {
 	}
 	return objs, nil
 }
+
+// objectScheme knows the types the chart renders: client-go's, and the
+// CustomResourceDefinitions of the ComputeDomain driver.
+var objectScheme = func() *kruntime.Scheme {
+	s := kruntime.NewScheme()
+	for _, add := range []func(*kruntime.Scheme) error{scheme.AddToScheme, apiextensionsv1.AddToScheme} {
+		if err := add(s); err != nil {
+			panic(err)
+		}
+	}
+	return s
+}()
 
 // isEmptyYAML reports whether doc holds only comments and blank lines.
 func isEmptyYAML(doc string) bool {

@@ -13,6 +13,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 
 	"helm.sh/helm/v3/pkg/chart"
@@ -129,12 +130,13 @@ func TestRender(t *testing.T) {
 		{
 			name: "defaults",
 			check: func(t *testing.T, objs []Object) {
-				var want []string
-				classes, err := deviceclasses.All()
-				if err != nil {
-					t.Fatal(err)
+				want := []string{
+					"ServiceAccount gpudra/gpudra-compute-domain-controller", "ClusterRole gpudra-compute-domain-controller", "ClusterRoleBinding gpudra-compute-domain-controller",
+					"Role gpudra/gpudra-compute-domain-controller", "RoleBinding gpudra/gpudra-compute-domain-controller", "Deployment gpudra/gpudra-compute-domain-controller",
+					"ClusterRole gpudra-compute-domain-kubelet-plugin", "ClusterRoleBinding gpudra-compute-domain-kubelet-plugin",
+					"CustomResourceDefinition computedomaincliques.resource.nvidia.com", "CustomResourceDefinition computedomains.resource.nvidia.com",
 				}
-				for _, c := range classes {
+				for _, c := range allClasses(t) {
 					want = append(want, "DeviceClass "+c.Name)
 				}
 				want = append(want,
@@ -149,6 +151,7 @@ func TestRender(t *testing.T) {
 				}
 				checkDaemonSet(t, objs)
 				checkWebhook(t, objs, "gpudra")
+				checkComputeDomains(t, objs, "compute-domain.nvidia.com")
 				class := find[*resourceapi.DeviceClass](t, objs, deviceclasses.GPU)
 				if class.Spec.ExtendedResourceName == nil || *class.Spec.ExtendedResourceName != "nvidia.com/gpu" {
 					t.Errorf("gpu.nvidia.com extendedResourceName %v, want nvidia.com/gpu", class.Spec.ExtendedResourceName)
@@ -164,12 +167,8 @@ func TestRender(t *testing.T) {
 						t.Errorf("%s: extendedResourceName %q, want none", class.Name, *class.Spec.ExtendedResourceName)
 					}
 				}
-				classes, err := deviceclasses.All()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if n := len(all[*resourceapi.DeviceClass](objs)); n != len(classes) {
-					t.Errorf("%d DeviceClasses, want %d", n, len(classes))
+				if n, want := len(all[*resourceapi.DeviceClass](objs)), len(allClasses(t)); n != want {
+					t.Errorf("%d DeviceClasses, want %d", n, want)
 				}
 			},
 		},
@@ -334,6 +333,12 @@ func TestRender(t *testing.T) {
 			check: func(t *testing.T, objs []Object) {
 				for _, class := range all[*resourceapi.DeviceClass](objs) {
 					expr := class.Spec.Selectors[0].CEL.Expression
+					if strings.HasPrefix(class.Name, "compute-domain-") {
+						if !strings.Contains(expr, "device.driver == 'compute-domain.nvidia.com'") {
+							t.Errorf("%s: selector %q changed with the GPU driver's name", class.Name, expr)
+						}
+						continue
+					}
 					if strings.Contains(expr, "gpu.nvidia.com") || !strings.Contains(expr, "device.driver == 'gpu.example.com'") || !strings.Contains(expr, "device.attributes['gpu.example.com']") {
 						t.Errorf("%s: selector %q does not select gpu.example.com's devices", class.Name, expr)
 					}
@@ -541,7 +546,7 @@ func checkNamespace(t *testing.T, objs []Object, namespace string) {
 	t.Helper()
 	for _, o := range objs {
 		switch o.Object.(type) {
-		case *resourceapi.DeviceClass, *rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding, *corev1.Namespace,
+		case *resourceapi.DeviceClass, *rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding, *corev1.Namespace, *apiextensionsv1.CustomResourceDefinition,
 			*admissionv1.ValidatingAdmissionPolicy, *admissionv1.ValidatingAdmissionPolicyBinding, *admissionv1.ValidatingWebhookConfiguration:
 			if o.Namespace != "" {
 				t.Errorf("cluster-scoped %s has a namespace", o)
@@ -565,15 +570,28 @@ func checkNamespace(t *testing.T, objs []Object, namespace string) {
 	}
 }
 
+// allClasses returns the DeviceClasses of deployments/deviceclasses: the
+// GPU driver's, then the ComputeDomain driver's, each sorted by name as the
+// chart renders them.
+func allClasses(t *testing.T) []*resourceapi.DeviceClass {
+	t.Helper()
+	gpu, err := deviceclasses.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cd, err := deviceclasses.ComputeDomain()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(gpu, cd...)
+}
+
 // TestDeviceClassesOneSource checks that the chart installs exactly the
 // DeviceClasses of deployments/deviceclasses, which the local cluster
 // installs: the chart reads those files through its files/deviceclasses
 // link.
 func TestDeviceClassesOneSource(t *testing.T) {
-	want, err := deviceclasses.All()
-	if err != nil {
-		t.Fatal(err)
-	}
+	want := allClasses(t)
 	got := all[*resourceapi.DeviceClass](render(t, Options{}))
 	if len(got) != len(want) {
 		t.Fatalf("chart has %d DeviceClasses, deployments/deviceclasses %d", len(got), len(want))

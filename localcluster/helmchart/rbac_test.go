@@ -13,6 +13,27 @@ import (
 	"github.com/gpudra/gpudra/deployments/rbac"
 )
 
+// ruleLines flattens rules into "verb group/resource[/name]" lines, each
+// after prefix.
+func ruleLines(prefix string, rules []rbacv1.PolicyRule) []string {
+	var out []string
+	for _, r := range rules {
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				for _, v := range r.Verbs {
+					if len(r.ResourceNames) == 0 {
+						out = append(out, fmt.Sprintf("%s%s %s/%s", prefix, v, g, res))
+					}
+					for _, n := range r.ResourceNames {
+						out = append(out, fmt.Sprintf("%s%s %s/%s/%s", prefix, v, g, res, n))
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
 // grants flattens the rules of every ClusterRole bound to the ServiceAccount
 // namespace/name into "verb group/resource[/name]" lines, sorted.
 func grants(objs []Object, namespace, name string) []string {
@@ -32,20 +53,32 @@ func grants(objs []Object, namespace, name string) []string {
 			out = append(out, "missing ClusterRole "+b.RoleRef.Name)
 			continue
 		}
-		for _, r := range role.Rules {
-			for _, g := range r.APIGroups {
-				for _, res := range r.Resources {
-					for _, v := range r.Verbs {
-						if len(r.ResourceNames) == 0 {
-							out = append(out, fmt.Sprintf("%s %s/%s", v, g, res))
-						}
-						for _, n := range r.ResourceNames {
-							out = append(out, fmt.Sprintf("%s %s/%s/%s", v, g, res, n))
-						}
-					}
-				}
-			}
+		out = append(out, ruleLines("", role.Rules)...)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// roleGrants does the same for the Roles bound to the ServiceAccount by
+// RoleBindings, each line prefixed with the Role's namespace.
+func roleGrants(objs []Object, namespace, name string) []string {
+	roles := map[string]*rbacv1.Role{}
+	for _, r := range all[*rbacv1.Role](objs) {
+		roles[r.Namespace+"/"+r.Name] = r
+	}
+	var out []string
+	for _, b := range all[*rbacv1.RoleBinding](objs) {
+		if !slices.ContainsFunc(b.Subjects, func(s rbacv1.Subject) bool {
+			return s.Kind == rbacv1.ServiceAccountKind && s.Namespace == namespace && s.Name == name
+		}) {
+			continue
 		}
+		role := roles[b.Namespace+"/"+b.RoleRef.Name]
+		if role == nil || b.RoleRef.Kind != "Role" {
+			out = append(out, "missing Role "+b.Namespace+"/"+b.RoleRef.Name)
+			continue
+		}
+		out = append(out, ruleLines(role.Namespace+": ", role.Rules)...)
 	}
 	sort.Strings(out)
 	return out
@@ -76,15 +109,57 @@ func TestRBACPerComponent(t *testing.T) {
 		"update admissionregistration.k8s.io/validatingwebhookconfigurations/gpudra-webhook",
 	}
 
+	// The channel plugin, in the same pod, adds what it asks beyond the GPU
+	// plugin: the domain of a channel claim, and device status for its
+	// own driver.
+	pluginAndChannelsNeed := append(slices.Clone(pluginNeeds),
+		"list resource.nvidia.com/computedomains",
+		"associated-node:patch resource.k8s.io/resourceclaims/driver/compute-domain.nvidia.com",
+	)
+	sort.Strings(pluginAndChannelsNeed)
+	// Everything pkg/computedomain's controller calls across namespaces ...
+	controllerNeeds := []string{
+		// The informer, a reconcile's Get, the finalizer's JSON patch.
+		"get resource.nvidia.com/computedomains", "list resource.nvidia.com/computedomains",
+		"watch resource.nvidia.com/computedomains", "patch resource.nvidia.com/computedomains",
+		// Channel, conditions, nodes.
+		"patch resource.nvidia.com/computedomains/status",
+		// The domain's claim template.
+		"create resource.k8s.io/resourceclaimtemplates", "get resource.k8s.io/resourceclaimtemplates",
+		"list resource.k8s.io/resourceclaimtemplates", "delete resource.k8s.io/resourceclaimtemplates",
+		// A deleted domain waits for its claims.
+		"list resource.k8s.io/resourceclaims",
+	}
+	sort.Strings(controllerNeeds)
+	// ... and in the chart's namespace: the cliques and its Lease.
+	cliqueGrants := []string{
+		"gpudra: delete resource.nvidia.com/computedomaincliques",
+		"gpudra: list resource.nvidia.com/computedomaincliques", "gpudra: watch resource.nvidia.com/computedomaincliques",
+	}
+	controllerNamespaced := []string{
+		"gpudra: list resource.nvidia.com/computedomaincliques", "gpudra: watch resource.nvidia.com/computedomaincliques",
+		"gpudra: delete resource.nvidia.com/computedomaincliques",
+		"gpudra: create coordination.k8s.io/leases",
+		"gpudra: get coordination.k8s.io/leases/gpudra-compute-domain-controller",
+		"gpudra: update coordination.k8s.io/leases/gpudra-compute-domain-controller",
+	}
+	sort.Strings(controllerNamespaced)
+	cdOff := func(kv ...any) map[string]any {
+		return values(append([]any{"computeDomains.enabled", false}, kv...)...)
+	}
+
 	for _, tc := range []struct {
-		name                string
-		values              map[string]any
-		plugin, webhook     []string
-		clusterRoles, roles int
+		name                             string
+		values                           map[string]any
+		plugin, webhook                  []string
+		controller, controllerNamespaced []string
+		clusterRoles, roles              int
 	}{
-		{"defaults", nil, pluginNeeds, webhookNeeds, 2, 0},
-		{"webhook with a certificate Secret", values("webhook.tls.mode", "secret", "webhook.tls.secretName", "s", "webhook.tls.caBundle", "Y2E="), pluginNeeds, nil, 1, 0},
-		{"webhook off", values("webhook.enabled", false), pluginNeeds, nil, 1, 0},
+		{"defaults", nil, pluginAndChannelsNeed, webhookNeeds, controllerNeeds, controllerNamespaced, 4, 2},
+		{"ComputeDomains off", cdOff(), pluginNeeds, webhookNeeds, nil, nil, 2, 0},
+		{"controller without leader election", values("computeDomains.controller.leaderElection.enabled", false), pluginAndChannelsNeed, webhookNeeds, controllerNeeds, cliqueGrants, 4, 2},
+		{"webhook with a certificate Secret", cdOff("webhook.tls.mode", "secret", "webhook.tls.secretName", "s", "webhook.tls.caBundle", "Y2E="), pluginNeeds, nil, nil, nil, 1, 0},
+		{"webhook off", cdOff("webhook.enabled", false), pluginNeeds, nil, nil, nil, 1, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			objs := render(t, Options{Values: tc.values})
@@ -94,11 +169,29 @@ func TestRBACPerComponent(t *testing.T) {
 			if got := grants(objs, "gpudra", "gpudra-webhook"); !slices.Equal(got, tc.webhook) {
 				t.Errorf("webhook may:\n  %s\nwants:\n  %s", strings.Join(got, "\n  "), strings.Join(tc.webhook, "\n  "))
 			}
+			if got := grants(objs, "gpudra", "gpudra-compute-domain-controller"); !slices.Equal(got, tc.controller) {
+				t.Errorf("compute-domain controller may:\n  %s\nwants:\n  %s", strings.Join(got, "\n  "), strings.Join(tc.controller, "\n  "))
+			}
+			if got := roleGrants(objs, "gpudra", "gpudra-compute-domain-controller"); !slices.Equal(got, tc.controllerNamespaced) {
+				t.Errorf("compute-domain controller may, in its namespace:\n  %s\nwants:\n  %s", strings.Join(got, "\n  "), strings.Join(tc.controllerNamespaced, "\n  "))
+			}
+			for _, sa := range []string{rbac.KubeletPluginName, "gpudra-webhook"} {
+				if got := roleGrants(objs, "gpudra", sa); len(got) > 0 {
+					t.Errorf("%s has namespaced grants %v", sa, got)
+				}
+			}
 			if n := len(all[*rbacv1.ClusterRole](objs)); n != tc.clusterRoles {
 				t.Errorf("%d ClusterRoles, want %d", n, tc.clusterRoles)
 			}
 			if n := len(all[*rbacv1.Role](objs)) + len(all[*rbacv1.RoleBinding](objs)); n != tc.roles {
 				t.Errorf("%d Roles and RoleBindings, want %d", n, tc.roles)
+			}
+			for _, r := range all[*rbacv1.Role](objs) {
+				for _, rule := range r.Rules {
+					if slices.Contains(rule.Verbs, "*") || slices.Contains(rule.Resources, "*") || slices.Contains(rule.APIGroups, "*") {
+						t.Errorf("Role %s has a wildcard rule %+v", r.Name, rule)
+					}
+				}
 			}
 			for _, r := range all[*rbacv1.ClusterRole](objs) {
 				for _, rule := range r.Rules {

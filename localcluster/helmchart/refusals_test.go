@@ -34,6 +34,19 @@ func TestSchemaRefuses(t *testing.T) {
 		{"extendedResourceName as a name", values("deviceClasses.extendedResourceName", "nvidia.com/gpu"), "/deviceClasses/extendedResourceName"},
 		{"driver name with a slash", values("driverName", "nvidia.com/gpu"), "/driverName"},
 		{"namespace with capitals", values("namespace.name", "GPU"), "/namespace/name"},
+		{"ComputeDomains as a word", values("computeDomains.enabled", "yes"), "/computeDomains/enabled"},
+		{"channel driver with a slash", values("computeDomains.driverName", "nvidia.com/cd"), "/computeDomains/driverName"},
+		{"no channels", values("computeDomains.maxChannels", 0), "/computeDomains/maxChannels"},
+		{"channels as a string", values("computeDomains.maxChannels", "2048"), "/computeDomains/maxChannels"},
+		{"controller replicas as a string", values("computeDomains.controller.replicas", "2"), "/computeDomains/controller/replicas"},
+		{"leader election as a string", values("computeDomains.controller.leaderElection.enabled", "true"), "/computeDomains/controller/leaderElection/enabled"},
+		{"lease duration without unit", values("computeDomains.controller.leaderElection.leaseDuration", "15"), "/computeDomains/controller/leaderElection/leaseDuration"},
+		{"controller QPS as a string", values("computeDomains.controller.kubeAPIQPS", "fast"), "/computeDomains/controller/kubeAPIQPS"},
+		{"controller log format", values("computeDomains.controller.logFormat", "yaml"), "/computeDomains/controller/logFormat"},
+		{"shared channel as a string", values("computeDomains.kubeletPlugin.sharedChannel", "true"), "/computeDomains/kubeletPlugin/sharedChannel"},
+		{"channel plugin port out of range", values("computeDomains.kubeletPlugin.httpPort", 0), "/computeDomains/kubeletPlugin/httpPort"},
+		{"channel plugin verbosity as a word", values("computeDomains.kubeletPlugin.logVerbosity", "high"), "/computeDomains/kubeletPlugin/logVerbosity"},
+		{"misspelt ComputeDomain value", values("computeDomains.controller.replica", 1), "replica"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Render(loadChart(t), Options{Values: tc.values})
@@ -55,7 +68,9 @@ func TestTemplateRefusals(t *testing.T) {
 		values    map[string]any
 		want      string
 	}{
-		{"ComputeDomains", "", values("computeDomains.enabled", true), "no ComputeDomain driver"},
+		{"controller replicas without a leader", "", values("computeDomains.controller.replicas", 2, "computeDomains.controller.leaderElection.enabled", false), "computeDomains.controller.leaderElection.enabled"},
+		{"one name for both drivers", "", values("computeDomains.driverName", "gpu.nvidia.com"), "computeDomains.driverName"},
+		{"one port for both containers", "", values("computeDomains.kubeletPlugin.httpPort", 8080), "computeDomains.kubeletPlugin.httpPort"},
 		{"create the release's namespace", "gpudra", values("namespace.create", true), "--create-namespace"},
 		{"create it by name", "gpudra", values("namespace.create", true, "namespace.name", "gpudra"), "--create-namespace"},
 		{"Secret without a name", "", values("webhook.tls.mode", "secret"), "webhook.tls.secretName"},

@@ -5,7 +5,7 @@
 // server. The workloads (the kubelet plugin's DaemonSet, the webhook's
 // Deployment) are not handed to controllers, since the local cluster runs
 // no container: their pods run in this process, from the pod templates the
-// chart rendered (see [Pod]).
+// chart rendered (see [Pod]); so does the compute-domain controller.
 package install
 
 import (
@@ -44,6 +44,12 @@ type Release struct {
 	Objects []helmchart.Object
 	// KubeletPlugin is the kubelet plugin DaemonSet's pod.
 	KubeletPlugin *Pod
+	// ComputeDomainPlugin is the same pod's compute-domains container
+	// (the channel plugin); nil with computeDomains.enabled false.
+	ComputeDomainPlugin *Pod
+	// ComputeDomainController is the compute-domain controller
+	// Deployment's pod; nil with computeDomains.enabled false.
+	ComputeDomainController *Pod
 	// Webhook is the webhook Deployment's pod, nil with webhook.enabled
 	// false.
 	Webhook *Pod
@@ -75,11 +81,26 @@ func Render(opts Options) (*Release, error) {
 			if r.KubeletPlugin, err = newPod(o.String(), obj.Namespace, obj.Spec.Template, "plugin"); err != nil {
 				return nil, err
 			}
+			if hasContainer(obj.Spec.Template, "compute-domains") {
+				if r.ComputeDomainPlugin, err = newPod(o.String(), obj.Namespace, obj.Spec.Template, "compute-domains"); err != nil {
+					return nil, err
+				}
+			}
 		case *appsv1.Deployment:
-			if obj.Spec.Template.Labels["app.kubernetes.io/component"] != "webhook" {
+			var pod **Pod
+			var container string
+			switch component := obj.Spec.Template.Labels["app.kubernetes.io/component"]; component {
+			case "webhook":
+				pod, container = &r.Webhook, "webhook"
+			case "compute-domain-controller":
+				pod, container = &r.ComputeDomainController, "controller"
+			default:
 				return nil, fmt.Errorf("%s renders %s, which the local cluster does not know how to run", ChartPath, o)
 			}
-			if r.Webhook, err = newPod(o.String(), obj.Namespace, obj.Spec.Template, "webhook"); err != nil {
+			if *pod != nil {
+				return nil, fmt.Errorf("%s renders two Deployments of %s (%s, %s)", ChartPath, container, (*pod).Owner, o)
+			}
+			if *pod, err = newPod(o.String(), obj.Namespace, obj.Spec.Template, container); err != nil {
 				return nil, err
 			}
 		case *corev1.Service:
@@ -90,6 +111,9 @@ func Render(opts Options) (*Release, error) {
 	}
 	if r.KubeletPlugin == nil {
 		return nil, fmt.Errorf("%s renders no kubelet plugin DaemonSet", ChartPath)
+	}
+	if (r.ComputeDomainPlugin == nil) != (r.ComputeDomainController == nil) {
+		return nil, fmt.Errorf("%s renders the ComputeDomain channel plugin without its controller, or the other way round", ChartPath)
 	}
 	if (r.Webhook == nil) != (r.WebhookService == nil) {
 		return nil, fmt.Errorf("%s renders the webhook's Deployment without its Service, or the other way round", ChartPath)

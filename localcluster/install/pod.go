@@ -31,6 +31,16 @@ func newPod(owner, namespace string, tmpl corev1.PodTemplateSpec, container stri
 	return nil, fmt.Errorf("%s has no container %q", owner, container)
 }
 
+// hasContainer reports whether tmpl has a container called name.
+func hasContainer(tmpl corev1.PodTemplateSpec, name string) bool {
+	for _, c := range tmpl.Spec.Containers {
+		if c.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
 // ServiceAccount is the pod's ServiceAccount name.
 func (p *Pod) ServiceAccount() string {
 	if p.Template.Spec.ServiceAccountName == "" {

@@ -5,39 +5,61 @@ import (
 	"fmt"
 	"path/filepath"
 
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
-	"github.com/gpudra/gpudra/pkg/features"
-	"github.com/gpudra/gpudra/pkg/features/imexchannel"
 	"github.com/gpudra/gpudra/pkg/plugin"
+	"github.com/gpudra/gpudra/pkg/pluginflags"
 )
 
-// ComputeDomainDriverName is the channel driver's name.
-const ComputeDomainDriverName = "compute-domain.nvidia.com"
-
 // StartComputeDomainPlugin starts the ComputeDomain channel plugin on the
-// node, beside its GPU plugin, as the DaemonSet's second container would:
-// its own data directory, the node's registration and CDI directories,
-// and the same simulated hardware. It returns once the node's DRA manager
-// has it registered and its devices are published; the caller stops it
-// before the node.
-func (n *Node) StartComputeDomainPlugin(ctx context.Context, client kubernetes.Interface, channels imexchannel.Channels) (*plugin.Driver, error) {
-	d, err := plugin.Start(n.ctx, plugin.Config{
-		DriverName:    ComputeDomainDriverName,
-		NodeName:      n.cfg.Name,
-		KubeClient:    client,
-		Hardware:      n.cfg.Hardware,
-		PluginDataDir: filepath.Join(n.cfg.Dir, "plugins", ComputeDomainDriverName),
-		RegistrarDir:  n.cfg.registryDir(),
-		CDIDir:        n.cfg.CDIDir(),
-		Features: func(plugin.FeatureEnv) (*features.Set, error) {
-			return features.NewComputeDomain(features.ComputeDomainOptions{Channels: channels, SharedChannel: true}), nil
-		},
-	})
+// node, beside its GPU plugin, as the DaemonSet's compute-domains
+// container: args is that container's command line (`gpudra
+// compute-domain-kubelet-plugin` and its flags, host paths already mapped
+// to the node's directories), parsed with the binary's own flag set, and
+// restConfig is its ServiceAccount's identity. Its data directory must be
+// the node's plugins/<driver>, its registration and CDI directories the
+// node's; its hardware is the node's simulated GPUs. It returns once the
+// node's DRA manager has it registered and its devices are published; the
+// caller stops it before the node.
+func (n *Node) StartComputeDomainPlugin(ctx context.Context, args []string, restConfig *rest.Config) (*plugin.Driver, error) {
+	if len(args) == 0 || args[0] != "compute-domain-kubelet-plugin" {
+		return nil, fmt.Errorf("node %s: command line %q: want gpudra compute-domain-kubelet-plugin", n.cfg.Name, args)
+	}
+	flags, err := pluginflags.ParseComputeDomainPlugin(args[1:])
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", n.cfg.Name, err)
+	}
+	for _, f := range []struct{ flag, got, want string }{
+		{"--node-name", flags.NodeName, n.cfg.Name},
+		{"--plugin-data-dir", flags.PluginDataDir, filepath.Join(n.cfg.Dir, "plugins", flags.DriverName)},
+		{"--registrar-dir", flags.RegistrarDir, n.cfg.registryDir()},
+		{"--cdi-dir", flags.CDIDir, n.cfg.CDIDir()},
+	} {
+		if f.got != f.want {
+			return nil, fmt.Errorf("node %s: compute-domain-kubelet-plugin %s %q: the simulated node's is %q", n.cfg.Name, f.flag, f.got, f.want)
+		}
+	}
+	rc := rest.CopyConfig(restConfig)
+	rc.QPS, rc.Burst = flags.KubeAPIQPS, flags.KubeAPIBurst
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := flags.Config(kube, dyn, n.cfg.Hardware)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: compute-domain-kubelet-plugin: %w", n.cfg.Name, err)
+	}
+	d, err := plugin.Start(n.ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("node %s: start ComputeDomain plugin: %w", n.cfg.Name, err)
 	}
-	if err := n.waitForDriver(ctx, ComputeDomainDriverName, len(d.Devices())); err != nil {
+	if err := n.waitForDriver(ctx, flags.DriverName, len(d.Devices())); err != nil {
 		d.Stop()
 		return nil, err
 	}

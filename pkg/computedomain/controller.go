@@ -56,6 +56,7 @@ const (
 	ReasonChannelsExhausted    = "ChannelsExhausted"
 	ReasonCreated              = "Created"
 	ReasonTemplateNameConflict = "TemplateNameConflict"
+	ReasonCreateFailed         = "CreateFailed"
 )
 
 // ControllerConfig is what the controller needs.
@@ -285,11 +286,15 @@ func (c *Controller) Reconcile(ctx context.Context, key string) error {
 		}
 	}
 	tmplCond, err := c.ensureTemplate(ctx, cd)
-	if err != nil {
+	if tmplCond.Type == "" {
 		return err
 	}
 	conds = append(conds, tmplCond)
-	return c.writeStatus(ctx, cd, ch, conds)
+	if werr := c.writeStatus(ctx, cd, ch, conds); werr != nil {
+		return errors.Join(err, werr)
+	}
+	// A refused creation is on the domain's status, and retried.
+	return err
 }
 
 func condition(cd *v1beta1.ComputeDomain, typ string, status metav1.ConditionStatus, reason, msg string) metav1.Condition {
@@ -406,7 +411,10 @@ func sameConditions(a, b []metav1.Condition) bool {
 
 // ensureTemplate creates the domain's ResourceClaimTemplate. A template of
 // that name that the domain did not create is left alone, and the
-// condition names the field.
+// condition names the field. A creation the API server refuses (no
+// permission, a quota, an admission webhook) is both a False condition
+// with the server's message, for the user, and an error, so that it is
+// retried; any other error comes without a condition.
 func (c *Controller) ensureTemplate(ctx context.Context, cd *v1beta1.ComputeDomain) (metav1.Condition, error) {
 	name := cd.Spec.Channel.ResourceClaimTemplate.Name
 	want, err := channelTemplate(cd)
@@ -428,7 +436,8 @@ func (c *Controller) ensureTemplate(ctx context.Context, cd *v1beta1.ComputeDoma
 				fmt.Sprintf("spec.channel.resourceClaimTemplate.name: ResourceClaimTemplate %s/%s exists and belongs to no ComputeDomain of this UID; choose another name", cd.Namespace, name)), nil
 		}
 	default:
-		return metav1.Condition{}, fmt.Errorf("create ResourceClaimTemplate %s/%s: %w", cd.Namespace, name, err)
+		err = fmt.Errorf("create ResourceClaimTemplate %s/%s: %w", cd.Namespace, name, err)
+		return condition(cd, ConditionTemplateCreated, metav1.ConditionFalse, ReasonCreateFailed, err.Error()), err
 	}
 	return condition(cd, ConditionTemplateCreated, metav1.ConditionTrue, ReasonCreated, fmt.Sprintf("ResourceClaimTemplate %s", name)), nil
 }

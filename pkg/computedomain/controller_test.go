@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
@@ -165,6 +166,41 @@ func TestControllerTemplateNameTaken(t *testing.T) {
 	cond := meta.FindStatusCondition(cd.Status.Conditions, ConditionTemplateCreated)
 	if cond == nil || cond.Status != metav1.ConditionFalse || !strings.Contains(cond.Message, "spec.channel.resourceClaimTemplate.name") || cd.Status.Status != v1beta1.ComputeDomainStatusNotReady {
 		t.Errorf("condition %+v, status %q", cond, cd.Status.Status)
+	}
+}
+
+// TestControllerTemplateCreateRefused: a creation the API server refuses
+// is on the domain's status with the server's message, Reconcile fails so
+// that the queue retries, and the next reconcile after the refusal ends
+// creates the template and clears the condition.
+func TestControllerTemplateCreateRefused(t *testing.T) {
+	h := newControllerHarness(t, 8, newDomain("a", "a-channel", ""))
+	refusal := apierrors.NewForbidden(schema.GroupResource{Group: "resource.k8s.io", Resource: "resourceclaimtemplates"}, "a-channel", errors.New(`User "system:serviceaccount:gpudra:gpudra-compute-domain-controller" cannot create resource "resourceclaimtemplates"`))
+	refuse := true
+	h.kube.PrependReactor("create", "resourceclaimtemplates", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return refuse, nil, refusal
+	})
+	err := h.c.Reconcile(h.ctx, "demo/a")
+	if !apierrors.IsForbidden(err) {
+		t.Fatalf("reconcile: %v, want the refusal, for a retry", err)
+	}
+	cd := h.get("a")
+	cond := meta.FindStatusCondition(cd.Status.Conditions, ConditionTemplateCreated)
+	if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != ReasonCreateFailed || !strings.Contains(cond.Message, refusal.Error()) || cd.Status.Status != v1beta1.ComputeDomainStatusNotReady {
+		t.Fatalf("condition %+v, status %q; want %s=False, %s, with %q", cond, cd.Status.Status, ConditionTemplateCreated, ReasonCreateFailed, refusal.Error())
+	}
+	if cd.Status.Channel == nil {
+		t.Error("the channel was not recorded before the template")
+	}
+
+	refuse = false
+	h.reconcile("a")
+	if _, err := h.kube.ResourceV1().ResourceClaimTemplates("demo").Get(h.ctx, "a-channel", metav1.GetOptions{}); err != nil {
+		t.Fatalf("template after the retry: %v", err)
+	}
+	cd = h.get("a")
+	if cond := meta.FindStatusCondition(cd.Status.Conditions, ConditionTemplateCreated); cond == nil || cond.Status != metav1.ConditionTrue {
+		t.Errorf("condition after the retry %+v, want True", cond)
 	}
 }
 

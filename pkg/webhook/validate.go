@@ -29,14 +29,11 @@ const (
 // kindsOf lists the opaque config kinds each driver takes. A kind added to
 // the config API (api/resource/v1beta1) is validated by the webhook once it
 // is listed here: one line.
-//
-// The ComputeDomain kinds (ComputeDomainChannelConfig,
-// ComputeDomainDaemonConfig) are not implemented yet. Until a driver has
-// kinds, its configs are only checked for a kind of another driver; the rest
-// is left to its plugin.
+// A driver without kinds would have its configs checked only for a kind of
+// another driver, the rest left to its plugin.
 var kindsOf = map[Driver][]string{
 	GPUDriver:           {v1beta1.GpuConfigKind, v1beta1.MigDeviceConfigKind, v1beta1.VfioDeviceConfigKind},
-	ComputeDomainDriver: {},
+	ComputeDomainDriver: {v1beta1.ComputeDomainChannelConfigKind, v1beta1.ComputeDomainDaemonConfigKind},
 }
 
 // ownerOf returns the driver that takes config kind, if any.

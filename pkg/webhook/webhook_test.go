@@ -29,8 +29,12 @@ const (
 	wrongKind = `{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GPUConfig"}`
 	badVFIO   = `{"apiVersion":"resource.nvidia.com/v1beta1","kind":"VfioDeviceConfig","iommu":{"backendPolicy":"Iommufd"}}`
 	goodVFIO  = `{"apiVersion":"resource.nvidia.com/v1beta1","kind":"VfioDeviceConfig","iommu":{"backendPolicy":"PreferIommuFD"}}`
-	goodMIG   = `{"apiVersion":"resource.nvidia.com/v1beta1","kind":"MigDeviceConfig","sharing":{"strategy":"MPS"}}`
-	notObject = `"{\"apiVersion\": "`
+	// goodChannel is what the ComputeDomain controller writes into its
+	// claim templates; misspeltChannel has "domainId" for "domainID".
+	goodChannel     = `{"apiVersion":"resource.nvidia.com/v1beta1","kind":"ComputeDomainChannelConfig","domainID":"0b6f4a2e-1c55-4f0e-9b1a-3f1d2c4e5a6b"}`
+	misspeltChannel = `{"apiVersion":"resource.nvidia.com/v1beta1","kind":"ComputeDomainChannelConfig","domainId":"0b6f4a2e-1c55-4f0e-9b1a-3f1d2c4e5a6b"}`
+	goodMIG         = `{"apiVersion":"resource.nvidia.com/v1beta1","kind":"MigDeviceConfig","sharing":{"strategy":"MPS"}}`
+	notObject       = `"{\"apiVersion\": "`
 )
 
 func opaque(driver, params string) resourceapi.DeviceConfiguration {
@@ -158,8 +162,19 @@ func TestAdmit(t *testing.T) {
 			req:  request(t, v1Kind("ResourceClaim"), admissionv1.Create, claim(opaque(cdDriver, goodGPU)), nil),
 			want: claimPath + "[0].opaque.parameters: kind GpuConfig configures devices of driver gpu.nvidia.com, not compute-domain.nvidia.com",
 		},
-		"ComputeDomain config, kinds not implemented yet": {
-			req: request(t, v1Kind("ResourceClaim"), admissionv1.Create, claim(opaque(cdDriver, `{"apiVersion":"resource.nvidia.com/v1beta1","kind":"ComputeDomainChannelConfig","domainID":"x"}`)), nil),
+		"ComputeDomain channel config": {
+			req: request(t, v1Kind("ResourceClaim"), admissionv1.Create, claim(opaque(cdDriver, goodChannel)), nil),
+		},
+		"ComputeDomain daemon config": {
+			req: request(t, v1Kind("ResourceClaim"), admissionv1.Create, claim(opaque(cdDriver, `{"apiVersion":"resource.nvidia.com/v1beta1","kind":"ComputeDomainDaemonConfig","domainID":"x"}`)), nil),
+		},
+		"ComputeDomain channel config with domainId misspelt": {
+			req:  request(t, v1Kind("ResourceClaim"), admissionv1.Create, claim(opaque(cdDriver, misspeltChannel)), nil),
+			want: claimPath + "[0].opaque.parameters: " + pluginMessage(t, misspeltChannel),
+		},
+		"ComputeDomain channel config for the GPU driver": {
+			req:  request(t, v1Kind("ResourceClaim"), admissionv1.Create, claim(opaque(gpuDriver, goodChannel)), nil),
+			want: claimPath + "[0].opaque.parameters: kind ComputeDomainChannelConfig configures devices of driver compute-domain.nvidia.com, not gpu.nvidia.com",
 		},
 		"config of another driver ignored": {
 			req: request(t, v1Kind("ResourceClaim"), admissionv1.Create, claim(opaque("nic.example.com", misspelt), opaque(gpuDriver, goodGPU)), nil),

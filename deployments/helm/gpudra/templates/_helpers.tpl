@@ -37,6 +37,10 @@ files the local cluster installs too).
 {{- define "gpudra.kubeletPlugin.name" -}}gpudra-kubelet-plugin{{- end -}}
 {{- define "gpudra.webhook.name" -}}gpudra-webhook{{- end -}}
 {{- define "gpudra.resourceSlicePolicy.name" -}}gpudra-resourceslices-own-node{{- end -}}
+{{- define "gpudra.computeDomains.controller.name" -}}gpudra-compute-domain-controller{{- end -}}
+{{- define "gpudra.computeDomains.kubeletPlugin.name" -}}gpudra-compute-domain-kubelet-plugin{{- end -}}
+{{- /* The controller's leader-election Lease, named in its Role. */ -}}
+{{- define "gpudra.computeDomains.leaseName" -}}gpudra-compute-domain-controller{{- end -}}
 
 {{/*
 A file of deployments/deviceclasses or deployments/rbac (through the
@@ -49,6 +53,7 @@ driver name substituted. Call with (list $ "files/....yaml"); returns YAML.
 {{- $text := $root.Files.Get $path -}}
 {{- if not $text }}{{ fail (printf "chart file %s is missing or empty: files/deviceclasses and files/rbac must link to deployments/deviceclasses and deployments/rbac" $path) }}{{ end -}}
 {{- $text = replace "'gpu.nvidia.com'" (printf "'%s'" $root.Values.driverName) $text -}}
+{{- $text = replace "'compute-domain.nvidia.com'" (printf "'%s'" $root.Values.computeDomains.driverName) $text -}}
 {{- $obj := fromYaml $text -}}
 {{- if hasKey $obj "Error" }}{{ fail (printf "chart file %s: %s" $path $obj.Error) }}{{ end -}}
 {{- $labels := merge (dict) ($obj.metadata.labels | default dict) (fromYaml (include "gpudra.labels" $root)) -}}
@@ -128,6 +133,8 @@ ValidatingWebhookConfiguration's caBundle.
 {{- $ns := include "gpudra.namespace" . -}}
 - webhook
 - --driver-name={{ .Values.driverName }}
+{{- /* Empty: the webhook leaves the ComputeDomain driver's configs alone. */}}
+- --compute-domain-driver-name={{ if .Values.computeDomains.enabled }}{{ .Values.computeDomains.driverName }}{{ end }}
 - --port={{ $w.port }}
 - --v={{ $w.logVerbosity }}
 - --logging-format={{ $w.logFormat }}
@@ -138,6 +145,70 @@ ValidatingWebhookConfiguration's caBundle.
 - --self-signed-hosts={{ printf "%s,%s.%s,%s.%s.svc" $svc $svc $ns $svc $ns }}
 - --webhook-configuration-name={{ include "gpudra.webhook.name" . }}
 {{- end }}
+{{- end -}}
+
+{{/*
+The arguments of `gpudra compute-domain-kubelet-plugin`, the DaemonSet's
+compute-domains container: every value under computeDomains.kubeletPlugin
+and computeDomains that names one of its flags, and the kubeletPlugin
+values of the host paths the two containers share. The render tests check
+each flag against the binary's own flag set.
+*/}}
+{{- define "gpudra.computeDomains.kubeletPlugin.args" -}}
+{{- $p := .Values.kubeletPlugin -}}
+{{- $cd := .Values.computeDomains -}}
+{{- $c := $cd.kubeletPlugin -}}
+- compute-domain-kubelet-plugin
+- --driver-name={{ $cd.driverName }}
+- --node-name=$(NODE_NAME)
+- --pod-uid=$(POD_UID)
+- --driver-root={{ $p.driverRoot }}
+- --container-driver-root={{ $p.containerDriverRoot }}
+- --proc-root={{ $p.procRoot }}
+- --max-channels={{ $cd.maxChannels }}
+- --shared-channel={{ $c.sharedChannel }}
+- --kube-api-qps={{ $c.kubeAPIQPS }}
+- --kube-api-burst={{ $c.kubeAPIBurst }}
+- --v={{ $c.logVerbosity }}
+- --logging-format={{ $c.logFormat }}
+- --http-endpoint=:{{ $c.httpPort }}
+- --metrics-path={{ $c.metricsPath }}
+- --discovery-interval={{ $c.discoveryInterval }}
+- --sweep-interval={{ $c.sweepInterval }}
+- --kubelet-call-timeout={{ $c.kubeletCallTimeout }}
+- --cdi-dir={{ $p.cdiDir }}
+- --plugin-data-dir={{ include "gpudra.computeDomains.kubeletPlugin.dataDir" . }}
+- --registrar-dir={{ $p.kubeletRegistrarDir }}
+{{- end -}}
+
+{{- define "gpudra.computeDomains.kubeletPlugin.dataDir" -}}
+{{- printf "%s/%s" (trimSuffix "/" .Values.kubeletPlugin.kubeletPluginsDir) .Values.computeDomains.driverName -}}
+{{- end -}}
+
+{{/*
+The arguments of `gpudra compute-domain-controller`. Its cliques and its
+Lease live in the chart's namespace, where its Role lets it have them.
+*/}}
+{{- define "gpudra.computeDomains.controller.args" -}}
+{{- $cd := .Values.computeDomains -}}
+{{- $c := $cd.controller -}}
+{{- $ns := include "gpudra.namespace" . -}}
+- compute-domain-controller
+- --max-channels={{ $cd.maxChannels }}
+- --resync-interval={{ $c.resyncInterval }}
+- --clique-namespace={{ $ns }}
+- --leader-elect={{ $c.leaderElection.enabled }}
+{{- if $c.leaderElection.enabled }}
+- --leader-election-id={{ include "gpudra.computeDomains.leaseName" . }}
+- --leader-election-namespace={{ $ns }}
+- --leader-election-lease-duration={{ $c.leaderElection.leaseDuration }}
+- --leader-election-renew-deadline={{ $c.leaderElection.renewDeadline }}
+- --leader-election-retry-period={{ $c.leaderElection.retryPeriod }}
+{{- end }}
+- --kube-api-qps={{ $c.kubeAPIQPS }}
+- --kube-api-burst={{ $c.kubeAPIBurst }}
+- --v={{ $c.logVerbosity }}
+- --logging-format={{ $c.logFormat }}
 {{- end -}}
 
 {{- define "gpudra.webhook.tlsDir" -}}/etc/gpudra/webhook-tls{{- end -}}

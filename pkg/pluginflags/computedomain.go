@@ -1,0 +1,154 @@
+package pluginflags
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	logsapi "k8s.io/component-base/logs/api/v1"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+
+	"github.com/gpudra/gpudra/pkg/computedomain"
+	"github.com/gpudra/gpudra/pkg/features"
+	"github.com/gpudra/gpudra/pkg/features/imexchannel"
+	"github.com/gpudra/gpudra/pkg/hardware"
+	"github.com/gpudra/gpudra/pkg/plugin"
+)
+
+// ComputeDomainPlugin is the flags of `gpudra compute-domain-kubelet-plugin`.
+// The binary parses its command line with them, and the local cluster
+// parses the Helm chart's compute-domains container arguments with the
+// same flag set.
+type ComputeDomainPlugin struct {
+	HW                Discovery
+	DriverName        string
+	NodeName          string
+	Kubeconfig        string
+	KubeAPIQPS        float32
+	KubeAPIBurst      int
+	PluginDataDir     string
+	RegistrarDir      string
+	CDIDir            string
+	PodUID            string
+	DiscoveryInterval time.Duration
+	SweepInterval     time.Duration
+	CallTimeout       time.Duration
+	MaxChannels       int
+	SharedChannel     bool
+	HTTPEndpoint      string
+	MetricsPath       string
+	Logging           *logsapi.LoggingConfiguration
+}
+
+// NewComputeDomainPlugin returns the flags' holder with its logging
+// configuration.
+func NewComputeDomainPlugin() *ComputeDomainPlugin {
+	return &ComputeDomainPlugin{Logging: logsapi.NewLoggingConfiguration()}
+}
+
+// ParseComputeDomainPlugin parses args (the flags after `gpudra
+// compute-domain-kubelet-plugin`) with the command's flag set, as the
+// binary does.
+func ParseComputeDomainPlugin(args []string) (*ComputeDomainPlugin, error) {
+	o := NewComputeDomainPlugin()
+	fs := pflag.NewFlagSet("compute-domain-kubelet-plugin", pflag.ContinueOnError)
+	fs.SetOutput(&strings.Builder{})
+	o.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, fmt.Errorf("compute-domain-kubelet-plugin %s: %w", strings.Join(args, " "), err)
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("compute-domain-kubelet-plugin: unexpected arguments %q", fs.Args())
+	}
+	return o, nil
+}
+
+// AddFlags adds every flag of `gpudra compute-domain-kubelet-plugin` to fs.
+func (o *ComputeDomainPlugin) AddFlags(fs *pflag.FlagSet) {
+	o.HW.AddFlags(fs)
+	fs.StringVar(&o.DriverName, "driver-name", computedomain.DriverName, "DRA driver name; NVIDIA's DRA driver uses compute-domain.nvidia.com")
+	fs.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node, also the pool name (env NODE_NAME)")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file; in-cluster config when empty (env KUBECONFIG)")
+	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", DefaultKubeAPIQPS, "sustained requests per second to the API server")
+	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", DefaultKubeAPIBurst, "burst of requests to the API server")
+	fs.StringVar(&o.PluginDataDir, "plugin-data-dir", "", "directory for the DRA socket and the checkpoint (default /var/lib/kubelet/plugins/<driver-name>)")
+	fs.StringVar(&o.RegistrarDir, "registrar-dir", kubeletplugin.KubeletRegistryDir, "the kubelet's plugin registration directory")
+	fs.StringVar(&o.CDIDir, "cdi-dir", "/var/run/cdi", "directory for the per-claim CDI specs; the container runtime must read it")
+	fs.StringVar(&o.PodUID, "pod-uid", os.Getenv("POD_UID"), "UID of the plugin's pod; enables rolling updates with two instances side by side (env POD_UID)")
+	fs.DurationVar(&o.DiscoveryInterval, "discovery-interval", plugin.DefaultDiscoveryInterval, "how often the IMEX channels and NVLink clique are discovered again (sooner while discovery fails)")
+	fs.DurationVar(&o.SweepInterval, "sweep-interval", plugin.DefaultSweepInterval, "how often stale prepared claims and orphaned CDI specs are cleaned up")
+	fs.DurationVar(&o.CallTimeout, "kubelet-call-timeout", plugin.DefaultCallTimeout, "the kubelet's timeout for one DRA call; older unfinished preparations are rolled back")
+	fs.IntVar(&o.MaxChannels, "max-channels", imexchannel.DefaultMaxChannels, "the node's IMEX channel count (the nvidia module's NVreg_ImexChannelCount): channels a domain may hold, and what allocation mode All opens")
+	fs.BoolVar(&o.SharedChannel, "shared-channel", true, "publish channel-0 for several claims at once (allowMultipleAllocations), so that more than one ComputeDomain, and more than one pod of a domain, run on a node; false: one claim at a time, as NVIDIA's driver")
+	fs.StringVar(&o.HTTPEndpoint, "http-endpoint", "", "TCP address of the HTTP server for metrics and probes (e.g. :8081); empty: no server")
+	fs.StringVar(&o.MetricsPath, "metrics-path", "/metrics", "HTTP path of the Prometheus metrics on --http-endpoint")
+	// The IMEX daemon flags (IMEXFlags, imex.go) are registered here, once
+	// they exist, so that the chart's arguments for them parse with this
+	// same set.
+	logsapi.AddFlags(o.Logging, fs)
+}
+
+// Validate checks the flags that need no I/O and fills in defaults that
+// depend on other flags (--plugin-data-dir, --container-driver-root).
+func (o *ComputeDomainPlugin) Validate() error {
+	if o.NodeName == "" {
+		return fmt.Errorf("--node-name (or env NODE_NAME) is required")
+	}
+	if o.MaxChannels <= 0 {
+		return fmt.Errorf("--max-channels %d: must be above zero", o.MaxChannels)
+	}
+	if !strings.HasPrefix(o.MetricsPath, "/") {
+		return fmt.Errorf("--metrics-path %q: must start with /", o.MetricsPath)
+	}
+	if err := o.HW.Validate(); err != nil {
+		return err
+	}
+	if o.PluginDataDir == "" {
+		o.PluginDataDir = filepath.Join(kubeletplugin.KubeletPluginsDir, o.DriverName)
+	}
+	return nil
+}
+
+// Config validates the flags and returns the channel plugin's
+// configuration: kube is its API client, dyn reads ComputeDomains (they
+// have no typed client), and hw, if not nil, is the node's hardware
+// (otherwise NVML or the --fleet node). It touches no directory.
+func (o *ComputeDomainPlugin) Config(kube kubernetes.Interface, dyn dynamic.Interface, hw hardware.Hardware) (plugin.Config, error) {
+	if err := o.Validate(); err != nil {
+		return plugin.Config{}, err
+	}
+	if hw == nil {
+		var err error
+		if hw, _, err = o.HW.NodeHardware(o.NodeName); err != nil {
+			return plugin.Config{}, err
+		}
+	}
+	channels := &computedomain.APIChannels{Client: dyn}
+	maxChannels, shared := o.MaxChannels, o.SharedChannel
+	return plugin.Config{
+		DriverName:        o.DriverName,
+		NodeName:          o.NodeName,
+		KubeClient:        kube,
+		Hardware:          hw,
+		PluginDataDir:     o.PluginDataDir,
+		RegistrarDir:      o.RegistrarDir,
+		CDIDir:            o.CDIDir,
+		RollingUpdateUID:  types.UID(o.PodUID),
+		DiscoveryInterval: o.DiscoveryInterval,
+		CallTimeout:       o.CallTimeout,
+		SweepInterval:     o.SweepInterval,
+		Features: func(plugin.FeatureEnv) (*features.Set, error) {
+			return features.NewComputeDomain(features.ComputeDomainOptions{
+				Channels:      channels,
+				MaxChannels:   maxChannels,
+				SharedChannel: shared,
+			}), nil
+		},
+	}, nil
+}
