@@ -161,7 +161,7 @@ func (b *builder) addHolders(claims []*resourceapi.ResourceClaim) {
 	users := b.claimUsers()
 	sorted := slices.Clone(claims)
 	slices.SortFunc(sorted, func(a, b *resourceapi.ResourceClaim) int {
-		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
 	})
 	for _, c := range sorted {
 		if c.Status.Allocation == nil {

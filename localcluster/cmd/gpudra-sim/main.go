@@ -49,6 +49,8 @@ type options struct {
 	events string
 	// chartValues is a values file for gpudra's chart.
 	chartValues string
+	// fleetView is where to serve the fleet view page (host:port).
+	fleetView string
 }
 
 func main() {
@@ -60,7 +62,7 @@ func main() {
 	var o options
 	fs := flag.NewFlagSet("gpudra-sim", flag.ExitOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `Usage: gpudra-sim [--fleet FILE|NAME] [--chart-values FILE] [--manifests DIR] [--events FILE] [--report FILE] [--keep-running]
+		fmt.Fprintf(fs.Output(), `Usage: gpudra-sim [--fleet FILE|NAME] [--chart-values FILE] [--manifests DIR] [--events FILE] [--report FILE] [--keep-running] [--fleet-view ADDR]
 
 Runs a local Kubernetes cluster in this process with simulated GPU nodes and
 gpudra, installed from its Helm chart (deployments/helm/gpudra) with the
@@ -89,6 +91,7 @@ Flags:
 	fs.IntVar(&o.loadNodes, "load-nodes", 100, "with --load: number of simulated 8-GPU nodes")
 	fs.StringVar(&o.cpuProfile, "cpu-profile", "", "with --load: write a CPU profile of the run with claims to this file")
 	fs.StringVar(&o.loadDir, "load-dir", "", "with --load: directory for the cluster's state (default: /dev/shm if writable, else the temporary directory)")
+	fs.StringVar(&o.fleetView, "fleet-view", "", "serve the fleet view page (as gpudra fleet-view) of the local cluster on this address, e.g. 127.0.0.1:8090, while the cluster runs (with --keep-running until interrupted)")
 	fs.StringVar(&o.cpuProfilePlain, "cpu-profile-plain", "", "with --load: write a CPU profile of the run without claims to this file")
 	_ = fs.Parse(os.Args[1:])
 	if fs.NArg() > 0 {
@@ -231,6 +234,13 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 		}
 	}()
 	progress("cluster ready in %v", time.Since(start).Round(time.Millisecond))
+	if o.fleetView != "" {
+		url, err := serveFleetView(ctx, c, o.fleetView)
+		if err != nil {
+			return err
+		}
+		progress("fleet view: %s", url)
+	}
 
 	progress("applying %d objects from %s", len(objs), dir)
 	applied := time.Now()

@@ -43,7 +43,7 @@ function deviceHTML(d) {
 
 function gpuHTML(g) {
   const parts = [`<div class="gpu ${gpuClass(g)}" data-gpu="${esc(g.name)}" title="${esc(g.uuid || "")} ${esc(g.pciBusID || "")}">`,
-    `<div class="head"><b>${esc(g.name)}</b><span class="prod">${esc(g.product)} ${esc(g.memory)}</span>`];
+    `<div class="head"><b>${esc(g.name)}</b><span class="prod">${esc((g.product || "").replace(/^NVIDIA /, ""))} ${esc(g.memory)}</span>`];
   if (g.sharing && g.sharing !== "none") parts.push(`<span class="chip">${esc(g.sharing)}</span>`);
   if (g.health !== "ok") parts.push(`<span class="chip bad">${esc(g.health)}</span>`);
   parts.push("</div>");
@@ -109,7 +109,7 @@ function renderSummary() {
     }
   }
   const other = state.nodes.size - nodes;
-  $("summary").textContent = `${nodes} nodes, ${gpus} GPUs, ${held} in use, ${bad} unhealthy` + (other ? `, ${other} nodes without GPUs` : "");
+  $("summary").textContent = `${nodes} nodes, ${gpus} GPUs, ${held} in use, ${bad} unhealthy` + (other ? `, ${other} node${other === 1 ? "" : "s"} without GPUs` : "");
 }
 
 // search lists every device whose claim or pod matches the query, and the
@@ -166,6 +166,7 @@ function banner(kind, text) {
 function renderBanners() {
   const out = [];
   const st = state.status;
+  if (st) $("driver").textContent = "driver " + st.driver;
   if (state.stream === "lost") out.push(banner("error", "Lost the connection to the fleet view server; reconnecting&hellip; The page shows the last state it received."));
   if (st) {
     if (st.apiServer) {
