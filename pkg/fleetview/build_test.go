@@ -230,10 +230,9 @@ func TestTransformsKeepWhatTheModelReads(t *testing.T) {
 	}
 }
 
-// BenchmarkBuild1000Nodes: one rebuild of the model of 1,000 nodes of 8
-// GPUs (full GPU and VFIO device each), half of the GPUs held by a claim
-// with a running pod.
-func BenchmarkBuild1000Nodes(b *testing.B) {
+// fleet1000 is 1,000 nodes of 8 GPUs (full GPU and VFIO device each),
+// half of the GPUs held by a claim with a running pod.
+func fleet1000() Objects {
 	in := Objects{Driver: driver}
 	for i := range 1000 {
 		name := fmt.Sprintf("node-%04d", i)
@@ -249,11 +248,43 @@ func BenchmarkBuild1000Nodes(b *testing.B) {
 		}
 		in.Slices = append(in.Slices, slice(name, devs...))
 	}
+	return in
+}
+
+// BenchmarkBuild1000Nodes: one rebuild of the model of [fleet1000].
+func BenchmarkBuild1000Nodes(b *testing.B) {
+	in := fleet1000()
 	b.ReportAllocs()
 	for b.Loop() {
 		f := Build(in)
 		if len(f.Nodes) != 1000 {
 			b.Fatalf("%d nodes", len(f.Nodes))
+		}
+	}
+}
+
+// BenchmarkRebuildAndDelta1000Nodes: what the server does after a change
+// at 1,000 nodes: rebuild the model, encode each node, compare with the
+// last model and encode the delta (one pod's phase changes each time).
+func BenchmarkRebuildAndDelta1000Nodes(b *testing.B) {
+	in := fleet1000()
+	h := newHub()
+	if _, err := h.publishFleet(Build(in)); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		p := in.Pods[i%len(in.Pods)]
+		i++
+		if p.Status.Phase == corev1.PodRunning {
+			p.Status.Phase = corev1.PodPending
+		} else {
+			p.Status.Phase = corev1.PodRunning
+		}
+		changed, err := h.publishFleet(Build(in))
+		if err != nil || changed != 1 {
+			b.Fatalf("changed %d nodes (%v), want 1", changed, err)
 		}
 	}
 }

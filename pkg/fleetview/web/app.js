@@ -197,7 +197,11 @@ function onSnapshot(doc) {
   renderSummary();
   renderBanners();
   search();
-  if (window.fleetView.loadedMs === null) window.fleetView.loadedMs = performance.now();
+  // Loaded means drawn: the timeout queued in the next animation frame
+  // runs after that frame's paint.
+  if (window.fleetView.loadedMs === null) {
+    requestAnimationFrame(() => setTimeout(() => { window.fleetView.loadedMs ??= performance.now(); }, 0));
+  }
 }
 
 function onDelta(d) {
