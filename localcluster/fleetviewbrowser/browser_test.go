@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/internal/cutproxy"
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/manifests"
 	"github.com/gpudra/gpudra/pkg/fleetview"
@@ -180,8 +180,12 @@ func TestFleetViewInChromium(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := startProxy(t, apiURL.Host)
-	cfg.Host = "https://" + proxy.addr
+	proxy, err := cutproxy.Start(apiURL.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	cfg.Host = "https://" + proxy.Addr()
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -255,13 +259,13 @@ func TestFleetViewInChromium(t *testing.T) {
 
 	// Cut the API server: the banner says so; back: it goes, and the
 	// page follows the cluster again.
-	proxy.cut(t)
+	proxy.Cut(cutproxy.Refuse)
 	if err := chromedp.Do(bctx, chromedp.Poll[chromedp.Void](`[...document.querySelectorAll('.banner.error')].some(b => b.innerText.includes('Disconnected'))`, chromedp.WithPollingTimeout(20*time.Second))); err != nil {
 		t.Fatalf("no disconnected banner with the API server cut: %v", err)
 	}
 	banner, _ := chromedp.Run(bctx, chromedp.Evaluate[string](`document.getElementById('banners').innerText`))
 	t.Logf("banner with the API server cut: %q", banner)
-	proxy.restore(t)
+	proxy.Restore()
 	if err := chromedp.Do(bctx, chromedp.Poll[chromedp.Void](`![...document.querySelectorAll('.banner')].some(b => b.innerText.includes('Disconnected'))`, chromedp.WithPollingTimeout(20*time.Second))); err != nil {
 		t.Fatalf("the disconnected banner stays after the API server is back: %v", err)
 	}
@@ -322,81 +326,4 @@ func allocatedDevices(t *testing.T, ctx context.Context, client kubernetes.Inter
 	}
 	slices.Sort(out)
 	return out
-}
-
-// proxy forwards TCP connections to the API server until cut.
-type proxy struct {
-	addr, target string
-
-	mu    sync.Mutex
-	l     net.Listener
-	conns map[net.Conn]struct{}
-}
-
-func startProxy(t *testing.T, target string) *proxy {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{addr: l.Addr().String(), target: target, conns: map[net.Conn]struct{}{}}
-	p.serve(l)
-	t.Cleanup(func() { p.cut(t) })
-	return p
-}
-
-func (p *proxy) serve(l net.Listener) {
-	p.mu.Lock()
-	p.l = l
-	p.mu.Unlock()
-	go func() {
-		for {
-			in, err := l.Accept()
-			if err != nil {
-				return
-			}
-			out, err := net.Dial("tcp", p.target)
-			if err != nil {
-				in.Close()
-				continue
-			}
-			p.mu.Lock()
-			if p.l != l {
-				// Cut while dialling.
-				p.mu.Unlock()
-				in.Close()
-				out.Close()
-				return
-			}
-			p.conns[in], p.conns[out] = struct{}{}, struct{}{}
-			p.mu.Unlock()
-			go func() { _, _ = io.Copy(out, in); out.Close() }()
-			go func() { _, _ = io.Copy(in, out); in.Close() }()
-		}
-	}()
-}
-
-// cut closes the listener and every connection through it.
-func (p *proxy) cut(t *testing.T) {
-	t.Helper()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.l != nil {
-		p.l.Close()
-		p.l = nil
-	}
-	for c := range p.conns {
-		c.Close()
-	}
-	clear(p.conns)
-}
-
-// restore listens again on the same address.
-func (p *proxy) restore(t *testing.T) {
-	t.Helper()
-	l, err := net.Listen("tcp", p.addr)
-	if err != nil {
-		t.Fatalf("proxy: listen again on %s: %v", p.addr, err)
-	}
-	p.serve(l)
 }
