@@ -182,7 +182,7 @@ function renderBanners() {
     const slices = (st.resources || []).find((r) => r.resource.startsWith("resourceslices"));
     const waiting = (st.resources || []).filter((r) => r.state === "waiting").map((r) => r.resource);
     if (slices && slices.state === "synced" && st.slices === 0) {
-      out.push(banner("info", `No ResourceSlices of driver ${esc(st.driver)} in this cluster: gpudra's kubelet plugin does not run here, or runs under another --driver-name. Nodes are listed without GPUs.`));
+      out.push(banner("info", `No ResourceSlices of driver ${esc(st.driver)} in this cluster: gpudra's kubelet plugin does not run here, or runs under another --driver-name. The summary counts the nodes.`));
     }
     if (waiting.length && !st.apiServer) out.push(banner("info", `Waiting for the API server's lists of ${esc(waiting.join(", "))}&hellip;`));
   }
