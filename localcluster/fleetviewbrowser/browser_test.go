@@ -249,6 +249,26 @@ func TestFleetViewInChromium(t *testing.T) {
 		t.Logf("screenshot written to %s (%d bytes)", path, len(shot))
 	}
 
+	// ?q= opens the page with a search.
+	wantNotebook := allocatedDevices(t, ctx, c.Client(), "notebook")
+	if err := chromedp.Do(bctx,
+		chromedp.Navigate(page+"?q=fv%2Fnotebook"),
+		chromedp.Poll[chromedp.Void](`document.querySelectorAll('#results tr.result').length > 0`, chromedp.WithPollingTimeout(10*time.Second)),
+	); err != nil {
+		t.Fatalf("?q=: %v", err)
+	}
+	if got, err = chromedp.Run(bctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll('#results tr.result')].map(r => r.dataset.node + '/' + r.dataset.device)`)); err != nil || !slices.Equal(got, wantNotebook) {
+		t.Errorf("?q=fv/notebook lists %v (%v), want %v", got, err, wantNotebook)
+	}
+	if err := chromedp.Do(bctx,
+		chromedp.Navigate(page),
+		chromedp.Poll[chromedp.Void](`window.fleetView.loadedMs !== null && document.body.innerText.includes('fv/trainer')`, chromedp.WithPollingTimeout(10*time.Second)),
+		chromedp.SendKeys(chromedp.CSS("#search"), "fv/trainer"),
+		chromedp.Poll[chromedp.Void](`document.querySelectorAll('#results tr.result').length > 0`, chromedp.WithPollingTimeout(10*time.Second)),
+	); err != nil {
+		t.Fatalf("search again: %v", err)
+	}
+
 	// Deleting the pod drops it from the page (its claim goes with it).
 	if err := c.Client().CoreV1().Pods("fv").Delete(ctx, "trainer", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
