@@ -149,8 +149,9 @@ spec:
 
 // TestFleetViewInChromium: on the demo fleet with a few claims the page
 // loads, a search for a pod lists exactly its claim's devices, deleting
-// the pod drops it from the page, and cutting the API server shows the
-// disconnected banner until it is back and the page updates again.
+// the pod drops it from the page, a GPU's XID shows as unhealthy until it
+// recovers, and cutting the API server shows the disconnected banner
+// until it is back and the page updates again.
 func TestFleetViewInChromium(t *testing.T) {
 	chromium(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -275,6 +276,28 @@ func TestFleetViewInChromium(t *testing.T) {
 	}
 	if err := chromedp.Do(bctx, chromedp.Poll[chromedp.Void](`document.querySelectorAll('#results tr.result').length === 0 && !document.getElementById('nodes').innerText.includes('fv/trainer')`, chromedp.WithPollingTimeout(60*time.Second))); err != nil {
 		t.Fatalf("the deleted pod stays on the page: %v", err)
+	}
+
+	// A GPU's XID shows as its health taint, and goes on recovery.
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return c.HealthWatched("dgx-h100-1", 0), nil
+	}); err != nil {
+		t.Fatalf("the plugin of dgx-h100-1 does not watch GPU 0's health: %v", err)
+	}
+	for _, step := range []struct{ event, poll string }{
+		{"xid:79", `(() => { const g = document.querySelector('#node-dgx-h100-1 .gpu[data-gpu="gpu-0"]'); return g && g.classList.contains('unhealthy') && g.innerText.includes('gpu.nvidia.com/xid=79:NoSchedule') })()`},
+		{"recover", `(() => { const g = document.querySelector('#node-dgx-h100-1 .gpu[data-gpu="gpu-0"]'); return g && !g.classList.contains('unhealthy') && !g.innerText.includes('xid') })()`},
+	} {
+		e, err := sim.ParseHealthEvent(step.event)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.InjectHealth("dgx-h100-1", 0, e); err != nil {
+			t.Fatal(err)
+		}
+		if err := chromedp.Do(bctx, chromedp.Poll[chromedp.Void](step.poll, chromedp.WithPollingTimeout(30*time.Second))); err != nil {
+			t.Fatalf("after %s on dgx-h100-1 GPU 0, the page does not show it: %v", step.event, err)
+		}
 	}
 
 	// Cut the API server: the banner says so; back: it goes, and the
