@@ -12,13 +12,19 @@ import (
 	"github.com/gpudra/gpudra/pkg/fleetview"
 )
 
-// serveFleetView serves the fleet view of the local cluster on addr until
-// ctx is done, and returns the page's URL.
-func serveFleetView(ctx context.Context, c *cluster.Cluster, addr string) (string, error) {
+// listenFleetView listens on --fleet-view's address, before the cluster
+// starts: an address that cannot be had fails the run at once.
+func listenFleetView(addr string) (net.Listener, error) {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
-		return "", fmt.Errorf("--fleet-view %s: %w", addr, err)
+		return nil, fmt.Errorf("--fleet-view %s: %w", addr, err)
 	}
+	return l, nil
+}
+
+// serveFleetView serves the fleet view of the local cluster on l until
+// ctx is done, and returns the page's URL.
+func serveFleetView(ctx context.Context, c *cluster.Cluster, l net.Listener) (string, error) {
 	client, err := kubernetes.NewForConfig(c.ControlPlane().RESTConfig("gpudra-fleet-view", 50, 100))
 	if err != nil {
 		l.Close()

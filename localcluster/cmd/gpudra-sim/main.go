@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -219,6 +220,13 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 	if err != nil {
 		return err
 	}
+	var fleetView net.Listener
+	if o.fleetView != "" {
+		if fleetView, err = listenFleetView(o.fleetView); err != nil {
+			return err
+		}
+		defer fleetView.Close()
+	}
 	progress("starting the local cluster: fleet %s, %d nodes", o.fleet, len(fleet.Nodes))
 	start := time.Now()
 	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, MPSControlBinary: mpsControl, ChartValues: values, Progress: func(msg string) { progress("%s", msg) }})
@@ -234,8 +242,12 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 		}
 	}()
 	progress("cluster ready in %v", time.Since(start).Round(time.Millisecond))
-	if o.fleetView != "" {
-		url, err := serveFleetView(ctx, c, o.fleetView)
+	if fleetView != nil {
+		// Stopped before the cluster (defers run last first), so that
+		// its watches do not outlive the API server.
+		fleetViewCtx, stopFleetView := context.WithCancel(ctx)
+		defer stopFleetView()
+		url, err := serveFleetView(fleetViewCtx, c, fleetView)
 		if err != nil {
 			return err
 		}
