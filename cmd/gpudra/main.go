@@ -32,7 +32,7 @@ func newRootCommand() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newKubeletPluginCommand(), newComputeDomainKubeletPluginCommand(), newComputeDomainControllerCommand(), newDevicePluginCommand(), newWebhookCommand(), newInspectCommand(), newExplainCommand(), newVersionCommand())
+	root.AddCommand(newKubeletPluginCommand(), newComputeDomainKubeletPluginCommand(), newComputeDomainControllerCommand(), newDevicePluginCommand(), newWebhookCommand(), newInspectCommand(), newExplainCommand(), newFleetViewCommand(), newVersionCommand())
 	return root
 }
 

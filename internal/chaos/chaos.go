@@ -20,6 +20,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpudra/gpudra/internal/cutproxy"
 	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
 
@@ -107,7 +108,7 @@ type Summary struct {
 // OutageFigures is what one API outage did.
 type OutageFigures struct {
 	Seed     uint64
-	Mode     cutMode
+	Mode     cutproxy.Mode
 	Duration time.Duration
 	// PrepareErrors are the Prepare attempts that failed during the
 	// outage (per-claim errors and calls that timed out), with a sample.

@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
+	"github.com/gpudra/gpudra/internal/cutproxy"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
@@ -74,7 +75,7 @@ type node struct {
 	callTimeout time.Duration
 
 	api    APIServer
-	proxy  *proxy
+	proxy  *cutproxy.Proxy
 	client kubernetes.Interface // the harness's, straight to the API server
 
 	cmd    *exec.Cmd
@@ -115,7 +116,7 @@ func newNode(ctx context.Context, newAPI APIServerFactory, dir, binary, mpsContr
 	if n.api, err = newAPI(ctx); err != nil {
 		return nil, fmt.Errorf("API server: %w", err)
 	}
-	if n.proxy, err = startProxy(n.api.Addr()); err != nil {
+	if n.proxy, err = cutproxy.Start(n.api.Addr()); err != nil {
 		_ = n.api.Close()
 		return nil, err
 	}
@@ -124,7 +125,7 @@ func newNode(ctx context.Context, newAPI APIServerFactory, dir, binary, mpsContr
 			n.stop()
 		}
 	}()
-	if err := n.api.WriteKubeconfig(filepath.Join(n.dir, "kubeconfig"), n.proxy.addr); err != nil {
+	if err := n.api.WriteKubeconfig(filepath.Join(n.dir, "kubeconfig"), n.proxy.Addr()); err != nil {
 		return nil, err
 	}
 	if n.client, err = kubernetes.NewForConfig(n.api.RESTConfig()); err != nil {

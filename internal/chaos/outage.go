@@ -7,6 +7,8 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpudra/gpudra/internal/cutproxy"
 )
 
 // outage cuts the plugin off the API server for Options.Outage while the
@@ -17,7 +19,7 @@ import (
 // is back the claims get prepared and the pool is published again, and
 // the time both take is recorded.
 func (t *trial) outage(ctx context.Context) error {
-	f := OutageFigures{Seed: t.seed, Duration: t.o.Outage, Mode: []cutMode{cutRefuse, cutBlackhole}[t.rng.IntN(2)]}
+	f := OutageFigures{Seed: t.seed, Duration: t.o.Outage, Mode: []cutproxy.Mode{cutproxy.Refuse, cutproxy.Blackhole}[t.rng.IntN(2)]}
 	if !t.n.running() {
 		if err := t.n.kill(); err != nil {
 			t.violate("crash: %v", err)

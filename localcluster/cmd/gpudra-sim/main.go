@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -49,6 +50,8 @@ type options struct {
 	events string
 	// chartValues is a values file for gpudra's chart.
 	chartValues string
+	// fleetView is where to serve the fleet view page (host:port).
+	fleetView string
 }
 
 func main() {
@@ -60,7 +63,7 @@ func main() {
 	var o options
 	fs := flag.NewFlagSet("gpudra-sim", flag.ExitOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `Usage: gpudra-sim [--fleet FILE|NAME] [--chart-values FILE] [--manifests DIR] [--events FILE] [--report FILE] [--keep-running]
+		fmt.Fprintf(fs.Output(), `Usage: gpudra-sim [--fleet FILE|NAME] [--chart-values FILE] [--manifests DIR] [--events FILE] [--report FILE] [--keep-running] [--fleet-view ADDR]
 
 Runs a local Kubernetes cluster in this process with simulated GPU nodes and
 gpudra, installed from its Helm chart (deployments/helm/gpudra) with the
@@ -89,6 +92,7 @@ Flags:
 	fs.IntVar(&o.loadNodes, "load-nodes", 100, "with --load: number of simulated 8-GPU nodes")
 	fs.StringVar(&o.cpuProfile, "cpu-profile", "", "with --load: write a CPU profile of the run with claims to this file")
 	fs.StringVar(&o.loadDir, "load-dir", "", "with --load: directory for the cluster's state (default: /dev/shm if writable, else the temporary directory)")
+	fs.StringVar(&o.fleetView, "fleet-view", "", "serve the fleet view page (as gpudra fleet-view) of the local cluster on this address, e.g. 127.0.0.1:8090, while the cluster runs (with --keep-running until interrupted)")
 	fs.StringVar(&o.cpuProfilePlain, "cpu-profile-plain", "", "with --load: write a CPU profile of the run without claims to this file")
 	_ = fs.Parse(os.Args[1:])
 	if fs.NArg() > 0 {
@@ -216,6 +220,13 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 	if err != nil {
 		return err
 	}
+	var fleetView net.Listener
+	if o.fleetView != "" {
+		if fleetView, err = listenFleetView(o.fleetView); err != nil {
+			return err
+		}
+		defer fleetView.Close()
+	}
 	progress("starting the local cluster: fleet %s, %d nodes", o.fleet, len(fleet.Nodes))
 	start := time.Now()
 	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, MPSControlBinary: mpsControl, ChartValues: values, Progress: func(msg string) { progress("%s", msg) }})
@@ -231,6 +242,17 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 		}
 	}()
 	progress("cluster ready in %v", time.Since(start).Round(time.Millisecond))
+	if fleetView != nil {
+		// Stopped before the cluster (defers run last first), so that
+		// its watches do not outlive the API server.
+		fleetViewCtx, stopFleetView := context.WithCancel(ctx)
+		defer stopFleetView()
+		url, err := serveFleetView(fleetViewCtx, c, fleetView)
+		if err != nil {
+			return err
+		}
+		progress("fleet view: %s", url)
+	}
 
 	progress("applying %d objects from %s", len(objs), dir)
 	applied := time.Now()

@@ -1,4 +1,9 @@
-package chaos
+// Package cutproxy is a loopback TCP proxy in front of an API server that
+// a test cuts and restores, to play an outage: the server down
+// (connections closed, new ones refused) or a network partition
+// (connections open but carrying nothing). The chaos trials and the fleet
+// view's browser test use it.
+package cutproxy
 
 import (
 	"net"
@@ -6,29 +11,29 @@ import (
 	"time"
 )
 
-// cutMode is how an API outage looks to the plugin.
-type cutMode string
+// Mode is how an API outage looks to the clients.
+type Mode string
 
 const (
-	// cutRefuse: the API server is down. Connections are closed, and new
+	// Refuse: the API server is down. Connections are closed, and new
 	// ones are refused (nothing listens on the port until the outage
 	// ends).
-	cutRefuse cutMode = "refuse"
-	// cutBlackhole: a network partition. Connections stay open and
+	Refuse Mode = "refuse"
+	// Blackhole: a network partition. Connections stay open and
 	// carry nothing, new ones are accepted and carry nothing; when the
 	// partition heals they are closed (their TCP timers would have
 	// expired), and the client's next connection works.
-	cutBlackhole cutMode = "blackhole"
+	Blackhole Mode = "blackhole"
 )
 
-// proxy is a loopback TCP proxy between the plugin and the API server
+// Proxy is a loopback TCP proxy between clients and the API server
 // that can be cut.
-type proxy struct {
+type Proxy struct {
 	addr   string
 	target string
 
 	mu    sync.Mutex
-	cut   cutMode      // "" when up
+	cut   Mode         // "" when up
 	ln    net.Listener // nil while refusing
 	open  map[net.Conn]bool
 	heal  chan struct{} // closed when a blackhole ends
@@ -36,27 +41,29 @@ type proxy struct {
 	close bool
 }
 
-func startProxy(target string) (*proxy, error) {
+// Start listens on a free loopback port and forwards to target
+// (host:port).
+func Start(target string) (*Proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	p := &proxy{addr: ln.Addr().String(), target: target, open: map[net.Conn]bool{}}
+	p := &Proxy{addr: ln.Addr().String(), target: target, open: map[net.Conn]bool{}}
 	p.listenOn(ln)
 	return p, nil
 }
 
 // listenOn serves ln; the caller holds mu or has not shared p yet.
-func (p *proxy) listenOn(ln net.Listener) {
+func (p *Proxy) listenOn(ln net.Listener) {
 	p.ln = ln
 	p.wg.Add(1)
 	go p.serve(ln)
 }
 
-// url is where clients reach the API server through the proxy.
-func (p *proxy) url() string { return "http://" + p.addr }
+// Addr is the proxy's host:port; it stays the same across outages.
+func (p *Proxy) Addr() string { return p.addr }
 
-func (p *proxy) serve(ln net.Listener) {
+func (p *Proxy) serve(ln net.Listener) {
 	defer p.wg.Done()
 	for {
 		c, err := ln.Accept()
@@ -71,10 +78,10 @@ func (p *proxy) serve(ln net.Listener) {
 	}
 }
 
-func (p *proxy) handle(c net.Conn) {
+func (p *Proxy) handle(c net.Conn) {
 	p.mu.Lock()
 	mode, heal := p.cut, p.heal
-	if mode == cutRefuse || p.close {
+	if mode == Refuse || p.close {
 		p.mu.Unlock()
 		_ = c.Close()
 		return
@@ -82,7 +89,7 @@ func (p *proxy) handle(c net.Conn) {
 	p.open[c] = true
 	p.mu.Unlock()
 	defer p.forget(c)
-	if mode == cutBlackhole {
+	if mode == Blackhole {
 		<-heal // then closed by Restore
 		return
 	}
@@ -103,7 +110,7 @@ func (p *proxy) handle(c net.Conn) {
 			if n > 0 {
 				p.mu.Lock()
 				heal := p.heal
-				blackhole := p.cut == cutBlackhole
+				blackhole := p.cut == Blackhole
 				p.mu.Unlock()
 				if blackhole {
 					<-heal // the data is lost with the connection
@@ -126,7 +133,7 @@ func (p *proxy) handle(c net.Conn) {
 	<-done
 }
 
-func (p *proxy) forget(c net.Conn) {
+func (p *Proxy) forget(c net.Conn) {
 	_ = c.Close()
 	p.mu.Lock()
 	delete(p.open, c)
@@ -134,12 +141,12 @@ func (p *proxy) forget(c net.Conn) {
 }
 
 // Cut starts an outage.
-func (p *proxy) Cut(mode cutMode) {
+func (p *Proxy) Cut(mode Mode) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cut = mode
 	p.heal = make(chan struct{})
-	if mode == cutRefuse {
+	if mode == Refuse {
 		_ = p.ln.Close()
 		p.ln = nil
 		p.closeAllLocked()
@@ -147,14 +154,14 @@ func (p *proxy) Cut(mode cutMode) {
 }
 
 // Restore ends the outage: every connection open during it is closed.
-func (p *proxy) Restore() {
+func (p *Proxy) Restore() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cut == "" {
 		return
 	}
-	if p.cut == cutRefuse {
-		// The same port again: the plugin's kubeconfig names it.
+	if p.cut == Refuse {
+		// The same port again: the clients' kubeconfigs name it.
 		for {
 			ln, err := net.Listen("tcp", p.addr)
 			if err == nil {
@@ -169,17 +176,17 @@ func (p *proxy) Restore() {
 	p.closeAllLocked()
 }
 
-func (p *proxy) closeAllLocked() {
+func (p *Proxy) closeAllLocked() {
 	for c := range p.open {
 		_ = c.Close()
 	}
 }
 
 // Close stops the proxy and waits for its connections to end.
-func (p *proxy) Close() {
+func (p *Proxy) Close() {
 	p.mu.Lock()
 	p.close = true
-	if p.cut == cutBlackhole {
+	if p.cut == Blackhole {
 		close(p.heal)
 	}
 	p.cut = ""

@@ -1,4 +1,4 @@
-package chaos
+package cutproxy
 
 import (
 	"errors"
@@ -16,14 +16,14 @@ import (
 func TestProxyCuts(t *testing.T) {
 	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
 	defer backend.Close()
-	p, err := startProxy(backend.Listener.Addr().String())
+	p, err := Start(backend.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close()
 	client := &http.Client{Timeout: 300 * time.Millisecond, Transport: &http.Transport{DisableKeepAlives: true}}
 	get := func() error {
-		resp, err := client.Get(p.url())
+		resp, err := client.Get("http://" + p.Addr())
 		if err != nil {
 			return err
 		}
@@ -37,7 +37,7 @@ func TestProxyCuts(t *testing.T) {
 	if err := get(); err != nil {
 		t.Fatalf("through the proxy: %v", err)
 	}
-	p.Cut(cutRefuse)
+	p.Cut(Refuse)
 	if err := get(); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("refused: %v, want connection refused", err)
 	}
@@ -45,7 +45,7 @@ func TestProxyCuts(t *testing.T) {
 	if err := get(); err != nil {
 		t.Errorf("after a refusal: %v", err)
 	}
-	p.Cut(cutBlackhole)
+	p.Cut(Blackhole)
 	start := time.Now()
 	if err := get(); err == nil || time.Since(start) < 250*time.Millisecond {
 		t.Errorf("partitioned: %v after %v, want the client's timeout", err, time.Since(start))
