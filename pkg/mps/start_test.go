@@ -246,7 +246,12 @@ func TestStartFailures(t *testing.T) {
 	tests := []struct {
 		name      string
 		daemonEnv func(root string) []string
-		want      []string // in the error
+		// startTimeout bounds the wait for the daemon to come up: short
+		// where it never does, long where it must come up (under a loaded
+		// machine the fake daemon, a copy of the test binary, can take
+		// over 500 ms to start) and the refusal comes after.
+		startTimeout time.Duration
+		want         []string // in the error
 	}{
 		{
 			name: "daemon fails at start",
@@ -254,12 +259,14 @@ func TestStartFailures(t *testing.T) {
 				_ = os.WriteFile(filepath.Join(root, "fail"), nil, 0o644)
 				return []string{mpsfake.EnvFailStartIf + "=" + filepath.Join(root, "fail")}
 			},
-			want: []string{"claim", "nvidia-cuda-mps-control -d", "device init error (test)"},
+			startTimeout: 500 * time.Millisecond,
+			want:         []string{"claim", "nvidia-cuda-mps-control -d", "device init error (test)"},
 		},
 		{
-			name:      "daemon does not take the limits",
-			daemonEnv: func(string) []string { return []string{mpsfake.EnvIgnoreLimits + "=1"} },
-			want:      []string{"claim", "set_default_active_thread_percentage 40", "did not take", `"100.0"`},
+			name:         "daemon does not take the limits",
+			daemonEnv:    func(string) []string { return []string{mpsfake.EnvIgnoreLimits + "=1"} },
+			startTimeout: 10 * time.Second,
+			want:         []string{"claim", "set_default_active_thread_percentage 40", "did not take", `"100.0"`},
 		},
 	}
 	for _, tc := range tests {
@@ -268,7 +275,7 @@ func TestStartFailures(t *testing.T) {
 			ctx := testContext(t)
 			root := newRoot(t)
 			m := newManager(t, root, nil, mps.WithDaemonEnv(tc.daemonEnv(root)...),
-				mps.WithTimeouts(500*time.Millisecond, testStopTimeout, 10*time.Second))
+				mps.WithTimeouts(tc.startTimeout, testStopTimeout, 10*time.Second))
 			_, err := m.Start(ctx, mps.Spec{ID: "claim", DeviceUUIDs: []string{gpu0}, ActiveThreadPercentage: intp(40)})
 			if err == nil {
 				t.Fatal("Start succeeded")
