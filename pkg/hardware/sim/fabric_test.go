@@ -2,6 +2,7 @@ package sim_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
@@ -20,11 +21,12 @@ func TestFabricFleets(t *testing.T) {
 		memoryMiB         uint64
 		busIDs            []string // per GPU index
 		migProfiles       int
+		migNodes          []string // nodes whose GPUs run in MIG mode
 	}{
 		{"gb200-nvl72", 18, "NVIDIA GB200", "Blackwell", "10.0", 189471,
-			[]string{"0008:01:00.0", "0009:01:00.0", "0018:01:00.0", "0019:01:00.0"}, 0},
+			[]string{"0008:01:00.0", "0009:01:00.0", "0018:01:00.0", "0019:01:00.0"}, 0, nil},
 		{"gh200-nvl32", 32, "NVIDIA GH200 480GB", "Hopper", "9.0", 97871,
-			[]string{"0009:01:00.0"}, 7},
+			[]string{"0009:01:00.0"}, 7, []string{"gh200-nvl32-28", "gh200-nvl32-29", "gh200-nvl32-30", "gh200-nvl32-31"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.fleet, func(t *testing.T) {
@@ -45,6 +47,9 @@ func TestFabricFleets(t *testing.T) {
 					if g.ProductName != tt.product || g.Architecture != tt.arch || g.CUDAComputeCapability != tt.cc ||
 						g.MemoryBytes != tt.memoryMiB<<20 || g.MIGCapable != (tt.migProfiles > 0) || len(g.MIGProfiles) != tt.migProfiles {
 						t.Errorf("%s GPU %d: %+v", name, i, g)
+					}
+					if want := slices.Contains(tt.migNodes, name); g.MIGEnabled != want || len(g.MIGDevices) != 0 {
+						t.Errorf("%s GPU %d: MIG mode %v with %d MIG devices, want %v with none", name, i, g.MIGEnabled, len(g.MIGDevices), want)
 					}
 					if g.PCIBusID != tt.busIDs[i] {
 						t.Errorf("%s GPU %d: bus ID %s, want %s", name, i, g.PCIBusID, tt.busIDs[i])
