@@ -21,7 +21,7 @@ func TestFabricFleets(t *testing.T) {
 		memoryMiB         uint64
 		busIDs            []string // per GPU index
 		migProfiles       int
-		migNodes          []string // nodes whose GPUs run in MIG mode
+		migNodes          []string // nodes whose GPUs run in MIG mode, with 4 MIG devices each
 	}{
 		{"gb200-nvl72", 18, "NVIDIA GB200", "Blackwell", "10.0", 189471,
 			[]string{"0008:01:00.0", "0009:01:00.0", "0018:01:00.0", "0019:01:00.0"}, 0, nil},
@@ -48,8 +48,8 @@ func TestFabricFleets(t *testing.T) {
 						g.MemoryBytes != tt.memoryMiB<<20 || g.MIGCapable != (tt.migProfiles > 0) || len(g.MIGProfiles) != tt.migProfiles {
 						t.Errorf("%s GPU %d: %+v", name, i, g)
 					}
-					if want := slices.Contains(tt.migNodes, name); g.MIGEnabled != want || len(g.MIGDevices) != 0 {
-						t.Errorf("%s GPU %d: MIG mode %v with %d MIG devices, want %v with none", name, i, g.MIGEnabled, len(g.MIGDevices), want)
+					if mig := slices.Contains(tt.migNodes, name); g.MIGEnabled != mig || len(g.MIGDevices) != map[bool]int{false: 0, true: 4}[mig] {
+						t.Errorf("%s GPU %d: MIG mode %v with %d MIG devices, want %v", name, i, g.MIGEnabled, len(g.MIGDevices), mig)
 					}
 					if g.PCIBusID != tt.busIDs[i] {
 						t.Errorf("%s GPU %d: bus ID %s, want %s", name, i, g.PCIBusID, tt.busIDs[i])
