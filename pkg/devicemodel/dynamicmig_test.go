@@ -53,6 +53,19 @@ nodes:
   - model: L40S
 `
 
+// gh200MIGFleet is a GH200 NVL32 node (one GH200 96GB) in MIG mode, with
+// one MIG device of the profile with media extensions.
+const gh200MIGFleet = `
+nodes:
+- name: gh200-mig-0
+  fabric: {cliqueID: 1}
+  gpus:
+  - model: GH200-96GB
+    migEnabled: true
+    migDevices:
+    - {profile: 1g.12gb+me, placementStart: 6}
+`
+
 // goldenSlice is one published slice as it appears in a ResourceSlice's
 // spec.
 type goldenSlice struct {
@@ -67,6 +80,7 @@ var dynamicGoldenCases = []struct {
 }{
 	{"dgx-h100-dynamic-mig", parsed(dgxH100MIGFleet), "dgx-h100-mig-0"},
 	{"mixed-dynamic-mig", parsed(mixedMIGFleet), "mixed-0"},
+	{"gh200-dynamic-mig", parsed(gh200MIGFleet), "gh200-mig-0"},
 }
 
 // TestGoldenDynamicMIG pins the slices of dynamic-MIG nodes, counter sets
@@ -122,6 +136,22 @@ func TestDynamicMIGNodes(t *testing.T) {
 			want := hardware.MIGPlacement{ParentUUID: d.GPU.UUID, ProfileID: d.Placement.Profile.ProfileID, Start: d.Placement.Start}
 			if got := d.MIGPlacement(); got != want {
 				t.Errorf("%s: MIGPlacement() = %v, want %v", d.Name(), got, want)
+			}
+		}
+	})
+	t.Run("gh200-dynamic-mig", func(t *testing.T) {
+		inv := discoverMIG(t, parsed(gh200MIGFleet)(t), "gh200-mig-0")
+		m := buildDynamic(t, inv)
+		// 7 + 7 + 4 + 3 + 2 + 1 + 1 placements, as on H100.
+		if sizes := sliceShape(m.Slices()); !slices.Equal(sizes, []string{"1 counter sets", "25 devices"}) {
+			t.Errorf("slices %v", sizes)
+		}
+		if d, ok := m.Lookup("gpu-0-mig-1g12gb-me-20-6"); !ok || d.MIG == nil || d.MIG.UUID != inv.GPUs[0].MIGDevices[0].UUID {
+			t.Errorf("gpu-0-mig-1g12gb-me-20-6: want the existing MIG device, got %+v", d)
+		}
+		for _, name := range []string{"gpu-0-mig-7g96gb-0-0", "gpu-0-mig-3g48gb-9-4", "gpu-0-mig-1g24gb-15-6"} {
+			if d, ok := m.Lookup(name); !ok || d.MIG != nil {
+				t.Errorf("%s: want a free placement, got %+v", name, d)
 			}
 		}
 	})

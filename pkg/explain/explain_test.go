@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -19,6 +20,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
+
+	"github.com/gpudra/gpudra/deployments/deviceclasses"
 )
 
 // TestNineGPUsOnEightGPUNodes: the user's report: 9 GPUs where no node has
@@ -273,7 +276,11 @@ func TestBadInput(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The cluster has a class per MIG profile too: the nearest are named.
-		const reason = `DeviceClass "gpu.nvidia" does not exist; nearest of the cluster's 20: gpu.nvidia.com, mig.nvidia.com, vfio.gpu.nvidia.com, mig-1g.5gb.nvidia.com, mig-1g.10gb.nvidia.com`
+		classes, err := deviceclasses.All()
+		if err != nil {
+			t.Fatal(err)
+		}
+		reason := fmt.Sprintf(`DeviceClass "gpu.nvidia" does not exist; nearest of the cluster's %d: gpu.nvidia.com, mig.nvidia.com, vfio.gpu.nvidia.com, mig-1g.5gb.nvidia.com, mig-1g.10gb.nvidia.com`, len(classes))
 		if r := rep.Claims[0].Requests[0]; r.Status != StatusFails || r.Reason != reason {
 			t.Errorf("request %s: %q\nwant %q", r.Status, r.Reason, reason)
 		}

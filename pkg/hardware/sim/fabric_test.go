@@ -2,6 +2,7 @@ package sim_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
@@ -9,42 +10,63 @@ import (
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 )
 
-// TestGB200NVL72 discovers the built-in rack through the real NVML
-// discovery code: 18 nodes of 4 GB200 GPUs, every GPU in clique 1 of one
-// fabric, with the IMEX channels' major.
-func TestGB200NVL72(t *testing.T) {
-	invs := discover(t, "gb200-nvl72")
-	if len(invs) != 18 {
-		t.Fatalf("%d nodes, want 18", len(invs))
+// TestFabricFleets discovers the built-in NVLink racks through the real
+// NVML discovery code: every GPU in clique 1 of one fabric, with the IMEX
+// channels' major, and the model's figures.
+func TestFabricFleets(t *testing.T) {
+	tests := []struct {
+		fleet             string
+		nodes             int
+		product, arch, cc string
+		memoryMiB         uint64
+		busIDs            []string // per GPU index
+		migProfiles       int
+		migNodes          []string // nodes whose GPUs run in MIG mode, with 4 MIG devices each
+	}{
+		{"gb200-nvl72", 18, "NVIDIA GB200", "Blackwell", "10.0", 189471,
+			[]string{"0008:01:00.0", "0009:01:00.0", "0018:01:00.0", "0019:01:00.0"}, 0, nil},
+		{"gh200-nvl32", 32, "NVIDIA GH200 480GB", "Hopper", "9.0", 97871,
+			[]string{"0009:01:00.0"}, 7, []string{"gh200-nvl32-28", "gh200-nvl32-29", "gh200-nvl32-30", "gh200-nvl32-31"}},
 	}
-	wantClique := sim.DefaultClusterUUID + ".1"
-	uuids := map[string]bool{}
-	for name, inv := range invs {
-		if inv.Problems != nil || len(inv.GPUs) != 4 {
-			t.Fatalf("%s: %d GPUs, problems %+v", name, len(inv.GPUs), inv.Problems)
-		}
-		if inv.Majors.IMEXChannels != sim.IMEXChannelsMajor {
-			t.Errorf("%s: majors %+v", name, inv.Majors)
-		}
-		for i, g := range inv.GPUs {
-			if g.ProductName != "NVIDIA GB200" || g.Architecture != "Blackwell" || g.CUDAComputeCapability != "10.0" ||
-				g.MemoryBytes != 189471<<20 || g.MIGCapable {
-				t.Errorf("%s GPU %d: %+v", name, i, g)
+	for _, tt := range tests {
+		t.Run(tt.fleet, func(t *testing.T) {
+			invs := discover(t, tt.fleet)
+			if len(invs) != tt.nodes {
+				t.Fatalf("%d nodes, want %d", len(invs), tt.nodes)
 			}
-			if want := []string{"0008:01:00.0", "0009:01:00.0", "0018:01:00.0", "0019:01:00.0"}[i]; g.PCIBusID != want {
-				t.Errorf("%s GPU %d: bus ID %s, want %s", name, i, g.PCIBusID, want)
+			wantClique := sim.DefaultClusterUUID + ".1"
+			uuids := map[string]bool{}
+			for name, inv := range invs {
+				if inv.Problems != nil || len(inv.GPUs) != len(tt.busIDs) {
+					t.Fatalf("%s: %d GPUs, problems %+v", name, len(inv.GPUs), inv.Problems)
+				}
+				if inv.Majors.IMEXChannels != sim.IMEXChannelsMajor {
+					t.Errorf("%s: majors %+v", name, inv.Majors)
+				}
+				for i, g := range inv.GPUs {
+					if g.ProductName != tt.product || g.Architecture != tt.arch || g.CUDAComputeCapability != tt.cc ||
+						g.MemoryBytes != tt.memoryMiB<<20 || g.MIGCapable != (tt.migProfiles > 0) || len(g.MIGProfiles) != tt.migProfiles {
+						t.Errorf("%s GPU %d: %+v", name, i, g)
+					}
+					if mig := slices.Contains(tt.migNodes, name); g.MIGEnabled != mig || len(g.MIGDevices) != map[bool]int{false: 0, true: 4}[mig] {
+						t.Errorf("%s GPU %d: MIG mode %v with %d MIG devices, want %v", name, i, g.MIGEnabled, len(g.MIGDevices), mig)
+					}
+					if g.PCIBusID != tt.busIDs[i] {
+						t.Errorf("%s GPU %d: bus ID %s, want %s", name, i, g.PCIBusID, tt.busIDs[i])
+					}
+					if !g.Fabric.Attached() || g.Fabric.CliqueID != 1 || g.Fabric.ClusterUUID != sim.DefaultClusterUUID {
+						t.Errorf("%s GPU %d: fabric %+v", name, i, g.Fabric)
+					}
+					uuids[g.UUID] = true
+				}
+				if clique, err := inv.CliqueID(); err != nil || clique != wantClique {
+					t.Errorf("%s: CliqueID() = %q, %v; want %q", name, clique, err, wantClique)
+				}
 			}
-			if !g.Fabric.Attached() || g.Fabric.CliqueID != 1 || g.Fabric.ClusterUUID != sim.DefaultClusterUUID {
-				t.Errorf("%s GPU %d: fabric %+v", name, i, g.Fabric)
+			if want := tt.nodes * len(tt.busIDs); len(uuids) != want {
+				t.Errorf("%d distinct GPU UUIDs, want %d", len(uuids), want)
 			}
-			uuids[g.UUID] = true
-		}
-		if clique, err := inv.CliqueID(); err != nil || clique != wantClique {
-			t.Errorf("%s: CliqueID() = %q, %v; want %q", name, clique, err, wantClique)
-		}
-	}
-	if len(uuids) != 72 {
-		t.Errorf("%d distinct GPU UUIDs, want 72", len(uuids))
+		})
 	}
 }
 

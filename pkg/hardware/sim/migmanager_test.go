@@ -85,7 +85,7 @@ func (r *rig) discover(t *testing.T) hardware.GPU {
 	return inv.GPUs[0]
 }
 
-var migModels = []string{"A100-SXM4-40GB", "A100-SXM4-80GB", "H100-SXM5-80GB", "H200-SXM5-141GB"}
+var migModels = []string{"A100-SXM4-40GB", "A100-SXM4-80GB", "GH200-96GB", "H100-SXM5-80GB", "H200-SXM5-141GB"}
 
 // Every placement of every profile can be made on an empty GPU, comes back
 // as discovery sees it, and goes again.

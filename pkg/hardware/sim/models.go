@@ -106,6 +106,18 @@ var (
 		numa:    []int{0, 0, 1, 1},
 		domains: []int{0x0008, 0x0009, 0x0018, 0x0019},
 	}
+	// A GH200 node (a Grace Hopper superchip, one GPU): nvidia-smi on
+	// GH200 480GB hosts lists the GPU at 00000009:01:00.0 (public
+	// nvidia-smi and `nvidia-smi -mig 1` outputs of GH200 nodes); its NUMA
+	// affinity is the Grace CPU's node 0 (the GPU's own memory shows up as
+	// further, CPU-less NUMA nodes, which NVML does not report as its
+	// affinity).
+	gh200Layout = &layout{
+		busIDs:  []int{0x01},
+		roots:   []int{0x00},
+		numa:    []int{0},
+		domains: []int{0x0009},
+	}
 	// A generic PCIe server.
 	genericLayout = &layout{
 		busIDs: []int{0x01, 0x21, 0x41, 0x61, 0x81, 0xa1, 0xc1, 0xe1},
@@ -152,7 +164,7 @@ func (l *layout) numaNode(i, count int) int {
 // with their provenance and doubts in testdata/mig, which a test checks
 // these tables against) and from the
 // memory totals nvidia-smi prints (A100-SXM4-40GB 40960MiB, A100-SXM4-80GB
-// 81920MiB, H100 80GB HBM3 81559MiB, L40S 46068MiB). nvidia-smi prints
+// 81920MiB, H100 80GB HBM3 81559MiB, GH200 480GB 97871MiB, L40S 46068MiB). nvidia-smi prints
 // instance memory in GiB with two decimals; the MiB figures here are those
 // values times 1024 (9.75 GiB = 9984 MiB). go-nvml's mock tables disagree
 // with real hardware on memory sizes, engine counts and placements; they
@@ -186,7 +198,8 @@ func ampereProfiles(names [7]string, mem [7]uint64) []MIGProfile {
 	}
 }
 
-// hopperProfiles are H100's and H200's profiles.
+// hopperProfiles are the profiles of the GH100 die: H100's, H200's and
+// GH200's.
 func hopperProfiles(names [7]string, mem [7]uint64) []MIGProfile {
 	return []MIGProfile{
 		{names[0], nvml.GPU_INSTANCE_PROFILE_1_SLICE, 19, nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 1, 7, mem[0], 16, 1, 1, 0, 1, 0, 1, starts1},
@@ -235,6 +248,25 @@ var models = map[string]*Model{
 		MIGProfiles: hopperProfiles(
 			[7]string{"1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"},
 			[7]uint64{16384, 16384, 33024, 33024, 71168, 71168, 143104}),
+	},
+	// The Hopper GPU of a GH200 480GB superchip (GH200 NVL32 and
+	// single-superchip nodes), the 96GB HBM3 version: nvidia-smi names it
+	// "NVIDIA GH200 480GB" (480GB counts the Grace CPU's LPDDR5X too) and
+	// reports 97871MiB, device ID 0x234210DE, architecture Hopper, compute
+	// capability 9.0 (public nvidia-smi -q outputs of GH200 480GB nodes;
+	// mig-parted's default config lists 0x234210DE as GH200). Its -lgip,
+	// with the same SM and engine counts as H100's (the same GH100 die), is
+	// from a public `nvidia-smi mig -lgip` run on a GH200 480GB, see
+	// testdata/mig/GH200-96GB.txt; its -lgipp placements were not found
+	// published and are H100's.
+	"GH200-96GB": {
+		Name: "GH200-96GB", ProductName: "NVIDIA GH200 480GB",
+		Architecture: nvml.DEVICE_ARCH_HOPPER, Brand: nvml.BRAND_NVIDIA, CCMajor: 9, CCMinor: 0,
+		MemoryMiB: 97871, PCIDeviceID: 0x234210DE, MemorySlices: 8, layout: gh200Layout,
+		// -lgip: 11.00, 11.00, 23.00, 23.00, 46.50, 46.50, 93.00 GiB.
+		MIGProfiles: hopperProfiles(
+			[7]string{"1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb"},
+			[7]uint64{11264, 11264, 23552, 23552, 47616, 47616, 95232}),
 	},
 	// The Blackwell GPU of a GB200 superchip (GB200 NVL72 compute trays):
 	// nvidia-smi names it "NVIDIA GB200" and reports 189471MiB (public

@@ -74,8 +74,8 @@ func TestBuiltinFleets(t *testing.T) {
 		{"demo", map[string]modelFacts{"dgx-h100-0": h100, "dgx-h100-1": h100, "dgx-a100-0": a100, "a100-classic": a100},
 			map[string][]int{"dgx-h100-0": {0, 0, 0, 0, 0, 0, 4, 7}, "dgx-h100-1": {0, 0, 0, 0, -1, -1, -1, -1}, "dgx-a100-0": {7, 2, 0, 0, 0, 0, 0, 0}}},
 	}
-	// gb200-nvl72 is TestGB200NVL72's.
-	if got, want := len(tests)+1, len(sim.BuiltinNames()); got != want {
+	// gb200-nvl72 and gh200-nvl32 are TestFabricFleets'.
+	if got, want := len(tests)+2, len(sim.BuiltinNames()); got != want {
 		t.Errorf("test covers %d fleets, BuiltinNames has %d: %v", got, want, sim.BuiltinNames())
 	}
 	seenUUIDs := map[string]string{}

@@ -32,7 +32,7 @@ func TestParseRejects(t *testing.T) {
 		{"sharing", "nodes:\n- name: a\n  sharing: memory", []string{`nodes[0] (a): sharing: sharing "memory": must be none, memory-compute, shares=<N> (N from 1 to 100) or unlimited`}},
 		{"too many shares", "nodes:\n- name: a\n  sharing: shares=101", []string{"nodes[0] (a): sharing:", "from 1 to 100"}},
 		{"unknown model", node("  - model: V100\n"),
-			[]string{"nodes[0] (n0): gpus[0].model:", `unknown model "V100"`, "A100-SXM4-40GB, A100-SXM4-80GB, GB200, H100-SXM5-80GB, H200-SXM5-141GB, L40S"}},
+			[]string{"nodes[0] (n0): gpus[0].model:", `unknown model "V100"`, "A100-SXM4-40GB, A100-SXM4-80GB, GB200, GH200-96GB, H100-SXM5-80GB, H200-SXM5-141GB, L40S"}},
 		{"missing model", node("  - minor: 1\n"), []string{"gpus[0].model: must be set"}},
 		{"fabric state", "nodes:\n- name: a\n  fabric: {cliqueID: 1, state: Done}", []string{`nodes[0] (a): fabric.state: "Done": must be NotStarted, InProgress or Completed`}},
 		{"fabric cluster UUID", "nodes:\n- name: a\n  fabric: {cliqueID: 1, clusterUUID: c1}", []string{`nodes[0] (a): fabric.clusterUUID: "c1" is not a UUID`}},
