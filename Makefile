@@ -104,8 +104,10 @@ fuzz:
 		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) $$pkg; \
 	done
 
-# The local cluster's load run: 800 pods with one-GPU claims, and 800
-# without, on 100 simulated 8-GPU nodes. Not part of test.
+# The local cluster's load run: 800 pods with one-GPU claims on 100
+# simulated 8-GPU nodes, served in alternating rounds by gpudra and by the
+# baseline driver (localcluster/baseline); prints the ratios
+# (docs/performance.md). Not part of test.
 load:
 	cd localcluster && $(GO) run ./cmd/gpudra-sim --load 800 --load-nodes 100
 

@@ -12,6 +12,7 @@ package baseline
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -58,6 +59,9 @@ var _ kubeletplugin.DRAPlugin = &Driver{}
 func Start(ctx context.Context, cfg Config) (*Driver, error) {
 	if cfg.DriverName == "" || cfg.NodeName == "" {
 		return nil, fmt.Errorf("baseline driver: DriverName and NodeName are required")
+	}
+	if err := os.MkdirAll(cfg.PluginDataDir, 0o750); err != nil {
+		return nil, fmt.Errorf("baseline driver: %w", err)
 	}
 	w, err := cdi.NewWriter(cfg.CDIDir, cfg.DriverName)
 	if err != nil {

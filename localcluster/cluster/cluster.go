@@ -68,6 +68,9 @@ type Options struct {
 	// BeforeChart, if set, may change the rendered chart before anything
 	// of it is applied or run (tests take a verb out of a role with it).
 	BeforeChart func(*install.Release) error
+	// Baseline, if set, is the driver name of the baseline driver every
+	// DRA node runs beside gpudra (simnode.Config.Baseline).
+	Baseline string
 }
 
 // Cluster is a running local cluster.
@@ -252,6 +255,7 @@ func (c *Cluster) startNode(ctx context.Context, index int, name string) (*simno
 		MPSControlBinary: c.opts.MPSControlBinary,
 		KubeletTLS:       kubeletTLS,
 		KubeletVersion:   c.kubeletVersion,
+		Baseline:         c.opts.Baseline,
 	})
 }
 

@@ -46,6 +46,8 @@ import (
 	"github.com/gpudra/gpudra/pkg/pluginflags"
 	"github.com/gpudra/gpudra/pkg/timeslice"
 	"github.com/gpudra/gpudra/pkg/vfio/fakesysfs"
+
+	"github.com/gpudra/gpudra/localcluster/baseline"
 )
 
 // Config describes one simulated node.
@@ -110,6 +112,10 @@ type Config struct {
 	// DevicePlugin is the device plugin's config (NVIDIA's format), nil
 	// for its defaults.
 	DevicePlugin *deviceplugin.Config
+	// Baseline, if set, is the driver name of a baseline driver (package
+	// baseline) the node runs beside gpudra's plugin in ModeDRA, with the
+	// devices and counter sets gpudra published: the load run's yardstick.
+	Baseline string
 }
 
 // PodUIDLength is the length of the UIDs of the simulated plugin pods.
@@ -148,6 +154,8 @@ type Node struct {
 	podUID string
 	// mps is the MPS manager of the running plugin, nil without MPS.
 	mps *mps.Manager
+	// baseline is the baseline driver, nil without Config.Baseline.
+	baseline *baseline.Driver
 
 	// api serves the kubelet API, nil without Config.KubeletTLS.
 	api *kubeletServer
@@ -262,6 +270,11 @@ func Start(ctx context.Context, cfg Config) (_ *Node, finalErr error) {
 		if err := n.StartPlugin(ctx); err != nil {
 			return nil, err
 		}
+		if cfg.Baseline != "" {
+			if err := n.startBaseline(ctx); err != nil {
+				return nil, err
+			}
+		}
 	default:
 		return nil, fmt.Errorf("node %s: mode %q: must be %s or %s", cfg.Name, cfg.Mode, sim.ModeDRA, sim.ModeDevicePlugin)
 	}
@@ -336,7 +349,8 @@ func (n *Node) StartPlugin(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("node %s: plugin: %w", n.cfg.Name, err)
 	}
-	d, err := plugin.Start(n.ctx, cfg)
+	var d *plugin.Driver
+	labeled(n.ctx, n.cfg.DriverName, func(ctx context.Context) { d, err = plugin.Start(ctx, cfg) })
 	if err != nil {
 		return fmt.Errorf("node %s: start plugin: %w", n.cfg.Name, err)
 	}
@@ -421,34 +435,10 @@ func (n *Node) pluginConfig(podUID string) (plugin.Config, error) {
 	return cfg, nil
 }
 
-// waitForPlugin waits for registration with the DRA manager (the plugin
-// manager polls its directory once a second) and for the published pool.
+// waitForPlugin waits until gpudra's plugin is registered with the DRA
+// manager and has published its devices.
 func (n *Node) waitForPlugin(ctx context.Context) error {
-	want := len(n.plugin.Devices())
-	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		if n.plugins != nil {
-			if _, err := n.plugins.GetPlugin(n.cfg.DriverName); err != nil {
-				return false, nil
-			}
-		}
-		slices, err := n.cfg.KubeletClient.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{
-			FieldSelector: "spec.nodeName=" + n.cfg.Name,
-		})
-		if err != nil {
-			return false, nil
-		}
-		got := 0
-		for _, s := range slices.Items {
-			if s.Spec.Driver == n.cfg.DriverName {
-				got += len(s.Spec.Devices)
-			}
-		}
-		return got == want, nil
-	})
-	if err != nil {
-		return fmt.Errorf("node %s: plugin not registered with its %d devices published: %w", n.cfg.Name, want, err)
-	}
-	return nil
+	return n.waitForDriver(ctx, n.cfg.DriverName, len(n.plugin.Devices()))
 }
 
 // StopPlugin stops the node's plugin, as when its pod is deleted; the
@@ -491,7 +481,8 @@ func (n *Node) UpgradePlugin(ctx context.Context) (time.Duration, error) {
 		return 0, fmt.Errorf("node %s: new plugin: %w", n.cfg.Name, err)
 	}
 	start := time.Now()
-	d, err := plugin.Start(n.ctx, cfg)
+	var d *plugin.Driver
+	labeled(n.ctx, n.cfg.DriverName, func(ctx context.Context) { d, err = plugin.Start(ctx, cfg) })
 	if err != nil {
 		return 0, fmt.Errorf("node %s: start new plugin: %w", n.cfg.Name, err)
 	}
@@ -546,6 +537,9 @@ func (n *Node) Stop() {
 		n.loop.stop()
 	}
 	n.StopPlugin()
+	if n.baseline != nil {
+		n.baseline.Stop()
+	}
 	if n.pmStop != nil {
 		close(n.pmStop)
 	}
