@@ -84,12 +84,16 @@ func compareDrivers(ctx context.Context, o options, c *cluster.Cluster, client k
 }
 
 // createLoadClasses creates the baseline driver's DeviceClass and one
-// claim template per driver, each asking for one device of its class.
+// claim template per driver, each asking for one device of its class. The
+// baseline's class selects what gpudra's gpu.nvidia.com selects, whole
+// GPUs, among the same devices (gpudra's attributes, which the baseline
+// publishes in its own driver's domain): a class of every device would
+// also offer the MIG placements, a larger search for the scheduler.
 func createLoadClasses(ctx context.Context, client kubernetes.Interface, runs []*driverRun) error {
 	class := &resourceapi.DeviceClass{
 		ObjectMeta: metav1.ObjectMeta{Name: baselineDriver},
 		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-			Expression: fmt.Sprintf("device.driver == %q", baselineDriver),
+			Expression: fmt.Sprintf("device.driver == '%[1]s' && device.attributes['%[1]s'].type == 'gpu'", baselineDriver),
 		}}}},
 	}
 	if _, err := client.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
@@ -145,6 +149,11 @@ func cpuByDriver(data []byte) (map[string]time.Duration, error) {
 	return out, nil
 }
 
+// profilePeriod is the CPU profile's sampling period (100 Hz): a driver's
+// CPU from the profile is a count of these, so its error is about the
+// square root of the count.
+const profilePeriod = 10 * time.Millisecond
+
 // totals sums a driver's rounds: makespan, process CPU and the CPU its
 // own goroutines took (by profile label).
 func (r *driverRun) totals() (makespan, cpu, own time.Duration) {
@@ -171,11 +180,11 @@ func printComparison(o options, c *cluster.Cluster, stateDir string, base, gpudr
 		}
 	}
 	fmt.Printf(`  gpudra / baseline: makespan %.2fx, CPU per pod %.2fx (%.1f ms vs %.1f ms)
-  each driver's plugin CPU per claim (pprof label %s): gpudra %.2f ms, baseline %.2f ms; gpudra's plugin %.1f%% of its rounds' CPU
+  each driver's plugin CPU per claim (pprof label %s): gpudra %.2f ms (%d samples), baseline %.2f ms (%d samples); gpudra's plugin %.1f%% of its rounds' CPU
   every pod Running with its own device prepared on its node and resolved through CDI
   peak RSS of this process: %s; GOMAXPROCS %d; state in %s
 `, gm.Seconds()/bm.Seconds(), float64(gc)/float64(bc), perPod(gc), perPod(bc),
-		simnode.DriverLabel, perPod(gown), perPod(bo), 100*gown.Seconds()/gc.Seconds(),
+		simnode.DriverLabel, perPod(gown), gown/profilePeriod, perPod(bo), bo/profilePeriod, 100*gown.Seconds()/gc.Seconds(),
 		peakRSS(), runtime.GOMAXPROCS(0), stateDir)
 	g, b := gpudra.rounds[len(gpudra.rounds)-1], base.rounds[len(base.rounds)-1]
 	printRequests(os.Stdout, o.load, g.requests, b.requests)
