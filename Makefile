@@ -18,7 +18,7 @@ LDFLAGS := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).commit=$(COMMI
 IMAGE ?= ghcr.io/gpudra/gpudra:$(VERSION)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
-.PHONY: demo inspect test test-race-e2e build image bench fuzz load chaos chaos-real
+.PHONY: demo inspect test test-race-e2e build image bench bench-prepare fuzz load chaos chaos-real
 
 # The local cluster: a real control plane with simulated GPU nodes, running
 # every example. The first run compiles Kubernetes (about 10 minutes on 2
@@ -66,6 +66,13 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2000x ./pkg/deviceplugin/
 	cd localcluster && $(GO) test -run '^$$' -bench . -benchtime 300x ./preparebench/
 
+# gpudra's own work in one Prepare against the writes it needs, six runs
+# for benchstat (docs/performance.md): make bench-prepare > new.txt, then
+# benchstat old.txt new.txt.
+bench-prepare:
+	$(GO) test -run '^$$' -bench 'BenchmarkPrepareOwnWork$$|BenchmarkPrepareWritesFloor$$|BenchmarkPrepareOneClaim$$' \
+		-benchtime 300x -count 6 ./pkg/plugin/
+
 # Every decoder of user or on-disk input, fuzzed for FUZZTIME each (make
 # fuzz FUZZTIME=30s); `make test` runs their seed corpora as ordinary tests.
 # Go fuzzes one target per invocation. New inputs that widen coverage are
@@ -97,8 +104,10 @@ fuzz:
 		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) $$pkg; \
 	done
 
-# The local cluster's load run: 800 pods with one-GPU claims, and 800
-# without, on 100 simulated 8-GPU nodes. Not part of test.
+# The local cluster's load run: 800 pods with one-GPU claims on 100
+# simulated 8-GPU nodes, served in alternating rounds by gpudra and by the
+# baseline driver (localcluster/baseline); prints the ratios
+# (docs/performance.md). Not part of test.
 load:
 	cd localcluster && $(GO) run ./cmd/gpudra-sim --load 800 --load-nodes 100
 

@@ -76,6 +76,9 @@ type Options struct {
 	// NVLink clique; with one it is installed anyway. ChartValues that set
 	// computeDomains.enabled decide instead.
 	ComputeDomains bool
+	// Baseline, if set, is the driver name of the baseline driver every
+	// DRA node runs beside gpudra (simnode.Config.Baseline).
+	Baseline string
 }
 
 // Cluster is a running local cluster.
@@ -272,6 +275,7 @@ func (c *Cluster) startNode(ctx context.Context, index int, name string) (*simno
 		MPSControlBinary: c.opts.MPSControlBinary,
 		KubeletTLS:       kubeletTLS,
 		KubeletVersion:   c.kubeletVersion,
+		Baseline:         c.opts.Baseline,
 	})
 }
 

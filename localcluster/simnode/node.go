@@ -47,6 +47,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/timeslice"
 	"github.com/gpudra/gpudra/pkg/vfio/fakesysfs"
 
+	"github.com/gpudra/gpudra/localcluster/baseline"
 	"github.com/gpudra/gpudra/localcluster/simnic"
 )
 
@@ -115,6 +116,10 @@ type Config struct {
 	// NICs, if any, are the node's RDMA NICs, which the simulated NIC
 	// driver (package simnic) serves beside gpudra's plugin.
 	NICs []sim.NIC
+	// Baseline, if set, is the driver name of a baseline driver (package
+	// baseline) the node runs beside gpudra's plugin in ModeDRA, with the
+	// devices and counter sets gpudra published: the load run's yardstick.
+	Baseline string
 }
 
 // PodUIDLength is the length of the UIDs of the simulated plugin pods.
@@ -153,6 +158,8 @@ type Node struct {
 	podUID string
 	// mps is the MPS manager of the running plugin, nil without MPS.
 	mps *mps.Manager
+	// baseline is the baseline driver, nil without Config.Baseline.
+	baseline *baseline.Driver
 
 	// api serves the kubelet API, nil without Config.KubeletTLS.
 	api *kubeletServer
@@ -270,6 +277,11 @@ func Start(ctx context.Context, cfg Config) (_ *Node, finalErr error) {
 		if err := n.StartPlugin(ctx); err != nil {
 			return nil, err
 		}
+		if cfg.Baseline != "" {
+			if err := n.startBaseline(ctx); err != nil {
+				return nil, err
+			}
+		}
 	default:
 		return nil, fmt.Errorf("node %s: mode %q: must be %s or %s", cfg.Name, cfg.Mode, sim.ModeDRA, sim.ModeDevicePlugin)
 	}
@@ -347,7 +359,8 @@ func (n *Node) StartPlugin(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("node %s: plugin: %w", n.cfg.Name, err)
 	}
-	d, err := plugin.Start(n.ctx, cfg)
+	var d *plugin.Driver
+	labeled(n.ctx, n.cfg.DriverName, func(ctx context.Context) { d, err = plugin.Start(ctx, cfg) })
 	if err != nil {
 		return fmt.Errorf("node %s: start plugin: %w", n.cfg.Name, err)
 	}
@@ -432,8 +445,8 @@ func (n *Node) pluginConfig(podUID string) (plugin.Config, error) {
 	return cfg, nil
 }
 
-// waitForPlugin waits for registration with the DRA manager (the plugin
-// manager polls its directory once a second) and for the published pool.
+// waitForPlugin waits until gpudra's plugin is registered with the DRA
+// manager and has published its devices.
 func (n *Node) waitForPlugin(ctx context.Context) error {
 	return n.waitForDriver(ctx, n.cfg.DriverName, len(n.plugin.Devices()))
 }
@@ -507,7 +520,8 @@ func (n *Node) UpgradePlugin(ctx context.Context) (time.Duration, error) {
 		return 0, fmt.Errorf("node %s: new plugin: %w", n.cfg.Name, err)
 	}
 	start := time.Now()
-	d, err := plugin.Start(n.ctx, cfg)
+	var d *plugin.Driver
+	labeled(n.ctx, n.cfg.DriverName, func(ctx context.Context) { d, err = plugin.Start(ctx, cfg) })
 	if err != nil {
 		return 0, fmt.Errorf("node %s: start new plugin: %w", n.cfg.Name, err)
 	}
@@ -564,6 +578,9 @@ func (n *Node) Stop() {
 	n.StopPlugin()
 	if n.nics != nil {
 		n.nics.Stop()
+	}
+	if n.baseline != nil {
+		n.baseline.Stop()
 	}
 	if n.pmStop != nil {
 		close(n.pmStop)

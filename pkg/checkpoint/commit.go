@@ -129,7 +129,7 @@ func (r *request) apply(base *claimstate.State, sc schema) (next *claimstate.Sta
 
 // persist writes next, unless the file already holds exactly it.
 func (s *Store) persist(next *claimstate.State) error {
-	data, err := encode(s.bootID, next)
+	data, err := s.enc.encode(s.bootID, next)
 	if err != nil {
 		return fmt.Errorf("encode checkpoint: %w", err)
 	}

@@ -125,7 +125,8 @@ type Store struct {
 
 	// Owned by the committer (and by Open before the committer starts).
 	cur  snapshot
-	data []byte   // see loaded.data
+	data []byte // see loaded.data
+	enc  claimEncoder
 	pin  *os.File // the file cur.id names, kept open so its inode is not reused
 
 	writes      atomic.Int64 // files written; for metrics, tests and benchmarks
@@ -223,7 +224,7 @@ func (s *Store) open(ctx context.Context) (OpenReport, error) {
 	}
 	s.useLoaded(l)
 	if l.rewrite {
-		data, err := encode(s.bootID, s.cur.state)
+		data, err := s.enc.encode(s.bootID, s.cur.state)
 		if err == nil {
 			err = s.replace(data)
 		}

@@ -121,43 +121,53 @@ func toV5(bootID string, st *claimstate.State) (*fileV5, error) {
 		f.Version = versionV5
 	}
 	for uid, c := range st.Claims {
-		var phase string
-		switch c.Phase {
-		case claimstate.PrepareStarted:
-			phase = phaseStarted
-		case claimstate.PrepareCompleted:
-			phase = phaseCompleted
-		default:
-			return nil, fmt.Errorf("claim %q: unknown phase %q", uid, c.Phase)
-		}
-		out := &claimV5{
-			UID:       c.UID,
-			Namespace: c.Namespace,
-			Name:      c.Name,
-			Phase:     phase,
-			StartedAt: c.StartedAt,
-			Devices:   make([]deviceV5, len(c.Devices)),
-			Adopted:   c.Adopted,
-			Records:   c.Records,
-		}
-		for _, p := range c.Consumers {
-			out.Consumers = append(out.Consumers, consumerV5{Name: p.Name, UID: p.UID})
-		}
-		for i, d := range c.Devices {
-			out.Devices[i] = deviceV5{
-				Requests:     d.Requests,
-				Pool:         d.Pool,
-				Name:         d.Name,
-				ShareID:      d.ShareID,
-				AdminAccess:  d.AdminAccess,
-				UUID:         d.UUID,
-				ParentUUID:   d.ParentUUID,
-				CDIDeviceIDs: d.CDIDeviceIDs,
-			}
+		out, err := claimToV5(uid, c)
+		if err != nil {
+			return nil, err
 		}
 		f.Claims[uid] = out
 	}
 	return f, nil
+}
+
+// claimToV5 is the wire form of the claim recorded under uid. It shares
+// slices and records with c.
+func claimToV5(uid string, c *claimstate.Claim) (*claimV5, error) {
+	var phase string
+	switch c.Phase {
+	case claimstate.PrepareStarted:
+		phase = phaseStarted
+	case claimstate.PrepareCompleted:
+		phase = phaseCompleted
+	default:
+		return nil, fmt.Errorf("claim %q: unknown phase %q", uid, c.Phase)
+	}
+	out := &claimV5{
+		UID:       c.UID,
+		Namespace: c.Namespace,
+		Name:      c.Name,
+		Phase:     phase,
+		StartedAt: c.StartedAt,
+		Devices:   make([]deviceV5, len(c.Devices)),
+		Adopted:   c.Adopted,
+		Records:   c.Records,
+	}
+	for _, p := range c.Consumers {
+		out.Consumers = append(out.Consumers, consumerV5{Name: p.Name, UID: p.UID})
+	}
+	for i, d := range c.Devices {
+		out.Devices[i] = deviceV5{
+			Requests:     d.Requests,
+			Pool:         d.Pool,
+			Name:         d.Name,
+			ShareID:      d.ShareID,
+			AdminAccess:  d.AdminAccess,
+			UUID:         d.UUID,
+			ParentUUID:   d.ParentUUID,
+			CDIDeviceIDs: d.CDIDeviceIDs,
+		}
+	}
+	return out, nil
 }
 
 // schema is what reading and validating a state depends on besides the

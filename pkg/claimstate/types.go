@@ -98,15 +98,17 @@ func (s *State) Clone() *State {
 	return out
 }
 
-// Clone returns a deep copy of c.
+// Clone returns a deep copy of c. Nil slices stay nil and empty ones
+// empty: the checkpoint's encoder compares a claim with a copy of what it
+// encoded, and encoding/json tells the two apart.
 func (c *Claim) Clone() *Claim {
 	out := *c
-	out.Consumers = append([]Consumer(nil), c.Consumers...)
-	out.Devices = make([]Device, len(c.Devices))
-	for i, d := range c.Devices {
-		d.Requests = append([]string(nil), d.Requests...)
-		d.CDIDeviceIDs = append([]string(nil), d.CDIDeviceIDs...)
-		out.Devices[i] = d
+	out.Consumers = slices.Clone(c.Consumers)
+	out.Devices = slices.Clone(c.Devices)
+	for i := range out.Devices {
+		d := &out.Devices[i]
+		d.Requests = slices.Clone(d.Requests)
+		d.CDIDeviceIDs = slices.Clone(d.CDIDeviceIDs)
 	}
 	out.Records = CloneRecords(c.Records)
 	return &out

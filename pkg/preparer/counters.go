@@ -2,8 +2,9 @@ package preparer
 
 import (
 	"fmt"
-	"maps"
 	"slices"
+
+	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
@@ -24,62 +25,126 @@ type counterKey struct{ set, counter string }
 //
 // A device is charged once however many claims hold it (shares of a
 // shareable device, as the scheduler counts them); admin-access devices
-// and devices the model does not publish (any more) are not charged.
+// and devices the model does not publish (any more) are not charged. When
+// a counter is exceeded, the claim with the lowest UID among those holding
+// it is named.
+//
+// It runs twice per Prepare, inside checkpoint transactions, so it looks
+// only at the counter sets the claim's own devices consume: a node's
+// model has a set of a dozen counters per GPU, and other claims' devices
+// on other GPUs cannot change the outcome.
 func checkCounters(model *devicemodel.Model, pool string, s *claimstate.State, claim *claimstate.Claim) error {
 	if model == nil {
 		return nil
 	}
-	capacity := map[counterKey]int64{}
-	for _, set := range model.CounterSets {
-		for name, c := range set.Counters {
-			capacity[counterKey{set.Name, name}] = c.Value.Value()
-		}
-	}
-	used := map[counterKey]int64{}
-	holder := map[counterKey]*claimstate.Claim{}
-	charged := map[string]bool{}
-	consumption := func(d claimstate.Device) map[counterKey]int64 {
-		if d.AdminAccess || d.Pool != pool || charged[d.Name] {
-			return nil
-		}
-		dev, ok := model.Lookup(d.Name)
-		if !ok {
-			return nil
-		}
-		out := map[counterKey]int64{}
-		for _, cc := range dev.API.ConsumesCounters {
-			for name, c := range cc.Counters {
-				out[counterKey{cc.CounterSet, name}] += c.Value.Value()
+	var sets []string // the counter sets the claim's devices consume
+	for _, d := range claim.Devices {
+		for _, cc := range consumed(model, pool, d) {
+			if !slices.Contains(sets, cc.CounterSet) {
+				sets = append(sets, cc.CounterSet)
 			}
 		}
-		return out
 	}
-	for _, uid := range slices.Sorted(maps.Keys(s.Claims)) {
-		other := s.Claims[uid]
+	if len(sets) == 0 {
+		return nil
+	}
+	// What the other claims hold of those sets: each device once, named
+	// by the claim with the lowest UID that holds it.
+	used := map[counterKey]int64{}
+	holder := map[counterKey]*claimstate.Claim{}
+	var charged map[string]*claimstate.Claim
+	for uid, other := range s.Claims {
 		if uid == claim.UID {
 			continue
 		}
 		for _, d := range other.Devices {
-			for k, v := range consumption(d) {
-				used[k] += v
-				if holder[k] == nil {
+			ccs := consumed(model, pool, d)
+			if !consumesAny(ccs, sets) {
+				continue
+			}
+			if charged == nil {
+				charged = map[string]*claimstate.Claim{}
+			}
+			if first, ok := charged[d.Name]; ok {
+				if other.UID < first.UID {
+					charged[d.Name] = other
+				}
+				continue
+			}
+			charged[d.Name] = other
+		}
+	}
+	for name, other := range charged {
+		dev, _ := model.Lookup(name)
+		for _, cc := range dev.API.ConsumesCounters {
+			if !slices.Contains(sets, cc.CounterSet) {
+				continue
+			}
+			for counter, c := range cc.Counters {
+				k := counterKey{cc.CounterSet, counter}
+				used[k] += c.Value.Value()
+				if h := holder[k]; h == nil || other.UID < h.UID {
 					holder[k] = other
 				}
 			}
-			charged[d.Name] = true
 		}
 	}
 	for _, d := range claim.Devices {
-		for k, v := range consumption(d) {
-			limit, known := capacity[k]
-			if h := holder[k]; known && used[k]+v > limit && h != nil {
-				return &RefusedError{Err: fmt.Errorf("device %s/%s needs %d of counter %s of %s, of which claim %s/%s (uid %s) and others prepared here hold %d of %d: "+
-					"the scheduler handed it out again (after a pod was deleted by force?); retried until they are unprepared",
-					d.Pool, d.Name, v, k.counter, k.set, h.Namespace, h.Name, h.UID, used[k], limit)}
-			}
-			used[k] += v
+		if charged[d.Name] != nil {
+			continue
 		}
-		charged[d.Name] = true
+		for _, cc := range consumed(model, pool, d) {
+			set := counterSet(model, cc.CounterSet)
+			for counter, c := range cc.Counters {
+				k := counterKey{cc.CounterSet, counter}
+				v := c.Value.Value()
+				limit, known := set[counter]
+				if h := holder[k]; known && used[k]+v > limit.Value.Value() && h != nil {
+					return &RefusedError{Err: fmt.Errorf("device %s/%s needs %d of counter %s of %s, of which claim %s/%s (uid %s) and others prepared here hold %d of %d: "+
+						"the scheduler handed it out again (after a pod was deleted by force?); retried until they are unprepared",
+						d.Pool, d.Name, v, k.counter, k.set, h.Namespace, h.Name, h.UID, used[k], limit.Value.Value())}
+				}
+				used[k] += v
+			}
+		}
+		if charged == nil {
+			charged = map[string]*claimstate.Claim{}
+		}
+		charged[d.Name] = claim
+	}
+	return nil
+}
+
+// consumed returns the counters a device of a claim is charged: none for
+// an admin-access device, another pool's or one the model does not
+// publish.
+func consumed(model *devicemodel.Model, pool string, d claimstate.Device) []resourceapi.DeviceCounterConsumption {
+	if d.AdminAccess || d.Pool != pool {
+		return nil
+	}
+	dev, ok := model.Lookup(d.Name)
+	if !ok {
+		return nil
+	}
+	return dev.API.ConsumesCounters
+}
+
+func consumesAny(ccs []resourceapi.DeviceCounterConsumption, sets []string) bool {
+	for _, cc := range ccs {
+		if slices.Contains(sets, cc.CounterSet) {
+			return true
+		}
+	}
+	return false
+}
+
+// counterSet returns the counters of the model's set of that name; nil
+// when the model has none of that name.
+func counterSet(model *devicemodel.Model, name string) map[string]resourceapi.Counter {
+	for i := range model.CounterSets {
+		if model.CounterSets[i].Name == name {
+			return model.CounterSets[i].Counters
+		}
 	}
 	return nil
 }

@@ -7,8 +7,6 @@ import (
 	"io"
 	"maps"
 	"os"
-	"runtime"
-	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -29,6 +27,7 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 
+	"github.com/gpudra/gpudra/localcluster/baseline"
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/controlplane"
 )
@@ -72,8 +71,9 @@ func loadFleet(n int) (*sim.Fleet, error) {
 }
 
 // runLoad measures how fast pods with one-GPU claim templates go from
-// creation to prepared-and-running, against the same number of pods
-// without claims through the same pod loop.
+// creation to prepared-and-running with gpudra, against the same pods and
+// claims served by the baseline driver (package baseline) on the same
+// nodes, in alternating rounds (compare.go).
 func runLoad(ctx context.Context, o options) error {
 	fleet, err := loadFleet(o.loadNodes)
 	if err != nil {
@@ -92,7 +92,7 @@ func runLoad(ctx context.Context, o options) error {
 	}
 	defer os.RemoveAll(dir)
 	cpOpts := controlplane.Options{}
-	opts := cluster.Options{Fleet: fleet, Dir: dir, ControlPlane: cpOpts, Progress: func(msg string) { progress("%s", msg) }}
+	opts := cluster.Options{Fleet: fleet, Dir: dir, ControlPlane: cpOpts, Baseline: baselineDriver, Progress: func(msg string) { progress("%s", msg) }}
 	progress("starting the local cluster: %d nodes of 8 H100, state in %s", o.loadNodes, dir)
 	start := time.Now()
 	c, err := cluster.Start(ctx, opts)
@@ -109,84 +109,7 @@ func runLoad(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	tmpl := &resourceapi.ResourceClaimTemplate{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "one-gpu"},
-		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
-			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.nvidia.com"}}},
-		}}},
-	}
-	if _, err := client.ResourceV1().ResourceClaimTemplates("default").Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
-		return err
-	}
-
-	// Plain pods first: deleting them leaves nothing behind for the
-	// nodes and controllers to clean up while the claims round runs.
-	without, err := profiled(o.cpuProfilePlain, func() (*roundResult, error) {
-		return loadRound(ctx, c, client, "plain", o.load, false)
-	})
-	if err != nil {
-		return err
-	}
-	if err := verifyLoad(ctx, c, client, "plain", o.load, false); err != nil {
-		return err
-	}
-	progress("deleting the pods")
-	if err := deleteAllPods(ctx, client); err != nil {
-		return err
-	}
-	withClaims, err := profiled(o.cpuProfile, func() (*roundResult, error) {
-		return loadRound(ctx, c, client, "claims", o.load, true)
-	})
-	if err != nil {
-		return err
-	}
-	progress("checking that every pod got its own GPU, prepared and resolved through CDI")
-	if err := verifyLoad(ctx, c, client, "claims", o.load, true); err != nil {
-		return err
-	}
-	cp := c.ControlPlane().Options()
-	co := c.Options()
-	fmt.Printf(`
-load run: %d pods on %d simulated nodes (8 H100 each), one-GPU claim templates vs no claims
-  with claims:    makespan %v  (%.1f pods/s, CPU %.1f s = %.1f ms per pod); creates done after %v; create to claims made p50 %v p99 %v; to bound p50 %v p99 %v; to Running p50 %v p99 %v
-  without claims: makespan %v  (%.1f pods/s, CPU %.1f s = %.1f ms per pod); creates done after %v; create to bound p50 %v p99 %v; create to Running p50 %v p99 %v
-  ratio with/without: %.2f
-  every pod with claims Running with its own GPU prepared on its node and resolved through CDI
-  client QPS/burst: kube-scheduler %g/%d, controllers %g/%d, each node's kubelet parts %g/%d and its plugin %g/%d, pod creator %d/%d (%d goroutines); %d pod workers per node
-  peak RSS of this process: %s; GOMAXPROCS %d; state in %s
-`, o.load, o.loadNodes,
-		withClaims.makespan.Round(time.Millisecond), float64(o.load)/withClaims.makespan.Seconds(),
-		withClaims.cpu.Seconds(), float64(withClaims.cpu.Milliseconds())/float64(o.load), withClaims.created.Round(time.Millisecond),
-		percentile(withClaims.claimed, 50), percentile(withClaims.claimed, 99),
-		percentile(withClaims.bound, 50), percentile(withClaims.bound, 99), percentile(withClaims.running, 50), percentile(withClaims.running, 99),
-		without.makespan.Round(time.Millisecond), float64(o.load)/without.makespan.Seconds(),
-		without.cpu.Seconds(), float64(without.cpu.Milliseconds())/float64(o.load), without.created.Round(time.Millisecond),
-		percentile(without.bound, 50), percentile(without.bound, 99), percentile(without.running, 50), percentile(without.running, 99),
-		withClaims.makespan.Seconds()/without.makespan.Seconds(),
-		cp.SchedulerQPS, cp.SchedulerBurst, cp.ControllerQPS, cp.ControllerBurst,
-		co.NodeQPS, co.NodeBurst, co.NodeQPS, co.NodeBurst,
-		loadCreatorQPS, loadCreatorBurst, loadCreators, co.NodeWorkers,
-		peakRSS(), runtime.GOMAXPROCS(0), base)
-	printRequests(os.Stdout, o.load, withClaims.requests, without.requests)
-	return nil
-}
-
-// profiled runs f under a CPU profile written to file, if file is set.
-func profiled(file string, f func() (*roundResult, error)) (*roundResult, error) {
-	if file == "" {
-		return f()
-	}
-	out, err := os.Create(file)
-	if err != nil {
-		return nil, err
-	}
-	defer out.Close()
-	if err := pprof.StartCPUProfile(out); err != nil {
-		return nil, err
-	}
-	r, err := f()
-	pprof.StopCPUProfile()
-	return r, err
+	return compareDrivers(ctx, o, c, client, base)
 }
 
 // percentile returns the p-th percentile of ds, rounded to milliseconds.
@@ -204,6 +127,7 @@ func percentile(ds []time.Duration, p int) time.Duration {
 // printRequests prints the API requests per pod of both rounds, by
 // component, verb and resource.
 func printRequests(w io.Writer, n int, withClaims, without controlplane.RequestCounts) {
+	// withClaims are gpudra's round's, without the baseline driver's.
 	keys := map[controlplane.RequestKey]bool{}
 	for k := range withClaims {
 		keys[k] = true
@@ -216,7 +140,7 @@ func printRequests(w io.Writer, n int, withClaims, without controlplane.RequestC
 	})
 	fmt.Fprintf(w, "  API requests per pod (from the first create until the last pod ran):\n")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "    component\tverb\tresource\twith claims\twithout\t")
+	fmt.Fprintln(tw, "    component\tverb\tresource\tgpudra\tbaseline\t")
 	var totalWith, totalWithout int
 	for _, k := range sorted {
 		totalWith += withClaims[k]
@@ -228,11 +152,12 @@ func printRequests(w io.Writer, n int, withClaims, without controlplane.RequestC
 }
 
 // verifyLoad checks the outcome of a round: every pod Running on a node;
-// with claims, each pod's claim allocated exactly one GPU of its own node,
-// no GPU given to two pods, and the node's DRA manager prepared that
-// device for the container, whose CDI device resolved to a device node.
-// Without claims, no pod got a device.
-func verifyLoad(ctx context.Context, c *cluster.Cluster, client kubernetes.Interface, prefix string, n int, claims bool) error {
+// with claims of driver, each pod's claim allocated exactly one device of
+// its own node, no device given to two pods, and the node's DRA manager
+// prepared that device for the container, whose CDI device resolved to a
+// device node (gpudra) or to the baseline driver's environment variable.
+// Without claims (driver ""), no pod got a device.
+func verifyLoad(ctx context.Context, c *cluster.Cluster, client kubernetes.Interface, prefix string, n int, driver string) error {
 	pods, err := client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return err
@@ -254,7 +179,7 @@ func verifyLoad(ctx context.Context, c *cluster.Cluster, client kubernetes.Inter
 			continue
 		}
 		checked++
-		if err := verifyPod(c, pod, claims, claimsByName, owner); err != nil {
+		if err := verifyPod(c, pod, driver, claimsByName, owner); err != nil {
 			errs = append(errs, fmt.Errorf("pod %s: %w", pod.Name, err))
 		}
 	}
@@ -267,7 +192,7 @@ func verifyLoad(ctx context.Context, c *cluster.Cluster, client kubernetes.Inter
 	return nil
 }
 
-func verifyPod(c *cluster.Cluster, pod *corev1.Pod, claims bool, claimsByName map[string]*resourceapi.ResourceClaim, owner map[string]string) error {
+func verifyPod(c *cluster.Cluster, pod *corev1.Pod, driver string, claimsByName map[string]*resourceapi.ResourceClaim, owner map[string]string) error {
 	if pod.Status.Phase != corev1.PodRunning {
 		return fmt.Errorf("phase %s", pod.Status.Phase)
 	}
@@ -280,7 +205,7 @@ func verifyPod(c *cluster.Cluster, pod *corev1.Pod, claims bool, claimsByName ma
 		return fmt.Errorf("node %s has no record of starting it", node.Name())
 	}
 	devs := ctrs["ctr"]
-	if !claims {
+	if driver == "" {
 		if len(devs.CDIDevices) != 0 || len(devs.Claims) != 0 {
 			return fmt.Errorf("got devices %v without a claim", devs.CDIDevices)
 		}
@@ -299,7 +224,7 @@ func verifyPod(c *cluster.Cluster, pod *corev1.Pod, claims bool, claimsByName ma
 		return fmt.Errorf("claim %s has %d devices, want 1", claim.Name, len(results))
 	}
 	res := results[0]
-	if res.Driver != cluster.DefaultDriverName || res.Pool != node.Name() {
+	if res.Driver != driver || res.Pool != node.Name() {
 		return fmt.Errorf("claim %s: device %s/%s/%s, want one of node %s", claim.Name, res.Driver, res.Pool, res.Device, node.Name())
 	}
 	key := res.Pool + "/" + res.Device
@@ -312,6 +237,12 @@ func verifyPod(c *cluster.Cluster, pod *corev1.Pod, claims bool, claimsByName ma
 	}
 	if p := devs.Claims[0].Devices[0]; p.Pool != res.Pool || p.Device != res.Device {
 		return fmt.Errorf("node prepared %s/%s, claim allocated %s", p.Pool, p.Device, key)
+	}
+	if driver == baselineDriver {
+		if got := devs.Env[baseline.DeviceEnv]; len(devs.CDIDevices) == 0 || got != res.Device {
+			return fmt.Errorf("CDI devices %v resolved to %s=%q, want %q", devs.CDIDevices, baseline.DeviceEnv, got, res.Device)
+		}
+		return nil
 	}
 	if len(devs.CDIDevices) == 0 || len(devs.DeviceNodes) == 0 {
 		return fmt.Errorf("CDI devices %v resolved to device nodes %v", devs.CDIDevices, devs.DeviceNodes)
@@ -336,12 +267,16 @@ type roundResult struct {
 	// same period: on a shared machine it says more about the work done
 	// than the makespan.
 	cpu time.Duration
+	// byDriver is the CPU the round's profile attributes to each DRA
+	// driver's goroutines (simnode.DriverLabel).
+	byDriver map[string]time.Duration
 }
 
 // loadRound creates n pods at once and returns the time from the first
 // create to the last pod Running (Running means prepared: the pod loop
 // marks a pod Running only after the DRA manager prepared its claims).
-func loadRound(ctx context.Context, c *cluster.Cluster, client kubernetes.Interface, prefix string, n int, claims bool) (*roundResult, error) {
+func loadRound(ctx context.Context, c *cluster.Cluster, client kubernetes.Interface, prefix string, n int, template string) (*roundResult, error) {
+	claims := template != ""
 	// An informer rather than a bare watch: it survives the watch being
 	// closed under load.
 	var mu sync.Mutex
@@ -397,7 +332,7 @@ func loadRound(ctx context.Context, c *cluster.Cluster, client kubernetes.Interf
 					return
 				}
 				t := time.Now()
-				if _, err := client.CoreV1().Pods("default").Create(ctx, loadPod(loadPodName(prefix, int(i)), claims), metav1.CreateOptions{}); err != nil {
+				if _, err := client.CoreV1().Pods("default").Create(ctx, loadPod(loadPodName(prefix, int(i)), template), metav1.CreateOptions{}); err != nil {
 					errs <- err
 					return
 				}
@@ -449,7 +384,9 @@ func loadRound(ctx context.Context, c *cluster.Cluster, client kubernetes.Interf
 
 func loadPodName(prefix string, i int) string { return fmt.Sprintf("%s-%05d", prefix, i) }
 
-func loadPod(name string, claims bool) *corev1.Pod {
+// loadPod is a pod with one claim from the template, none if template is
+// "".
+func loadPod(name, template string) *corev1.Pod {
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{
@@ -457,9 +394,9 @@ func loadPod(name string, claims bool) *corev1.Pod {
 			Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m")}},
 		}}},
 	}
-	if claims {
+	if template != "" {
 		pod.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
-		pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptrTo("one-gpu")}}
+		pod.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptrTo(template)}}
 	}
 	return pod
 }

@@ -42,8 +42,8 @@ type options struct {
 	load        int
 	loadNodes   int
 	cpuProfile  string
-	// cpuProfilePlain profiles the load run's round without claims.
-	cpuProfilePlain string
+	// cpuProfileBaseline profiles the load run's last baseline round.
+	cpuProfileBaseline string
 	// loadDir is where the load run's cluster keeps its state.
 	loadDir string
 	// events is a health events file to play after the apply.
@@ -90,10 +90,10 @@ Flags:
 	fs.DurationVar(&o.settle, "settle-timeout", 3*time.Minute, "how long to wait for the pods to settle")
 	fs.IntVar(&o.load, "load", 0, "instead of the manifests: a load run with this many pods (see --load-nodes); not for CI")
 	fs.IntVar(&o.loadNodes, "load-nodes", 100, "with --load: number of simulated 8-GPU nodes")
-	fs.StringVar(&o.cpuProfile, "cpu-profile", "", "with --load: write a CPU profile of the run with claims to this file")
+	fs.StringVar(&o.cpuProfile, "cpu-profile", "", "with --load: write a CPU profile of gpudra's last round to this file")
 	fs.StringVar(&o.loadDir, "load-dir", "", "with --load: directory for the cluster's state (default: /dev/shm if writable, else the temporary directory)")
 	fs.StringVar(&o.fleetView, "fleet-view", "", "serve the fleet view page (as gpudra fleet-view) of the local cluster on this address, e.g. 127.0.0.1:8090, while the cluster runs (with --keep-running until interrupted)")
-	fs.StringVar(&o.cpuProfilePlain, "cpu-profile-plain", "", "with --load: write a CPU profile of the run without claims to this file")
+	fs.StringVar(&o.cpuProfileBaseline, "cpu-profile-baseline", "", "with --load: write a CPU profile of the baseline driver's last round to this file")
 	_ = fs.Parse(os.Args[1:])
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "gpudra-sim: unexpected arguments %v\n", fs.Args())

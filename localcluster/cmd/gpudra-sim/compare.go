@@ -1,0 +1,191 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"time"
+
+	"github.com/google/pprof/profile"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/gpudra/gpudra/localcluster/cluster"
+	"github.com/gpudra/gpudra/localcluster/simnode"
+)
+
+// baselineDriver is the driver name of the baseline driver every node of
+// the load run runs beside gpudra (package baseline), with a DeviceClass
+// of the same name.
+const baselineDriver = "baseline.gpudra.sim"
+
+// loadRepeats is how many rounds of each driver the load run makes,
+// alternating, so that a machine that gets busier or quieter during the
+// run weighs on both alike.
+const loadRepeats = 2
+
+// driverRun is one driver's side of the comparison.
+type driverRun struct {
+	name, driver, template string
+	rounds                 []*roundResult
+	// profile is the CPU profile of the last round, for --cpu-profile.
+	profile []byte
+}
+
+// compareDrivers runs the baseline driver's and gpudra's rounds
+// alternately on the same cluster and prints the comparison.
+func compareDrivers(ctx context.Context, o options, c *cluster.Cluster, client kubernetes.Interface, stateDir string) error {
+	runs := []*driverRun{
+		{name: "baseline", driver: baselineDriver, template: "one-baseline-device"},
+		{name: "gpudra", driver: c.Options().DriverName, template: "one-gpu"},
+	}
+	if err := createLoadClasses(ctx, client, runs); err != nil {
+		return err
+	}
+	for i := range loadRepeats {
+		for _, run := range runs {
+			prefix := fmt.Sprintf("%s%d", run.name, i)
+			r, prof, err := profiledRound(func() (*roundResult, error) {
+				return loadRound(ctx, c, client, prefix, o.load, run.template)
+			})
+			if err != nil {
+				return err
+			}
+			progress("checking that every pod got its own device, prepared and resolved through CDI")
+			if err := verifyLoad(ctx, c, client, prefix, o.load, run.driver); err != nil {
+				return err
+			}
+			progress("deleting the pods")
+			if err := deleteAllPods(ctx, client); err != nil {
+				return err
+			}
+			if r.byDriver, err = cpuByDriver(prof); err != nil {
+				return fmt.Errorf("attribute the CPU profile of round %s: %w", prefix, err)
+			}
+			run.rounds, run.profile = append(run.rounds, r), prof
+		}
+	}
+	for _, w := range []struct {
+		file string
+		run  *driverRun
+	}{{o.cpuProfile, runs[1]}, {o.cpuProfileBaseline, runs[0]}} {
+		if w.file != "" {
+			if err := os.WriteFile(w.file, w.run.profile, 0o644); err != nil {
+				return err
+			}
+		}
+	}
+	printComparison(o, c, stateDir, runs[0], runs[1])
+	return nil
+}
+
+// createLoadClasses creates the baseline driver's DeviceClass and one
+// claim template per driver, each asking for one device of its class. The
+// baseline's class selects what gpudra's gpu.nvidia.com selects, whole
+// GPUs, among the same devices (gpudra's attributes, which the baseline
+// publishes in its own driver's domain): a class of every device would
+// also offer the MIG placements, a larger search for the scheduler.
+func createLoadClasses(ctx context.Context, client kubernetes.Interface, runs []*driverRun) error {
+	class := &resourceapi.DeviceClass{
+		ObjectMeta: metav1.ObjectMeta{Name: baselineDriver},
+		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+			Expression: fmt.Sprintf("device.driver == '%[1]s' && device.attributes['%[1]s'].type == 'gpu'", baselineDriver),
+		}}}},
+	}
+	if _, err := client.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("DeviceClass %s: %w", baselineDriver, err)
+	}
+	for _, run := range runs {
+		tmpl := &resourceapi.ResourceClaimTemplate{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: run.template},
+			Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+				Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: run.driver}}},
+			}}},
+		}
+		if _, err := client.ResourceV1().ResourceClaimTemplates("default").Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("ResourceClaimTemplate %s: %w", run.template, err)
+		}
+	}
+	return nil
+}
+
+// profiledRound runs f under a CPU profile and returns the profile.
+func profiledRound(f func() (*roundResult, error)) (*roundResult, []byte, error) {
+	var buf bytes.Buffer
+	if err := pprof.StartCPUProfile(&buf); err != nil {
+		return nil, nil, err
+	}
+	r, err := f()
+	pprof.StopCPUProfile()
+	return r, buf.Bytes(), err
+}
+
+// cpuByDriver sums a CPU profile's samples by the driver whose goroutines
+// took them (simnode.DriverLabel).
+func cpuByDriver(data []byte) (map[string]time.Duration, error) {
+	p, err := profile.Parse(bytes.NewReader(data))
+	if err != nil {
+		return nil, err
+	}
+	idx := -1
+	for i, st := range p.SampleType {
+		if st.Type == "cpu" && st.Unit == "nanoseconds" {
+			idx = i
+		}
+	}
+	if idx < 0 {
+		return nil, fmt.Errorf("no cpu/nanoseconds samples in the profile")
+	}
+	out := map[string]time.Duration{}
+	for _, s := range p.Sample {
+		if drivers := s.Label[simnode.DriverLabel]; len(drivers) == 1 {
+			out[drivers[0]] += time.Duration(s.Value[idx])
+		}
+	}
+	return out, nil
+}
+
+// profilePeriod is the CPU profile's sampling period (100 Hz): a driver's
+// CPU from the profile is a count of these, so its error is about the
+// square root of the count.
+const profilePeriod = 10 * time.Millisecond
+
+// totals sums a driver's rounds: makespan, process CPU and the CPU its
+// own goroutines took (by profile label).
+func (r *driverRun) totals() (makespan, cpu, own time.Duration) {
+	for _, round := range r.rounds {
+		makespan += round.makespan
+		cpu += round.cpu
+		own += round.byDriver[r.driver]
+	}
+	return makespan, cpu, own
+}
+
+func printComparison(o options, c *cluster.Cluster, stateDir string, base, gpudra *driverRun) {
+	pods := float64(o.load * loadRepeats)
+	bm, bc, bo := base.totals()
+	gm, gc, gown := gpudra.totals()
+	perPod := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / pods }
+	fmt.Printf("\nload run: %d pods on %d simulated nodes (8 H100 each), one-device claim templates; %d rounds of each driver, alternating\n", o.load, o.loadNodes, loadRepeats)
+	for _, r := range []*driverRun{base, gpudra} {
+		for i, round := range r.rounds {
+			fmt.Printf("  %-8s round %d: makespan %v (%.1f pods/s, CPU %.1f s = %.1f ms per pod, the driver's own %.2f ms per claim); create to bound p50 %v p99 %v; to Running p50 %v p99 %v\n",
+				r.name, i+1, round.makespan.Round(time.Millisecond), float64(o.load)/round.makespan.Seconds(),
+				round.cpu.Seconds(), float64(round.cpu.Microseconds())/1000/float64(o.load), float64(round.byDriver[r.driver].Microseconds())/1000/float64(o.load),
+				percentile(round.bound, 50), percentile(round.bound, 99), percentile(round.running, 50), percentile(round.running, 99))
+		}
+	}
+	fmt.Printf(`  gpudra / baseline: makespan %.2fx, CPU per pod %.2fx (%.1f ms vs %.1f ms)
+  each driver's plugin CPU per claim (pprof label %s): gpudra %.2f ms (%d samples), baseline %.2f ms (%d samples); gpudra's plugin %.1f%% of its rounds' CPU
+  every pod Running with its own device prepared on its node and resolved through CDI
+  peak RSS of this process: %s; GOMAXPROCS %d; state in %s
+`, gm.Seconds()/bm.Seconds(), float64(gc)/float64(bc), perPod(gc), perPod(bc),
+		simnode.DriverLabel, perPod(gown), gown/profilePeriod, perPod(bo), bo/profilePeriod, 100*gown.Seconds()/gc.Seconds(),
+		peakRSS(), runtime.GOMAXPROCS(0), stateDir)
+	g, b := gpudra.rounds[len(gpudra.rounds)-1], base.rounds[len(base.rounds)-1]
+	printRequests(os.Stdout, o.load, g.requests, b.requests)
+}
