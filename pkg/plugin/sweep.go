@@ -67,7 +67,7 @@ func (w *sweeper) sweep(ctx context.Context) {
 	logger := klog.FromContext(ctx).WithName("sweep")
 	ctx = klog.NewContext(ctx, logger)
 	if d.store.NeedsAdoption() {
-		if err := d.prep.Adopt(ctx, d.current().Inventory); err != nil {
+		if err := d.prep.AdoptIfNeeded(ctx, d.current().Inventory); err != nil {
 			logger.Error(err, "Adopting claims; no CDI spec is removed until that works")
 			return
 		}

@@ -22,7 +22,7 @@ func (p *Preparer) view(ctx context.Context, fn func(*claimstate.State) error) e
 	if !errors.Is(err, checkpoint.ErrNeedsAdoption) {
 		return err
 	}
-	if err := p.Adopt(ctx, nil); err != nil {
+	if err := p.AdoptIfNeeded(ctx, nil); err != nil {
 		return fmt.Errorf("the checkpoint was lost and the claims prepared on this node could not be adopted yet (retry): %w", err)
 	}
 	return p.cfg.Store.View(ctx, fn)
@@ -34,7 +34,7 @@ func (p *Preparer) update(ctx context.Context, mutate func(*claimstate.State) er
 	if !errors.Is(err, checkpoint.ErrNeedsAdoption) {
 		return err
 	}
-	if err := p.Adopt(ctx, nil); err != nil {
+	if err := p.AdoptIfNeeded(ctx, nil); err != nil {
 		return fmt.Errorf("the checkpoint was lost and the claims prepared on this node could not be adopted yet (retry): %w", err)
 	}
 	return p.cfg.Store.Update(ctx, mutate)
@@ -55,6 +55,27 @@ func (p *Preparer) update(ctx context.Context, mutate func(*claimstate.State) er
 func (p *Preparer) Adopt(ctx context.Context, inv *hardware.Inventory) error {
 	p.adoptMu.Lock()
 	defer p.adoptMu.Unlock()
+	return p.adopt(ctx, inv)
+}
+
+// AdoptIfNeeded is Adopt for callers that found the checkpoint lost (a
+// refused call, the sweep): it adopts only if the checkpoint still needs
+// it once no other adoption runs. Without that check, an adoption that
+// waited for another one would list the claims' specs after the first
+// adoption had made Prepare and Unprepare work again, and record as
+// adopted a claim unprepared while it read the specs and asked the API
+// server: its device would look held, and be refused to the next claim.
+func (p *Preparer) AdoptIfNeeded(ctx context.Context, inv *hardware.Inventory) error {
+	p.adoptMu.Lock()
+	defer p.adoptMu.Unlock()
+	if !p.cfg.Store.NeedsAdoption() {
+		return nil
+	}
+	return p.adopt(ctx, inv)
+}
+
+// adopt is Adopt's work; the caller holds adoptMu.
+func (p *Preparer) adopt(ctx context.Context, inv *hardware.Inventory) error {
 	logger := klog.FromContext(ctx)
 	if inv == nil {
 		inv = p.cfg.Node.Inventory()
