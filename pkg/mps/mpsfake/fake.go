@@ -30,7 +30,6 @@ package mpsfake
 import (
 	"bufio"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -47,6 +46,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gpudra/gpudra/pkg/fakeprog"
 	"github.com/gpudra/gpudra/pkg/mps"
 )
 
@@ -101,20 +101,7 @@ func Main() (code int, ok bool) {
 // Install makes dir hold the fake programs: symlinks, under their names,
 // to the running executable, which must call [Main] first.
 func Install(dir string) error {
-	exe, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	for _, name := range []string{ControlName, ServerName, SleeperName} {
-		link := filepath.Join(dir, name)
-		if err := os.Remove(link); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return err
-		}
-		if err := os.Symlink(exe, link); err != nil {
-			return err
-		}
-	}
-	return nil
+	return fakeprog.Install(dir, ControlName, ServerName, SleeperName)
 }
 
 // SetUp installs the fake programs in a new temporary directory, for a
@@ -165,12 +152,7 @@ func ReadRecord(logDir string) (Record, error) {
 
 // maxLifetime is how long a fake process may live.
 func maxLifetime() time.Duration {
-	if v := os.Getenv(EnvMaxLifetime); v != "" {
-		if d, err := time.ParseDuration(v); err == nil {
-			return d
-		}
-	}
-	return defaultMaxLifetime
+	return fakeprog.MaxLifetime(EnvMaxLifetime, defaultMaxLifetime)
 }
 
 // expired reports whether a process born at born has lived too long.
