@@ -115,8 +115,8 @@ func New(o Options) (*Supervisor, error) {
 		// A daemon taken over at start with no claim restored stops
 		// IdleStop after the start, like one whose last claim went.
 		idleSince: time.Now(),
-		readyCh: make(chan struct{}),
-		backoff: o.MinBackoff,
+		readyCh:   make(chan struct{}),
+		backoff:   o.MinBackoff,
 	}, nil
 }
 
@@ -230,9 +230,12 @@ func (s *Supervisor) WaitReady(ctx context.Context) error {
 
 func (s *Supervisor) notReadyError(waited time.Duration) error {
 	st := s.Status()
-	running := "no nvidia-imex runs"
-	if st.PID != 0 {
-		running = fmt.Sprintf("nvidia-imex runs as pid %d", st.PID)
+	running := fmt.Sprintf("no nvidia-imex runs (started %d times)", st.Starts)
+	s.mu.Lock()
+	ref := s.ref
+	s.mu.Unlock()
+	if ref != nil && s.table.Same(*ref) {
+		running = fmt.Sprintf("nvidia-imex runs as pid %d (started %d times)", ref.PID, st.Starts)
 	}
 	if st.LastError != "" {
 		running += "; last start failed: " + st.LastError

@@ -195,7 +195,7 @@ func TestWaitReadyErrors(t *testing.T) {
 				}
 				t.Cleanup(func() { _ = ln.Close() })
 			},
-			want: []string{"not ready after", "no nvidia-imex runs", "UNAVAILABLE", imex.LogName, "server port", "address already in use"},
+			want: []string{"not ready after", "UNAVAILABLE", imex.LogName, "server port", "address already in use"},
 		},
 		{
 			name: "daemon not ready",

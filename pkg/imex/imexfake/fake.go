@@ -235,7 +235,6 @@ func runDaemon(cfg map[string]string, names []string) int {
 	}
 }
 
-
 func answer(c net.Conn) {
 	defer func() { _ = c.Close() }()
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
