@@ -81,6 +81,7 @@ type cdPluginOptions struct {
 	sharedChannel  bool
 	httpEndpoint   string
 	metricsPath    string
+	imex           pluginflags.IMEXFlags
 	logging        *logsapi.LoggingConfiguration
 }
 
@@ -116,6 +117,7 @@ compute-domain-controller assigns). See docs/computedomain.md.`,
 	fs.BoolVar(&o.sharedChannel, "shared-channel", true, "publish channel-0 for several claims at once (allowMultipleAllocations), so that more than one ComputeDomain, and more than one pod of a domain, run on a node; false: one claim at a time, as NVIDIA's driver")
 	fs.StringVar(&o.httpEndpoint, "http-endpoint", "", "TCP address of the HTTP server for metrics and probes (e.g. :8081); empty: no server")
 	fs.StringVar(&o.metricsPath, "metrics-path", "/metrics", "HTTP path of the Prometheus metrics on --http-endpoint")
+	o.imex.AddFlags(fs)
 	logsapi.AddFlags(o.logging, fs)
 	return cmd
 }
@@ -136,6 +138,9 @@ func (o *cdPluginOptions) run(cmd *cobra.Command) error {
 	if err := o.hw.Validate(); err != nil {
 		return err
 	}
+	if err := o.imex.Validate(); err != nil {
+		return err
+	}
 	if o.pluginDataDir == "" {
 		o.pluginDataDir = filepath.Join(kubeletplugin.KubeletPluginsDir, o.driverName)
 	}
@@ -153,6 +158,15 @@ func (o *cdPluginOptions) run(cmd *cobra.Command) error {
 		return err
 	}
 	ctx := cmd.Context()
+	imexd, err := o.imex.NodeDaemon(ctx, kube, dyn, o.nodeName, o.pluginDataDir)
+	if err != nil {
+		return err
+	}
+	var daemon imexchannel.Daemon
+	if imexd != nil {
+		daemon = imexd
+		go func() { _ = imexd.Run(ctx) }()
+	}
 	httpListener, err := listenHTTP(o.httpEndpoint)
 	if err != nil {
 		return err
@@ -172,17 +186,18 @@ func (o *cdPluginOptions) run(cmd *cobra.Command) error {
 		DiscoveryInterval: o.discoveryEvery,
 		CallTimeout:       o.callTimeout,
 		SweepInterval:     o.sweepEvery,
-		Features:          o.features(dyn),
+		Features:          o.features(dyn, daemon),
 	}, httpListener, o.metricsPath)
 }
 
 // features is the channel driver's feature set, for plugin.Config.
-func (o *cdPluginOptions) features(dyn dynamic.Interface) func(plugin.FeatureEnv) (*features.Set, error) {
+func (o *cdPluginOptions) features(dyn dynamic.Interface, daemon imexchannel.Daemon) func(plugin.FeatureEnv) (*features.Set, error) {
 	return func(plugin.FeatureEnv) (*features.Set, error) {
 		return features.NewComputeDomain(features.ComputeDomainOptions{
 			Channels:      &computedomain.APIChannels{Client: dyn},
 			MaxChannels:   o.maxChannels,
 			SharedChannel: o.sharedChannel,
+			Daemon:        daemon,
 		}), nil
 	}
 }

@@ -23,6 +23,7 @@ type cdControllerOptions struct {
 	maxChannels   int
 	resync        time.Duration
 	cliqueNS      string
+	channelDriver string
 	leaderElect   bool
 	leaseName     string
 	leaseNS       string
@@ -52,6 +53,7 @@ created. Run one per cluster; replicas elect a leader through a Lease.`,
 	fs.IntVar(&o.maxChannels, "max-channels", imexchannel.DefaultMaxChannels, "IMEX channels handed out to domains, 0..N-1: the nodes' channel count (NVreg_ImexChannelCount); at most this many domains live at once")
 	fs.DurationVar(&o.resync, "resync-interval", 5*time.Minute, "how often every ComputeDomain is reconciled again")
 	fs.StringVar(&o.cliqueNS, "clique-namespace", os.Getenv("POD_NAMESPACE"), "the driver's namespace, where nodes report their IMEX daemons in ComputeDomainCliques; the domains' status.nodes are derived from them (env POD_NAMESPACE); empty: no status.nodes")
+	fs.StringVar(&o.channelDriver, "channel-driver-name", "compute-domain.nvidia.com", "the channel driver, whose ResourceSlices tell each NVLink clique's size: a domain whose spec.numNodes exceeds the largest gets FitsInClique=False; empty: not checked")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "elect a leader among replicas through a Lease; false runs the controller at once (one replica only)")
 	fs.StringVar(&o.leaseName, "leader-election-id", "gpudra-compute-domain-controller", "name of the leader-election Lease")
 	fs.StringVar(&o.leaseNS, "leader-election-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the leader-election Lease (env POD_NAMESPACE; default kube-system)")
@@ -79,7 +81,7 @@ func (o *cdControllerOptions) run(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	run := func(ctx context.Context) error {
 		return computedomain.NewController(computedomain.ControllerConfig{
-			KubeClient: kube, DynamicClient: dyn, MaxChannels: o.maxChannels, Resync: o.resync, CliqueNamespace: o.cliqueNS,
+			KubeClient: kube, DynamicClient: dyn, MaxChannels: o.maxChannels, Resync: o.resync, CliqueNamespace: o.cliqueNS, ChannelDriver: o.channelDriver,
 		}).Run(ctx)
 	}
 	if !o.leaderElect {
