@@ -23,8 +23,18 @@ const ComputeDomainDriverName = "compute-domain.nvidia.com"
 // its own data directory, the node's registration and CDI directories,
 // and the same simulated hardware. It returns once the node's DRA manager
 // has it registered and its devices are published; the caller stops it
-// before the node.
-func (n *Node) StartComputeDomainPlugin(ctx context.Context, client kubernetes.Interface, channels imexchannel.Channels) (*plugin.Driver, error) {
+// before the node. With imexCfg, the plugin supervises the node's IMEX
+// daemon and reports it in the domains' cliques, as with the IMEX flags on
+// a real node; nil serves channels only.
+func (n *Node) StartComputeDomainPlugin(ctx context.Context, client kubernetes.Interface, channels imexchannel.Channels, imexCfg *IMEXConfig) (*plugin.Driver, error) {
+	var daemon imexchannel.Daemon
+	if imexCfg != nil {
+		d, err := n.startIMEX(client, imexCfg)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: IMEX daemon: %w", n.cfg.Name, err)
+		}
+		daemon = d
+	}
 	d, err := plugin.Start(n.ctx, plugin.Config{
 		DriverName:    ComputeDomainDriverName,
 		NodeName:      n.cfg.Name,
@@ -34,10 +44,11 @@ func (n *Node) StartComputeDomainPlugin(ctx context.Context, client kubernetes.I
 		RegistrarDir:  n.cfg.registryDir(),
 		CDIDir:        n.cfg.CDIDir(),
 		Features: func(plugin.FeatureEnv) (*features.Set, error) {
-			return features.NewComputeDomain(features.ComputeDomainOptions{Channels: channels, SharedChannel: true}), nil
+			return features.NewComputeDomain(features.ComputeDomainOptions{Channels: channels, SharedChannel: true, Daemon: daemon}), nil
 		},
 	})
 	if err != nil {
+		n.StopIMEX()
 		return nil, fmt.Errorf("node %s: start ComputeDomain plugin: %w", n.cfg.Name, err)
 	}
 	want := len(d.Devices())
@@ -61,6 +72,7 @@ func (n *Node) StartComputeDomainPlugin(ctx context.Context, client kubernetes.I
 	})
 	if err != nil {
 		d.Stop()
+		n.StopIMEX()
 		return nil, fmt.Errorf("node %s: ComputeDomain plugin not registered with its %d devices published: %w", n.cfg.Name, want, err)
 	}
 	return d, nil
