@@ -357,4 +357,3 @@ func statusOf(cd *v1beta1.ComputeDomain) any {
 }
 
 func dirOf(path string) string { return filepath.Dir(path) }
-
