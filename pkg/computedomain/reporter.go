@@ -2,6 +2,8 @@ package computedomain
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -15,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
@@ -22,6 +25,20 @@ import (
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
 )
+
+// CliqueLabel labels a ComputeDomainClique with its NVLink clique (see
+// CliqueLabelValue), so that a node watches only its own clique's objects.
+const CliqueLabel = "resource.nvidia.com/computeDomainClique"
+
+// CliqueLabelValue is the CliqueLabel value of a clique: its ID where that
+// is a valid label value (a cluster UUID and a number are), else a hash.
+func CliqueLabelValue(cliqueID string) string {
+	if len(validation.IsValidLabelValue(cliqueID)) == 0 {
+		return cliqueID
+	}
+	sum := sha256.Sum256([]byte(cliqueID))
+	return "h" + hex.EncodeToString(sum[:15])
+}
 
 // NodeFieldManager is the server-side apply field manager of a node's
 // entries in ComputeDomainCliques.
@@ -61,7 +78,6 @@ type NodeReporter struct {
 	ready    bool
 	reported map[string]v1beta1.ComputeDomainDaemonInfo // clique object -> entry applied
 	peers    map[int]string
-	store    cache.Store
 }
 
 // NewReporter returns a reporter; [NodeReporter.Run] starts its watch.
@@ -76,23 +92,32 @@ func NewReporter(cfg ReporterConfig) *NodeReporter {
 }
 
 // Join makes the node a member of the domain in cliqueID: it takes the
-// node's index in the clique (once) and reports its entry.
+// node's index in the clique (once) and reports its entry. A domain whose
+// report failed stays joined: Run tries again.
 func (r *NodeReporter) Join(ctx context.Context, domainUID, cliqueID string) error {
 	r.mu.Lock()
-	index, ok := r.indices[cliqueID]
-	r.mu.Unlock()
-	if !ok {
-		i, err := r.cfg.Indices.Take(ctx, cliqueID, r.cfg.NodeName)
-		if err != nil {
-			return err
-		}
-		index = i
-	}
-	r.mu.Lock()
-	r.indices[cliqueID] = index
 	r.domains[domainUID] = cliqueID
 	r.mu.Unlock()
 	return r.report(ctx, domainUID)
+}
+
+// index returns the node's index in cliqueID, taking it the first time.
+func (r *NodeReporter) index(ctx context.Context, cliqueID string) (int, error) {
+	r.mu.Lock()
+	index, ok := r.indices[cliqueID]
+	r.mu.Unlock()
+	if ok {
+		return index, nil
+	}
+	index, err := r.cfg.Indices.Take(ctx, cliqueID, r.cfg.NodeName)
+	if err != nil {
+		return 0, err
+	}
+	r.mu.Lock()
+	r.indices[cliqueID] = index
+	r.mu.Unlock()
+	r.poke() // the clique's peers are now the node's
+	return index, nil
 }
 
 // Leave removes the node's entry from the domain's clique object with a
@@ -183,6 +208,15 @@ func (r *NodeReporter) entry(domainUID string) (name string, e v1beta1.ComputeDo
 
 // report applies the node's entry of one domain if it changed.
 func (r *NodeReporter) report(ctx context.Context, domainUID string) error {
+	r.mu.Lock()
+	cliqueID, ok := r.domains[domainUID]
+	r.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	if _, err := r.index(ctx, cliqueID); err != nil {
+		return err
+	}
 	name, e, ok := r.entry(domainUID)
 	if !ok {
 		return nil
@@ -196,7 +230,8 @@ func (r *NodeReporter) report(ctx context.Context, domainUID string) error {
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": v1beta1.GroupName + "/" + v1beta1.Version,
 		"kind":       v1beta1.ComputeDomainCliqueKind,
-		"metadata":   map[string]any{"name": name, "namespace": r.cfg.Namespace},
+		"metadata": map[string]any{"name": name, "namespace": r.cfg.Namespace,
+			"labels": map[string]any{CliqueLabel: CliqueLabelValue(e.CliqueID)}},
 	}}
 	entry, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&e)
 	if err != nil {
@@ -214,21 +249,13 @@ func (r *NodeReporter) report(ctx context.Context, domainUID string) error {
 	return nil
 }
 
-// Run watches the clique objects of the namespace and reports changed
-// entries until ctx ends: readiness changes, and reports that failed.
+// Run reports changed entries until ctx ends (readiness changes, and
+// reports that failed), and watches the objects of the node's clique (by
+// CliqueLabel: a node never watches other cliques' objects) for its peers.
 func (r *NodeReporter) Run(ctx context.Context) {
 	logger := klog.FromContext(ctx)
-	f := dynamicinformer.NewFilteredDynamicSharedInformerFactory(r.cfg.Dynamic, 0, r.cfg.Namespace, nil)
-	inf := f.ForResource(CliqueGVR).Informer()
-	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { r.poke() },
-		UpdateFunc: func(any, any) { r.poke() },
-		DeleteFunc: func(any) { r.poke() },
-	})
-	r.mu.Lock()
-	r.store = inf.GetStore()
-	r.mu.Unlock()
-	go inf.Run(ctx.Done())
+	w := &cliqueWatch{}
+	defer w.stop()
 	retry := time.NewTimer(reportRetry)
 	defer retry.Stop()
 	for {
@@ -239,10 +266,13 @@ func (r *NodeReporter) Run(ctx context.Context) {
 				failed = true
 			}
 		}
-		if inf.HasSynced() {
-			r.updatePeers(ctx)
+		if clique := r.clique(); clique != "" && clique != w.clique {
+			w.start(ctx, r, clique)
 		}
-		if failed || !inf.HasSynced() {
+		if w.synced() {
+			r.updatePeers(ctx, w.clique, w.inf.GetStore())
+		}
+		if failed || (w.inf != nil && !w.synced()) {
 			retry.Reset(reportRetry)
 		}
 		select {
@@ -254,6 +284,50 @@ func (r *NodeReporter) Run(ctx context.Context) {
 	}
 }
 
+// clique returns the clique the node has an index in (a node is in one);
+// "" before its first join.
+func (r *NodeReporter) clique() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ids := slices.Sorted(maps.Keys(r.indices))
+	if len(ids) == 0 {
+		return ""
+	}
+	return ids[len(ids)-1]
+}
+
+// cliqueWatch is the informer on one clique's objects.
+type cliqueWatch struct {
+	clique string
+	inf    cache.SharedIndexInformer
+	cancel context.CancelFunc
+}
+
+func (w *cliqueWatch) start(ctx context.Context, r *NodeReporter, clique string) {
+	w.stop()
+	ctx, w.cancel = context.WithCancel(ctx)
+	selector := CliqueLabel + "=" + CliqueLabelValue(clique)
+	f := dynamicinformer.NewFilteredDynamicSharedInformerFactory(r.cfg.Dynamic, 0, r.cfg.Namespace, func(o *metav1.ListOptions) {
+		o.LabelSelector = selector
+	})
+	w.inf = f.ForResource(CliqueGVR).Informer()
+	_, _ = w.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { r.poke() },
+		UpdateFunc: func(any, any) { r.poke() },
+		DeleteFunc: func(any) { r.poke() },
+	})
+	w.clique = clique
+	go w.inf.Run(ctx.Done())
+}
+
+func (w *cliqueWatch) synced() bool { return w.inf != nil && w.inf.HasSynced() }
+
+func (w *cliqueWatch) stop() {
+	if w.cancel != nil {
+		w.cancel()
+	}
+}
+
 // Peers returns the peers of the node's cliques as last seen.
 func (r *NodeReporter) Peers() map[int]string {
 	r.mu.Lock()
@@ -261,24 +335,13 @@ func (r *NodeReporter) Peers() map[int]string {
 	return maps.Clone(r.peers)
 }
 
-// updatePeers computes the peers of the node's cliques from the watched
+// updatePeers computes the peers of the node's clique from the watched
 // objects and hands them to cfg.Peers when they changed.
-func (r *NodeReporter) updatePeers(ctx context.Context) {
-	r.mu.Lock()
-	cliques := map[string]bool{}
-	for c := range r.indices {
-		cliques[c] = true
-	}
-	store := r.store
-	r.mu.Unlock()
+func (r *NodeReporter) updatePeers(ctx context.Context, clique string, store cache.Store) {
 	peers := map[int]string{}
 	for _, obj := range store.List() {
 		u, ok := obj.(*unstructured.Unstructured)
 		if !ok {
-			continue
-		}
-		_, clique, found := strings.Cut(u.GetName(), ".")
-		if !found || !cliques[clique] {
 			continue
 		}
 		cl := &v1beta1.ComputeDomainClique{}
@@ -292,7 +355,7 @@ func (r *NodeReporter) updatePeers(ctx context.Context) {
 		}
 	}
 	r.mu.Lock()
-	same := maps.Equal(peers, r.peers)
+	same := r.peers != nil && maps.Equal(peers, r.peers)
 	r.peers = peers
 	r.mu.Unlock()
 	if !same && r.cfg.Peers != nil {
