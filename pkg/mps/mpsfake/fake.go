@@ -48,6 +48,7 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/fakeprog"
 	"github.com/gpudra/gpudra/pkg/mps"
+	"github.com/gpudra/gpudra/pkg/proctable"
 )
 
 // Names of the fake programs, and the files the fake daemon writes to its
@@ -133,7 +134,7 @@ func SetUp() (dir string, cleanup func(), err error) {
 // Alive reports whether pid is a process that has not exited (a zombie
 // has), as tests of the daemons' lifecycle check it.
 func Alive(pid int) bool {
-	_, ok := liveStartTime(pid)
+	_, ok := proctable.Table{}.Alive(pid)
 	return ok
 }
 
