@@ -16,13 +16,16 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	sigsyaml "sigs.k8s.io/yaml"
+	"slices"
 	"syscall"
 	"time"
+
+	sigsyaml "sigs.k8s.io/yaml"
 
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/imex/imexfake"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/manifests"
@@ -57,6 +60,11 @@ func main() {
 	if code, ok := mpsfake.Main(); ok {
 		os.Exit(code)
 	}
+	// Started as nvidia-imex or nvidia-imex-ctl (cluster.FakeIMEX): the
+	// simulated nodes' IMEX daemons.
+	if code, ok := imexfake.Main(); ok {
+		os.Exit(code)
+	}
 	var o options
 	fs := flag.NewFlagSet("gpudra-sim", flag.ExitOnError)
 	fs.Usage = func() {
@@ -67,7 +75,9 @@ gpudra, installed from its Helm chart (deployments/helm/gpudra) with the
 values of --chart-values, applies the manifests, waits until the pods and workloads settle and
 prints where each pod landed and what its containers got (CDI devices, device
 nodes, environment, mounts, MPS caps, time slices), the workloads, and the
-objects the API server refused. Exit status 1 if the cluster did not start,
+objects the API server refused. On a fleet with NVLink fabric nodes (e.g.
+gb200-nvl72) it also runs the ComputeDomain controller, a channel plugin and
+a fake nvidia-imex per node, before the manifests. Exit status 1 if the cluster did not start,
 an object was refused or the pods did not settle; the report is printed (and
 written) in the last two cases too.
 
@@ -231,6 +241,11 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 		}
 	}()
 	progress("cluster ready in %v", time.Since(start).Round(time.Millisecond))
+	if stop, err := startComputeDomains(ctx, c, fleet); err != nil {
+		return err
+	} else if stop != nil {
+		defer stop()
+	}
 
 	progress("applying %d objects from %s", len(objs), dir)
 	applied := time.Now()
@@ -362,4 +377,30 @@ func readChartValues(path string) (map[string]any, error) {
 		return nil, fmt.Errorf("--chart-values %s: %w", path, err)
 	}
 	return values, nil
+}
+
+// startComputeDomains runs the ComputeDomain stack (CRDs, controller, a
+// channel plugin and a fake IMEX daemon per node) on a fleet with NVLink
+// fabric nodes, before the manifests are applied; nil stop on other fleets.
+func startComputeDomains(ctx context.Context, c *cluster.Cluster, fleet *sim.Fleet) (stop func(), err error) {
+	if !slices.ContainsFunc(fleet.Nodes, func(n sim.Node) bool { return n.Fabric != nil }) {
+		return nil, nil
+	}
+	bin, removeIMEX, err := cluster.FakeIMEX()
+	if err != nil {
+		return nil, fmt.Errorf("simulated IMEX daemon: %w", err)
+	}
+	// The daemons live while channel claims hold them (then removeIMEX
+	// kills what is left), not the fake's default bound.
+	_ = os.Setenv(imexfake.EnvMaxLifetime, "0")
+	progress("starting ComputeDomains: controller, channel plugins, IMEX daemons")
+	cds, err := c.StartComputeDomainsWith(ctx, cluster.ComputeDomainOptions{IMEXBinary: bin})
+	if err != nil {
+		removeIMEX()
+		return nil, fmt.Errorf("start ComputeDomains: %w", err)
+	}
+	return func() {
+		cds.Stop()
+		removeIMEX()
+	}, nil
 }
