@@ -47,7 +47,14 @@ func NewNodeDaemon(cfg NodeDaemonConfig) (*NodeDaemon, error) {
 	rc.Peers = n.writePeers
 	n.reporter = NewReporter(rc)
 	so := cfg.Supervisor
-	so.OnReady = n.reporter.SetReady
+	so.OnReady = func(ready bool) {
+		n.reporter.SetReady(ready)
+		if ready {
+			// A daemon that started while the hosts block changed may
+			// have read the old one before it could be signalled.
+			_ = n.supervisor.Signal(syscall.SIGUSR1)
+		}
+	}
 	s, err := imex.New(so)
 	if err != nil {
 		return nil, err
