@@ -81,6 +81,7 @@ type Supervisor struct {
 	backoff   time.Duration
 	sinceChk  int
 	starts    int
+	scanned   bool // only touched by Run's goroutine
 }
 
 // New returns a supervisor; it writes nothing and starts nothing until
@@ -326,7 +327,10 @@ func (s *Supervisor) step(ctx context.Context) {
 		s.setRef(nil)
 		s.setReady(false, "")
 	}
-	if ref == nil {
+	// /proc is scanned for a daemon to take over at the first step and
+	// while claims hold one, not every second on a node that has none.
+	if ref == nil && (held || !s.scanned) {
+		s.scanned = true
 		if found := s.daemons(); len(found) > 0 {
 			r := found[0]
 			ref = &r
