@@ -62,6 +62,12 @@ type Options struct {
 	// MPSControlBinary, if set, is the (fake) nvidia-cuda-mps-control the
 	// nodes run MPS daemons with; without it nodes refuse MPS claims.
 	MPSControlBinary string
+	// IMEXBinary, if set, is the (fake, see [FakeIMEX]) nvidia-imex, with
+	// nvidia-imex-ctl beside it, that every node's channel plugin must
+	// supervise: the chart's computeDomains.kubeletPlugin.imex daemon,
+	// binary and ctl values, where ChartValues do not set them. Without
+	// it the plugins find no daemon binary and serve channels only.
+	IMEXBinary string
 	// ChartValues are the values gpudra's Helm chart is installed with
 	// (helm install -f), over the chart's values.yaml; driverName is
 	// DriverName unless they set it.

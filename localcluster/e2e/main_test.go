@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/imex/imexfake"
 	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
@@ -39,6 +40,10 @@ func examplesDir() string {
 func TestMain(m *testing.M) {
 	// Started as nvidia-cuda-mps-control: the nodes' simulated MPS daemons.
 	if code, ok := mpsfake.Main(); ok {
+		os.Exit(code)
+	}
+	// Started as nvidia-imex or nvidia-imex-ctl (cluster.FakeIMEX).
+	if code, ok := imexfake.Main(); ok {
 		os.Exit(code)
 	}
 	klog.InitFlags(nil)

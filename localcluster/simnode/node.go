@@ -153,6 +153,8 @@ type Node struct {
 	podUID string
 	// mps is the MPS manager of the running plugin, nil without MPS.
 	mps *mps.Manager
+	// imex is the channel plugin's IMEX side.
+	imex imexState
 
 	// api serves the kubelet API, nil without Config.KubeletTLS.
 	api *kubeletServer
