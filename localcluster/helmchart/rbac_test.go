@@ -148,10 +148,11 @@ func TestRBACPerComponent(t *testing.T) {
 	sort.Strings(controllerNamespaced)
 	// The channel plugin, in the chart's namespace, while it may run the
 	// node's IMEX daemon: its entry in each domain's clique (server-side
-	// apply, read, JSON patch to leave; a watch of its clique's objects),
-	// and the clique's IMEX index ConfigMap.
+	// apply, which creates the clique for its first node, read, JSON patch
+	// to leave; a watch of its clique's objects), and the clique's IMEX
+	// index ConfigMap.
 	pluginNamespaced := []string{
-		"gpudra: get resource.nvidia.com/computedomaincliques", "gpudra: list resource.nvidia.com/computedomaincliques",
+		"gpudra: create resource.nvidia.com/computedomaincliques", "gpudra: get resource.nvidia.com/computedomaincliques", "gpudra: list resource.nvidia.com/computedomaincliques",
 		"gpudra: watch resource.nvidia.com/computedomaincliques", "gpudra: patch resource.nvidia.com/computedomaincliques",
 		"gpudra: get /configmaps", "gpudra: create /configmaps", "gpudra: update /configmaps",
 	}
