@@ -26,6 +26,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/computedomain"
+	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
 
@@ -278,7 +279,28 @@ func (c *Cluster) startNode(ctx context.Context, index int, name string) (*simno
 		MPSControlBinary: c.opts.MPSControlBinary,
 		KubeletTLS:       kubeletTLS,
 		KubeletVersion:   c.kubeletVersion,
+		Labels:           cliqueLabel(fn),
 	})
+}
+
+// CliqueLabel is the Node label GPU Feature Discovery sets on a node of a
+// multi-node NVLink clique: <fabric cluster UUID>.<clique ID>. Workloads
+// of a ComputeDomain select such nodes by it (examples/compute-domain).
+const CliqueLabel = "nvidia.com/gpu.clique"
+
+// cliqueLabel returns the node's CliqueLabel, as GPU Feature Discovery
+// would set it: only where the fabric registration completed without
+// error.
+func cliqueLabel(fn *sim.Node) map[string]string {
+	f := fn.Fabric
+	if f == nil || (f.State != "" && f.State != string(hardware.FabricCompleted)) || f.Status != "" {
+		return nil
+	}
+	uuid := f.ClusterUUID
+	if uuid == "" {
+		uuid = sim.DefaultClusterUUID
+	}
+	return map[string]string{CliqueLabel: fmt.Sprintf("%s.%d", uuid, f.CliqueID)}
 }
 
 // installNICClass creates the simulated NIC driver's DeviceClass when a

@@ -94,8 +94,17 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	demo, err = cluster.Start(ctx, cluster.Options{Fleet: fleet, MPSControlBinary: mpsControl})
+	// The demo fleet's GB200 trays run examples/compute-domain with fake
+	// IMEX daemons.
+	imexBinary, removeIMEX, err := cluster.FakeIMEX()
 	if err != nil {
+		removeMPS()
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	demo, err = cluster.Start(ctx, cluster.Options{Fleet: fleet, MPSControlBinary: mpsControl, IMEXBinary: imexBinary})
+	if err != nil {
+		removeIMEX()
 		removeMPS()
 		fmt.Fprintln(os.Stderr, "start local cluster:", err)
 		return 1
@@ -106,6 +115,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "stop local cluster:", err)
 		code = 1
 	}
+	removeIMEX()
 	removeMPS()
 	if left := newEntries(tmpBefore, tempEntries()); len(left) != 0 {
 		fmt.Fprintf(os.Stderr, "left in %s after the local cluster stopped: %v\n", os.TempDir(), left)
