@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	logsapi "k8s.io/component-base/logs/api/v1"
 
+	"github.com/gpudra/gpudra/pkg/features/imexchannel"
 	"github.com/gpudra/gpudra/pkg/pluginflags"
 	"github.com/gpudra/gpudra/pkg/version"
 )
@@ -81,7 +82,18 @@ func runComputeDomainPlugin(cmd *cobra.Command, o *pluginflags.ComputeDomainPlug
 	if err != nil {
 		return err
 	}
-	cfg, err := o.Config(kube, dyn, nil)
+	ctx := cmd.Context()
+	imexd, err := o.IMEX.NodeDaemon(ctx, kube, dyn, o.NodeName, o.PluginDataDir)
+	if err != nil {
+		return err
+	}
+	// A nil *NodeDaemon must stay a nil interface: channels only.
+	var daemon imexchannel.Daemon
+	if imexd != nil {
+		daemon = imexd
+		go func() { _ = imexd.Run(ctx) }()
+	}
+	cfg, err := o.Config(kube, dyn, nil, daemon)
 	if err != nil {
 		return err
 	}
@@ -92,5 +104,5 @@ func runComputeDomainPlugin(cmd *cobra.Command, o *pluginflags.ComputeDomainPlug
 	if httpListener != nil {
 		defer httpListener.Close()
 	}
-	return servePlugin(cmd.Context(), cfg, httpListener, o.MetricsPath)
+	return servePlugin(ctx, cfg, httpListener, o.MetricsPath)
 }

@@ -46,6 +46,7 @@ func (c *Cluster) installChart(ctx context.Context, progress func(string)) error
 		cd["enabled"] = c.opts.ComputeDomains || fleetHasClique(c.opts.Fleet)
 		values["computeDomains"] = cd
 	}
+	values = c.imexChartValues(values)
 	if _, ok := values["driverName"]; !ok {
 		values["driverName"] = c.opts.DriverName
 	} else if values["driverName"] != c.opts.DriverName {
@@ -95,7 +96,8 @@ func serviceAccountIdentity(namespace, name, node string) rest.ImpersonationConf
 
 // nodeVolumes returns where the kubelet plugin pod's volumes live on a
 // simulated node: the kubelet's plugin directories and the CDI directory
-// (the chart's volumes plugins, plugins-registry and cdi) are the node's;
+// (the chart's volumes plugins, plugins-registry and cdi) and the IMEX
+// hosts file (imex-hosts, simnode's Node.IMEXHostsFile) are the node's;
 // every other host path (driver root, /sys, /proc, the MPS root,
 // /lib/modules) becomes a directory of the node's own that nothing reads,
 // since the simulated node supplies hardware, VFIO sysfs and MPS itself.
@@ -111,6 +113,8 @@ func nodeVolumes(nodeDir, driverName string) func(corev1.Volume) (string, error)
 			return filepath.Join(nodeDir, "plugins_registry"), nil
 		case "cdi":
 			return filepath.Join(nodeDir, "cdi"), nil
+		case imexHostsVolume:
+			return filepath.Join(nodeDir, "hosts"), nil
 		default:
 			return filepath.Join(nodeDir, "host", v.Name), nil
 		}

@@ -26,6 +26,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/computedomain"
+	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
 
@@ -62,6 +63,12 @@ type Options struct {
 	// MPSControlBinary, if set, is the (fake) nvidia-cuda-mps-control the
 	// nodes run MPS daemons with; without it nodes refuse MPS claims.
 	MPSControlBinary string
+	// IMEXBinary, if set, is the (fake, see [FakeIMEX]) nvidia-imex, with
+	// nvidia-imex-ctl beside it, that every node's channel plugin must
+	// supervise: the chart's computeDomains.kubeletPlugin.imex daemon,
+	// binary and ctl values, where ChartValues do not set them. Without
+	// it the plugins find no daemon binary and serve channels only.
+	IMEXBinary string
 	// ChartValues are the values gpudra's Helm chart is installed with
 	// (helm install -f), over the chart's values.yaml; driverName is
 	// DriverName unless they set it.
@@ -276,7 +283,28 @@ func (c *Cluster) startNode(ctx context.Context, index int, name string) (*simno
 		KubeletTLS:       kubeletTLS,
 		KubeletVersion:   c.kubeletVersion,
 		Baseline:         c.opts.Baseline,
+		Labels:           cliqueLabel(fn),
 	})
+}
+
+// CliqueLabel is the Node label GPU Feature Discovery sets on a node of a
+// multi-node NVLink clique: <fabric cluster UUID>.<clique ID>. Workloads
+// of a ComputeDomain select such nodes by it (examples/compute-domain).
+const CliqueLabel = "nvidia.com/gpu.clique"
+
+// cliqueLabel returns the node's CliqueLabel, as GPU Feature Discovery
+// would set it: only where the fabric registration completed without
+// error.
+func cliqueLabel(fn *sim.Node) map[string]string {
+	f := fn.Fabric
+	if f == nil || (f.State != "" && f.State != string(hardware.FabricCompleted)) || f.Status != "" {
+		return nil
+	}
+	uuid := f.ClusterUUID
+	if uuid == "" {
+		uuid = sim.DefaultClusterUUID
+	}
+	return map[string]string{CliqueLabel: fmt.Sprintf("%s.%d", uuid, f.CliqueID)}
 }
 
 // installNICClass creates the simulated NIC driver's DeviceClass when a

@@ -4,6 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
@@ -16,7 +21,10 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/computedomain"
+	"github.com/gpudra/gpudra/pkg/fakeprog"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/imex"
+	"github.com/gpudra/gpudra/pkg/imex/imexfake"
 	"github.com/gpudra/gpudra/pkg/plugin"
 
 	"github.com/gpudra/gpudra/localcluster/install"
@@ -30,6 +38,8 @@ type computeDomains struct {
 	cancel  context.CancelFunc
 	done    chan error
 	plugins []*plugin.Driver
+	// nodes are those whose plugin started, whose IMEX side stops with it.
+	nodes []*simnode.Node
 }
 
 // fleetHasClique reports whether a node of the fleet is in a multi-node
@@ -79,7 +89,7 @@ func (c *Cluster) startComputeDomains(ctx context.Context, progress func(string)
 			continue
 		}
 		wg.Go(func() {
-			d, err := c.startComputeDomainPlugin(ctx, n, c.nodeDir(i), pod)
+			d, err := c.startComputeDomainPlugin(ctx, n, i, pod)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -87,6 +97,7 @@ func (c *Cluster) startComputeDomains(ctx context.Context, progress func(string)
 				return
 			}
 			cds.plugins = append(cds.plugins, d)
+			cds.nodes = append(cds.nodes, n)
 		})
 	}
 	wg.Wait()
@@ -161,16 +172,70 @@ func (c *Cluster) startComputeDomainController(ctx, runCtx context.Context, pod 
 }
 
 // startComputeDomainPlugin runs the DaemonSet's compute-domains container
-// on node n, in a pod of its own UID, under the DaemonSet's ServiceAccount
-// with n's name in its token.
-func (c *Cluster) startComputeDomainPlugin(ctx context.Context, n *simnode.Node, nodeDir string, pod *install.Pod) (*plugin.Driver, error) {
-	args, err := pod.Args(install.Instance{NodeName: n.Name(), UID: simnode.NewPodUID(), Volume: nodeVolumes(nodeDir, c.opts.DriverName)})
+// on node n (the fleet's index-th), in a pod of its own UID, under the
+// DaemonSet's ServiceAccount with n's name in its token. The node's IP
+// (status.hostIP, the IMEX daemon's address) is 127.0.1.<index+1>. Every
+// node's daemon runs on this one machine, where the query port listens on
+// loopback: with the IMEX side on, the local cluster gives each node free
+// ports of its own in place of the chart's one pair (later flags win).
+func (c *Cluster) startComputeDomainPlugin(ctx context.Context, n *simnode.Node, index int, pod *install.Pod) (*plugin.Driver, error) {
+	if index >= 254 {
+		return nil, fmt.Errorf("node %s: the local cluster's node IPs 127.0.1.1-254 fit 254 nodes", n.Name())
+	}
+	ip := fmt.Sprintf("127.0.1.%d", index+1)
+	args, err := pod.Args(install.Instance{NodeName: n.Name(), HostIP: ip, UID: simnode.NewPodUID(), Volume: nodeVolumes(c.nodeDir(index), c.opts.DriverName)})
 	if err != nil {
 		return nil, err
+	}
+	if c.opts.IMEXBinary != "" {
+		ports, err := freePorts(ip, 2)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: IMEX ports: %w", n.Name(), err)
+		}
+		args = append(args, "--imex-port="+strconv.Itoa(ports[0]), "--imex-cmd-port="+strconv.Itoa(ports[1]))
 	}
 	rc := c.cp.RESTConfig("gpudra-compute-domain-kubelet-plugin/"+n.Name(), c.opts.NodeQPS, c.opts.NodeBurst)
 	rc.Impersonate = serviceAccountIdentity(pod.Namespace, pod.ServiceAccount(), n.Name())
 	return n.StartComputeDomainPlugin(ctx, args, rc)
+}
+
+// imexHostsVolume is the chart's volume of the node's hosts file, which
+// the IMEX side writes its peers' names into.
+const imexHostsVolume = "imex-hosts"
+
+// imexChartValues sets the chart's IMEX values the cluster's options
+// imply, where values do not set them: with Options.IMEXBinary, every
+// node's channel plugin must supervise that (fake) daemon.
+func (c *Cluster) imexChartValues(values map[string]any) map[string]any {
+	if c.opts.IMEXBinary == "" {
+		return values
+	}
+	for key, v := range map[string]string{
+		"daemon": "required",
+		"binary": c.opts.IMEXBinary,
+		"ctl":    filepath.Join(filepath.Dir(c.opts.IMEXBinary), imex.CtlName),
+	} {
+		values = setDefault(values, []string{"computeDomains", "kubeletPlugin", "imex", key}, v)
+	}
+	return values
+}
+
+// setDefault returns values with v at path unless a value is there; the
+// maps on the path are copied, not changed.
+func setDefault(values map[string]any, path []string, v any) map[string]any {
+	out := maps.Clone(values)
+	if out == nil {
+		out = map[string]any{}
+	}
+	if len(path) == 1 {
+		if _, ok := out[path[0]]; !ok {
+			out[path[0]] = v
+		}
+		return out
+	}
+	sub, _ := out[path[0]].(map[string]any)
+	out[path[0]] = setDefault(sub, path[1:], v)
+	return out
 }
 
 // stop stops the channel plugins, then the controller.
@@ -179,6 +244,10 @@ func (s *computeDomains) stop() error {
 		d.Stop()
 	}
 	s.plugins = nil
+	for _, n := range s.nodes {
+		n.StopIMEX()
+	}
+	s.nodes = nil
 	if s.cancel == nil {
 		return nil
 	}
@@ -193,3 +262,52 @@ func (s *computeDomains) stop() error {
 // Dynamic returns the admin's dynamic client, for custom resources such
 // as ComputeDomains.
 func (c *Cluster) Dynamic() dynamic.Interface { return c.dyn }
+
+// freePorts returns n TCP ports free on ip now (and on loopback, where the
+// fake daemon's query service listens).
+func freePorts(ip string, n int) ([]int, error) {
+	var out []int
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			_ = ln.Close()
+		}
+	}()
+	for len(out) < n {
+		ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+		if err != nil {
+			return nil, fmt.Errorf("a free port on %s: %w", ip, err)
+		}
+		lns = append(lns, ln)
+		port := ln.Addr().(*net.TCPAddr).Port
+		// The query port listens on 127.0.0.1: it must be free there too.
+		lo, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		lns = append(lns, lo)
+		out = append(out, port)
+	}
+	return out, nil
+}
+
+// FakeIMEX makes the running program the nvidia-imex and nvidia-imex-ctl
+// of the simulated nodes, as [FakeMPS] does for MPS: symlinks to the
+// program's executable in a new temporary directory. It returns the
+// daemon's path, for Options.IMEXBinary, and a function that kills every
+// fake daemon still running from the directory and removes it. The
+// program must call imexfake.Main first thing in main (or TestMain).
+func FakeIMEX() (binary string, remove func(), err error) {
+	dir, err := os.MkdirTemp("", "gpudra-imexbin-")
+	if err != nil {
+		return "", nil, err
+	}
+	if err := imexfake.Install(dir); err != nil {
+		_ = os.RemoveAll(dir)
+		return "", nil, err
+	}
+	return filepath.Join(dir, imex.DaemonName), func() {
+		_ = fakeprog.Kill(fakeprog.Procs(dir))
+		_ = os.RemoveAll(dir)
+	}, nil
+}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +15,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/gpudra/gpudra/api/resource/v1beta1"
+	"github.com/gpudra/gpudra/pkg/computedomain"
 
 	"github.com/gpudra/gpudra/localcluster/manifests"
 )
@@ -235,6 +239,10 @@ func TestExamples(t *testing.T) {
 		}
 	})
 
+	t.Run("compute-domain", func(t *testing.T) {
+		checkComputeDomainExample(t, ctx)
+	})
+
 	t.Run("job-claim-template", func(t *testing.T) {
 		job, err := demo.Client().BatchV1().Jobs("job-claim-template").Get(ctx, "train", metav1.GetOptions{})
 		if err != nil {
@@ -303,4 +311,55 @@ func jobComplete(job *batchv1.Job) bool {
 		}
 	}
 	return false
+}
+
+// checkComputeDomainExample checks examples/compute-domain: the domain
+// becomes Ready with its 4 nodes, and each of the Job's 4 workers runs on
+// a node of its own whose container sees exactly the domain's channel.
+func checkComputeDomainExample(t *testing.T, ctx context.Context) {
+	const ns, domain = "compute-domain", "nvl-4"
+	var cd *v1beta1.ComputeDomain
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		u, err := demo.Dynamic().Resource(computedomain.GVR).Namespace(ns).Get(ctx, domain, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		if cd, err = computedomain.FromUnstructured(u); err != nil {
+			return false, err
+		}
+		return cd.Status.Status == v1beta1.ComputeDomainStatusReady && len(cd.Status.Nodes) == 4 && cd.Status.Channel != nil, nil
+	})
+	if err != nil {
+		t.Fatalf("ComputeDomain %s/%s is not Ready with 4 nodes: %v; status %+v", ns, domain, err, statusOf(cd))
+	}
+	channel := fmt.Sprintf("/dev/nvidia-caps-imex-channels/channel%d", *cd.Status.Channel)
+	pods, err := demo.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=nvl-4-worker"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pods.Items) != 4 {
+		t.Fatalf("%d workers, want 4", len(pods.Items))
+	}
+	nodes := map[string]string{}
+	for _, pod := range pods.Items {
+		if other, dup := nodes[pod.Spec.NodeName]; dup {
+			t.Errorf("workers %s and %s both on %s", other, pod.Name, pod.Spec.NodeName)
+		}
+		nodes[pod.Spec.NodeName] = pod.Name
+		ctrs, ok := demo.Node(pod.Spec.NodeName).Containers(&pod)
+		var imexNodes []string
+		for _, d := range ctrs["ctr"].DeviceNodes {
+			if strings.HasPrefix(d, "/dev/nvidia-caps-imex-channels/") {
+				imexNodes = append(imexNodes, d)
+			}
+		}
+		if pod.Status.Phase != corev1.PodRunning || !ok || !slices.Equal(imexNodes, []string{channel}) {
+			t.Errorf("worker %s on %s: phase %s, IMEX channels %v, want exactly %s", pod.Name, pod.Spec.NodeName, pod.Status.Phase, imexNodes, channel)
+		}
+	}
+	for _, n := range cd.Status.Nodes {
+		if _, ok := nodes[n.Name]; !ok || n.Status != v1beta1.ComputeDomainStatusReady {
+			t.Errorf("domain node %+v: not Ready, or no worker on it (workers on %v)", *n, nodes)
+		}
+	}
 }

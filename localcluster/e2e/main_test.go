@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/imex/imexfake"
 	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
@@ -39,6 +40,10 @@ func examplesDir() string {
 func TestMain(m *testing.M) {
 	// Started as nvidia-cuda-mps-control: the nodes' simulated MPS daemons.
 	if code, ok := mpsfake.Main(); ok {
+		os.Exit(code)
+	}
+	// Started as nvidia-imex or nvidia-imex-ctl (cluster.FakeIMEX).
+	if code, ok := imexfake.Main(); ok {
 		os.Exit(code)
 	}
 	klog.InitFlags(nil)
@@ -89,8 +94,17 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	demo, err = cluster.Start(ctx, cluster.Options{Fleet: fleet, MPSControlBinary: mpsControl})
+	// The demo fleet's GB200 trays run examples/compute-domain with fake
+	// IMEX daemons.
+	imexBinary, removeIMEX, err := cluster.FakeIMEX()
 	if err != nil {
+		removeMPS()
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	demo, err = cluster.Start(ctx, cluster.Options{Fleet: fleet, MPSControlBinary: mpsControl, IMEXBinary: imexBinary})
+	if err != nil {
+		removeIMEX()
 		removeMPS()
 		fmt.Fprintln(os.Stderr, "start local cluster:", err)
 		return 1
@@ -101,6 +115,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "stop local cluster:", err)
 		code = 1
 	}
+	removeIMEX()
 	removeMPS()
 	if left := newEntries(tmpBefore, tempEntries()); len(left) != 0 {
 		fmt.Fprintf(os.Stderr, "left in %s after the local cluster stopped: %v\n", os.TempDir(), left)

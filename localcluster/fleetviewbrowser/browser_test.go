@@ -204,9 +204,9 @@ func TestFleetViewInChromium(t *testing.T) {
 	start := time.Now()
 	if err := chromedp.Do(bctx,
 		chromedp.Navigate(page),
-		chromedp.Poll[chromedp.Void](`window.fleetView.loadedMs !== null && document.querySelectorAll('.node').length === 3 && document.body.innerText.includes('fv/trainer')`, chromedp.WithPollingTimeout(30*time.Second)),
+		chromedp.Poll[chromedp.Void](`window.fleetView.loadedMs !== null && document.querySelectorAll('.node').length === 7 && document.body.innerText.includes('fv/trainer')`, chromedp.WithPollingTimeout(30*time.Second)),
 	); err != nil {
-		t.Fatalf("page did not load with the demo fleet's 3 nodes and the trainer pod: %v", err)
+		t.Fatalf("page did not load with the demo fleet's 7 DRA nodes and the trainer pod: %v", err)
 	}
 	loadedMs, err := chromedp.Run(bctx, chromedp.Evaluate[float64](`window.fleetView.loadedMs`))
 	if err != nil {

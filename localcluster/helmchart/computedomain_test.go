@@ -65,12 +65,16 @@ func checkComputeDomains(t *testing.T, objs []Object, driverName string) {
 		"registrar-dir":   "/var/lib/kubelet/plugins_registry",
 		"cdi-dir":         "/var/run/cdi",
 		"proc-root":       "/host/proc",
+		// The IMEX side: the release's namespace, the node's IP.
+		"clique-namespace": "gpudra",
+		"node-ip":          "$(NODE_IP)",
+		"imex-hosts-file":  "/etc/hosts",
 	} {
 		if got, _ := flagValue(c.Args, flag); got != want {
 			t.Errorf("compute-domains --%s=%q, want %q", flag, got, want)
 		}
 	}
-	for _, path := range []string{"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi", "/driver-root", "/host/proc"} {
+	for _, path := range []string{"/var/lib/kubelet/plugins", "/var/lib/kubelet/plugins_registry", "/var/run/cdi", "/driver-root", "/host/proc", "/etc/hosts"} {
 		if !hasMount(c, path) {
 			t.Errorf("compute-domains does not mount %s", path)
 		}
@@ -81,8 +85,15 @@ func checkComputeDomains(t *testing.T, objs []Object, driverName string) {
 			env[e.Name] = e.ValueFrom.FieldRef.FieldPath
 		}
 	}
-	if env["NODE_NAME"] != "spec.nodeName" || env["POD_UID"] != "metadata.uid" {
-		t.Errorf("compute-domains env %v, want NODE_NAME and POD_UID from the downward API", env)
+	if env["NODE_NAME"] != "spec.nodeName" || env["POD_UID"] != "metadata.uid" || env["NODE_IP"] != "status.hostIP" || env["POD_NAMESPACE"] != "metadata.namespace" {
+		t.Errorf("compute-domains env %v, want NODE_NAME, POD_UID, NODE_IP and POD_NAMESPACE from the downward API", env)
+	}
+	ds := find[*appsv1.DaemonSet](t, objs, "gpudra-kubelet-plugin")
+	if !slices.ContainsFunc(ds.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool {
+		return v.Name == "imex-hosts" && v.HostPath != nil && v.HostPath.Path == "/etc/hosts" &&
+			v.HostPath.Type != nil && *v.HostPath.Type == corev1.HostPathFileOrCreate
+	}) {
+		t.Errorf("the DaemonSet has no hostPath volume imex-hosts of /etc/hosts (FileOrCreate): %+v", ds.Spec.Template.Spec.Volumes)
 	}
 	if len(c.Ports) != 1 || c.Ports[0].Name != "cd-http" || c.LivenessProbe == nil || c.LivenessProbe.HTTPGet.Port.String() != "cd-http" {
 		t.Errorf("compute-domains ports %+v, probes on its own port", c.Ports)
@@ -94,6 +105,9 @@ func checkComputeDomains(t *testing.T, objs []Object, driverName string) {
 	}
 	if len(ctrl.Args) == 0 || ctrl.Args[0] != "compute-domain-controller" {
 		t.Errorf("controller args %q", ctrl.Args)
+	}
+	if got, _ := flagValue(ctrl.Args, "channel-driver-name"); got != driverName {
+		t.Errorf("controller --channel-driver-name=%q, want %q", got, driverName)
 	}
 
 	webhook := find[*appsv1.Deployment](t, objs, "gpudra-webhook")

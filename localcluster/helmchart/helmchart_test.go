@@ -134,6 +134,7 @@ func TestRender(t *testing.T) {
 					"ServiceAccount gpudra/gpudra-compute-domain-controller", "ClusterRole gpudra-compute-domain-controller", "ClusterRoleBinding gpudra-compute-domain-controller",
 					"Role gpudra/gpudra-compute-domain-controller", "RoleBinding gpudra/gpudra-compute-domain-controller", "Deployment gpudra/gpudra-compute-domain-controller",
 					"ClusterRole gpudra-compute-domain-kubelet-plugin", "ClusterRoleBinding gpudra-compute-domain-kubelet-plugin",
+					"Role gpudra/gpudra-compute-domain-kubelet-plugin", "RoleBinding gpudra/gpudra-compute-domain-kubelet-plugin",
 					"CustomResourceDefinition computedomaincliques.resource.nvidia.com", "CustomResourceDefinition computedomains.resource.nvidia.com",
 				}
 				for _, c := range allClasses(t) {

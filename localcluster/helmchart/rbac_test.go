@@ -129,6 +129,8 @@ func TestRBACPerComponent(t *testing.T) {
 		"list resource.k8s.io/resourceclaimtemplates", "delete resource.k8s.io/resourceclaimtemplates",
 		// A deleted domain waits for its claims.
 		"list resource.k8s.io/resourceclaims",
+		// The channel driver's slices: the cliques' sizes (FitsInClique).
+		"list resource.k8s.io/resourceslices", "watch resource.k8s.io/resourceslices",
 	}
 	sort.Strings(controllerNeeds)
 	// ... and in the chart's namespace: the cliques and its Lease.
@@ -144,6 +146,17 @@ func TestRBACPerComponent(t *testing.T) {
 		"gpudra: update coordination.k8s.io/leases/gpudra-compute-domain-controller",
 	}
 	sort.Strings(controllerNamespaced)
+	// The channel plugin, in the chart's namespace, while it may run the
+	// node's IMEX daemon: its entry in each domain's clique (server-side
+	// apply, which creates the clique for its first node, read, JSON patch
+	// to leave; a watch of its clique's objects), and the clique's IMEX
+	// index ConfigMap.
+	pluginNamespaced := []string{
+		"gpudra: create resource.nvidia.com/computedomaincliques", "gpudra: get resource.nvidia.com/computedomaincliques", "gpudra: list resource.nvidia.com/computedomaincliques",
+		"gpudra: watch resource.nvidia.com/computedomaincliques", "gpudra: patch resource.nvidia.com/computedomaincliques",
+		"gpudra: get /configmaps", "gpudra: create /configmaps", "gpudra: update /configmaps",
+	}
+	sort.Strings(pluginNamespaced)
 	cdOff := func(kv ...any) map[string]any {
 		return values(append([]any{"computeDomains.enabled", false}, kv...)...)
 	}
@@ -153,13 +166,15 @@ func TestRBACPerComponent(t *testing.T) {
 		values                           map[string]any
 		plugin, webhook                  []string
 		controller, controllerNamespaced []string
+		pluginNamespaced                 []string
 		clusterRoles, roles              int
 	}{
-		{"defaults", nil, pluginAndChannelsNeed, webhookNeeds, controllerNeeds, controllerNamespaced, 4, 2},
-		{"ComputeDomains off", cdOff(), pluginNeeds, webhookNeeds, nil, nil, 2, 0},
-		{"controller without leader election", values("computeDomains.controller.leaderElection.enabled", false), pluginAndChannelsNeed, webhookNeeds, controllerNeeds, cliqueGrants, 4, 2},
-		{"webhook with a certificate Secret", cdOff("webhook.tls.mode", "secret", "webhook.tls.secretName", "s", "webhook.tls.caBundle", "Y2E="), pluginNeeds, nil, nil, nil, 1, 0},
-		{"webhook off", cdOff("webhook.enabled", false), pluginNeeds, nil, nil, nil, 1, 0},
+		{"defaults", nil, pluginAndChannelsNeed, webhookNeeds, controllerNeeds, controllerNamespaced, pluginNamespaced, 4, 4},
+		{"ComputeDomains off", cdOff(), pluginNeeds, webhookNeeds, nil, nil, nil, 2, 0},
+		{"controller without leader election", values("computeDomains.controller.leaderElection.enabled", false), pluginAndChannelsNeed, webhookNeeds, controllerNeeds, cliqueGrants, pluginNamespaced, 4, 4},
+		{"IMEX daemon off", values("computeDomains.kubeletPlugin.imex.daemon", "off"), pluginAndChannelsNeed, webhookNeeds, controllerNeeds, controllerNamespaced, nil, 4, 2},
+		{"webhook with a certificate Secret", cdOff("webhook.tls.mode", "secret", "webhook.tls.secretName", "s", "webhook.tls.caBundle", "Y2E="), pluginNeeds, nil, nil, nil, nil, 1, 0},
+		{"webhook off", cdOff("webhook.enabled", false), pluginNeeds, nil, nil, nil, nil, 1, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			objs := render(t, Options{Values: tc.values})
@@ -175,10 +190,11 @@ func TestRBACPerComponent(t *testing.T) {
 			if got := roleGrants(objs, "gpudra", "gpudra-compute-domain-controller"); !slices.Equal(got, tc.controllerNamespaced) {
 				t.Errorf("compute-domain controller may, in its namespace:\n  %s\nwants:\n  %s", strings.Join(got, "\n  "), strings.Join(tc.controllerNamespaced, "\n  "))
 			}
-			for _, sa := range []string{rbac.KubeletPluginName, "gpudra-webhook"} {
-				if got := roleGrants(objs, "gpudra", sa); len(got) > 0 {
-					t.Errorf("%s has namespaced grants %v", sa, got)
-				}
+			if got := roleGrants(objs, "gpudra", rbac.KubeletPluginName); !slices.Equal(got, tc.pluginNamespaced) {
+				t.Errorf("kubelet plugin may, in its namespace:\n  %s\nwants:\n  %s", strings.Join(got, "\n  "), strings.Join(tc.pluginNamespaced, "\n  "))
+			}
+			if got := roleGrants(objs, "gpudra", "gpudra-webhook"); len(got) > 0 {
+				t.Errorf("gpudra-webhook has namespaced grants %v", got)
 			}
 			if n := len(all[*rbacv1.ClusterRole](objs)); n != tc.clusterRoles {
 				t.Errorf("%d ClusterRoles, want %d", n, tc.clusterRoles)

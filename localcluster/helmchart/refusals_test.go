@@ -47,6 +47,17 @@ func TestSchemaRefuses(t *testing.T) {
 		{"channel plugin port out of range", values("computeDomains.kubeletPlugin.httpPort", 0), "/computeDomains/kubeletPlugin/httpPort"},
 		{"channel plugin verbosity as a word", values("computeDomains.kubeletPlugin.logVerbosity", "high"), "/computeDomains/kubeletPlugin/logVerbosity"},
 		{"misspelt ComputeDomain value", values("computeDomains.controller.replica", 1), "replica"},
+		{"IMEX daemon as a bool", values("computeDomains.kubeletPlugin.imex.daemon", true), "/computeDomains/kubeletPlugin/imex/daemon"},
+		{"unknown IMEX daemon mode", values("computeDomains.kubeletPlugin.imex.daemon", "on"), "/computeDomains/kubeletPlugin/imex/daemon"},
+		{"unknown IMEX launcher", values("computeDomains.kubeletPlugin.imex.launcher", "systemd"), "/computeDomains/kubeletPlugin/imex/launcher"},
+		{"empty IMEX binary", values("computeDomains.kubeletPlugin.imex.binary", ""), "/computeDomains/kubeletPlugin/imex/binary"},
+		{"relative IMEX hosts file", values("computeDomains.kubeletPlugin.imex.hostsFile", "etc/hosts"), "/computeDomains/kubeletPlugin/imex/hostsFile"},
+		{"relative IMEX dir", values("computeDomains.kubeletPlugin.imex.dir", "imex"), "/computeDomains/kubeletPlugin/imex/dir"},
+		{"IMEX port out of range", values("computeDomains.kubeletPlugin.imex.port", 65536), "/computeDomains/kubeletPlugin/imex/port"},
+		{"IMEX cmd port as a string", values("computeDomains.kubeletPlugin.imex.cmdPort", "50005"), "/computeDomains/kubeletPlugin/imex/cmdPort"},
+		{"IMEX max nodes over the limit", values("computeDomains.kubeletPlugin.imex.maxNodes", 257), "/computeDomains/kubeletPlugin/imex/maxNodes"},
+		{"IMEX idle stop without unit", values("computeDomains.kubeletPlugin.imex.idleStop", "30"), "/computeDomains/kubeletPlugin/imex/idleStop"},
+		{"misspelt IMEX value", values("computeDomains.kubeletPlugin.imex.hostFile", "/etc/hosts"), "hostFile"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Render(loadChart(t), Options{Values: tc.values})

@@ -53,6 +53,8 @@ func (p *Pod) ServiceAccount() string {
 type Instance struct {
 	// NodeName and UID are the pod's spec.nodeName and metadata.uid.
 	NodeName, UID string
+	// HostIP is the pod's status.hostIP.
+	HostIP string
 	// Volume returns the directory of this process where a volume of the
 	// pod lives: for a hostPath volume, the node's directory that stands
 	// for the host path; for an emptyDir, one of the pod's.
@@ -62,7 +64,7 @@ type Instance struct {
 // Args returns the container's arguments as its process would get them,
 // the subcommand first: $(VAR) references expanded from the container's
 // environment as the kubelet expands them (values, and the downward API's
-// spec.nodeName, metadata.uid, metadata.name and metadata.namespace), and
+// spec.nodeName, status.hostIP, metadata.uid, metadata.name and metadata.namespace), and
 // every absolute path under one of its volume mounts moved to where that
 // volume lives for inst. The image's command (/usr/bin/gpudra) is not
 // part of them.
@@ -98,6 +100,11 @@ func (p *Pod) env(inst Instance) (map[string]string, error) {
 			switch path := e.ValueFrom.FieldRef.FieldPath; path {
 			case "spec.nodeName":
 				env[e.Name] = inst.NodeName
+			case "status.hostIP":
+				if inst.HostIP == "" {
+					return nil, fmt.Errorf("%s: env %s: the local cluster gives this pod no host IP", p.Owner, e.Name)
+				}
+				env[e.Name] = inst.HostIP
 			case "metadata.uid":
 				env[e.Name] = inst.UID
 			case "metadata.namespace":

@@ -20,7 +20,10 @@ import (
 // to the node's directories), parsed with the binary's own flag set, and
 // restConfig is its ServiceAccount's identity. Its data directory must be
 // the node's plugins/<driver>, its registration and CDI directories the
-// node's; its hardware is the node's simulated GPUs. It returns once the
+// node's, its IMEX hosts file the node's [Node.IMEXHostsFile]; its
+// hardware is the node's simulated GPUs. With the IMEX flags on and their
+// binary found, the plugin supervises the node's IMEX daemon and reports it
+// in the domains' cliques, as on a real node. It returns once the
 // node's DRA manager has it registered and its devices are published; the
 // caller stops it before the node.
 func (n *Node) StartComputeDomainPlugin(ctx context.Context, args []string, restConfig *rest.Config) (*plugin.Driver, error) {
@@ -36,6 +39,7 @@ func (n *Node) StartComputeDomainPlugin(ctx context.Context, args []string, rest
 		{"--plugin-data-dir", flags.PluginDataDir, filepath.Join(n.cfg.Dir, "plugins", flags.DriverName)},
 		{"--registrar-dir", flags.RegistrarDir, n.cfg.registryDir()},
 		{"--cdi-dir", flags.CDIDir, n.cfg.CDIDir()},
+		{"--imex-hosts-file", flags.IMEX.HostsFile, n.IMEXHostsFile()},
 	} {
 		if f.got != f.want {
 			return nil, fmt.Errorf("node %s: compute-domain-kubelet-plugin %s %q: the simulated node's is %q", n.cfg.Name, f.flag, f.got, f.want)
@@ -51,16 +55,26 @@ func (n *Node) StartComputeDomainPlugin(ctx context.Context, args []string, rest
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := flags.Config(kube, dyn, n.cfg.Hardware)
+	if err := flags.Validate(); err != nil {
+		return nil, fmt.Errorf("node %s: compute-domain-kubelet-plugin: %w", n.cfg.Name, err)
+	}
+	daemon, err := n.startIMEX(ctx, kube, dyn, flags)
 	if err != nil {
+		return nil, fmt.Errorf("node %s: compute-domain-kubelet-plugin: IMEX daemon: %w", n.cfg.Name, err)
+	}
+	cfg, err := flags.Config(kube, dyn, n.cfg.Hardware, daemon)
+	if err != nil {
+		n.StopIMEX()
 		return nil, fmt.Errorf("node %s: compute-domain-kubelet-plugin: %w", n.cfg.Name, err)
 	}
 	d, err := plugin.Start(n.ctx, cfg)
 	if err != nil {
+		n.StopIMEX()
 		return nil, fmt.Errorf("node %s: start ComputeDomain plugin: %w", n.cfg.Name, err)
 	}
 	if err := n.waitForDriver(ctx, flags.DriverName, len(d.Devices())); err != nil {
 		d.Stop()
+		n.StopIMEX()
 		return nil, err
 	}
 	return d, nil

@@ -160,6 +160,8 @@ type Node struct {
 	mps *mps.Manager
 	// baseline is the baseline driver, nil without Config.Baseline.
 	baseline *baseline.Driver
+	// imex is the channel plugin's IMEX side.
+	imex imexState
 
 	// api serves the kubelet API, nil without Config.KubeletTLS.
 	api *kubeletServer

@@ -74,6 +74,10 @@ type ControllerConfig struct {
 	// ID>"); the domains' status.nodes are derived from them. Empty: no
 	// status.nodes.
 	CliqueNamespace string
+	// ChannelDriver, if set, is the channel driver's name: its
+	// ResourceSlices tell the size of each NVLink clique, and a domain
+	// whose spec.numNodes exceeds the largest gets FitsInClique=False.
+	ChannelDriver string
 }
 
 // Controller runs the ComputeDomains of the cluster: per domain, the
@@ -85,7 +89,9 @@ type Controller struct {
 	informer cache.SharedIndexInformer
 	// cliques is nil without ControllerConfig.CliqueNamespace.
 	cliques cache.SharedIndexInformer
-	queue   workqueue.TypedRateLimitingInterface[string]
+	// sizes is nil without ControllerConfig.ChannelDriver.
+	sizes *cliqueSizes
+	queue workqueue.TypedRateLimitingInterface[string]
 
 	mu       sync.Mutex
 	channels *ChannelAssigner
@@ -119,6 +125,15 @@ func NewController(cfg ControllerConfig) *Controller {
 		UpdateFunc: func(_, obj any) { enqueue(obj) },
 		DeleteFunc: enqueue,
 	})
+	if cfg.ChannelDriver != "" && cfg.KubeClient != nil {
+		c.sizes = newCliqueSizes(cfg.KubeClient, cfg.ChannelDriver)
+		// A clique that grows or shrinks changes whether domains fit.
+		_, _ = c.sizes.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { c.enqueueAll() },
+			UpdateFunc: func(any, any) { c.enqueueAll() },
+			DeleteFunc: func(any) { c.enqueueAll() },
+		})
+	}
 	if cfg.CliqueNamespace != "" {
 		cf := dynamicinformer.NewFilteredDynamicSharedInformerFactory(cfg.DynamicClient, cfg.Resync, cfg.CliqueNamespace, nil)
 		c.cliques = cf.ForResource(CliqueGVR).Informer()
@@ -155,6 +170,10 @@ func (c *Controller) Run(ctx context.Context) error {
 	if c.cliques != nil {
 		go c.cliques.Run(ctx.Done())
 		synced = append(synced, c.cliques.HasSynced)
+	}
+	if c.sizes != nil {
+		go c.sizes.informer.Run(ctx.Done())
+		synced = append(synced, c.sizes.informer.HasSynced)
 	}
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return fmt.Errorf("ComputeDomain informer did not sync: %w", ctx.Err())
@@ -290,6 +309,9 @@ func (c *Controller) Reconcile(ctx context.Context, key string) error {
 		return err
 	}
 	conds = append(conds, tmplCond)
+	if fit, ok := c.sizes.fitCondition(cd); ok {
+		conds = append(conds, fit)
+	}
 	if werr := c.writeStatus(ctx, cd, ch, conds); werr != nil {
 		return errors.Join(err, werr)
 	}
@@ -314,7 +336,7 @@ func (c *Controller) writeStatus(ctx context.Context, cd *v1beta1.ComputeDomain,
 	nodes := c.nodesOf(cd)
 	status := v1beta1.ComputeDomainStatusNotReady
 	ready := ch != nil && !slices.ContainsFunc(conds, func(c metav1.Condition) bool { return c.Status != metav1.ConditionTrue })
-	if ready && len(conds) == 3 && (cd.Spec.NumNodes == 0 || readyNodes(nodes) >= cd.Spec.NumNodes) {
+	if ready && len(conds) >= 3 && (cd.Spec.NumNodes == 0 || readyNodes(nodes) >= cd.Spec.NumNodes) {
 		status = v1beta1.ComputeDomainStatusReady
 	}
 	if cd.Status.Status == status && equalChannel(cd.Status.Channel, ch) && sameConditions(cd.Status.Conditions, conds) && sameNodes(cd.Status.Nodes, nodes) {

@@ -41,6 +41,7 @@ type ControllerFlags struct {
 	MaxChannels     int
 	Resync          time.Duration
 	CliqueNamespace string
+	ChannelDriver   string
 	LeaderElect     bool
 	LeaseName       string
 	LeaseNamespace  string
@@ -80,6 +81,7 @@ func (o *ControllerFlags) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.MaxChannels, "max-channels", imexchannel.DefaultMaxChannels, "IMEX channels handed out to domains, 0..N-1: the nodes' channel count (NVreg_ImexChannelCount); at most this many domains live at once")
 	fs.DurationVar(&o.Resync, "resync-interval", 5*time.Minute, "how often every ComputeDomain is reconciled again")
 	fs.StringVar(&o.CliqueNamespace, "clique-namespace", os.Getenv("POD_NAMESPACE"), "the driver's namespace, where nodes report their IMEX daemons in ComputeDomainCliques; the domains' status.nodes are derived from them (env POD_NAMESPACE); empty: no status.nodes")
+	fs.StringVar(&o.ChannelDriver, "channel-driver-name", DriverName, "the channel driver, whose ResourceSlices tell each NVLink clique's size: a domain whose spec.numNodes exceeds the largest gets FitsInClique=False; empty: not checked")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", true, "elect a leader among replicas through a Lease; false runs the controller at once (one replica only)")
 	fs.StringVar(&o.LeaseName, "leader-election-id", DefaultLeaseName, "name of the leader-election Lease")
 	fs.StringVar(&o.LeaseNamespace, "leader-election-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the leader-election Lease (env POD_NAMESPACE; default kube-system)")
@@ -124,7 +126,7 @@ func (o *ControllerFlags) Run(ctx context.Context, kube kubernetes.Interface, dy
 	}
 	run := func(ctx context.Context) error {
 		return NewController(ControllerConfig{
-			KubeClient: kube, DynamicClient: dyn, MaxChannels: o.MaxChannels, Resync: o.Resync, CliqueNamespace: o.CliqueNamespace,
+			KubeClient: kube, DynamicClient: dyn, MaxChannels: o.MaxChannels, Resync: o.Resync, CliqueNamespace: o.CliqueNamespace, ChannelDriver: o.ChannelDriver,
 		}).Run(ctx)
 	}
 	if !o.LeaderElect {

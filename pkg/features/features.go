@@ -113,6 +113,9 @@ type ComputeDomainOptions struct {
 	MaxChannels int
 	// SharedChannel publishes channel-0 for several claims at once.
 	SharedChannel bool
+	// Daemon is the node's IMEX daemon, which channel claims hold and
+	// Prepare waits for; nil serves channels only.
+	Daemon imexchannel.Daemon
 }
 
 // NewComputeDomain builds the features of the ComputeDomain channel driver
@@ -121,7 +124,7 @@ type ComputeDomainOptions struct {
 func NewComputeDomain(o ComputeDomainOptions) *Set {
 	p := imexchannel.NewPublisher(o.SharedChannel)
 	return &Set{
-		Configurators: []preparer.Configurator{imexchannel.New(o.Channels, o.MaxChannels)},
+		Configurators: []preparer.Configurator{imexchannel.New(o.Channels, o.MaxChannels).WithDaemon(o.Daemon)},
 		Publishers:    []preparer.Publisher{p},
 		Build:         p.Build,
 	}

@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+
+	"github.com/gpudra/gpudra/pkg/proctable"
 )
 
 // Environment variables of NVIDIA's MPS interface.
@@ -25,7 +27,7 @@ func (m *Manager) control(ctx context.Context, id string, dirs Dirs, command str
 	ctx, cancel := context.WithTimeout(ctx, m.opts.commandTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, m.opts.binary)
-	cmd.Env = mergeEnv(m.opts.clientEnv, []string{EnvPipeDirectory + "=" + dirs.Pipe, EnvLogDirectory + "=" + dirs.Log})
+	cmd.Env = proctable.MergeEnv(m.opts.clientEnv, []string{EnvPipeDirectory + "=" + dirs.Pipe, EnvLogDirectory + "=" + dirs.Log})
 	cmd.Stdin = strings.NewReader(command + "\n")
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

@@ -3,11 +3,9 @@ package mps
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
-	"syscall"
+
+	"github.com/gpudra/gpudra/pkg/proctable"
 )
 
 // LaunchRequest is one control daemon to start.
@@ -71,29 +69,13 @@ var _ Launcher = ProcessLauncher{}
 // goes to launch.out in the log directory, not to a pipe: the daemon it
 // forks may keep the descriptors open, and a pipe would then never end.
 func (l ProcessLauncher) Launch(ctx context.Context, req LaunchRequest) error {
-	argv, env := req.Argv, mergeEnv(l.baseEnv(), req.Env)
+	argv, env := req.Argv, proctable.MergeEnv(l.baseEnv(), req.Env)
 	if l.Wrap != nil {
 		argv, env = l.Wrap(req)
 	}
-	if len(argv) == 0 {
-		return fmt.Errorf("launch daemon %s: empty command line", req.ID)
-	}
-	out, err := os.Create(filepath.Join(req.Dirs.Log, launchOutName))
-	if err != nil {
+	run := proctable.Detached{Argv: argv, Env: env, Dir: req.Dirs.Root, OutPath: filepath.Join(req.Dirs.Log, launchOutName)}
+	if err := run.Run(ctx); err != nil {
 		return fmt.Errorf("launch daemon %s: %w", req.ID, err)
-	}
-	defer func() { _ = out.Close() }()
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Env = env
-	cmd.Dir = req.Dirs.Root
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Run(); err != nil {
-		if ctx.Err() != nil {
-			// Killed because ctx ended, not failed by itself.
-			err = fmt.Errorf("%w (%v)", ctx.Err(), err)
-		}
-		return fmt.Errorf("launch daemon %s: %s: %w: output %q", req.ID, strings.Join(argv, " "), err, tail(out.Name(), 2048))
 	}
 	return nil
 }
@@ -105,32 +87,8 @@ func (l ProcessLauncher) baseEnv() []string {
 	if l.BaseEnv != nil {
 		return l.BaseEnv
 	}
-	var env []string
-	for _, kv := range os.Environ() {
-		// The plugin's own CUDA settings must not leak into a daemon.
-		if !strings.HasPrefix(kv, "CUDA_") {
-			env = append(env, kv)
-		}
-	}
-	return env
-}
-
-// mergeEnv returns base with the variables of over added, replacing those
-// of the same name.
-func mergeEnv(base, over []string) []string {
-	names := map[string]bool{}
-	for _, kv := range over {
-		name, _, _ := strings.Cut(kv, "=")
-		names[name] = true
-	}
-	out := make([]string, 0, len(base)+len(over))
-	for _, kv := range base {
-		name, _, _ := strings.Cut(kv, "=")
-		if !names[name] {
-			out = append(out, kv)
-		}
-	}
-	return append(out, over...)
+	// The plugin's own CUDA settings must not leak into a daemon.
+	return proctable.EnvWithout("CUDA_")
 }
 
 // SystemdRunOptions configures [SystemdRun].
@@ -161,26 +119,12 @@ func SystemdRun(o SystemdRunOptions) func(LaunchRequest) (argv, env []string) {
 	if prefix == "" {
 		prefix = "gpudra-mps-"
 	}
+	run := proctable.SystemdRun{NsenterPath: o.NsenterPath, SystemdRunPath: o.SystemdRunPath}
 	return func(req LaunchRequest) ([]string, []string) {
-		var argv []string
-		if o.NsenterPath != "" {
-			argv = append(argv, o.NsenterPath, "--target=1", "--mount", "--uts", "--ipc", "--net", "--pid", "--")
-		}
-		argv = append(argv, o.SystemdRunPath,
-			"--unit="+prefix+req.ID,
-			"--collect",
-			"--quiet",
-			"--service-type=forking",
-			"--property=PIDFile="+filepath.Join(req.Dirs.Pipe, PIDFileName),
-			"--property=BindPaths="+req.Dirs.Shm+":/dev/shm",
-		)
-		for _, kv := range req.Env {
-			argv = append(argv, "--setenv="+kv)
-		}
-		argv = append(argv, "--")
-		argv = append(argv, req.Argv...)
-		// systemd-run itself only needs to find the bus; the service gets
-		// its environment from --setenv, not from this process.
-		return argv, []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+		argv := run.Argv(prefix+req.ID, []string{
+			"PIDFile=" + filepath.Join(req.Dirs.Pipe, PIDFileName),
+			"BindPaths=" + req.Dirs.Shm + ":/dev/shm",
+		}, req.Env, req.Argv)
+		return argv, proctable.SystemdRunEnv
 	}
 }

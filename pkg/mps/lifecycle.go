@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/gpudra/gpudra/pkg/proctable"
 )
 
 // find returns the running control daemon of dirs. The pid file is only
@@ -22,15 +24,15 @@ func (m *Manager) find(dirs Dirs, st *state) (procRef, bool) {
 	if err != nil {
 		return procRef{}, false
 	}
-	ps, ok := m.proc.alive(pid)
-	if !ok || !m.proc.isCommand(pid, filepath.Base(m.opts.binary), "-d") {
+	ps, ok := m.proc.Alive(pid)
+	if !ok || !m.proc.IsCommand(pid, filepath.Base(m.opts.binary), "-d") {
 		return procRef{}, false
 	}
-	ref := procRef{PID: pid, StartTime: ps.startTime}
+	ref := procRef{PID: pid, StartTime: ps.StartTime}
 	if st != nil && st.Daemon != nil && st.Daemon.PID == pid && st.BootID != "" && st.BootID == m.bootID {
-		return ref, st.Daemon.StartTime == ps.startTime
+		return ref, st.Daemon.StartTime == ps.StartTime
 	}
-	pipe, found := m.proc.environ(pid, EnvPipeDirectory)
+	pipe, found := m.proc.Environ(pid, EnvPipeDirectory)
 	return ref, found && filepath.Clean(pipe) == dirs.Pipe
 }
 
@@ -38,14 +40,14 @@ func (m *Manager) find(dirs Dirs, st *state) (procRef, bool) {
 // the limits can be applied again, but the devices and -M are fixed at
 // start.
 func (m *Manager) startedAs(ref procRef, spec Spec) error {
-	argv, err := m.proc.cmdline(ref.PID)
+	argv, err := m.proc.Cmdline(ref.PID)
 	if err != nil {
 		return err
 	}
 	if multi := slices.Contains(argv[1:], "-M"); multi != spec.MultiUser {
 		return fmt.Errorf("runs with multi-user %v, want %v", multi, spec.MultiUser)
 	}
-	devices, _ := m.proc.environ(ref.PID, EnvVisibleDevices)
+	devices, _ := m.proc.Environ(ref.PID, EnvVisibleDevices)
 	if want := strings.Join(spec.DeviceUUIDs, ","); devices != want {
 		return fmt.Errorf("serves devices %q, want %q", devices, want)
 	}
@@ -102,7 +104,7 @@ func (m *Manager) launch(ctx context.Context, spec Spec, dirs Dirs, prev *state,
 	if spec.MultiUser {
 		argv = append(argv, "-M")
 	}
-	req := LaunchRequest{ID: spec.ID, Argv: argv, Dirs: dirs, Env: mergeEnv(m.opts.daemonEnv, []string{
+	req := LaunchRequest{ID: spec.ID, Argv: argv, Dirs: dirs, Env: proctable.MergeEnv(m.opts.daemonEnv, []string{
 		EnvPipeDirectory + "=" + dirs.Pipe,
 		EnvLogDirectory + "=" + dirs.Log,
 		EnvVisibleDevices + "=" + strings.Join(spec.DeviceUUIDs, ","),
@@ -160,15 +162,15 @@ func (m *Manager) waitReady(ctx context.Context, dirs Dirs, command string) (pro
 	base := filepath.Base(m.opts.binary)
 	for {
 		if pid, err := readPIDFile(dirs); err == nil {
-			ps, alive := m.proc.alive(pid)
+			ps, alive := m.proc.Alive(pid)
 			if !alive {
 				return procRef{}, fmt.Errorf("%s: daemon pid %d exited: %s", command, pid, m.daemonOutput(dirs))
 			}
-			if !m.proc.isCommand(pid, base, "-d") {
+			if !m.proc.IsCommand(pid, base, "-d") {
 				return procRef{}, fmt.Errorf("%s: %s names pid %d, which is not %s -d", command, PIDFileName, pid, base)
 			}
 			if _, err := os.Stat(filepath.Join(dirs.Pipe, ControlSocketName)); err == nil {
-				return procRef{PID: pid, StartTime: ps.startTime}, nil
+				return procRef{PID: pid, StartTime: ps.StartTime}, nil
 			}
 		}
 		select {
@@ -185,8 +187,8 @@ func (m *Manager) waitReady(ctx context.Context, dirs Dirs, command string) (pro
 // daemonOutput is what the daemon said about its start, for errors.
 func (m *Manager) daemonOutput(dirs Dirs) string {
 	return fmt.Sprintf("%s: %q; %s: %q",
-		ControlLogName, tail(filepath.Join(dirs.Log, ControlLogName), 2048),
-		launchOutName, tail(filepath.Join(dirs.Log, launchOutName), 1024))
+		ControlLogName, proctable.Tail(filepath.Join(dirs.Log, ControlLogName), 2048),
+		launchOutName, proctable.Tail(filepath.Join(dirs.Log, launchOutName), 1024))
 }
 
 // waitExited waits, up to the start timeout, until the last thread of a
@@ -195,7 +197,7 @@ func (m *Manager) daemonOutput(dirs Dirs) string {
 // costs nothing here.
 func (m *Manager) waitExited(ctx context.Context, ref procRef) {
 	deadline := time.Now().Add(m.opts.startTimeout)
-	for m.proc.exiting(ref) && time.Now().Before(deadline) {
+	for m.proc.Exiting(ref) && time.Now().Before(deadline) {
 		select {
 		case <-ctx.Done():
 			return
@@ -208,12 +210,12 @@ func (m *Manager) waitExited(ctx context.Context, ref procRef) {
 func (m *Manager) waitGone(ctx context.Context, ref procRef, timeout time.Duration) bool {
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
-	for m.proc.same(ref) {
+	for m.proc.Same(ref) {
 		select {
 		case <-ctx.Done():
 			return false
 		case <-deadline.C:
-			return !m.proc.same(ref)
+			return !m.proc.Same(ref)
 		case <-time.After(m.opts.pollInterval):
 		}
 	}

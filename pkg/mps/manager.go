@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpudra/gpudra/pkg/proctable"
 	"k8s.io/klog/v2"
 )
 
@@ -114,8 +115,8 @@ func New(root string, opts ...Option) (*Manager, error) {
 	return &Manager{
 		root:       filepath.Clean(root),
 		opts:       o,
-		proc:       procFS{root: o.procRoot},
-		bootID:     readBootID(o.bootIDPath),
+		proc:       procFS{Table: proctable.Table{Root: o.procRoot}},
+		bootID:     proctable.BootID(o.bootIDPath),
 		locks:      map[string]*idLock{},
 		supervised: map[string]*supervision{},
 	}, nil

@@ -148,20 +148,3 @@ func readPIDFile(d Dirs) (int, error) {
 	}
 	return pid, nil
 }
-
-// tail returns at most the last n bytes of a file, for error messages.
-func tail(path string, n int64) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer func() { _ = f.Close() }()
-	st, err := f.Stat()
-	if err != nil {
-		return ""
-	}
-	off := max(st.Size()-n, 0)
-	buf := make([]byte, st.Size()-off)
-	k, _ := f.ReadAt(buf, off)
-	return strings.TrimSpace(string(buf[:k]))
-}

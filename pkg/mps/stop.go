@@ -97,7 +97,7 @@ func (m *Manager) stopDaemon(ctx context.Context, id string, dirs Dirs, ref proc
 		reason = fmt.Errorf("%w: %w", reason, quitErr)
 	}
 	klog.FromContext(ctx).Info("Killing MPS control daemon", "mpsDaemon", id, "pid", ref.PID, "reason", reason.Error())
-	if err := m.proc.kill(ref, syscall.SIGKILL); err != nil {
+	if err := m.proc.Kill(ref, syscall.SIGKILL); err != nil {
 		return err
 	}
 	m.killAll(ctx, servers)
@@ -115,7 +115,7 @@ func (m *Manager) stopDaemon(ctx context.Context, id string, dirs Dirs, ref proc
 // gone: when Stop returns, their GPU memory is free for the next claim.
 func (m *Manager) killAll(ctx context.Context, refs []procRef) {
 	for _, r := range refs {
-		_ = m.proc.kill(r, syscall.SIGKILL)
+		_ = m.proc.Kill(r, syscall.SIGKILL)
 	}
 	for _, r := range refs {
 		m.waitGone(ctx, r, m.opts.stopTimeout)
@@ -194,7 +194,7 @@ func (m *Manager) killDaemons(ctx context.Context, dirs Dirs) ([]procRef, error)
 			return killed, err
 		}
 		for _, d := range daemons {
-			if m.proc.same(d) {
+			if m.proc.Same(d) {
 				return killed, fmt.Errorf("daemon pid %d still running %v after SIGKILL", d.PID, m.opts.stopTimeout)
 			}
 		}

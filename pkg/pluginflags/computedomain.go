@@ -43,7 +43,9 @@ type ComputeDomainPlugin struct {
 	SharedChannel     bool
 	HTTPEndpoint      string
 	MetricsPath       string
-	Logging           *logsapi.LoggingConfiguration
+	// IMEX is the node's IMEX daemon side.
+	IMEX    IMEXFlags
+	Logging *logsapi.LoggingConfiguration
 }
 
 // NewComputeDomainPlugin returns the flags' holder with its logging
@@ -88,9 +90,9 @@ func (o *ComputeDomainPlugin) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.SharedChannel, "shared-channel", true, "publish channel-0 for several claims at once (allowMultipleAllocations), so that more than one ComputeDomain, and more than one pod of a domain, run on a node; false: one claim at a time, as NVIDIA's driver")
 	fs.StringVar(&o.HTTPEndpoint, "http-endpoint", "", "TCP address of the HTTP server for metrics and probes (e.g. :8081); empty: no server")
 	fs.StringVar(&o.MetricsPath, "metrics-path", "/metrics", "HTTP path of the Prometheus metrics on --http-endpoint")
-	// The IMEX daemon flags (IMEXFlags, imex.go) are registered here, once
-	// they exist, so that the chart's arguments for them parse with this
-	// same set.
+	// Registered here, so that the chart's arguments for the IMEX daemon
+	// parse with this same set.
+	o.IMEX.AddFlags(fs)
 	logsapi.AddFlags(o.Logging, fs)
 }
 
@@ -109,6 +111,9 @@ func (o *ComputeDomainPlugin) Validate() error {
 	if err := o.HW.Validate(); err != nil {
 		return err
 	}
+	if err := o.IMEX.Validate(); err != nil {
+		return err
+	}
 	if o.PluginDataDir == "" {
 		o.PluginDataDir = filepath.Join(kubeletplugin.KubeletPluginsDir, o.DriverName)
 	}
@@ -117,9 +122,11 @@ func (o *ComputeDomainPlugin) Validate() error {
 
 // Config validates the flags and returns the channel plugin's
 // configuration: kube is its API client, dyn reads ComputeDomains (they
-// have no typed client), and hw, if not nil, is the node's hardware
-// (otherwise NVML or the --fleet node). It touches no directory.
-func (o *ComputeDomainPlugin) Config(kube kubernetes.Interface, dyn dynamic.Interface, hw hardware.Hardware) (plugin.Config, error) {
+// have no typed client), hw, if not nil, is the node's hardware
+// (otherwise NVML or the --fleet node), and daemon, if not nil, is the
+// node's IMEX daemon that channel claims hold (see [IMEXFlags.NodeDaemon];
+// nil serves channels only). It touches no directory.
+func (o *ComputeDomainPlugin) Config(kube kubernetes.Interface, dyn dynamic.Interface, hw hardware.Hardware, daemon imexchannel.Daemon) (plugin.Config, error) {
 	if err := o.Validate(); err != nil {
 		return plugin.Config{}, err
 	}
@@ -148,6 +155,7 @@ func (o *ComputeDomainPlugin) Config(kube kubernetes.Interface, dyn dynamic.Inte
 				Channels:      channels,
 				MaxChannels:   maxChannels,
 				SharedChannel: shared,
+				Daemon:        daemon,
 			}), nil
 		},
 	}, nil

@@ -24,7 +24,7 @@ func TestComputeDomainPluginConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := o.Config(nil, nil, fn.Hardware())
+	cfg, err := o.Config(nil, nil, fn.Hardware(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,14 +46,26 @@ func TestComputeDomainPluginConfig(t *testing.T) {
 		{[]string{"--node-name=n", "--metrics-path=m"}, "--metrics-path"},
 		{[]string{"--node-name=n", "--driver-root=rel"}, "--driver-root"},
 		{[]string{"--node-name="}, "--node-name"},
+		// The IMEX flags are the plugin's: parsed and checked with it.
+		{[]string{"--node-name=n", "--imex-daemon=sometimes"}, "--imex-daemon"},
+		{[]string{"--node-name=n", "--imex-port=50005"}, "--imex-cmd-port"},
+		{[]string{"--node-name=n", "--imex-hosts-file=hosts"}, "--imex-hosts-file"},
+		{[]string{"--node-name=n", "--imex-daemon=required", "--imex-max-nodes=0"}, "--imex-max-nodes"},
 	} {
 		o, err := ParseComputeDomainPlugin(tc.args)
 		if err == nil {
-			_, err = o.Config(nil, nil, fn.Hardware())
+			_, err = o.Config(nil, nil, fn.Hardware(), nil)
 		}
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: error %v, want one naming %s", tc.args, err, tc.want)
 		}
+	}
+	o, err = ParseComputeDomainPlugin([]string{"--imex-daemon=required", "--imex-binary=/b/imex", "--imex-port=7000", "--clique-namespace=ns", "--node-ip=10.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := o.IMEX; got.Daemon != IMEXDaemonRequired || got.Binary != "/b/imex" || got.Port != 7000 || got.CliqueNamespace != "ns" || got.NodeIP != "10.0.0.1" {
+		t.Errorf("IMEX flags %+v do not say what the arguments say", got)
 	}
 	if _, err := ParseComputeDomainPlugin([]string{"--imex-bogus=1"}); err == nil || !strings.Contains(err.Error(), "unknown flag") {
 		t.Errorf("unknown flag: %v", err)

@@ -17,13 +17,16 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	sigsyaml "sigs.k8s.io/yaml"
+	"slices"
 	"syscall"
 	"time"
+
+	sigsyaml "sigs.k8s.io/yaml"
 
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/imex/imexfake"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/manifests"
@@ -60,6 +63,11 @@ func main() {
 	if code, ok := mpsfake.Main(); ok {
 		os.Exit(code)
 	}
+	// Started as nvidia-imex or nvidia-imex-ctl (cluster.FakeIMEX): the
+	// simulated nodes' IMEX daemons.
+	if code, ok := imexfake.Main(); ok {
+		os.Exit(code)
+	}
 	var o options
 	fs := flag.NewFlagSet("gpudra-sim", flag.ExitOnError)
 	fs.Usage = func() {
@@ -70,7 +78,9 @@ gpudra, installed from its Helm chart (deployments/helm/gpudra) with the
 values of --chart-values, applies the manifests, waits until the pods and workloads settle and
 prints where each pod landed and what its containers got (CDI devices, device
 nodes, environment, mounts, MPS caps, time slices), the workloads, and the
-objects the API server refused. Exit status 1 if the cluster did not start,
+objects the API server refused. On a fleet with NVLink fabric nodes (e.g.
+gb200-nvl72) the chart's ComputeDomain driver runs too, each node's channel
+plugin supervising a fake nvidia-imex. Exit status 1 if the cluster did not start,
 an object was refused or the pods did not settle; the report is printed (and
 written) in the last two cases too.
 
@@ -229,7 +239,13 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 	}
 	progress("starting the local cluster: fleet %s, %d nodes", o.fleet, len(fleet.Nodes))
 	start := time.Now()
-	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, MPSControlBinary: mpsControl, ChartValues: values, Progress: func(msg string) { progress("%s", msg) }})
+	imexBinary, removeIMEX, err := fakeIMEX(fleet)
+	if err != nil {
+		return err
+	}
+	// Deferred before the cluster's stop, so it runs after it.
+	defer removeIMEX()
+	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, MPSControlBinary: mpsControl, IMEXBinary: imexBinary, ChartValues: values, Progress: func(msg string) { progress("%s", msg) }})
 	if err != nil {
 		return fmt.Errorf("start the local cluster: %w", err)
 	}
@@ -384,4 +400,21 @@ func readChartValues(path string) (map[string]any, error) {
 		return nil, fmt.Errorf("--chart-values %s: %w", path, err)
 	}
 	return values, nil
+}
+
+// fakeIMEX returns the fake nvidia-imex the nodes' channel plugins
+// supervise on a fleet with NVLink fabric nodes, and the function that
+// removes it (and kills the daemons left); empty on other fleets.
+func fakeIMEX(fleet *sim.Fleet) (binary string, remove func(), err error) {
+	if !slices.ContainsFunc(fleet.Nodes, func(n sim.Node) bool { return n.Fabric != nil }) {
+		return "", func() {}, nil
+	}
+	bin, remove, err := cluster.FakeIMEX()
+	if err != nil {
+		return "", nil, fmt.Errorf("simulated IMEX daemon: %w", err)
+	}
+	// The daemons live while channel claims hold them (then remove kills
+	// what is left), not the fake's default bound.
+	_ = os.Setenv(imexfake.EnvMaxLifetime, "0")
+	return bin, remove, nil
 }

@@ -58,6 +58,21 @@ type Channels interface {
 	Channel(ctx context.Context, namespace, domainID string) (int, error)
 }
 
+// Daemon is the node's IMEX daemon as channel claims use it: a claim holds
+// it from Apply to Undo, and Prepare waits for it to be ready, within the
+// kubelet's call deadline. A node without the daemon has none (nil) and
+// serves channels only.
+type Daemon interface {
+	// Hold records that the claim uses the daemon for the domain, in the
+	// node's clique; the first holder starts it. It must not wait for
+	// the daemon.
+	Hold(ctx context.Context, claimUID, domainUID, cliqueID string) error
+	// Release drops the claim's hold.
+	Release(ctx context.Context, claimUID string) error
+	// WaitReady waits for the daemon and, when it gives up, says why.
+	WaitReady(ctx context.Context) error
+}
+
 // Record is what a claim holds.
 type Record struct {
 	// Domain is the ComputeDomain's UID.
@@ -67,6 +82,9 @@ type Record struct {
 	// All is set for allocation mode All: the containers get every
 	// channel.
 	All bool `json:"all,omitempty"`
+	// Clique is the node's NVLink clique at Plan, which the IMEX daemon
+	// serves; empty for records written before the daemon was supervised.
+	Clique string `json:"clique,omitempty"`
 }
 
 // Configurator prepares channel claims. It implements
@@ -74,12 +92,14 @@ type Record struct {
 type Configurator struct {
 	channels    Channels
 	maxChannels int
+	daemon      Daemon
 }
 
 var (
 	_ preparer.Configurator = &Configurator{}
 	_ preparer.Guard        = &Configurator{}
 	_ preparer.Editor       = &Configurator{}
+	_ preparer.Restorer     = &Configurator{}
 )
 
 // New returns the configurator. maxChannels is the node's channel count;
@@ -89,6 +109,13 @@ func New(channels Channels, maxChannels int) *Configurator {
 		maxChannels = DefaultMaxChannels
 	}
 	return &Configurator{channels: channels, maxChannels: maxChannels}
+}
+
+// WithDaemon makes channel claims hold the node's IMEX daemon, and Prepare
+// wait for it.
+func (c *Configurator) WithDaemon(d Daemon) *Configurator {
+	c.daemon = d
+	return c
 }
 
 // Name implements [preparer.Configurator].
@@ -131,6 +158,13 @@ func (c *Configurator) Plan(ctx context.Context, claim *preparer.Claim) (json.Ra
 			return nil, fmt.Errorf("domainID %s: channel %d is out of this node's range 0..%d", cfg.DomainID, ch, c.maxChannels-1)
 		}
 		rec = &Record{Domain: cfg.DomainID, Channel: ch, All: all}
+		if c.daemon != nil && claim.Inventory != nil {
+			clique, err := claim.Inventory.CliqueID()
+			if err != nil {
+				return nil, fmt.Errorf("domainID %s: the node's NVLink clique, which its IMEX daemon serves: %w", cfg.DomainID, err)
+			}
+			rec.Clique = clique
+		}
 	}
 	if rec == nil {
 		return nil, nil
@@ -173,12 +207,46 @@ func (c *Configurator) Guard(s *claimstate.State, claim *claimstate.Claim, raw j
 }
 
 // Apply implements [preparer.Configurator]: the channel device nodes go
-// into every channel device's CDI edits. Nothing else changes.
+// into every channel device's CDI edits; with a [Daemon], the claim holds
+// the node's IMEX daemon and Prepare waits until it is ready (a failed
+// wait is rolled back through Undo, which drops the hold).
 func (c *Configurator) Apply(ctx context.Context, claim *preparer.Claim, raw json.RawMessage) (json.RawMessage, error) {
 	if err := c.Edits(ctx, claim, raw); err != nil {
 		return nil, err
 	}
+	if c.daemon != nil {
+		rec, err := preparer.Record[Record](Name, raw)
+		if err != nil {
+			return nil, err
+		}
+		if err := c.daemon.Hold(ctx, claim.UID, rec.Domain, rec.Clique); err != nil {
+			return nil, fmt.Errorf("domainID %s: %w", rec.Domain, err)
+		}
+		if err := c.daemon.WaitReady(ctx); err != nil {
+			return nil, fmt.Errorf("domainID %s: %w", rec.Domain, err)
+		}
+	}
 	return raw, nil
+}
+
+// Restore implements [preparer.Restorer]: the claims prepared before a
+// restart hold the daemon again (a running one is taken over).
+func (c *Configurator) Restore(ctx context.Context, claims []*claimstate.Claim) error {
+	if c.daemon == nil {
+		return nil
+	}
+	var errs []error
+	for _, cl := range claims {
+		rec, err := preparer.Record[Record](Name, cl.Records[Name])
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := c.daemon.Hold(ctx, cl.UID, rec.Domain, rec.Clique); err != nil {
+			errs = append(errs, fmt.Errorf("claim %s/%s: %w", cl.Namespace, cl.Name, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Edits implements [preparer.Editor].
@@ -210,8 +278,14 @@ func (c *Configurator) Edits(_ context.Context, claim *preparer.Claim, raw json.
 	return nil
 }
 
-// Undo implements [preparer.Configurator]: nothing was set up.
-func (*Configurator) Undo(context.Context, string, json.RawMessage) error { return nil }
+// Undo implements [preparer.Configurator]: the claim's hold on the IMEX
+// daemon goes; nothing else was set up.
+func (c *Configurator) Undo(ctx context.Context, claimUID string, _ json.RawMessage) error {
+	if c.daemon == nil {
+		return nil
+	}
+	return c.daemon.Release(ctx, claimUID)
+}
 
 func requestsOf(d *preparer.Device) string {
 	return fmt.Sprint(d.State.Requests)

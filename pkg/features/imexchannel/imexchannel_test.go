@@ -113,6 +113,12 @@ type harness struct {
 
 func newHarness(t *testing.T, chans imexchannel.Channels) *harness {
 	t.Helper()
+	return newDaemonHarness(t, chans, nil)
+}
+
+// newDaemonHarness is newHarness with the node's IMEX daemon d (nil: none).
+func newDaemonHarness(t *testing.T, chans imexchannel.Channels, d imexchannel.Daemon) *harness {
+	t.Helper()
 	ctx := context.Background()
 	dir, cdiDir := t.TempDir(), t.TempDir()
 	bootID := filepath.Join(t.TempDir(), "boot_id")
@@ -131,7 +137,7 @@ func newHarness(t *testing.T, chans imexchannel.Channels) *harness {
 	}
 	return &harness{cdiDir: cdiDir, prep: preparer.New(preparer.Config{
 		DriverName: driver, NodeName: node, Store: store, CDI: writer, Node: newFakeNode(t),
-		Configurators: []preparer.Configurator{imexchannel.New(chans, 0)},
+		Configurators: []preparer.Configurator{imexchannel.New(chans, 0).WithDaemon(d)},
 	})}
 }
 

@@ -70,6 +70,35 @@ func TestFabricFleets(t *testing.T) {
 	}
 }
 
+// checkGB200Tray checks a built-in fleet's GB200 compute tray: four GB200
+// in clique 1 of the default fabric cluster; it adds their UUIDs to uuids.
+func checkGB200Tray(t *testing.T, name string, inv *hardware.Inventory, uuids map[string]bool) {
+	t.Helper()
+	wantClique := sim.DefaultClusterUUID + ".1"
+	if inv.Problems != nil || len(inv.GPUs) != 4 {
+		t.Fatalf("%s: %d GPUs, problems %+v", name, len(inv.GPUs), inv.Problems)
+	}
+	if inv.Majors.IMEXChannels != sim.IMEXChannelsMajor {
+		t.Errorf("%s: majors %+v", name, inv.Majors)
+	}
+	for i, g := range inv.GPUs {
+		if g.ProductName != "NVIDIA GB200" || g.Architecture != "Blackwell" || g.CUDAComputeCapability != "10.0" ||
+			g.MemoryBytes != 189471<<20 || g.MIGCapable {
+			t.Errorf("%s GPU %d: %+v", name, i, g)
+		}
+		if want := []string{"0008:01:00.0", "0009:01:00.0", "0018:01:00.0", "0019:01:00.0"}[i]; g.PCIBusID != want {
+			t.Errorf("%s GPU %d: bus ID %s, want %s", name, i, g.PCIBusID, want)
+		}
+		if !g.Fabric.Attached() || g.Fabric.CliqueID != 1 || g.Fabric.ClusterUUID != sim.DefaultClusterUUID {
+			t.Errorf("%s GPU %d: fabric %+v", name, i, g.Fabric)
+		}
+		uuids[g.UUID] = true
+	}
+	if clique, err := inv.CliqueID(); err != nil || clique != wantClique {
+		t.Errorf("%s: CliqueID() = %q, %v; want %q", name, clique, err, wantClique)
+	}
+}
+
 // TestFabricStates checks what discovery makes of each fabric a fleet can
 // describe, and the node's clique that follows.
 func TestFabricStates(t *testing.T) {

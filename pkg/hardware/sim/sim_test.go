@@ -65,14 +65,17 @@ func TestBuiltinFleets(t *testing.T) {
 		// migs is the number of MIG devices per GPU index, per node; -1 is
 		// MIG mode on with no MIG device.
 		migs map[string][]int
+		// trays are the fleet's GB200 compute trays (checkGB200Tray).
+		trays []string
 	}{
-		{"dgx-a100", map[string]modelFacts{"dgx-a100-0": a100}, nil},
-		{"dgx-h100", map[string]modelFacts{"dgx-h100-0": h100}, nil},
-		{"dgx-h200", map[string]modelFacts{"dgx-h200-0": h200}, nil},
+		{"dgx-a100", map[string]modelFacts{"dgx-a100-0": a100}, nil, nil},
+		{"dgx-h100", map[string]modelFacts{"dgx-h100-0": h100}, nil, nil},
+		{"dgx-h200", map[string]modelFacts{"dgx-h200-0": h200}, nil, nil},
 		{"dgx-a100-mig", map[string]modelFacts{"dgx-a100-0": a100},
-			map[string][]int{"dgx-a100-0": {7, 4, 2, 1, 0, 0, 0, 0}}},
+			map[string][]int{"dgx-a100-0": {7, 4, 2, 1, 0, 0, 0, 0}}, nil},
 		{"demo", map[string]modelFacts{"dgx-h100-0": h100, "dgx-h100-1": h100, "dgx-a100-0": a100, "a100-classic": a100},
-			map[string][]int{"dgx-h100-0": {0, 0, 0, 0, 0, 0, 4, 7}, "dgx-h100-1": {0, 0, 0, 0, -1, -1, -1, -1}, "dgx-a100-0": {7, 2, 0, 0, 0, 0, 0, 0}}},
+			map[string][]int{"dgx-h100-0": {0, 0, 0, 0, 0, 0, 4, 7}, "dgx-h100-1": {0, 0, 0, 0, -1, -1, -1, -1}, "dgx-a100-0": {7, 2, 0, 0, 0, 0, 0, 0}},
+			[]string{"gb200-0", "gb200-1", "gb200-2", "gb200-3"}},
 	}
 	// gb200-nvl72 and gh200-nvl32 are TestFabricFleets'.
 	if got, want := len(tests)+2, len(sim.BuiltinNames()); got != want {
@@ -82,8 +85,18 @@ func TestBuiltinFleets(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.fleet, func(t *testing.T) {
 			invs := discover(t, tt.fleet)
-			if len(invs) != len(tt.nodes) {
-				t.Fatalf("nodes: got %d, want %d", len(invs), len(tt.nodes))
+			if len(invs) != len(tt.nodes)+len(tt.trays) {
+				t.Fatalf("nodes: got %d, want %d", len(invs), len(tt.nodes)+len(tt.trays))
+			}
+			trayUUIDs := map[string]bool{}
+			for _, node := range tt.trays {
+				if invs[node] == nil {
+					t.Fatalf("node %s missing", node)
+				}
+				checkGB200Tray(t, node, invs[node], trayUUIDs)
+			}
+			if len(trayUUIDs) != 4*len(tt.trays) {
+				t.Errorf("%d distinct GPU UUIDs on %d GB200 trays", len(trayUUIDs), len(tt.trays))
 			}
 			for node, facts := range tt.nodes {
 				inv := invs[node]
@@ -220,11 +233,11 @@ func TestNodeLookup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := f.NodeNames(), []string{"dgx-h100-0", "dgx-h100-1", "dgx-a100-0", "a100-classic"}; !reflect.DeepEqual(got, want) {
+	if got, want := f.NodeNames(), []string{"dgx-h100-0", "dgx-h100-1", "dgx-a100-0", "a100-classic", "gb200-0", "gb200-1", "gb200-2", "gb200-3"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("NodeNames: got %v, want %v", got, want)
 	}
 	_, err = f.Node("nope")
-	if err == nil || !strings.Contains(err.Error(), "dgx-h100-0, dgx-h100-1, dgx-a100-0, a100-classic") {
+	if err == nil || !strings.Contains(err.Error(), "dgx-h100-0, dgx-h100-1, dgx-a100-0, a100-classic, gb200-0, gb200-1, gb200-2, gb200-3") {
 		t.Errorf("Node(nope): got %v, want an error listing the nodes", err)
 	}
 	_, err = sim.Load("no-such-fleet")

@@ -30,7 +30,6 @@ package mpsfake
 import (
 	"bufio"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -47,7 +46,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gpudra/gpudra/pkg/fakeprog"
 	"github.com/gpudra/gpudra/pkg/mps"
+	"github.com/gpudra/gpudra/pkg/proctable"
 )
 
 // Names of the fake programs, and the files the fake daemon writes to its
@@ -101,20 +102,7 @@ func Main() (code int, ok bool) {
 // Install makes dir hold the fake programs: symlinks, under their names,
 // to the running executable, which must call [Main] first.
 func Install(dir string) error {
-	exe, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	for _, name := range []string{ControlName, ServerName, SleeperName} {
-		link := filepath.Join(dir, name)
-		if err := os.Remove(link); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return err
-		}
-		if err := os.Symlink(exe, link); err != nil {
-			return err
-		}
-	}
-	return nil
+	return fakeprog.Install(dir, ControlName, ServerName, SleeperName)
 }
 
 // SetUp installs the fake programs in a new temporary directory, for a
@@ -146,7 +134,7 @@ func SetUp() (dir string, cleanup func(), err error) {
 // Alive reports whether pid is a process that has not exited (a zombie
 // has), as tests of the daemons' lifecycle check it.
 func Alive(pid int) bool {
-	_, ok := liveStartTime(pid)
+	_, ok := proctable.Table{}.Alive(pid)
 	return ok
 }
 
@@ -165,12 +153,7 @@ func ReadRecord(logDir string) (Record, error) {
 
 // maxLifetime is how long a fake process may live.
 func maxLifetime() time.Duration {
-	if v := os.Getenv(EnvMaxLifetime); v != "" {
-		if d, err := time.ParseDuration(v); err == nil {
-			return d
-		}
-	}
-	return defaultMaxLifetime
+	return fakeprog.MaxLifetime(EnvMaxLifetime, defaultMaxLifetime)
 }
 
 // expired reports whether a process born at born has lived too long.

@@ -179,6 +179,22 @@ each flag against the binary's own flag set.
 - --cdi-dir={{ $p.cdiDir }}
 - --plugin-data-dir={{ include "gpudra.computeDomains.kubeletPlugin.dataDir" . }}
 - --registrar-dir={{ $p.kubeletRegistrarDir }}
+{{- with $c.imex }}
+- --imex-daemon={{ .daemon }}
+- --imex-binary={{ .binary }}
+- --imex-ctl={{ .ctl }}
+- --imex-launcher={{ .launcher }}
+- --imex-nsenter-path={{ .nsenterPath }}
+- --imex-systemd-run-path={{ .systemdRunPath }}
+- --imex-dir={{ .dir }}
+- --imex-hosts-file={{ .hostsFile }}
+- --imex-port={{ .port }}
+- --imex-cmd-port={{ .cmdPort }}
+- --imex-max-nodes={{ .maxNodes }}
+- --imex-idle-stop={{ .idleStop }}
+{{- end }}
+- --clique-namespace={{ include "gpudra.namespace" . }}
+- --node-ip=$(NODE_IP)
 {{- end -}}
 
 {{- define "gpudra.computeDomains.kubeletPlugin.dataDir" -}}
@@ -197,6 +213,7 @@ Lease live in the chart's namespace, where its Role lets it have them.
 - --max-channels={{ $cd.maxChannels }}
 - --resync-interval={{ $c.resyncInterval }}
 - --clique-namespace={{ $ns }}
+- --channel-driver-name={{ $cd.driverName }}
 - --leader-elect={{ $c.leaderElection.enabled }}
 {{- if $c.leaderElection.enabled }}
 - --leader-election-id={{ include "gpudra.computeDomains.leaseName" . }}

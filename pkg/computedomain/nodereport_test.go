@@ -1,0 +1,350 @@
+package computedomain
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/klog/v2/ktesting"
+	"k8s.io/utils/ptr"
+
+	"github.com/gpudra/gpudra/api/resource/v1beta1"
+	"github.com/gpudra/gpudra/pkg/devicemodel"
+)
+
+// rvConfigMaps is a ConfigMap store with the API server's optimistic
+// concurrency, which client-go's fake tracker lacks: an update whose
+// resourceVersion is not the stored one is a conflict.
+type rvConfigMaps struct {
+	mu      sync.Mutex
+	rv      int
+	objs    map[string]*corev1.ConfigMap
+	updates int
+	fails   int
+}
+
+func (s *rvConfigMaps) install(c *fake.Clientset) {
+	s.objs = map[string]*corev1.ConfigMap{}
+	gr := schema.GroupResource{Resource: "configmaps"}
+	c.PrependReactor("*", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetVerb() == "get" {
+			name := a.(k8stesting.GetAction).GetName()
+			s.mu.Lock()
+			cm, ok := s.objs[name]
+			if ok {
+				cm = cm.DeepCopy()
+			}
+			s.mu.Unlock()
+			// A round trip's worth of time in which other nodes read too,
+			// as they do against a real API server.
+			time.Sleep(time.Millisecond)
+			if !ok {
+				return true, nil, apierrors.NewNotFound(gr, name)
+			}
+			return true, cm, nil
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		switch a.GetVerb() {
+		case "create":
+			a := a.(k8stesting.CreateAction)
+			cm := a.GetObject().(*corev1.ConfigMap).DeepCopy()
+			if _, ok := s.objs[cm.Name]; ok {
+				s.fails++
+				return true, nil, apierrors.NewAlreadyExists(gr, cm.Name)
+			}
+			s.rv++
+			cm.ResourceVersion = strconv.Itoa(s.rv)
+			s.objs[cm.Name] = cm
+			return true, cm.DeepCopy(), nil
+		case "update":
+			a := a.(k8stesting.UpdateAction)
+			cm := a.GetObject().(*corev1.ConfigMap).DeepCopy()
+			old, ok := s.objs[cm.Name]
+			if !ok {
+				return true, nil, apierrors.NewNotFound(gr, cm.Name)
+			}
+			if old.ResourceVersion != cm.ResourceVersion {
+				s.fails++
+				return true, nil, apierrors.NewConflict(gr, cm.Name, fmt.Errorf("the object has been modified"))
+			}
+			s.rv++
+			s.updates++
+			cm.ResourceVersion = strconv.Itoa(s.rv)
+			s.objs[cm.Name] = cm
+			return true, cm.DeepCopy(), nil
+		}
+		return false, nil, nil
+	})
+}
+
+func TestIndexRegistryDistinctUnderContention(t *testing.T) {
+	for _, nodes := range []int{2, 18, 36} {
+		t.Run(strconv.Itoa(nodes), func(t *testing.T) {
+			kube := fake.NewClientset()
+			store := &rvConfigMaps{}
+			store.install(kube)
+			reg := &IndexRegistry{Client: kube, Namespace: "gpudra", MaxNodes: nodes,
+				Backoff: wait.Backoff{Duration: time.Millisecond, Factor: 1.5, Jitter: 1, Steps: 200, Cap: 20 * time.Millisecond}}
+			const clique = "2F6A1D3C-0000-4000-8000-000000000001.1"
+			got := make([]int, nodes)
+			errs := make([]error, nodes)
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			for i := range nodes {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					got[i], errs[i] = reg.Take(context.Background(), clique, fmt.Sprintf("node-%02d", i))
+				}()
+			}
+			close(start)
+			wg.Wait()
+			seen := map[int]string{}
+			for i := range nodes {
+				if errs[i] != nil {
+					t.Fatalf("node-%02d: %v", i, errs[i])
+				}
+				if got[i] < 0 || got[i] >= nodes {
+					t.Errorf("node-%02d got index %d, outside 0..%d", i, got[i], nodes-1)
+				}
+				if other, dup := seen[got[i]]; dup {
+					t.Errorf("node-%02d and %s share index %d", i, other, got[i])
+				}
+				seen[got[i]] = fmt.Sprintf("node-%02d", i)
+			}
+			// An index never changes: taking it again returns the same.
+			for i := range nodes {
+				again, err := reg.Take(context.Background(), clique, fmt.Sprintf("node-%02d", i))
+				if err != nil || again != got[i] {
+					t.Errorf("node-%02d again: %d, %v; want %d", i, again, err, got[i])
+				}
+			}
+			t.Logf("%d nodes: %d updates, %d conflicts", nodes, store.updates, store.fails)
+			if nodes > 2 && store.fails == 0 {
+				t.Error("no node ever lost a race: the test did not exercise the conflict path")
+			}
+			// The clique is full: one more node is refused, naming the flag.
+			_, err := reg.Take(context.Background(), clique, "one-too-many")
+			if err == nil || !strings.Contains(err.Error(), "--imex-max-nodes") {
+				t.Errorf("a node past MaxNodes: %v", err)
+			}
+		})
+	}
+}
+
+func TestRegistryName(t *testing.T) {
+	if got := RegistryName("ABC.1"); got != "gpudra-imex-indices.abc.1" {
+		t.Errorf("RegistryName = %q", got)
+	}
+	if got := RegistryName("bad/clique"); !strings.HasPrefix(got, IndexRegistryPrefix) || strings.Contains(got, "/") {
+		t.Errorf("RegistryName of an invalid name = %q", got)
+	}
+}
+
+// cliqueRecorder fakes the ComputeDomainClique API for a reporter: it
+// records every patch and answers gets from objs.
+type cliqueRecorder struct {
+	mu      sync.Mutex
+	patches []k8stesting.PatchActionImpl
+	objs    map[string]*unstructured.Unstructured
+}
+
+func (r *cliqueRecorder) install(dyn *dynamicfake.FakeDynamicClient) {
+	r.objs = map[string]*unstructured.Unstructured{}
+	dyn.PrependReactor("patch", "computedomaincliques", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		p := a.(k8stesting.PatchActionImpl)
+		r.patches = append(r.patches, p)
+		if p.GetPatchType() == types.JSONPatchType {
+			if _, ok := r.objs[p.GetName()]; !ok {
+				return true, nil, apierrors.NewNotFound(CliqueGVR.GroupResource(), p.GetName())
+			}
+		}
+		u := &unstructured.Unstructured{}
+		u.SetName(p.GetName())
+		return true, u, nil
+	})
+	dyn.PrependReactor("get", "computedomaincliques", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		name := a.(k8stesting.GetAction).GetName()
+		if u, ok := r.objs[name]; ok {
+			return true, u.DeepCopy(), nil
+		}
+		return true, nil, apierrors.NewNotFound(CliqueGVR.GroupResource(), name)
+	})
+}
+
+func (r *cliqueRecorder) taken() []k8stesting.PatchActionImpl {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.patches
+	r.patches = nil
+	return out
+}
+
+func TestNodeReporterWritesOnlyItsOwnEntryWhenChanged(t *testing.T) {
+	_, ctx := ktesting.NewTestContext(t)
+	kube := fake.NewClientset()
+	(&rvConfigMaps{}).install(kube)
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{CliqueGVR: "ComputeDomainCliqueList"})
+	rec := &cliqueRecorder{}
+	rec.install(dyn)
+	r := NewReporter(ReporterConfig{
+		Dynamic: dyn, Namespace: "gpudra", NodeName: "node-b", NodeIP: "10.0.0.2",
+		Indices: &IndexRegistry{Client: kube, Namespace: "gpudra", MaxNodes: 18},
+	})
+	const clique = "cluster.1"
+	// node-a took index 0 first.
+	if _, err := r.cfg.Indices.Take(ctx, clique, "node-a"); err != nil {
+		t.Fatal(err)
+	}
+
+	applied := func(step string, want v1beta1.ComputeDomainStatusValue) {
+		t.Helper()
+		ps := rec.taken()
+		if len(ps) != 1 || ps[0].GetPatchType() != types.ApplyPatchType || ps[0].PatchOptions.FieldManager != "gpudra-node-node-b" ||
+			ps[0].PatchOptions.Force == nil || !*ps[0].PatchOptions.Force || ps[0].GetName() != "uid-a."+clique {
+			t.Fatalf("%s: want one forced apply of uid-a.%s by gpudra-node-node-b, got %+v", step, clique, ps)
+		}
+		var body v1beta1.ComputeDomainClique
+		if err := json.Unmarshal(ps[0].GetPatch(), &body); err != nil {
+			t.Fatal(err)
+		}
+		wantEntry := v1beta1.ComputeDomainDaemonInfo{NodeName: "node-b", IPAddress: "10.0.0.2", CliqueID: clique, Index: 1, Status: want}
+		if len(body.Daemons) != 1 || *body.Daemons[0] != wantEntry {
+			t.Fatalf("%s: applied daemons %+v, want only %+v", step, body.Daemons, wantEntry)
+		}
+	}
+
+	if err := r.Join(ctx, "uid-a", clique); err != nil {
+		t.Fatal(err)
+	}
+	applied("join", v1beta1.ComputeDomainStatusNotReady)
+	if err := r.Join(ctx, "uid-a", clique); err != nil {
+		t.Fatal(err)
+	}
+	if ps := rec.taken(); len(ps) != 0 {
+		t.Fatalf("a second join with nothing changed wrote %d patches", len(ps))
+	}
+	r.SetReady(true)
+	if err := r.report(ctx, "uid-a"); err != nil {
+		t.Fatal(err)
+	}
+	applied("ready", v1beta1.ComputeDomainStatusReady)
+
+	// Leaving: a JSON patch that tests the entry is the node's.
+	other := map[string]any{"nodeName": "node-a", "ipAddress": "10.0.0.1", "cliqueID": clique, "index": int64(0)}
+	mine := map[string]any{"nodeName": "node-b", "ipAddress": "10.0.0.2", "cliqueID": clique, "index": int64(1)}
+	rec.objs["uid-a."+clique] = &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{"name": "uid-a." + clique}, "daemons": []any{other, mine}}}
+	if err := r.Leave(ctx, "uid-a"); err != nil {
+		t.Fatal(err)
+	}
+	ps := rec.taken()
+	if len(ps) != 1 || ps[0].GetPatchType() != types.JSONPatchType {
+		t.Fatalf("leave: want one JSON patch, got %+v", ps)
+	}
+	var ops []map[string]any
+	if err := json.Unmarshal(ps[0].GetPatch(), &ops); err != nil {
+		t.Fatal(err)
+	}
+	if len(ops) != 2 || ops[0]["op"] != "test" || ops[0]["path"] != "/daemons/1/nodeName" || ops[0]["value"] != "node-b" ||
+		ops[1]["op"] != "remove" || ops[1]["path"] != "/daemons/1" {
+		t.Fatalf("leave patch %s", ps[0].GetPatch())
+	}
+
+	// A clique the controller deleted is not created again by leaving.
+	if err := r.Join(ctx, "uid-gone", clique); err != nil {
+		t.Fatal(err)
+	}
+	rec.taken()
+	if err := r.Leave(ctx, "uid-gone"); err != nil {
+		t.Fatal(err)
+	}
+	if ps := rec.taken(); len(ps) != 0 {
+		t.Fatalf("leaving a deleted clique wrote %+v", ps)
+	}
+}
+
+func TestFitsInClique(t *testing.T) {
+	slice := func(node, clique string) *resourceapi.ResourceSlice {
+		return &resourceapi.ResourceSlice{
+			ObjectMeta: metav1.ObjectMeta{Name: node + "-cd"},
+			Spec: resourceapi.ResourceSliceSpec{Driver: "compute-domain.nvidia.com", NodeName: ptr.To(node), Pool: resourceapi.ResourcePool{Name: node, ResourceSliceCount: 1},
+				Devices: []resourceapi.Device{{Name: "channel-0", Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{devicemodel.AttrCliqueID: {StringValue: ptr.To(clique)}}}}},
+		}
+	}
+	tests := []struct {
+		name       string
+		numNodes   int
+		wantStatus metav1.ConditionStatus // "" for no condition
+		wantMsg    []string
+	}{
+		{name: "no node count", numNodes: 0},
+		{name: "fits the largest clique", numNodes: 4, wantStatus: metav1.ConditionTrue, wantMsg: []string{"clique c.1 (4 nodes)"}},
+		{name: "larger than every clique", numNodes: 5, wantStatus: metav1.ConditionFalse, wantMsg: []string{"spec.numNodes 5", "largest NVLink clique", "4 nodes", "clique c.1"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDomain("a", "a-channel", "")
+			d.Spec.NumNodes = tc.numNodes
+			_, ctx := ktesting.NewTestContext(t)
+			kube := fake.NewClientset(slice("n1", "c.1"), slice("n2", "c.1"), slice("n3", "c.1"), slice("n4", "c.1"), slice("n5", "c.2"), slice("n6", "c.2"))
+			dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+				map[schema.GroupVersionResource]string{GVR: "ComputeDomainList"}, toUnstructured(t, d))
+			h := &controllerHarness{t: t, ctx: ctx, kube: kube, dyn: dyn}
+			h.c = NewController(ControllerConfig{KubeClient: kube, DynamicClient: dyn, MaxChannels: 8, ChannelDriver: "compute-domain.nvidia.com"})
+			ctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			go h.c.sizes.informer.Run(ctx.Done())
+			for !h.c.sizes.informer.HasSynced() {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if err := h.c.seed(ctx); err != nil {
+				t.Fatal(err)
+			}
+			h.reconcile("a")
+			cd := h.get("a")
+			c := meta.FindStatusCondition(cd.Status.Conditions, ConditionFitsInClique)
+			if tc.wantStatus == "" {
+				if c != nil {
+					t.Fatalf("condition %+v for a domain with no node count", c)
+				}
+				return
+			}
+			if c == nil || c.Status != tc.wantStatus {
+				t.Fatalf("FitsInClique = %+v, want %s", c, tc.wantStatus)
+			}
+			for _, w := range tc.wantMsg {
+				if !strings.Contains(c.Message, w) {
+					t.Errorf("message %q does not say %q", c.Message, w)
+				}
+			}
+			if tc.wantStatus == metav1.ConditionFalse && (c.Reason != ReasonLargerThanClique || cd.Status.Status != v1beta1.ComputeDomainStatusNotReady) {
+				t.Errorf("reason %q, status %q; want %s and NotReady", c.Reason, cd.Status.Status, ReasonLargerThanClique)
+			}
+		})
+	}
+}
