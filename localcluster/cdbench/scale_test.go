@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -65,6 +67,9 @@ func BenchmarkComputeDomainScale(b *testing.B) {
 	var sum scaleResult
 	for i := 0; b.Loop(); i++ {
 		r := runScale(b, nodes, domains, *scaleLimit)
+		slices.Sort(r.joins)
+		b.Logf("run %d: Join returned p50 %v, max %v (last at %v); %d Joins failed (the reporters retried)", i,
+			r.joins[len(r.joins)/2].Round(time.Millisecond), r.joins[len(r.joins)-1].Round(time.Millisecond), r.joined.Round(time.Millisecond), r.joinFailed)
 		b.Logf("run %d: %d nodes, %d domains: %d Ready after %v; per node: %.1f requests, %.2f writes, %.2f index updates, %.2f conflicts",
 			i, nodes, domains, r.ready, r.took.Round(time.Millisecond), r.perNode(r.tally.requests.Load()), r.perNode(r.tally.writes.Load()),
 			r.perNode(r.tally.updates.Load()), r.perNode(r.tally.conflicts.Load()))
@@ -89,6 +94,11 @@ type scaleResult struct {
 	ready int
 	nodes int
 	tally requestTally
+	// joins is when each node's Join returned (its index taken and its
+	// entry applied, or failed), from creation; joined when the last did.
+	joins      []time.Duration
+	joined     time.Duration
+	joinFailed int
 }
 
 func (r *scaleResult) perNode(n int64) float64 { return float64(n) / float64(r.nodes) }
@@ -156,6 +166,8 @@ func runScale(b *testing.B, nodes, domains int, limit time.Duration) *scaleResul
 		}
 		uids[d] = string(created.GetUID())
 	}
+	r := &scaleResult{nodes: nodes, joins: make([]time.Duration, nodes)}
+	var failed atomic.Int64
 	var wg sync.WaitGroup
 	for d := range domains {
 		for i := d * nodes / domains; i < (d+1)*nodes/domains; i++ {
@@ -163,13 +175,17 @@ func runScale(b *testing.B, nodes, domains int, limit time.Duration) *scaleResul
 				logger := klog.Background().WithValues("node", i)
 				// A failed join stays joined: Run tries again.
 				if err := reporters[i].Join(klog.NewContext(ctx, logger), uids[d], fmt.Sprintf("clique-%02d", d)); err != nil {
+					failed.Add(1)
 					logger.V(2).Info("Join failed; the reporter retries", "err", err)
 				}
+				r.joins[i] = time.Since(start)
 			})
 		}
 	}
+	wg.Wait()
+	r.joinFailed = int(failed.Load())
+	r.joined = time.Since(start)
 
-	r := &scaleResult{nodes: nodes}
 	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, limit, true, func(ctx context.Context) (bool, error) {
 		list, err := dyn.Resource(computedomain.GVR).Namespace(scaleNamespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
@@ -190,8 +206,6 @@ func runScale(b *testing.B, nodes, domains int, limit time.Duration) *scaleResul
 	for _, t := range tallies {
 		r.tally.add(t)
 	}
-	cancel()
-	wg.Wait()
 	return r
 }
 
