@@ -2,11 +2,13 @@ package cdbench
 
 import (
 	"net/http"
+	"strings"
 	"sync/atomic"
 )
 
 // requestTally counts one client's API requests: all, successful writes,
-// configmap updates (index registry attempts) and conflicts.
+// ConfigMap updates and patches (the index registry's write attempts,
+// either way it is written) and conflicts.
 type requestTally struct {
 	requests, writes, updates, conflicts atomic.Int64
 }
@@ -31,7 +33,7 @@ type countingTransport struct {
 func (c *countingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := c.next.RoundTrip(req)
 	c.tally.requests.Add(1)
-	if req.Method == http.MethodPut {
+	if (req.Method == http.MethodPut || req.Method == http.MethodPatch) && strings.Contains(req.URL.Path, "/configmaps/") {
 		c.tally.updates.Add(1)
 	}
 	if err != nil {
