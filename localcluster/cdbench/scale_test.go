@@ -68,8 +68,8 @@ func BenchmarkComputeDomainScale(b *testing.B) {
 	for i := 0; b.Loop(); i++ {
 		r := runScale(b, nodes, domains, *scaleLimit)
 		slices.Sort(r.joins)
-		b.Logf("run %d: Join returned p50 %v, max %v (last at %v); %d Joins failed (the reporters retried)", i,
-			r.joins[len(r.joins)/2].Round(time.Millisecond), r.joins[len(r.joins)-1].Round(time.Millisecond), r.joined.Round(time.Millisecond), r.joinFailed)
+		b.Logf("run %d: Join returned p50 %v, max %v (last at %v); %d Joins failed (the reporters retried; the first: %v)", i,
+			r.joins[len(r.joins)/2].Round(time.Millisecond), r.joins[len(r.joins)-1].Round(time.Millisecond), r.joined.Round(time.Millisecond), r.joinFailed, r.firstJoinErr)
 		b.Logf("run %d: %d nodes, %d domains: %d Ready after %v; per node: %.1f requests, %.2f writes, %.2f index updates, %.2f conflicts",
 			i, nodes, domains, r.ready, r.took.Round(time.Millisecond), r.perNode(r.tally.requests.Load()), r.perNode(r.tally.writes.Load()),
 			r.perNode(r.tally.updates.Load()), r.perNode(r.tally.conflicts.Load()))
@@ -99,6 +99,8 @@ type scaleResult struct {
 	joins      []time.Duration
 	joined     time.Duration
 	joinFailed int
+	// firstJoinErr is the first failed Join's error.
+	firstJoinErr error
 }
 
 func (r *scaleResult) perNode(n int64) float64 { return float64(n) / float64(r.nodes) }
@@ -175,7 +177,9 @@ func runScale(b *testing.B, nodes, domains int, limit time.Duration) *scaleResul
 				logger := klog.Background().WithValues("node", i)
 				// A failed join stays joined: Run tries again.
 				if err := reporters[i].Join(klog.NewContext(ctx, logger), uids[d], fmt.Sprintf("clique-%02d", d)); err != nil {
-					failed.Add(1)
+					if failed.Add(1) == 1 {
+						r.firstJoinErr = err
+					}
 					logger.V(2).Info("Join failed; the reporter retries", "err", err)
 				}
 				r.joins[i] = time.Since(start)
