@@ -73,6 +73,21 @@ bench-prepare:
 	$(GO) test -run '^$$' -bench 'BenchmarkPrepareOwnWork$$|BenchmarkPrepareWritesFloor$$|BenchmarkPrepareOneClaim$$' \
 		-benchtime 300x -count 6 ./pkg/plugin/
 
+# ComputeDomain benchmarks in the local cluster (docs/computedomain.md,
+# Benchmarks); not part of test or bench. bench-computedomain: one 18-node
+# domain on gb200-nvl72 with fake IMEX daemons, CD_RUNS runs.
+# bench-computedomain-scale: CD_NODES simulated nodes in CD_DOMAINS domains
+# against a real API server (1,000 nodes take several GiB of memory).
+.PHONY: bench-computedomain bench-computedomain-scale
+CD_RUNS ?= 3
+CD_NODES ?= 1000
+CD_DOMAINS ?= 55
+bench-computedomain:
+	cd localcluster && $(GO) test -run '^$$' -bench ComputeDomain18Nodes -benchtime $(CD_RUNS)x -timeout 30m ./cdbench/
+bench-computedomain-scale:
+	cd localcluster && $(GO) test -run '^$$' -bench ComputeDomainScale -benchtime 1x -timeout 30m ./cdbench/ \
+		-cdbench.nodes=$(CD_NODES) -cdbench.domains=$(CD_DOMAINS)
+
 # Every decoder of user or on-disk input, fuzzed for FUZZTIME each (make
 # fuzz FUZZTIME=30s); `make test` runs their seed corpora as ordinary tests.
 # Go fuzzes one target per invocation. New inputs that widen coverage are

@@ -154,7 +154,7 @@ func TestRBACPerComponent(t *testing.T) {
 	pluginNamespaced := []string{
 		"gpudra: create resource.nvidia.com/computedomaincliques", "gpudra: get resource.nvidia.com/computedomaincliques", "gpudra: list resource.nvidia.com/computedomaincliques",
 		"gpudra: watch resource.nvidia.com/computedomaincliques", "gpudra: patch resource.nvidia.com/computedomaincliques",
-		"gpudra: get /configmaps", "gpudra: create /configmaps", "gpudra: update /configmaps",
+		"gpudra: get /configmaps", "gpudra: create /configmaps", "gpudra: patch /configmaps",
 	}
 	sort.Strings(pluginNamespaced)
 	cdOff := func(kv ...any) map[string]any {

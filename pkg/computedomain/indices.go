@@ -5,36 +5,46 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"hash/fnv"
 	"strconv"
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/client-go/kubernetes"
 )
 
 // IndexRegistryPrefix starts the name of a clique's index registry, a
-// ConfigMap in the clique namespace mapping node names to IMEX indices.
+// ConfigMap in the clique namespace mapping IMEX indices to node names.
 const IndexRegistryPrefix = "gpudra-imex-indices."
 
 // DefaultIndexBackoff is how a node retries taking an index when another
-// node changed the registry first: short, jittered waits (nodes of a rack
-// start together) growing to Cap, for up to Steps tries, enough that 256
-// nodes taking indices at once all get one. Unlike wait.Backoff's own
-// stepping, reaching Cap does not end the retries.
+// node took the same one first: short, jittered waits growing to Cap, for
+// up to Steps tries. Unlike wait.Backoff's own stepping, reaching Cap does
+// not end the retries.
 var DefaultIndexBackoff = wait.Backoff{Duration: 10 * time.Millisecond, Factor: 1.5, Jitter: 1, Steps: 100, Cap: time.Second}
 
 // IndexRegistry hands out each node's IMEX index in a clique: the node's
 // place in the peer list (compute-domain-daemon-NNNN), so two nodes must
 // never share one, and a node's must never change while it lives (a peer
-// renamed under a running daemon breaks the domain, NVIDIA's #1418). An
-// index is taken once per node per clique, by an update checked against
-// the registry's resourceVersion, and kept: a node that leaves every
-// domain keeps its index for when it joins again.
+// renamed under a running daemon breaks the domain, NVIDIA's #1418).
+//
+// The registry's data maps an index to the node holding it, and each node
+// writes only its own key, by server-side apply without force under its
+// own field manager: two nodes taking different indices never conflict
+// (no resourceVersion is checked), and two taking the same one do, as an
+// apply conflict on that key, so the second reads again and takes another.
+// Each node starts from a free index of its own (by a hash of its name),
+// so that the nodes of a rack starting together mostly take different
+// ones at the first try. An update checked against the resourceVersion
+// would let one node of all those racing win per round: at 1,000 nodes the
+// retries overloaded the API server (docs/computedomain.md, Benchmarks).
+// An index is taken once per node per clique and kept: a node that leaves
+// every domain keeps its index for when it joins again.
 type IndexRegistry struct {
 	Client    kubernetes.Interface
 	Namespace string
@@ -55,8 +65,8 @@ func RegistryName(cliqueID string) string {
 	return IndexRegistryPrefix + hex.EncodeToString(sum[:16])
 }
 
-// Take returns node's index in cliqueID, taking the lowest free one the
-// first time.
+// Take returns node's index in cliqueID, taking a free one the first
+// time.
 func (r *IndexRegistry) Take(ctx context.Context, cliqueID, node string) (int, error) {
 	backoff := r.Backoff
 	if backoff.Steps == 0 {
@@ -67,60 +77,71 @@ func (r *IndexRegistry) Take(ctx context.Context, cliqueID, node string) (int, e
 	index := -1
 	err := retryConflicts(ctx, backoff, func() error {
 		cm, err := cms.Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			_, err = cms.Create(ctx, &corev1.ConfigMap{
-				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: r.Namespace, Annotations: map[string]string{"resource.nvidia.com/cliqueID": cliqueID}},
-				Data:       map[string]string{node: "0"},
-			}, metav1.CreateOptions{})
-			if err == nil {
-				index = 0
-			}
+		if err != nil && !apierrors.IsNotFound(err) {
 			return err
 		}
+		var data map[string]string
+		if err == nil {
+			data = cm.Data
+		}
+		held, free, err := indicesOf(data, node, r.MaxNodes)
 		if err != nil {
-			return err
+			return fmt.Errorf("ConfigMap %s/%s: %w", r.Namespace, name, err)
 		}
-		if v, ok := cm.Data[node]; ok {
-			i, err := strconv.Atoi(v)
-			if err != nil || i < 0 {
-				return fmt.Errorf("ConfigMap %s/%s: node %s has index %q, not a number", r.Namespace, name, node, v)
-			}
-			index = i
+		if held >= 0 {
+			index = held
 			return nil
 		}
-		used := map[int]bool{}
-		for _, v := range cm.Data {
-			if i, err := strconv.Atoi(v); err == nil {
-				used[i] = true
-			}
-		}
-		free := -1
-		for i := range r.MaxNodes {
-			if !used[i] {
-				free = i
-				break
-			}
-		}
-		if free < 0 {
+		if len(free) == 0 {
 			return fmt.Errorf("clique %s: all %d IMEX indices are taken (ConfigMap %s/%s); raise --imex-max-nodes", cliqueID, r.MaxNodes, r.Namespace, name)
 		}
-		if cm.Data == nil {
-			cm.Data = map[string]string{}
-		}
-		cm.Data[node] = strconv.Itoa(free)
-		// cm carries the resourceVersion it was read at: a node that took
-		// an index in between makes this a conflict, and the loop reads
-		// again.
-		if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		pick := pickIndex(node, free)
+		apply := corev1ac.ConfigMap(name, r.Namespace).
+			WithAnnotations(map[string]string{"resource.nvidia.com/cliqueID": cliqueID}).
+			WithData(map[string]string{strconv.Itoa(pick): node})
+		// Without Force: a key another node's manager holds is a
+		// conflict, and the loop reads again.
+		if _, err := cms.Apply(ctx, apply, metav1.ApplyOptions{FieldManager: NodeFieldManager(node)}); err != nil {
 			return err
 		}
-		index = free
+		index = pick
 		return nil
 	})
 	if err != nil {
 		return 0, fmt.Errorf("take IMEX index of node %s in clique %s: %w", node, cliqueID, err)
 	}
 	return index, nil
+}
+
+// indicesOf returns the index node holds in a registry's data (-1 if
+// none) and the free indices below maxNodes, in order.
+func indicesOf(data map[string]string, node string, maxNodes int) (held int, free []int, err error) {
+	held = -1
+	used := map[int]bool{}
+	for k, v := range data {
+		i, err := strconv.Atoi(k)
+		if err != nil || i < 0 {
+			return -1, nil, fmt.Errorf("key %q is not an IMEX index (a number of 0 or more)", k)
+		}
+		used[i] = true
+		if v == node {
+			held = i
+		}
+	}
+	for i := range maxNodes {
+		if !used[i] {
+			free = append(free, i)
+		}
+	}
+	return held, free, nil
+}
+
+// pickIndex returns the free index node tries: one of free chosen by a
+// hash of its name, so that nodes racing from the same view mostly differ.
+func pickIndex(node string, free []int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(node))
+	return free[h.Sum32()%uint32(len(free))]
 }
 
 // retryConflicts runs try until it succeeds, fails otherwise than by a

@@ -39,7 +39,7 @@ func twoFreePorts(t *testing.T) (int, int) {
 func TestNodeDaemonJoinsAndLeavesPerDomain(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	kube := fake.NewClientset()
-	(&rvConfigMaps{}).install(kube)
+	(&applyConfigMaps{}).install(kube)
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
 		map[schema.GroupVersionResource]string{CliqueGVR: "ComputeDomainCliqueList"})
 	rec := &cliqueRecorder{}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,22 +31,26 @@ import (
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 )
 
-// rvConfigMaps is a ConfigMap store with the API server's optimistic
-// concurrency, which client-go's fake tracker lacks: an update whose
-// resourceVersion is not the stored one is a conflict.
-type rvConfigMaps struct {
+// applyConfigMaps is a ConfigMap store with the API server's server-side
+// apply ownership of data keys, which client-go's fake tracker does not
+// check under concurrency: an apply without force that sets a key another
+// field manager holds to another value is a conflict; keys of different
+// managers never conflict.
+type applyConfigMaps struct {
 	mu      sync.Mutex
-	rv      int
 	objs    map[string]*corev1.ConfigMap
-	updates int
+	owners  map[string]string // name/key -> field manager
+	applies int
 	fails   int
 }
 
-func (s *rvConfigMaps) install(c *fake.Clientset) {
+func (s *applyConfigMaps) install(c *fake.Clientset) {
 	s.objs = map[string]*corev1.ConfigMap{}
+	s.owners = map[string]string{}
 	gr := schema.GroupResource{Resource: "configmaps"}
 	c.PrependReactor("*", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if a.GetVerb() == "get" {
+		switch a.GetVerb() {
+		case "get":
 			name := a.(k8stesting.GetAction).GetName()
 			s.mu.Lock()
 			cm, ok := s.objs[name]
@@ -60,39 +65,41 @@ func (s *rvConfigMaps) install(c *fake.Clientset) {
 				return true, nil, apierrors.NewNotFound(gr, name)
 			}
 			return true, cm, nil
-		}
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		switch a.GetVerb() {
-		case "create":
-			a := a.(k8stesting.CreateAction)
-			cm := a.GetObject().(*corev1.ConfigMap).DeepCopy()
-			if _, ok := s.objs[cm.Name]; ok {
-				s.fails++
-				return true, nil, apierrors.NewAlreadyExists(gr, cm.Name)
+		case "patch":
+			a := a.(k8stesting.PatchActionImpl)
+			if a.GetPatchType() != types.ApplyPatchType {
+				return true, nil, apierrors.NewBadRequest("only apply is served")
 			}
-			s.rv++
-			cm.ResourceVersion = strconv.Itoa(s.rv)
-			s.objs[cm.Name] = cm
-			return true, cm.DeepCopy(), nil
-		case "update":
-			a := a.(k8stesting.UpdateAction)
-			cm := a.GetObject().(*corev1.ConfigMap).DeepCopy()
-			old, ok := s.objs[cm.Name]
+			if a.PatchOptions.Force != nil && *a.PatchOptions.Force {
+				return true, nil, apierrors.NewBadRequest("the registry must never be applied with force")
+			}
+			applied := &corev1.ConfigMap{}
+			if err := json.Unmarshal(a.GetPatch(), applied); err != nil {
+				return true, nil, apierrors.NewBadRequest(err.Error())
+			}
+			manager := a.PatchOptions.FieldManager
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			cm, ok := s.objs[a.GetName()]
 			if !ok {
-				return true, nil, apierrors.NewNotFound(gr, cm.Name)
+				cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: a.GetName(), Namespace: a.GetNamespace()}, Data: map[string]string{}}
 			}
-			if old.ResourceVersion != cm.ResourceVersion {
-				s.fails++
-				return true, nil, apierrors.NewConflict(gr, cm.Name, fmt.Errorf("the object has been modified"))
+			for k, v := range applied.Data {
+				if owner := s.owners[a.GetName()+"/"+k]; owner != "" && owner != manager && cm.Data[k] != v {
+					s.fails++
+					return true, nil, apierrors.NewApplyConflict([]metav1.StatusCause{{Type: metav1.CauseTypeFieldManagerConflict, Field: ".data." + k,
+						Message: fmt.Sprintf("conflict with %q", owner)}}, "Apply failed with 1 conflict")
+				}
 			}
-			s.rv++
-			s.updates++
-			cm.ResourceVersion = strconv.Itoa(s.rv)
-			s.objs[cm.Name] = cm
+			for k, v := range applied.Data {
+				cm.Data[k] = v
+				s.owners[a.GetName()+"/"+k] = manager
+			}
+			s.applies++
+			s.objs[a.GetName()] = cm
 			return true, cm.DeepCopy(), nil
 		}
-		return false, nil, nil
+		return true, nil, apierrors.NewBadRequest("the registry is only read and applied, not " + a.GetVerb())
 	})
 }
 
@@ -100,7 +107,7 @@ func TestIndexRegistryDistinctUnderContention(t *testing.T) {
 	for _, nodes := range []int{2, 18, 36} {
 		t.Run(strconv.Itoa(nodes), func(t *testing.T) {
 			kube := fake.NewClientset()
-			store := &rvConfigMaps{}
+			store := &applyConfigMaps{}
 			store.install(kube)
 			reg := &IndexRegistry{Client: kube, Namespace: "gpudra", MaxNodes: nodes,
 				Backoff: wait.Backoff{Duration: time.Millisecond, Factor: 1.5, Jitter: 1, Steps: 200, Cap: 20 * time.Millisecond}}
@@ -139,9 +146,12 @@ func TestIndexRegistryDistinctUnderContention(t *testing.T) {
 					t.Errorf("node-%02d again: %d, %v; want %d", i, again, err, got[i])
 				}
 			}
-			t.Logf("%d nodes: %d updates, %d conflicts", nodes, store.updates, store.fails)
+			t.Logf("%d nodes: %d applies, %d conflicts", nodes, store.applies, store.fails)
 			if nodes > 2 && store.fails == 0 {
 				t.Error("no node ever lost a race: the test did not exercise the conflict path")
+			}
+			if store.applies != nodes {
+				t.Errorf("%d applies for %d nodes: a node wrote more than its one key", store.applies, nodes)
 			}
 			// The clique is full: one more node is refused, naming the flag.
 			_, err := reg.Take(context.Background(), clique, "one-too-many")
@@ -207,7 +217,7 @@ func (r *cliqueRecorder) taken() []k8stesting.PatchActionImpl {
 func TestNodeReporterWritesOnlyItsOwnEntryWhenChanged(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	kube := fake.NewClientset()
-	(&rvConfigMaps{}).install(kube)
+	(&applyConfigMaps{}).install(kube)
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
 		map[schema.GroupVersionResource]string{CliqueGVR: "ComputeDomainCliqueList"})
 	rec := &cliqueRecorder{}
@@ -217,10 +227,12 @@ func TestNodeReporterWritesOnlyItsOwnEntryWhenChanged(t *testing.T) {
 		Indices: &IndexRegistry{Client: kube, Namespace: "gpudra", MaxNodes: 18},
 	})
 	const clique = "cluster.1"
-	// node-a took index 0 first.
-	if _, err := r.cfg.Indices.Take(ctx, clique, "node-a"); err != nil {
+	// node-a took an index first.
+	indexA, err := r.cfg.Indices.Take(ctx, clique, "node-a")
+	if err != nil {
 		t.Fatal(err)
 	}
+	indexB := -1
 
 	applied := func(step string, want v1beta1.ComputeDomainStatusValue) {
 		t.Helper()
@@ -233,7 +245,7 @@ func TestNodeReporterWritesOnlyItsOwnEntryWhenChanged(t *testing.T) {
 		if err := json.Unmarshal(ps[0].GetPatch(), &body); err != nil {
 			t.Fatal(err)
 		}
-		wantEntry := v1beta1.ComputeDomainDaemonInfo{NodeName: "node-b", IPAddress: "10.0.0.2", CliqueID: clique, Index: 1, Status: want}
+		wantEntry := v1beta1.ComputeDomainDaemonInfo{NodeName: "node-b", IPAddress: "10.0.0.2", CliqueID: clique, Index: indexB, Status: want}
 		if len(body.Daemons) != 1 || *body.Daemons[0] != wantEntry {
 			t.Fatalf("%s: applied daemons %+v, want only %+v", step, body.Daemons, wantEntry)
 		}
@@ -241,6 +253,9 @@ func TestNodeReporterWritesOnlyItsOwnEntryWhenChanged(t *testing.T) {
 
 	if err := r.Join(ctx, "uid-a", clique); err != nil {
 		t.Fatal(err)
+	}
+	if indexB, err = r.cfg.Indices.Take(ctx, clique, "node-b"); err != nil || indexB == indexA {
+		t.Fatalf("node-b's index %d (%v): want one of its own, node-a has %d", indexB, err, indexA)
 	}
 	applied("join", v1beta1.ComputeDomainStatusNotReady)
 	if err := r.Join(ctx, "uid-a", clique); err != nil {
@@ -346,5 +361,46 @@ func TestFitsInClique(t *testing.T) {
 				t.Errorf("reason %q, status %q; want %s and NotReady", c.Reason, cd.Status.Status, ReasonLargerThanClique)
 			}
 		})
+	}
+}
+
+func TestIndexRegistryData(t *testing.T) {
+	tests := []struct {
+		name     string
+		data     map[string]string
+		node     string
+		max      int
+		wantHeld int
+		wantFree []int
+		wantErr  string
+	}{
+		{name: "empty", node: "n1", max: 3, wantHeld: -1, wantFree: []int{0, 1, 2}},
+		{name: "held", data: map[string]string{"0": "n0", "2": "n1"}, node: "n1", max: 3, wantHeld: 2, wantFree: []int{1}},
+		{name: "others", data: map[string]string{"1": "n0"}, node: "n1", max: 3, wantHeld: -1, wantFree: []int{0, 2}},
+		{name: "not an index", data: map[string]string{"n0": "0"}, node: "n1", max: 3, wantErr: `key "n0" is not an IMEX index`},
+		{name: "negative", data: map[string]string{"-1": "n0"}, node: "n1", max: 3, wantErr: `key "-1" is not an IMEX index`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			held, free, err := indicesOf(tt.data, tt.node, tt.max)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || held != tt.wantHeld || !slices.Equal(free, tt.wantFree) {
+				t.Errorf("indicesOf = %d, %v, %v; want %d, %v", held, free, err, tt.wantHeld, tt.wantFree)
+			}
+		})
+	}
+	// Nodes racing from one view mostly try different indices.
+	free := []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}
+	picks := map[int]bool{}
+	for i := range 18 {
+		picks[pickIndex(fmt.Sprintf("node-%02d", i), free)] = true
+	}
+	if len(picks) < 6 {
+		t.Errorf("18 nodes picked only %d distinct indices of 18 from one view", len(picks))
 	}
 }
