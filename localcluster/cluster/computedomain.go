@@ -259,6 +259,29 @@ func (s *computeDomains) stop() error {
 	return nil
 }
 
+// RestartComputeDomainController stops the compute-domain controller's
+// pod, as when the Deployment replaces it, and starts a new one (a new
+// identity, with the chart's arguments) that must take over the Lease
+// the old one released; it returns once the new one leads.
+func (c *Cluster) RestartComputeDomainController(ctx context.Context) error {
+	s := c.computeDomains
+	if s == nil || s.cancel == nil {
+		return errors.New("the local cluster runs no compute-domain controller")
+	}
+	s.cancel()
+	if err := <-s.done; err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("compute-domain controller: %w", err)
+	}
+	runCtx, cancel := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), klog.FromContext(ctx).WithName("compute-domain-controller")))
+	s.cancel = cancel
+	if err := c.startComputeDomainController(ctx, runCtx, c.release.ComputeDomainController, s); err != nil {
+		cancel()
+		s.cancel = nil
+		return err
+	}
+	return nil
+}
+
 // Dynamic returns the admin's dynamic client, for custom resources such
 // as ComputeDomains.
 func (c *Cluster) Dynamic() dynamic.Interface { return c.dyn }

@@ -82,7 +82,8 @@ spec:
 // Ready through the nodes' supervised (fake) IMEX daemons, with four
 // distinct indices; every pod gets the channel; each node's hosts file
 // maps its peers and its daemon resolved them; a SIGKILLed daemon is
-// restarted and the domain is Ready again with the same indices; a claim
+// restarted and the domain is Ready again with the same indices; a
+// restarted controller changes none of the domain's objects; a claim
 // naming a missing domain fails naming it; deleting the domain leaves no
 // clique, template or CDI spec, and no daemon survives.
 func TestComputeDomainIMEXDaemons(t *testing.T) {
@@ -233,6 +234,47 @@ func TestComputeDomainIMEXDaemons(t *testing.T) {
 	}
 	if again := waitReady("after SIGKILL"); !maps.Equal(again, indices) {
 		t.Errorf("indices changed across the restart: %v, then %v", indices, again)
+	}
+
+	// Restarting the controller (a new pod takes over its Lease) changes
+	// nothing: the domain, its template and its cliques keep their
+	// resourceVersions.
+	versions := func() map[string]string {
+		t.Helper()
+		out := map[string]string{}
+		obj, err := dyn.Resource(computedomain.GVR).Namespace("imex-demo").Get(ctx, "imex-4", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out["ComputeDomain "+obj.GetName()] = obj.GetResourceVersion()
+		templates, err := c.Client().ResourceV1().ResourceClaimTemplates("imex-demo").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tmpl := range templates.Items {
+			out["ResourceClaimTemplate "+tmpl.Name] = tmpl.ResourceVersion
+		}
+		cliques, err := dyn.Resource(computedomain.CliqueGVR).Namespace(c.Release().Namespace).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cl := range cliques.Items {
+			out["ComputeDomainClique "+cl.GetName()] = cl.GetResourceVersion()
+		}
+		return out
+	}
+	before := versions()
+	if len(before) < 3 {
+		t.Fatalf("objects of the domain before the restart: %v, want the domain, its template and a clique", before)
+	}
+	if err := c.RestartComputeDomainController(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The new leader reconciles every domain at start; give it the time
+	// of a few passes before looking.
+	time.Sleep(3 * time.Second)
+	if after := versions(); !maps.Equal(after, before) {
+		t.Errorf("the controller's restart changed the domain's objects: resourceVersions %v, then %v", before, after)
 	}
 
 	// A claim naming a domain that does not exist fails, naming it.
