@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
@@ -42,11 +43,68 @@ type applyConfigMaps struct {
 	owners  map[string]string // name/key -> field manager
 	applies int
 	fails   int
+	// firstReads, if set, holds each of the first firstReads reads until
+	// all of them have arrived, so that the nodes start from one view (as
+	// nodes racing against a real API server do) and some must collide:
+	// without it, goroutines that happen to run one after the other never
+	// conflict and the test would not exercise the retry.
+	firstReads int
+	reads      int
+	allRead    chan struct{}
+}
+
+// readDone is called by gatedConfigMaps after each read: the first
+// firstReads reads wait there until all of them have arrived. (The fake
+// clientset runs its reactors under one lock, so the wait cannot be in
+// the reactor.)
+func (s *applyConfigMaps) readDone() {
+	s.mu.Lock()
+	s.reads++
+	held := s.reads <= s.firstReads
+	if s.reads == s.firstReads {
+		close(s.allRead)
+	}
+	s.mu.Unlock()
+	if held {
+		<-s.allRead
+	}
+}
+
+// gatedClient is a clientset whose ConfigMaps' reads go through
+// applyConfigMaps.readDone once they have read.
+type gatedClient struct {
+	*fake.Clientset
+	store *applyConfigMaps
+}
+
+func (c gatedClient) CoreV1() corev1client.CoreV1Interface {
+	return gatedCore{CoreV1Interface: c.Clientset.CoreV1(), store: c.store}
+}
+
+type gatedCore struct {
+	corev1client.CoreV1Interface
+	store *applyConfigMaps
+}
+
+func (c gatedCore) ConfigMaps(namespace string) corev1client.ConfigMapInterface {
+	return gatedConfigMaps{ConfigMapInterface: c.CoreV1Interface.ConfigMaps(namespace), store: c.store}
+}
+
+type gatedConfigMaps struct {
+	corev1client.ConfigMapInterface
+	store *applyConfigMaps
+}
+
+func (c gatedConfigMaps) Get(ctx context.Context, name string, opts metav1.GetOptions) (*corev1.ConfigMap, error) {
+	cm, err := c.ConfigMapInterface.Get(ctx, name, opts)
+	c.store.readDone()
+	return cm, err
 }
 
 func (s *applyConfigMaps) install(c *fake.Clientset) {
 	s.objs = map[string]*corev1.ConfigMap{}
 	s.owners = map[string]string{}
+	s.allRead = make(chan struct{})
 	gr := schema.GroupResource{Resource: "configmaps"}
 	c.PrependReactor("*", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		switch a.GetVerb() {
@@ -58,9 +116,6 @@ func (s *applyConfigMaps) install(c *fake.Clientset) {
 				cm = cm.DeepCopy()
 			}
 			s.mu.Unlock()
-			// A round trip's worth of time in which other nodes read too,
-			// as they do against a real API server.
-			time.Sleep(time.Millisecond)
 			if !ok {
 				return true, nil, apierrors.NewNotFound(gr, name)
 			}
@@ -107,9 +162,9 @@ func TestIndexRegistryDistinctUnderContention(t *testing.T) {
 	for _, nodes := range []int{2, 18, 36} {
 		t.Run(strconv.Itoa(nodes), func(t *testing.T) {
 			kube := fake.NewClientset()
-			store := &applyConfigMaps{}
+			store := &applyConfigMaps{firstReads: nodes}
 			store.install(kube)
-			reg := &IndexRegistry{Client: kube, Namespace: "gpudra", MaxNodes: nodes,
+			reg := &IndexRegistry{Client: gatedClient{Clientset: kube, store: store}, Namespace: "gpudra", MaxNodes: nodes,
 				Backoff: wait.Backoff{Duration: time.Millisecond, Factor: 1.5, Jitter: 1, Steps: 200, Cap: 20 * time.Millisecond}}
 			const clique = "2F6A1D3C-0000-4000-8000-000000000001.1"
 			got := make([]int, nodes)
@@ -147,8 +202,19 @@ func TestIndexRegistryDistinctUnderContention(t *testing.T) {
 				}
 			}
 			t.Logf("%d nodes: %d applies, %d conflicts", nodes, store.applies, store.fails)
-			if nodes > 2 && store.fails == 0 {
-				t.Error("no node ever lost a race: the test did not exercise the conflict path")
+			// Every node read the empty registry first (firstReads), so two
+			// nodes whose names pick the same index from it collide, and
+			// one of them must have retried.
+			all := make([]int, nodes)
+			for i := range all {
+				all[i] = i
+			}
+			picks := map[int]bool{}
+			for i := range nodes {
+				picks[pickIndex(fmt.Sprintf("node-%02d", i), all)] = true
+			}
+			if collide := len(picks) < nodes; collide != (store.fails > 0) {
+				t.Errorf("%d distinct first picks of %d nodes, %d conflicts: a collision must cost a conflict, and only a collision", len(picks), nodes, store.fails)
 			}
 			if store.applies != nodes {
 				t.Errorf("%d applies for %d nodes: a node wrote more than its one key", store.applies, nodes)
