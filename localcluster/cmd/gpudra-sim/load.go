@@ -103,12 +103,18 @@ func runLoad(ctx context.Context, o options) error {
 		progress("stopping the local cluster")
 		quietStderr(func() { _ = c.Stop() })
 	}()
-	progress("cluster ready in %v", time.Since(start).Round(time.Millisecond))
+	started := time.Since(start)
+	progress("cluster ready in %v", started.Round(time.Millisecond))
 
 	client, err := kubernetes.NewForConfig(c.ControlPlane().RESTConfig("gpudra-sim-load", loadCreatorQPS, loadCreatorBurst))
 	if err != nil {
 		return err
 	}
+	cost, err := measureFleet(ctx, c.ControlPlane(), client, o.loadNodes, started)
+	if err != nil {
+		return fmt.Errorf("measure the idle fleet: %w", err)
+	}
+	cost.print(os.Stdout)
 	return compareDrivers(ctx, o, c, client, base)
 }
 
