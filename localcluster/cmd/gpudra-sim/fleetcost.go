@@ -43,7 +43,15 @@ type fleetCost struct {
 	watches map[string]int
 	// slices are the ResourceSlices by driver.
 	slices map[string]sliceCost
+	// idle is how long the idle fleet was profiled; idleCPU the process's
+	// CPU then, idleByDriver the part each driver's goroutines took:
+	// what the drivers' periodic work (health, discovery, sweep) costs.
+	idle, idleCPU time.Duration
+	idleByDriver  map[string]time.Duration
 }
+
+// idleProfile is how long the load run profiles the idle fleet.
+const idleProfile = 15 * time.Second
 
 // sliceCost counts one driver's ResourceSlices.
 type sliceCost struct {
@@ -83,6 +91,22 @@ func measureFleet(ctx context.Context, cp *controlplane.ControlPlane, client kub
 		c.devices += len(s.Spec.Devices)
 		c.bytes += s.Size()
 		fc.slices[s.Spec.Driver] = c
+	}
+	var prof []byte
+	cpuBefore := processCPU()
+	if _, prof, err = profiledRound(func() (*roundResult, error) {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(idleProfile):
+			return nil, nil
+		}
+	}); err != nil {
+		return nil, err
+	}
+	fc.idle, fc.idleCPU = idleProfile, processCPU()-cpuBefore
+	if fc.idleByDriver, err = cpuByDriver(prof); err != nil {
+		return nil, fmt.Errorf("attribute the idle fleet's CPU profile: %w", err)
 	}
 	return fc, nil
 }
@@ -136,6 +160,12 @@ func (fc *fleetCost) print(w io.Writer) {
 	}
 	fmt.Fprintf(tw, "    all\t%d\t%.1f\t\n", fc.goroutines, float64(fc.goroutines)/n)
 	_ = tw.Flush()
+	perNodeMS := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / n / fc.idle.Seconds() }
+	fmt.Fprintf(w, "  idle CPU over %v: the process %.1f%% of a core (%.2f ms per node per second)", fc.idle, 100*fc.idleCPU.Seconds()/fc.idle.Seconds(), perNodeMS(fc.idleCPU))
+	for _, d := range slices.Sorted(maps.Keys(fc.idleByDriver)) {
+		fmt.Fprintf(w, "; %s %.3f ms per node per second (%d samples)", d, perNodeMS(fc.idleByDriver[d]), fc.idleByDriver[d]/profilePeriod)
+	}
+	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "    open API watches of\tall\tper node\t")
 	for _, c := range slices.Sorted(maps.Keys(fc.watches)) {
