@@ -149,7 +149,9 @@ func (w *healthWatch) run(ctx context.Context, wait time.Duration, out chan<- ha
 	nextPoll := w.now().Add(w.poll)
 	for ctx.Err() == nil {
 		if untilPoll {
-			waitMS = uint32(min(max(nextPoll.Sub(w.now()), time.Millisecond), w.poll) / time.Millisecond)
+			// Rounded up: a wait that ends short of the poll would
+			// be followed by a second one of a millisecond.
+			waitMS = uint32((min(max(nextPoll.Sub(w.now()), time.Millisecond), w.poll) + time.Millisecond - 1) / time.Millisecond)
 		}
 		data, ret := w.set.Wait(waitMS)
 		var events []hardware.HealthEvent
