@@ -439,14 +439,9 @@ func processCPU() time.Duration {
 
 // peakRSS reads the process's peak resident set size.
 func peakRSS() string {
-	data, err := os.ReadFile("/proc/self/status")
+	kb, err := procStatusKB("VmHWM:")
 	if err != nil {
 		return "unknown"
 	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			return strings.TrimSpace(v)
-		}
-	}
-	return "unknown"
+	return fmt.Sprintf("%d kB", kb)
 }
