@@ -247,3 +247,7 @@ func (c *ControlPlane) Stop() error {
 // since it started, by client component, verb and resource. Take it
 // twice and Sub to count the requests of a period.
 func (c *ControlPlane) RequestCounts() RequestCounts { return c.api.requests.snapshot() }
+
+// OpenWatches returns the watches the API server is serving now, by
+// client component and resource (Verb "watch").
+func (c *ControlPlane) OpenWatches() RequestCounts { return c.api.requests.openWatches() }

@@ -44,9 +44,15 @@ func (c RequestCounts) Sub(before RequestCounts) RequestCounts {
 type requestCounter struct {
 	mu     sync.Mutex
 	counts RequestCounts
+	// open counts the watches being served now, by component and
+	// resource (Verb "watch"): what each client holds open, which
+	// the cumulative counts cannot tell from re-established watches.
+	open RequestCounts
 }
 
-func newRequestCounter() *requestCounter { return &requestCounter{counts: RequestCounts{}} }
+func newRequestCounter() *requestCounter {
+	return &requestCounter{counts: RequestCounts{}, open: RequestCounts{}}
+}
 
 func (r *requestCounter) wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
@@ -58,18 +64,32 @@ func (r *requestCounter) wrap(next http.Handler) http.Handler {
 			key := RequestKey{Component: component(req.UserAgent()), Verb: info.Verb, Resource: resource}
 			r.mu.Lock()
 			r.counts[key]++
+			if info.Verb == "watch" {
+				r.open[key]++
+				defer func() {
+					r.mu.Lock()
+					r.open[key]--
+					r.mu.Unlock()
+				}()
+			}
 			r.mu.Unlock()
 		}
 		next.ServeHTTP(w, req)
 	})
 }
 
-func (r *requestCounter) snapshot() RequestCounts {
+func (r *requestCounter) snapshot() RequestCounts { return r.copyOf(r.counts) }
+
+func (r *requestCounter) openWatches() RequestCounts { return r.copyOf(r.open) }
+
+func (r *requestCounter) copyOf(counts RequestCounts) RequestCounts {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make(RequestCounts, len(r.counts))
-	for k, v := range r.counts {
-		out[k] = v
+	out := make(RequestCounts, len(counts))
+	for k, v := range counts {
+		if v != 0 {
+			out[k] = v
+		}
 	}
 	return out
 }

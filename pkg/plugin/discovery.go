@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/preparer"
@@ -53,6 +55,7 @@ func (d *Driver) install(ctx context.Context, inv *hardware.Inventory) error {
 		return err
 	}
 	d.state.Store(pub)
+	d.installed.Store(&installInput{pub: pub, state: state})
 	if previous == nil || !slices.EqualFunc(previous.Model.Devices, pub.Model.Devices, func(a, b devicemodel.Device) bool { return a.Name() == b.Name() }) {
 		d.healthMon.signal.notify()
 	}
@@ -63,6 +66,34 @@ func (d *Driver) install(ctx context.Context, inv *hardware.Inventory) error {
 	}
 	d.reportNotices(ctx, before, pub.Notices)
 	return nil
+}
+
+// installInput is what install derived a publication from besides the
+// features' own state (health, fallbacks), whose changes ask for a
+// rebuild.
+type installInput struct {
+	// pub is the publication made; state the checkpoint's state it was
+	// made with (nil when that could not be read).
+	pub   *preparer.Published
+	state *claimstate.State
+}
+
+// unchanged reports whether a publication from inv would be the current
+// one: the hardware snapshot and the prepared claims are what the current
+// publication was made from, and it left nothing out (whose logs every
+// discovery repeats). Comparing these small plain structs is much
+// cheaper than building the ResourceSlices again and comparing them,
+// which a node otherwise does every discovery interval for nothing.
+func (d *Driver) unchanged(ctx context.Context, inv *hardware.Inventory) bool {
+	in := d.installed.Load()
+	if in == nil || in.pub != d.state.Load() || in.state == nil || len(inv.Problems) > 0 || len(in.pub.Notices) > 0 {
+		return false
+	}
+	if !reflect.DeepEqual(inv, in.pub.Inventory) {
+		return false
+	}
+	state, err := d.store.Read(ctx)
+	return err == nil && reflect.DeepEqual(state, in.state)
 }
 
 // reportNotices logs what the features left out at every publication, and
@@ -141,8 +172,15 @@ func (d *Driver) discoveryLoop(ctx context.Context, lastErr error) {
 		case <-d.rebuild:
 			rebuild = true
 		}
+		inv, err := d.cfg.Hardware.Discover(ctx)
+		if err == nil && !rebuild && lastErr == nil && d.unchanged(ctx, inv) {
+			d.unchangedDiscoveries.Add(1)
+			continue
+		}
 		before := d.current().Model.DriverResources(d.cfg.NodeName)
-		err := d.discover(ctx)
+		if err == nil {
+			err = d.install(ctx, inv)
+		}
 		if err != nil {
 			if lastErr == nil {
 				delay = minDelay
@@ -166,6 +204,11 @@ func (d *Driver) discoveryLoop(ctx context.Context, lastErr error) {
 		}
 	}
 }
+
+// UnchangedDiscoveries returns how many periodic discoveries found the
+// hardware and the prepared claims as the current publication was made
+// from, and so built nothing.
+func (d *Driver) UnchangedDiscoveries() int64 { return d.unchangedDiscoveries.Load() }
 
 // logDiscovery logs every failed discovery, and records a Node event only
 // when the failure is new or different from the previous one: a node with

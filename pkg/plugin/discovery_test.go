@@ -144,3 +144,57 @@ func TestLostGPUIsReported(t *testing.T) {
 		t.Errorf("event does not say why: %s", events)
 	}
 }
+
+// shrinkable is hardware that can lose its last GPU, as when one falls
+// off the bus between two discoveries.
+type shrinkable struct {
+	real hardware.Hardware
+	mu   sync.Mutex
+	drop bool
+}
+
+func (s *shrinkable) Discover(ctx context.Context) (*hardware.Inventory, error) {
+	inv, err := s.real.Discover(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil && s.drop {
+		inv.GPUs = inv.GPUs[:len(inv.GPUs)-1]
+	}
+	return inv, err
+}
+
+func (s *shrinkable) dropLast() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.drop = true
+}
+
+// Periodic discoveries that find the hardware and the prepared claims as
+// they were build nothing; one that finds a GPU gone republishes, and so
+// does one after a claim was prepared (the checkpoint changed).
+func TestUnchangedDiscoveryBuildsNothing(t *testing.T) {
+	var hw *shrinkable
+	h := newHarness(t, func(cfg *plugin.Config) {
+		hw = &shrinkable{real: cfg.Hardware}
+		cfg.Hardware = hw
+		cfg.DiscoveryInterval = 20 * time.Millisecond
+	})
+	h.waitForPublished(t, 8)
+	waitForUnchanged := func(more int64) {
+		t.Helper()
+		want := h.driver.UnchangedDiscoveries() + more
+		deadline := time.Now().Add(20 * time.Second)
+		for h.driver.UnchangedDiscoveries() < want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d unchanged discoveries, want %d", h.driver.UnchangedDiscoveries(), want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitForUnchanged(3)
+	h.mustPrepare(h.claim("gpu-0"))
+	waitForUnchanged(3)
+	hw.dropLast()
+	h.waitForPublished(t, 7)
+	waitForUnchanged(3)
+}

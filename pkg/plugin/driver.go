@@ -199,6 +199,12 @@ type Driver struct {
 
 	// state is the current publication.
 	state atomic.Pointer[preparer.Published]
+	// installed is what the last install derived a publication from
+	// (discovery.go).
+	installed atomic.Pointer[installInput]
+	// unchangedDiscoveries counts the discoveries that found nothing to
+	// publish anew.
+	unchangedDiscoveries atomic.Int64
 	// rebuild asks the discovery loop to rebuild and republish the devices.
 	rebuild chan struct{}
 	// status writes claims' status.devices; statusWrites tracks the

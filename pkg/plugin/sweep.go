@@ -18,6 +18,11 @@ import (
 // connection cannot stall it.
 const apiCallTimeout = 10 * time.Second
 
+// cachedGet reads an object from the API server's watch cache
+// (resourceVersion "0": any version the server has) rather than from
+// etcd.
+var cachedGet = metav1.GetOptions{ResourceVersion: "0"}
+
 // sweeper cleans up what the kubelet will never ask for.
 type sweeper struct {
 	d *Driver
@@ -179,7 +184,12 @@ func (l *apiLookup) gone(ctx context.Context, c *claimstate.Claim) bool {
 	}
 	callCtx, cancel := context.WithTimeout(ctx, apiCallTimeout)
 	defer cancel()
-	claim, err := l.d.cfg.KubeClient.ResourceV1().ResourceClaims(c.Namespace).Get(callCtx, c.Name, metav1.GetOptions{})
+	// Served from the API server's watch cache, not read from etcd: every
+	// node asks about every claim it holds each sweep. A cache that lags
+	// can only show a claim or pod that is already gone, which keeps the
+	// claim one more sweep; what it shows as gone is gone (the claim was
+	// created before it was prepared), and goneTwice asks twice.
+	claim, err := l.d.cfg.KubeClient.ResourceV1().ResourceClaims(c.Namespace).Get(callCtx, c.Name, cachedGet)
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
@@ -188,7 +198,7 @@ func (l *apiLookup) gone(ctx context.Context, c *claimstate.Claim) bool {
 		return false
 	}
 	for _, consumer := range c.Consumers {
-		pod, err := l.d.cfg.KubeClient.CoreV1().Pods(c.Namespace).Get(callCtx, consumer.Name, metav1.GetOptions{})
+		pod, err := l.d.cfg.KubeClient.CoreV1().Pods(c.Namespace).Get(callCtx, consumer.Name, cachedGet)
 		switch {
 		case apierrors.IsNotFound(err):
 		case err != nil:

@@ -103,12 +103,18 @@ func runLoad(ctx context.Context, o options) error {
 		progress("stopping the local cluster")
 		quietStderr(func() { _ = c.Stop() })
 	}()
-	progress("cluster ready in %v", time.Since(start).Round(time.Millisecond))
+	started := time.Since(start)
+	progress("cluster ready in %v", started.Round(time.Millisecond))
 
 	client, err := kubernetes.NewForConfig(c.ControlPlane().RESTConfig("gpudra-sim-load", loadCreatorQPS, loadCreatorBurst))
 	if err != nil {
 		return err
 	}
+	cost, err := measureFleet(ctx, c.ControlPlane(), client, o.loadNodes, started)
+	if err != nil {
+		return fmt.Errorf("measure the idle fleet: %w", err)
+	}
+	cost.print(os.Stdout)
 	return compareDrivers(ctx, o, c, client, base)
 }
 
@@ -433,14 +439,9 @@ func processCPU() time.Duration {
 
 // peakRSS reads the process's peak resident set size.
 func peakRSS() string {
-	data, err := os.ReadFile("/proc/self/status")
+	kb, err := procStatusKB("VmHWM:")
 	if err != nil {
 		return "unknown"
 	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			return strings.TrimSpace(v)
-		}
-	}
-	return "unknown"
+	return fmt.Sprintf("%d kB", kb)
 }

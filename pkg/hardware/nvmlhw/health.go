@@ -20,7 +20,11 @@ import (
 // a GPU reset, a node reboot, a drain). So the watcher waits on an event
 // set with a short timeout, so that it notices ctx ending, and polls each
 // GPU every poll interval, and at once after a lost-GPU answer or a
-// recovery-action event:
+// recovery-action event. An event set that can be interrupted
+// ([InterruptibleEventSet], the simulated hardware's) is waited on until
+// the next poll instead, and interrupted when ctx ends: a process that
+// holds a thousand simulated nodes would otherwise wake every node's
+// watcher every wait timeout for nothing. The rules:
 //
 //   - a GPU whose call answers NVML_ERROR_GPU_IS_LOST is lost; when it
 //     answers again it has recovered;
@@ -47,6 +51,16 @@ const (
 // which bounds how long WatchHealth takes to return once its context ends.
 func WithHealthPolling(poll, wait time.Duration) Option {
 	return func(o *options) { o.healthPoll, o.healthWait = poll, wait }
+}
+
+// InterruptibleEventSet is an event set whose Wait another goroutine can
+// end early. NVML's own cannot be: nvmlEventSetWait returns only on an
+// event or at its timeout.
+type InterruptibleEventSet interface {
+	nvml.EventSet
+	// Interrupt makes the Wait in progress, and every later one, return
+	// NVML_ERROR_TIMEOUT at once.
+	Interrupt()
 }
 
 // healthEventMask are the NVML events watched. The recovery-action event
@@ -125,11 +139,20 @@ func (w *healthWatch) run(ctx context.Context, wait time.Duration, out chan<- ha
 		}
 		return true
 	}
+	interruptible, untilPoll := w.set.(InterruptibleEventSet)
+	if untilPoll {
+		defer context.AfterFunc(ctx, interruptible.Interrupt)()
+	}
 	if !send(w.pollAll()) {
 		return
 	}
 	nextPoll := w.now().Add(w.poll)
 	for ctx.Err() == nil {
+		if untilPoll {
+			// Rounded up: a wait that ends short of the poll would
+			// be followed by a second one of a millisecond.
+			waitMS = uint32((min(max(nextPoll.Sub(w.now()), time.Millisecond), w.poll) + time.Millisecond - 1) / time.Millisecond)
+		}
 		data, ret := w.set.Wait(waitMS)
 		var events []hardware.HealthEvent
 		pollNow := false

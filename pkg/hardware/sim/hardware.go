@@ -56,12 +56,17 @@ func (n *Node) Hardware(opts ...HardwareOption) hardware.Hardware {
 
 // The health watcher's timing over simulated GPUs: injected events wake it
 // at once (a lost GPU fails its event-set wait, a recovery raises a
-// recovery-action event), so polling is only the backstop; the short wait
-// lets a stopping plugin return quickly.
+// recovery-action event), so polling is only the backstop. The simulated
+// event set can be interrupted, so the watcher waits on it until the next
+// poll and is interrupted when it stops (one wake-up per node per poll,
+// not one per wait timeout); the wait timeout is only the pause after a
+// failed wait.
 const (
 	HealthPollInterval = time.Second
 	HealthWaitTimeout  = 50 * time.Millisecond
 )
+
+var _ nvmlhw.InterruptibleEventSet = (*fakeEventSet)(nil)
 
 // HardwareOption configures the simulated hardware of [Node.Hardware].
 type HardwareOption func(*hardwareOptions)

@@ -288,6 +288,8 @@ type fakeEventSet struct {
 	registered map[int]uint64
 	queue      []queuedEvent
 	freed      bool
+	// interrupted: Interrupt was called; every Wait returns at once.
+	interrupted bool
 }
 
 type queuedEvent struct {
@@ -340,6 +342,10 @@ func (s *fakeEventSet) Wait(timeoutms uint32) (nvml.EventData, nvml.Return) {
 			s.mu.Unlock()
 			return nvml.EventData{}, nvml.ERROR_UNINITIALIZED
 		}
+		if s.interrupted {
+			s.mu.Unlock()
+			return nvml.EventData{}, nvml.ERROR_TIMEOUT
+		}
 		if len(s.queue) > 0 {
 			e := s.queue[0]
 			s.queue = slices.Delete(s.queue, 0, 1)
@@ -352,6 +358,17 @@ func (s *fakeEventSet) Wait(timeoutms uint32) (nvml.EventData, nvml.Return) {
 		case <-timer.C:
 			return nvml.EventData{}, nvml.ERROR_TIMEOUT
 		}
+	}
+}
+
+// Interrupt implements [nvmlhw.InterruptibleEventSet].
+func (s *fakeEventSet) Interrupt() {
+	s.mu.Lock()
+	s.interrupted = true
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
 	}
 }
 

@@ -250,3 +250,36 @@ func TestCheckHealth(t *testing.T) {
 		t.Errorf("after recovery: got %s", got)
 	}
 }
+
+// An idle watcher over simulated GPUs waits on its event set until the
+// next poll, not in slices of the wait timeout (a fleet of a thousand
+// simulated nodes in one process pays every wake-up), and still stops at
+// once: its wait is interrupted when its context ends.
+func TestIdleWatcherWakesOncePerPoll(t *testing.T) {
+	f, err := Load("dgx-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	faults := &Faults{}
+	hw := f.Nodes[0].Hardware(WithFaults(faults))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- hw.(hardware.HealthWatcher).WatchHealth(ctx, make(chan hardware.HealthEvent, 64)) }()
+	polls := 3
+	time.Sleep(time.Duration(polls) * HealthPollInterval)
+	// One wait per poll, give or take a timer that fires early and the
+	// waits at the edges; the wait timeout would have made it
+	// HealthPollInterval/HealthWaitTimeout (20) times as many.
+	if waits := faults.Calls("nvmlEventSetWait"); waits > 2*polls+2 {
+		t.Errorf("%d event-set waits in %d poll intervals, want at most %d", waits, polls, 2*polls+2)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("WatchHealth: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("WatchHealth still waiting a minute after its context ended")
+	}
+}
