@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -20,7 +19,6 @@ import (
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/install"
-	"github.com/gpudra/gpudra/localcluster/manifests"
 )
 
 // takeVerb removes verb from the rules of the ClusterRole name in the
@@ -68,14 +66,9 @@ func TestChartRBACIsAllTheComputeDomainDriverHas(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir, err := os.MkdirTemp("", "cd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	const controllerRole, pluginRole = "gpudra-compute-domain-controller", "gpudra-compute-domain-kubelet-plugin"
 	var controllerTaken, pluginTaken []rbacv1.PolicyRule
-	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, Dir: dir, BeforeChart: func(r *install.Release) error {
+	c := startShortDirCluster(t, ctx, cluster.Options{Fleet: fleet, BeforeChart: func(r *install.Release) error {
 		var err error
 		if controllerTaken, err = takeVerb(r, controllerRole, "resourceclaimtemplates", "create"); err != nil {
 			return err
@@ -83,14 +76,6 @@ func TestChartRBACIsAllTheComputeDomainDriverHas(t *testing.T) {
 		pluginTaken, err = takeVerb(r, pluginRole, "computedomains", "list")
 		return err
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
 	client := c.Client()
 	putBack := func(name string, rules []rbacv1.PolicyRule) {
 		t.Helper()
@@ -108,13 +93,7 @@ func TestChartRBACIsAllTheComputeDomainDriverHas(t *testing.T) {
 		}
 	}
 
-	objs, err := manifests.Parse([]byte("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: cd-demo\n---\n"+fmt.Sprintf(nvidiaChannelDemo, "domain-r", "nvl-0")), t.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if refused, err := c.Apply(ctx, objs); err != nil || len(refused) != 0 {
-		t.Fatalf("apply: %v %v", err, refused)
-	}
+	applyIn(t, ctx, c, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: cd-demo\n---\n"+fmt.Sprintf(nvidiaChannelDemo, "domain-r", "nvl-0"))
 
 	// The controller's refusal, on the domain.
 	ns := c.Release().Namespace

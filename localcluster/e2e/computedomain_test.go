@@ -20,7 +20,6 @@ import (
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
-	"github.com/gpudra/gpudra/localcluster/manifests"
 )
 
 // cdFleet is two GB200 compute trays of one NVLink clique.
@@ -91,34 +90,10 @@ func TestComputeDomainChannels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A short directory: the channel driver's registration socket,
-	// <dir>/n/<node>/plugins_registry/compute-domain.nvidia.com-reg.sock,
-	// must fit in 108 bytes, which the default gpudra-sim-<random> does
-	// not always.
-	dir, err := os.MkdirTemp("", "cd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, Dir: dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
+	c := startShortDirCluster(t, ctx, cluster.Options{Fleet: fleet})
 	applyTo := func(yamlText string) {
 		t.Helper()
-		objs, err := manifests.Parse([]byte(yamlText), t.Name())
-		if err != nil {
-			t.Fatal(err)
-		}
-		refused, err := c.Apply(ctx, objs)
-		if err != nil || len(refused) != 0 {
-			t.Fatalf("apply: %v %v", err, refused)
-		}
+		applyIn(t, ctx, c, yamlText)
 	}
 	applyTo("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: cd-demo\n")
 

@@ -28,14 +28,20 @@ func testContext(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-// apply creates the objects of a YAML text.
+// apply creates the objects of a YAML text in the shared demo cluster.
 func apply(t *testing.T, ctx context.Context, yamlText string) {
+	t.Helper()
+	applyIn(t, ctx, demo, yamlText)
+}
+
+// applyIn creates the objects of a YAML text in cluster c.
+func applyIn(t *testing.T, ctx context.Context, c *cluster.Cluster, yamlText string) {
 	t.Helper()
 	objs, err := manifests.Parse([]byte(yamlText), t.Name())
 	if err != nil {
 		t.Fatal(err)
 	}
-	refused, err := demo.Apply(ctx, objs)
+	refused, err := c.Apply(ctx, objs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,4 +212,31 @@ func checkContainersSeeDevices(t *testing.T, pod *corev1.Pod, devs []resourceapi
 			}
 		}
 	}
+}
+
+// startShortDirCluster starts a cluster of the test's own in a short
+// temporary directory, and stops it at the test's end (cleanups the caller
+// registered before run after the stop): the ComputeDomain channel
+// driver's registration socket,
+// <dir>/n/<node>/plugins_registry/compute-domain.nvidia.com-reg.sock, must
+// fit in 108 bytes, which a directory inside the test's temporary
+// directory does not always. opts.Dir is set here.
+func startShortDirCluster(t *testing.T, ctx context.Context, opts cluster.Options) *cluster.Cluster {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "cd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	opts.Dir = dir
+	c, err := cluster.Start(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Stop(); err != nil {
+			t.Error(err)
+		}
+	})
+	return c
 }

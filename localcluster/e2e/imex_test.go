@@ -23,7 +23,6 @@ import (
 	"github.com/gpudra/gpudra/pkg/imex/imexfake"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
-	"github.com/gpudra/gpudra/localcluster/manifests"
 )
 
 // imexFleet is four GB200 compute trays of one NVLink clique.
@@ -97,13 +96,6 @@ func TestComputeDomainIMEXDaemons(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(removeIMEX)
-	// A short directory, as in TestComputeDomainChannels: the channel
-	// driver's registration socket path must fit in 108 bytes.
-	dir, err := os.MkdirTemp("", "cd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	// Checked after the cluster's stop (cleanups run last first), before
 	// removeIMEX kills what is left.
 	t.Cleanup(func() {
@@ -114,24 +106,10 @@ func TestComputeDomainIMEXDaemons(t *testing.T) {
 	// The chart's IMEX values, with an idle stop short enough that the
 	// test sees daemons go soon after their last pod.
 	values := map[string]any{"computeDomains": map[string]any{"kubeletPlugin": map[string]any{"imex": map[string]any{"idleStop": "2s"}}}}
-	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, Dir: dir, IMEXBinary: bin, ChartValues: values})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Stop(); err != nil {
-			t.Error(err)
-		}
-	})
+	c := startShortDirCluster(t, ctx, cluster.Options{Fleet: fleet, IMEXBinary: bin, ChartValues: values})
 	apply := func(yamlText string) {
 		t.Helper()
-		objs, err := manifests.Parse([]byte(yamlText), t.Name())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if refused, err := c.Apply(ctx, objs); err != nil || len(refused) != 0 {
-			t.Fatalf("apply: %v %v", err, refused)
-		}
+		applyIn(t, ctx, c, yamlText)
 	}
 	nodes := []string{"nvl-0", "nvl-1", "nvl-2", "nvl-3"}
 	apply("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: imex-demo\n")
