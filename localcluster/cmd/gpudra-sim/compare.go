@@ -50,7 +50,7 @@ func compareDrivers(ctx context.Context, o options, c *cluster.Cluster, client k
 		for _, run := range runs {
 			prefix := fmt.Sprintf("%s%d", run.name, i)
 			r, prof, err := profiledRound(func() (*roundResult, error) {
-				return loadRound(ctx, c, client, prefix, o.load, run.template)
+				return loadRound(ctx, c, client, prefix, o.load, run.template, o.loadRoundTimeout)
 			})
 			if err != nil {
 				return err
@@ -60,7 +60,7 @@ func compareDrivers(ctx context.Context, o options, c *cluster.Cluster, client k
 				return err
 			}
 			progress("deleting the pods")
-			if err := deleteAllPods(ctx, client); err != nil {
+			if err := deleteAllPods(ctx, client, o.loadRoundTimeout); err != nil {
 				return err
 			}
 			if r.byDriver, err = cpuByDriver(prof); err != nil {

@@ -79,6 +79,9 @@ func runLoad(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
+	if o.loadRoundTimeout <= 0 {
+		return fmt.Errorf("--load-round-timeout %v: must be positive", o.loadRoundTimeout)
+	}
 	if gpus := 8 * o.loadNodes; o.load > gpus {
 		return fmt.Errorf("--load %d is more than the %d GPUs of %d nodes", o.load, gpus, o.loadNodes)
 	}
@@ -281,7 +284,7 @@ type roundResult struct {
 // loadRound creates n pods at once and returns the time from the first
 // create to the last pod Running (Running means prepared: the pod loop
 // marks a pod Running only after the DRA manager prepared its claims).
-func loadRound(ctx context.Context, c *cluster.Cluster, client kubernetes.Interface, prefix string, n int, template string) (*roundResult, error) {
+func loadRound(ctx context.Context, c *cluster.Cluster, client kubernetes.Interface, prefix string, n int, template string, timeout time.Duration) (*roundResult, error) {
 	claims := template != ""
 	// An informer rather than a bare watch: it survives the watch being
 	// closed under load.
@@ -359,10 +362,10 @@ func loadRound(ctx context.Context, c *cluster.Cluster, client kubernetes.Interf
 	case err := <-errs:
 		return nil, fmt.Errorf("create pod: %w", err)
 	case <-allRunning:
-	case <-time.After(10 * time.Minute):
+	case <-time.After(timeout):
 		mu.Lock()
 		defer mu.Unlock()
-		return nil, fmt.Errorf("only %d of %d pods running after 10 minutes", len(runningAt), n)
+		return nil, fmt.Errorf("only %d of %d pods running after %v (--load-round-timeout)", len(runningAt), n, timeout)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -411,11 +414,11 @@ func ptrTo[T any](v T) *T { return &v }
 
 // deleteAllPods deletes the default namespace's pods and waits until they
 // are gone (the nodes unprepare and remove them) and their claims too.
-func deleteAllPods(ctx context.Context, client kubernetes.Interface) error {
+func deleteAllPods(ctx context.Context, client kubernetes.Interface, timeout time.Duration) error {
 	if err := client.CoreV1().Pods("default").DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 		return err
 	}
-	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 10*time.Minute, true, func(ctx context.Context) (bool, error) {
+	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
 		pods, err := client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{FieldSelector: fields.Everything().String()})
 		if err != nil {
 			return false, nil
