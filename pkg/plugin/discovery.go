@@ -54,6 +54,7 @@ func (d *Driver) install(ctx context.Context, inv *hardware.Inventory) error {
 	if err != nil {
 		return err
 	}
+	d.healthMon.remember(pub)
 	d.state.Store(pub)
 	d.installed.Store(&installInput{pub: pub, state: state})
 	if previous == nil || !slices.EqualFunc(previous.Model.Devices, pub.Model.Devices, func(a, b devicemodel.Device) bool { return a.Name() == b.Name() }) {

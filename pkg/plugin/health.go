@@ -35,8 +35,9 @@ type healthMonitor struct {
 	// hardware's health watcher runs.
 	signal   healthSignal
 	watching atomic.Bool
-	// reportedGPU maps each device reported to the kubelet to its GPU's
-	// UUID, so that withdrawn devices of an unhealthy GPU stay reported.
+	// reportedGPU maps each device published or reported to the kubelet
+	// to its GPU's UUID, so that withdrawn devices of an unhealthy GPU stay
+	// reported, also on a health stream opened after the withdrawal.
 	mu          sync.Mutex
 	reportedGPU map[string]string
 }

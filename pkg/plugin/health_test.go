@@ -295,17 +295,21 @@ func dropTaints(client *fake.Clientset) {
 	})
 }
 
-// TestHealthWithoutDeviceTaints: where the API server drops device taints,
-// the plugin says so once and withdraws the unhealthy GPU instead, until it
-// recovers.
-func TestHealthWithoutDeviceTaints(t *testing.T) {
+// newHealthHarnessWithoutTaints is a health harness whose API server
+// drops device taints.
+func newHealthHarnessWithoutTaints(t *testing.T) *healthHarness {
 	client := newFakeClient(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, UID: "node-uid"}})
 	dropTaints(client)
-	h := newHealthHarness(t, "dgx-h100", nodeName, 8, func(cfg *plugin.Config) {
+	return newHealthHarness(t, "dgx-h100", nodeName, 8, func(cfg *plugin.Config) {
 		cfg.KubeClient = client
 		cfg.HealthReportInterval = 200 * time.Millisecond
 	})
-	stream := watchHealth(t, h.harness)
+}
+
+// withdrawGPU6 makes GPU 6 unhealthy and waits until the plugin withdrew
+// it, having said why.
+func withdrawGPU6(t *testing.T, h *healthHarness) {
+	t.Helper()
 	h.do(6, "xid:79")
 	if _, err := h.waitForEvent("DeviceTaintsUnavailable"); err != nil {
 		t.Fatal(err)
@@ -314,6 +318,29 @@ func TestHealthWithoutDeviceTaints(t *testing.T) {
 		_, ok := p["gpu-6"]
 		return !ok && len(p) == 7
 	})
+}
+
+// TestHealthOfWithdrawnGPUOnALaterStream: a health stream the kubelet
+// opens only after a GPU was withdrawn (a kubelet restart) hears in its
+// first report that the GPU's device is unhealthy, though no stream ever
+// saw it published.
+func TestHealthOfWithdrawnGPUOnALaterStream(t *testing.T) {
+	h := newHealthHarnessWithoutTaints(t)
+	withdrawGPU6(t, h)
+	stream := watchHealth(t, h.harness)
+	if bad := unhealthy(byDevice(stream.next(5 * time.Second))); len(bad) != 1 || !strings.Contains(bad["gpu-6"], "UNHEALTHY: GPU ") {
+		t.Errorf("first report of a stream opened after the withdrawal: %v, want gpu-6 UNHEALTHY only", bad)
+	}
+}
+
+// TestHealthWithoutDeviceTaints: where the API server drops device taints,
+// the plugin says so once and withdraws the unhealthy GPU instead, until it
+// recovers; the kubelet keeps hearing the withdrawn GPU's devices are
+// unhealthy.
+func TestHealthWithoutDeviceTaints(t *testing.T) {
+	h := newHealthHarnessWithoutTaints(t)
+	stream := watchHealth(t, h.harness)
+	withdrawGPU6(t, h)
 	if _, err := h.waitForEvent("UnhealthyGPUsWithdrawn"); err != nil {
 		t.Error(err)
 	}
@@ -322,6 +349,14 @@ func TestHealthWithoutDeviceTaints(t *testing.T) {
 	if len(h.driver.Devices()) != 7 {
 		t.Fatalf("the plugin publishes %d devices, want 7 without gpu-6", len(h.driver.Devices()))
 	}
+	// Reports queued on the stream may be older than the xid (the stream
+	// is read only from here on; under load it lags): skip to the first
+	// that has it, then every later one must keep it.
+	stream.drain()
+	stream.waitFor("gpu-6 reported unhealthy", func(m map[string]*drahealthv1.DeviceHealth) bool {
+		bad := unhealthy(m)
+		return len(bad) == 1 && strings.Contains(bad["gpu-6"], "UNHEALTHY: GPU ")
+	})
 	for range 2 {
 		if bad := unhealthy(byDevice(stream.next(5 * time.Second))); len(bad) != 1 || !strings.Contains(bad["gpu-6"], "UNHEALTHY: GPU ") {
 			t.Errorf("report while gpu-6 is withdrawn: %v, want gpu-6 UNHEALTHY only", bad)

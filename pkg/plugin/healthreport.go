@@ -9,6 +9,8 @@ import (
 
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/pkg/preparer"
 )
 
 // Device health reporting to the kubelet (KEP-4680, the DRAResourceHealth
@@ -83,6 +85,23 @@ func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 		case <-changed:
 		case <-ticker.C:
 		}
+	}
+}
+
+// remember records the GPU of every device of a publication, before it
+// is installed: a device withdrawn later (its GPU unhealthy where the API
+// server lacks device taints) is then reported Unhealthy on every health
+// stream, also one the kubelet opens after the withdrawal, which has never
+// seen the device published.
+func (m *healthMonitor) remember(pub *preparer.Published) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.reportedGPU == nil {
+		m.reportedGPU = map[string]string{}
+	}
+	for i := range pub.Model.Devices {
+		dev := &pub.Model.Devices[i]
+		m.reportedGPU[dev.Name()] = dev.GPU.UUID
 	}
 }
 

@@ -65,6 +65,18 @@ func (s *healthStream) next(within time.Duration) *drahealthv1.NodeWatchResource
 	}
 }
 
+// drain drops the reports received so far: they may have been built
+// before what the test waited for.
+func (s *healthStream) drain() {
+	for {
+		select {
+		case <-s.reports:
+		default:
+			return
+		}
+	}
+}
+
 // waitFor reads reports until one satisfies cond, and returns it and how
 // long that took.
 func (s *healthStream) waitFor(what string, cond func(map[string]*drahealthv1.DeviceHealth) bool) (map[string]*drahealthv1.DeviceHealth, time.Duration) {
