@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -8,7 +9,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/computedomain"
 	"github.com/gpudra/gpudra/pkg/fakeprog"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
@@ -280,6 +284,39 @@ func (c *Cluster) RestartComputeDomainController(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// computeDomainReports lists the ComputeDomains by namespace and name,
+// none where the ComputeDomain driver does not run.
+func (c *Cluster) computeDomainReports(ctx context.Context) ([]ComputeDomainReport, error) {
+	if c.computeDomains == nil {
+		return nil, nil
+	}
+	list, err := c.dyn.Resource(computedomain.GVR).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list ComputeDomains: %w", err)
+	}
+	var out []ComputeDomainReport
+	for i := range list.Items {
+		cd, err := computedomain.FromUnstructured(&list.Items[i])
+		if err != nil {
+			return nil, err
+		}
+		r := ComputeDomainReport{Namespace: cd.Namespace, Name: cd.Name, Status: string(cd.Status.Status), Channel: -1, NumNodes: cd.Spec.NumNodes}
+		if cd.Status.Channel != nil {
+			r.Channel = int(*cd.Status.Channel)
+		}
+		nodes := slices.Clone(cd.Status.Nodes)
+		slices.SortFunc(nodes, func(a, b *v1beta1.ComputeDomainNode) int { return cmp.Compare(a.Index, b.Index) })
+		for _, n := range nodes {
+			r.Nodes = append(r.Nodes, n.Name)
+		}
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b ComputeDomainReport) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+	})
+	return out, nil
 }
 
 // Dynamic returns the admin's dynamic client, for custom resources such

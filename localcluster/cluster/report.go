@@ -28,6 +28,22 @@ type Report struct {
 	Refused []manifests.Refusal `json:"refused"`
 	// Nodes lists every node's device taints.
 	Nodes []NodeReport `json:"nodes"`
+	// ComputeDomains are the cluster's ComputeDomains, where the
+	// ComputeDomain driver runs.
+	ComputeDomains []ComputeDomainReport `json:"computeDomains,omitempty"`
+}
+
+// ComputeDomainReport is one ComputeDomain as its status has it.
+type ComputeDomainReport struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	// Status is Ready or NotReady; Channel the IMEX channel the controller
+	// assigned (-1: none yet).
+	Status  string `json:"status"`
+	Channel int    `json:"channel"`
+	// NumNodes is spec.numNodes; Nodes the nodes in its status, by index.
+	NumNodes int      `json:"numNodes"`
+	Nodes    []string `json:"nodes"`
 }
 
 // NodeReport is what a node's ResourceSlices say about its devices'
@@ -126,6 +142,9 @@ func (c *Cluster) Report(ctx context.Context) (*Report, error) {
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
 	if r.Nodes, err = c.nodeReports(ctx); err != nil {
+		return nil, err
+	}
+	if r.ComputeDomains, err = c.computeDomainReports(ctx); err != nil {
 		return nil, err
 	}
 	return r, nil

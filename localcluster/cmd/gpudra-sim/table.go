@@ -1,10 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
@@ -88,6 +90,7 @@ func printTable(w io.Writer, r *cluster.Report) {
 			t.wrap(fmt.Sprintf("%-*s  %-8s  ", nameCol, name, fmt.Sprintf("%d of %d", wl.Pods, wl.Desired)), "", note)
 		}
 	}
+	t.computeDomains(r.ComputeDomains)
 	t.taints(r.Nodes)
 	if len(r.Refused) > 0 {
 		t.line("")
@@ -100,6 +103,40 @@ func printTable(w io.Writer, r *cluster.Report) {
 			t.wrap("", "", []string{ref.Kind, name, "(" + ref.Source + ")"})
 			t.wrap("  ", "", strings.Fields(ref.Reason))
 		}
+	}
+}
+
+// computeDomains prints each ComputeDomain's status, channel and nodes
+// (by IMEX index), wrapped like the pods' devices.
+func (t *table) computeDomains(cds []cluster.ComputeDomainReport) {
+	if len(cds) == 0 {
+		return
+	}
+	t.line("")
+	nameCol := len("COMPUTEDOMAIN")
+	for _, cd := range cds {
+		if n := len(cd.Namespace) + 1 + len(cd.Name); n <= maxPodColumn {
+			nameCol = max(nameCol, n)
+		}
+	}
+	t.line(fmt.Sprintf("%-*s  %-8s  %-7s  %s", nameCol, "COMPUTEDOMAIN", "STATUS", "CHANNEL", "NODES"))
+	for _, cd := range cds {
+		name := cd.Namespace + "/" + cd.Name
+		if len(name) > nameCol {
+			t.wrap("", "", []string{name})
+			name = ""
+		}
+		channel := "-"
+		if cd.Channel >= 0 {
+			channel = strconv.Itoa(cd.Channel)
+		}
+		status := cmp.Or(cd.Status, "-")
+		nodes := []string{fmt.Sprintf("%d of %d:", len(cd.Nodes), cd.NumNodes)}
+		if cd.NumNodes == 0 {
+			nodes = []string{fmt.Sprintf("%d:", len(cd.Nodes))}
+		}
+		nodes = append(nodes, cd.Nodes...)
+		t.wrap(fmt.Sprintf("%-*s  %-8s  %-7s  ", nameCol, name, status, channel), "", nodes)
 	}
 }
 

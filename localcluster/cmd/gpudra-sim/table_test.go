@@ -65,6 +65,10 @@ func tableReport() *cluster.Report {
 				Message: "unsupported: the local cluster runs no daemonset controller, so nothing makes its pods"},
 		},
 		Refused: []manifests.Refusal{{Kind: "Pod", Namespace: "missing", Name: "pod", Source: "manifests/bad.yaml:1", Reason: `namespaces "missing" not found`}},
+		ComputeDomains: []cluster.ComputeDomainReport{
+			{Namespace: "compute-domain", Name: "nvl-domain", Status: "Ready", Channel: 0, NumNodes: 4, Nodes: []string{"gb200-0", "gb200-1", "gb200-2", "gb200-3"}},
+			{Namespace: "other", Name: "new-domain", Channel: -1},
+		},
 	}
 }
 
@@ -106,6 +110,8 @@ func TestPrintTable(t *testing.T) {
 		"Deployment default/web",
 		"unsupported: the local cluster runs no daemonset controller",
 		`Pod missing/pod (manifests/bad.yaml:1) namespaces "missing" not found`,
+		"compute-domain/nvl-domain Ready 0 4 of 4: gb200-0 gb200-1 gb200-2 gb200-3",
+		"other/new-domain - - 0:",
 	} {
 		if !strings.Contains(flat, want) {
 			t.Errorf("the table does not show %q", want)
