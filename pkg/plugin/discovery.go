@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/pkg/checkpoint"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
@@ -85,15 +86,14 @@ type installInput struct {
 // discovery repeats). Comparing these small plain structs is much
 // cheaper than building the ResourceSlices again and comparing them,
 // which a node otherwise does every discovery interval for nothing.
-func (d *Driver) unchanged(ctx context.Context, inv *hardware.Inventory) bool {
-	in := d.installed.Load()
-	if in == nil || in.pub != d.state.Load() || in.state == nil || len(inv.Problems) > 0 || len(in.pub.Notices) > 0 {
+func (in *installInput) unchanged(ctx context.Context, current *preparer.Published, inv *hardware.Inventory, store *checkpoint.Store) bool {
+	if in == nil || in.pub != current || in.state == nil || len(inv.Problems) > 0 || len(in.pub.Notices) > 0 {
 		return false
 	}
 	if !reflect.DeepEqual(inv, in.pub.Inventory) {
 		return false
 	}
-	state, err := d.store.Read(ctx)
+	state, err := store.Read(ctx)
 	return err == nil && reflect.DeepEqual(state, in.state)
 }
 
@@ -174,7 +174,7 @@ func (d *Driver) discoveryLoop(ctx context.Context, lastErr error) {
 			rebuild = true
 		}
 		inv, err := d.cfg.Hardware.Discover(ctx)
-		if err == nil && !rebuild && lastErr == nil && d.unchanged(ctx, inv) {
+		if err == nil && !rebuild && lastErr == nil && d.installed.Load().unchanged(ctx, d.state.Load(), inv, d.store) {
 			d.unchangedDiscoveries.Add(1)
 			continue
 		}
@@ -205,11 +205,6 @@ func (d *Driver) discoveryLoop(ctx context.Context, lastErr error) {
 		}
 	}
 }
-
-// UnchangedDiscoveries returns how many periodic discoveries found the
-// hardware and the prepared claims as the current publication was made
-// from, and so built nothing.
-func (d *Driver) UnchangedDiscoveries() int64 { return d.unchangedDiscoveries.Load() }
 
 // logDiscovery logs every failed discovery, and records a Node event only
 // when the failure is new or different from the previous one: a node with

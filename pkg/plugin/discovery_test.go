@@ -182,11 +182,11 @@ func TestUnchangedDiscoveryBuildsNothing(t *testing.T) {
 	h.waitForPublished(t, 8)
 	waitForUnchanged := func(more int64) {
 		t.Helper()
-		want := h.driver.UnchangedDiscoveries() + more
+		want := plugin.UnchangedDiscoveries(h.driver) + more
 		deadline := time.Now().Add(20 * time.Second)
-		for h.driver.UnchangedDiscoveries() < want {
+		for plugin.UnchangedDiscoveries(h.driver) < want {
 			if time.Now().After(deadline) {
-				t.Fatalf("%d unchanged discoveries, want %d", h.driver.UnchangedDiscoveries(), want)
+				t.Fatalf("%d unchanged discoveries, want %d", plugin.UnchangedDiscoveries(h.driver), want)
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
