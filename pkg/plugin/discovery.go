@@ -2,11 +2,9 @@ package plugin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"reflect"
 	"slices"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -61,12 +59,12 @@ func (d *Driver) install(ctx context.Context, inv *hardware.Inventory) error {
 	if previous == nil || !slices.EqualFunc(previous.Model.Devices, pub.Model.Devices, func(a, b devicemodel.Device) bool { return a.Name() == b.Name() }) {
 		d.healthMon.signal.notify()
 	}
-	d.reportProblems(ctx, prevInv, inv)
+	d.events.reportProblems(ctx, prevInv, inv)
 	var before []preparer.Notice
 	if previous != nil {
 		before = previous.Notices
 	}
-	d.reportNotices(ctx, before, pub.Notices)
+	d.events.reportNotices(ctx, before, pub.Notices)
 	return nil
 }
 
@@ -97,48 +95,6 @@ func (in *installInput) unchanged(ctx context.Context, current *preparer.Publish
 	return err == nil && reflect.DeepEqual(state, in.state)
 }
 
-// reportNotices logs what the features left out at every publication, and
-// records a Node event when it changes.
-func (d *Driver) reportNotices(ctx context.Context, before, now []preparer.Notice) {
-	logger := klog.FromContext(ctx)
-	if len(now) == 0 && len(before) > 0 {
-		logger.Info("Devices left out by an earlier publication are back", "reasons", len(before))
-	}
-	for _, n := range now {
-		logger.Error(nil, "Devices left out of the publication", "reason", n.Reason, "detail", n.Message)
-		if !slices.Contains(before, n) {
-			d.Event(corev1.EventTypeWarning, n.Reason, n.Message)
-		}
-	}
-}
-
-// reportProblems logs the GPUs and MIG devices discovery left out, and
-// records a Node event when that set changes: an operator should learn that
-// a GPU is missing, not find it by counting devices.
-func (d *Driver) reportProblems(ctx context.Context, previous, inv *hardware.Inventory) {
-	var before []hardware.Problem
-	if previous != nil {
-		before = previous.Problems
-	}
-	if len(inv.Problems) == 0 {
-		if len(before) > 0 {
-			klog.FromContext(ctx).Info("GPUs left out by an earlier discovery are back", "problemsBefore", len(before))
-		}
-		return
-	}
-	logger := klog.FromContext(ctx)
-	for _, p := range inv.Problems {
-		logger.Error(errors.New(p.Err), "GPU left out of the published devices", "index", p.Index, "uuid", p.UUID, "migDevice", p.MIGDevice)
-	}
-	if !slices.Equal(before, inv.Problems) {
-		msgs := make([]string, len(inv.Problems))
-		for i, p := range inv.Problems {
-			msgs[i] = p.Err
-		}
-		d.Event(corev1.EventTypeWarning, "GPUsLeftOut", fmt.Sprintf("%d GPU(s) or MIG device(s) left out of the published devices: %s", len(inv.Problems), strings.Join(msgs, "; ")))
-	}
-}
-
 // publish hands the current devices to the ResourceSlice controller.
 func (d *Driver) publish(ctx context.Context) error {
 	res := d.current().Model.DriverResources(d.cfg.NodeName)
@@ -159,7 +115,7 @@ func (d *Driver) discoveryLoop(ctx context.Context, lastErr error) {
 	minDelay := min(minRetryDelay, d.cfg.DiscoveryInterval)
 	maxDelay := min(maxRetryDelay, d.cfg.DiscoveryInterval)
 	delay := minDelay
-	d.logDiscovery(logger, lastErr, nil, delay)
+	d.events.discoveryFailed(logger, lastErr, nil, len(d.current().Model.Devices), delay)
 	for {
 		wait := d.cfg.DiscoveryInterval
 		if lastErr != nil {
@@ -188,7 +144,7 @@ func (d *Driver) discoveryLoop(ctx context.Context, lastErr error) {
 			} else {
 				delay = min(2*delay, maxDelay)
 			}
-			d.logDiscovery(logger, err, lastErr, delay)
+			d.events.discoveryFailed(logger, err, lastErr, len(d.current().Model.Devices), delay)
 			lastErr = err
 			continue
 		}
@@ -203,23 +159,5 @@ func (d *Driver) discoveryLoop(ctx context.Context, lastErr error) {
 				logger.Error(err, "Republishing devices")
 			}
 		}
-	}
-}
-
-// logDiscovery logs every failed discovery, and records a Node event only
-// when the failure is new or different from the previous one: a node with
-// no driver would otherwise get an event every 30 s forever.
-func (d *Driver) logDiscovery(logger klog.Logger, err, previous error, retry time.Duration) {
-	if err == nil {
-		return
-	}
-	published := len(d.current().Model.Devices)
-	if errors.Is(err, hardware.ErrUnavailable) {
-		logger.Error(err, "NVML is not available; publishing the devices known so far and retrying", "publishedDevices", published, "retryIn", retry)
-	} else {
-		logger.Error(err, "GPU discovery failed; publishing the devices known so far and retrying", "publishedDevices", published, "retryIn", retry)
-	}
-	if previous == nil || previous.Error() != err.Error() {
-		d.Event(corev1.EventTypeWarning, "GPUDiscoveryFailed", fmt.Sprintf("GPU discovery failed; publishing the devices known so far and retrying: %v", err))
 	}
 }

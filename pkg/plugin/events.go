@@ -38,7 +38,12 @@ func newEvents(client kubernetes.Interface, nodeName string) *events {
 // Event records an event on this node's Node object, where operators look
 // for node-level trouble.
 func (d *Driver) Event(eventType, reason, message string) {
-	d.events.recorder.Event(d.events.nodeRef, eventType, reason, message)
+	d.events.node(eventType, reason, message)
+}
+
+// node records an event on the Node object.
+func (e *events) node(eventType, reason, message string) {
+	e.recorder.Event(e.nodeRef, eventType, reason, message)
 }
 
 // ReasonPrepareFailed is the reason of the Warning events a refused Prepare
