@@ -69,56 +69,53 @@ var Resources = []string{"nodes", "pods", "resourceslices.resource.k8s.io", "res
 func NewSource(client kubernetes.Interface, onStatus func()) *Source {
 	s := &Source{changed: make(chan struct{}, 1), onStatus: onStatus}
 	core, res := client.CoreV1(), client.ResourceV1()
-	s.add(client, Resources[0], &corev1.Node{}, trimNode,
-		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return core.Nodes().List(ctx, o)
-		},
-		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return core.Nodes().Watch(ctx, o)
-		})
-	s.add(client, Resources[1], &corev1.Pod{}, trimPod,
-		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return core.Pods("").List(ctx, o)
-		},
-		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return core.Pods("").Watch(ctx, o)
-		})
-	s.add(client, Resources[2], &resourceapi.ResourceSlice{}, trimSlice,
-		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return res.ResourceSlices().List(ctx, o)
-		},
-		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return res.ResourceSlices().Watch(ctx, o)
-		})
-	s.add(client, Resources[3], &resourceapi.ResourceClaim{}, trimClaim,
-		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return res.ResourceClaims("").List(ctx, o)
-		},
-		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return res.ResourceClaims("").Watch(ctx, o)
-		})
-	s.add(client, Resources[4], &resourceapi.DeviceTaintRule{}, trimMeta,
-		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			return res.DeviceTaintRules().List(ctx, o)
-		},
-		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			return res.DeviceTaintRules().Watch(ctx, o)
-		})
+	s.add(client, Resources[0], &corev1.Node{}, trimNode, listWatchOf(core.Nodes()))
+	s.add(client, Resources[1], &corev1.Pod{}, trimPod, listWatchOf(core.Pods("")))
+	s.add(client, Resources[2], &resourceapi.ResourceSlice{}, trimSlice, listWatchOf(res.ResourceSlices()))
+	s.add(client, Resources[3], &resourceapi.ResourceClaim{}, trimClaim, listWatchOf(res.ResourceClaims("")))
+	s.add(client, Resources[4], &resourceapi.DeviceTaintRule{}, trimMeta, listWatchOf(res.DeviceTaintRules()))
 	return s
 }
 
-func (s *Source) add(client kubernetes.Interface, name string, example runtime.Object, transform cache.TransformFunc, list cache.ListWithContextFunc, watchFunc cache.WatchFuncWithContext) {
+// listWatcher is what a typed client of one resource offers: List returns
+// that resource's list type.
+type listWatcher[L runtime.Object] interface {
+	List(ctx context.Context, opts metav1.ListOptions) (L, error)
+	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
+}
+
+// listWatch is the list and watch calls of one resource.
+type listWatch struct {
+	list  cache.ListWithContextFunc
+	watch cache.WatchFuncWithContext
+}
+
+func listWatchOf[L runtime.Object](c listWatcher[L]) listWatch {
+	return listWatch{
+		list: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			l, err := c.List(ctx, o)
+			if err != nil {
+				// Not a typed nil inside a non-nil runtime.Object.
+				return nil, err
+			}
+			return l, nil
+		},
+		watch: c.Watch,
+	}
+}
+
+func (s *Source) add(client kubernetes.Interface, name string, example runtime.Object, transform cache.TransformFunc, calls listWatch) {
 	r := &watched{name: name, status: ResourceStatus{Resource: name, State: StateWaiting}}
 	// The list and watch calls report how they went, with the verb: the
 	// informer itself only retries.
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			obj, err := list(ctx, o)
+			obj, err := calls.list(ctx, o)
 			s.report(ctx, r, "list", err)
 			return obj, err
 		},
 		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			w, err := watchFunc(ctx, o)
+			w, err := calls.watch(ctx, o)
 			s.report(ctx, r, "watch", err)
 			return w, err
 		},
