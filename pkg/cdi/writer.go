@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 )
@@ -115,10 +116,17 @@ func (w *Writer) writeFile(name string, spec *cdispec.Spec) error {
 	if err := w.stage.WriteSpec(spec, name); err != nil {
 		return fmt.Errorf("invalid CDI spec: %w", err)
 	}
-	staged := filepath.Join(w.staging, name)
-	if err := os.Rename(staged, filepath.Join(w.dir, name)); err != nil {
+	staged, final := filepath.Join(w.staging, name), filepath.Join(w.dir, name)
+	// rename(2) itself: os.Rename first stats the destination, to report a
+	// directory there with an error of its own, which rename(2) reports
+	// too (EISDIR).
+	err := unix.Rename(staged, final)
+	for errors.Is(err, unix.EINTR) {
+		err = unix.Rename(staged, final)
+	}
+	if err != nil {
 		_ = os.Remove(staged)
-		return err
+		return fmt.Errorf("rename %s to %s: %w", staged, final, err)
 	}
 	return nil
 }
