@@ -169,7 +169,7 @@ func (r *request) apply(base *claimstate.State, sc schema) (next *claimstate.Sta
 	next = base.Clone()
 	defer func() {
 		if p := recover(); p != nil {
-			r.panicked = fmt.Errorf("checkpoint: Update mutation panicked: %v\n\ncommitter stack:\n%s", p, debug.Stack())
+			r.panicked = fmt.Errorf("checkpoint: Update mutation panicked: %v\n\ncommitting goroutine's stack:\n%s", p, debug.Stack())
 			next, ok = nil, false
 		}
 	}()

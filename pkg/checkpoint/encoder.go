@@ -13,9 +13,9 @@ import (
 // keeps the JSON of every claim it encoded and encodes again only the
 // claims that changed since: a commit changes one claim or a few, and
 // encoding every claim of a busy node on every commit was most of the
-// committer's CPU besides the write itself. It belongs to the committer
-// (and to Open before the committer starts); it is not safe for
-// concurrent use.
+// committer's CPU besides the write itself. It belongs to whoever commits
+// (and to Open before the Store starts); it is not safe for concurrent
+// use.
 type claimEncoder struct {
 	claims map[string]encodedClaim
 	// size is the length of the last content encoded: the next is about

@@ -162,7 +162,7 @@ type request struct {
 	recover bool
 	// requireAdoption, for RequireAdoption, is the loss to record.
 	requireAdoption *lossRecord
-	taken           bool // guarded by Store.mu: the committer has it
+	taken           bool // guarded by Store.mu: its batch is being committed
 	done            chan struct{}
 
 	err      error
