@@ -98,8 +98,10 @@ func (s *Store) commitNext() {
 }
 
 // serve takes every queued request, commits them, lets the flock go and
-// tells the callers. The flock is let go and the callers told even if
-// the commit panics, so that nothing waits on a Store that cannot go on.
+// tells the callers. A commit that panics (a bug; a mutation's panic is
+// its caller's alone) fails the whole batch, lets the flock go and panics
+// again, on the committer or on the caller that led the batch: no caller
+// is told its update landed, and no other process waits on the flock.
 func (s *Store) serve(unlock func()) {
 	s.mu.Lock()
 	batch := s.queue
@@ -108,12 +110,22 @@ func (s *Store) serve(unlock func()) {
 		r.taken = true
 	}
 	s.mu.Unlock()
-	defer func() {
+	finish := func() {
+		unlock()
 		for _, r := range batch {
 			close(r.done)
 		}
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			for _, r := range batch {
+				r.err = fmt.Errorf("checkpoint commit panicked: %v", p)
+			}
+			finish()
+			panic(p)
+		}
+		finish()
 	}()
-	defer unlock()
 	if len(batch) > 0 {
 		s.commit(batch)
 	}

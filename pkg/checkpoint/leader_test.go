@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -121,4 +122,48 @@ func TestCloseWaitsForTheLeader(t *testing.T) {
 		t.Errorf("Update after Close = %v, want ErrClosed", err)
 	}
 	assertClaims(t, e, 1, "leader")
+}
+
+// TestCommitPanicReleasesTheFlock: a commit that panics outside a mutation
+// (here the corrupt handler, which runs inside the commit that finds the
+// damage) panics in the caller that led it, and leaves neither the flock
+// held nor the Store committing: the next call is answered.
+func TestCommitPanicReleasesTheFlock(t *testing.T) {
+	e := newTestEnv(t)
+	var panicking atomic.Bool
+	s, _ := e.open(t, WithCorruptHandler(func(CorruptFile) {
+		if panicking.Load() {
+			panic("corrupt handler bug")
+		}
+	}))
+	if err := s.Update(t.Context(), addClaim(testClaim("a"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(e.dir, FileName), []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	panicking.Store(true)
+	func() {
+		defer func() {
+			if p := recover(); p == nil {
+				t.Error("Update whose commit panicked returned")
+			}
+		}()
+		_ = s.Update(t.Context(), addClaim(testClaim("b")))
+	}()
+	panicking.Store(false)
+
+	f, err := os.OpenFile(filepath.Join(e.dir, LockFileName), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Errorf("flock after a commit panicked: %v", err)
+	}
+	_ = f.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := s.Update(ctx, addClaim(testClaim("c"))); !errors.Is(err, ErrNeedsAdoption) {
+		t.Errorf("Update after a commit panicked = %v, want ErrNeedsAdoption (the file was lost)", err)
+	}
 }

@@ -266,8 +266,9 @@ func (s *Store) open(ctx context.Context) (OpenReport, error) {
 // in mutate is raised again in the caller.
 //
 // mutate runs with the flock held and other mutations waiting, on the
-// caller's goroutine or on the one committing a batch it joined: it must be quick, do no I/O, and never call back into
-// the Store (that would deadlock).
+// caller's goroutine or on the one committing a batch it joined: it must
+// be quick, do no I/O, and never call back into the Store (that would
+// deadlock).
 //
 // Update returns ctx.Err() only when mutate has not run and never will; once
 // its batch is being committed, Update waits for the true outcome
