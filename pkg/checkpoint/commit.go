@@ -3,14 +3,16 @@ package checkpoint
 import (
 	"bytes"
 	"fmt"
-	"os"
+	"io"
 	"runtime/debug"
 	"slices"
 
 	"github.com/gpudra/gpudra/pkg/claimstate"
 )
 
-// run is the committer.
+// run is the committer: it serves what the callers could not commit
+// themselves (the flock was held elsewhere, or requests queued while a
+// batch was being committed).
 func (s *Store) run() {
 	defer close(s.stopped)
 	for {
@@ -19,9 +21,41 @@ func (s *Store) run() {
 			return
 		case <-s.kick:
 		}
-		for s.ctx.Err() == nil && s.queued() > 0 {
+		for s.ctx.Err() == nil && s.claimCommit() {
 			s.commitNext()
+			s.endCommit()
 		}
+	}
+}
+
+// claimCommit makes the caller the one goroutine committing, if none is
+// and something is queued.
+func (s *Store) claimCommit() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.committing || len(s.queue) == 0 {
+		return false
+	}
+	s.committing = true
+	return true
+}
+
+// endCommit ends a claimCommit (or a lead) and wakes the committer for
+// whatever queued meanwhile.
+func (s *Store) endCommit() {
+	s.mu.Lock()
+	s.committing = false
+	more := len(s.queue) > 0
+	s.mu.Unlock()
+	if more {
+		s.wake()
+	}
+}
+
+func (s *Store) wake() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
 	}
 }
 
@@ -29,6 +63,24 @@ func (s *Store) queued() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.queue)
+}
+
+// lead commits inline, on the calling goroutine, the batch that holds the
+// caller's own request, when the flock is free at once: with no
+// contention a request then costs no hand-off to the committer and back.
+// When the flock is held elsewhere (another process, or a wait for it in
+// flight), the committer waits for it instead, so that the caller can
+// stop waiting when its context ends. The caller holds the commit
+// (committing is set for it).
+func (s *Store) lead() {
+	defer s.leaders.Done()
+	defer s.endCommit()
+	unlock, ok, err := s.lock.TryLock()
+	if err != nil || !ok {
+		// The committer waits for the flock, or reports the error.
+		return
+	}
+	s.serve(unlock)
 }
 
 // commitNext takes the flock, then every queued request, and serves them.
@@ -42,6 +94,15 @@ func (s *Store) commitNext() {
 		}
 		return
 	}
+	s.serve(unlock)
+}
+
+// serve takes every queued request, commits them, lets the flock go and
+// tells the callers. A commit that panics (a bug; a mutation's panic is
+// its caller's alone) fails the whole batch, lets the flock go and panics
+// again, on the committer or on the caller that led the batch: no caller
+// is told its update landed, and no other process waits on the flock.
+func (s *Store) serve(unlock func()) {
 	s.mu.Lock()
 	batch := s.queue
 	s.queue = nil
@@ -49,12 +110,24 @@ func (s *Store) commitNext() {
 		r.taken = true
 	}
 	s.mu.Unlock()
+	finish := func() {
+		unlock()
+		for _, r := range batch {
+			close(r.done)
+		}
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			for _, r := range batch {
+				r.err = fmt.Errorf("checkpoint commit panicked: %v", p)
+			}
+			finish()
+			panic(p)
+		}
+		finish()
+	}()
 	if len(batch) > 0 {
 		s.commit(batch)
-	}
-	unlock()
-	for _, r := range batch {
-		close(r.done)
 	}
 }
 
@@ -108,7 +181,7 @@ func (r *request) apply(base *claimstate.State, sc schema) (next *claimstate.Sta
 	next = base.Clone()
 	defer func() {
 		if p := recover(); p != nil {
-			r.panicked = fmt.Errorf("checkpoint: Update mutation panicked: %v\n\ncommitter stack:\n%s", p, debug.Stack())
+			r.panicked = fmt.Errorf("checkpoint: Update mutation panicked: %v\n\ncommitting goroutine's stack:\n%s", p, debug.Stack())
 			next, ok = nil, false
 		}
 	}()
@@ -215,7 +288,7 @@ func (s *Store) useLoaded(l loaded) {
 	}
 }
 
-func (s *Store) setPin(f *os.File, id fileID) {
+func (s *Store) setPin(f io.Closer, id fileID) {
 	if s.pin != nil && s.pin != f {
 		_ = s.pin.Close()
 	}

@@ -13,11 +13,15 @@ import (
 // keeps the JSON of every claim it encoded and encodes again only the
 // claims that changed since: a commit changes one claim or a few, and
 // encoding every claim of a busy node on every commit was most of the
-// committer's CPU besides the write itself. It belongs to the committer
-// (and to Open before the committer starts); it is not safe for
-// concurrent use.
+// committer's CPU besides the write itself. It belongs to whoever commits
+// (and to Open before the Store starts); it is not safe for concurrent
+// use.
 type claimEncoder struct {
 	claims map[string]encodedClaim
+	// size is the length of the last content encoded: the next is about
+	// as long, and growing the buffer to it by doubling cost more than
+	// the encoding of a claim.
+	size int
 }
 
 // encodedClaim is one claim as last encoded.
@@ -34,6 +38,7 @@ func (e *claimEncoder) encode(bootID string, st *claimstate.State) ([]byte, erro
 	// The object json.Marshal writes for a fileV5: fields in declaration
 	// order, no spaces, map keys sorted, strings HTML-escaped.
 	var buf bytes.Buffer
+	buf.Grow(e.size + e.size/4)
 	version := versionV2
 	requires := requiredRecords(st)
 	if len(requires) > 0 {
@@ -66,6 +71,7 @@ func (e *claimEncoder) encode(bootID string, st *claimstate.State) ([]byte, erro
 	}
 	buf.WriteString("}}\n")
 	e.claims = next
+	e.size = buf.Len()
 	return buf.Bytes(), nil
 }
 

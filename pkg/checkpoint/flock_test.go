@@ -94,6 +94,53 @@ func TestFileLockCancel(t *testing.T) {
 	}
 }
 
+// TestFileLockTryLock: TryLock takes a free lock at once and never waits:
+// not for another holder, nor behind a wait of Lock in flight.
+func TestFileLockTryLock(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "lock")
+	l := newFileLock(path)
+	unlock, ok, err := l.TryLock()
+	if err != nil || !ok {
+		t.Fatalf("TryLock of a free lock = %v, %v", ok, err)
+	}
+	if _, ok, err := newFileLock(path).TryLock(); err != nil || ok {
+		t.Errorf("TryLock by a second holder = %v, %v, want not taken", ok, err)
+	}
+	unlock()
+
+	holder := rawLock(t, path)
+	if _, ok, err := l.TryLock(); err != nil || ok {
+		t.Errorf("TryLock while another process holds the lock = %v, %v, want not taken", ok, err)
+	}
+	got := make(chan func(), 1)
+	go func() {
+		unlock, err := l.Lock(context.Background())
+		if err != nil {
+			t.Error(err)
+		}
+		got <- unlock
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for !l.isWaiting() {
+		if time.Now().After(deadline) {
+			t.Fatal("Lock never started waiting")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	_ = holder.Close()
+	unlock = <-got
+	// The lock went to the waiter, not to a TryLock that came later.
+	if _, ok, err := l.TryLock(); err != nil || ok {
+		t.Errorf("TryLock while Lock's caller holds it = %v, %v, want not taken", ok, err)
+	}
+	unlock()
+	if unlock, ok, err := l.TryLock(); err != nil || !ok {
+		t.Errorf("TryLock once everyone let go = %v, %v", ok, err)
+	} else {
+		unlock()
+	}
+}
+
 func rawLock(tb testing.TB, path string) *os.File {
 	tb.Helper()
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
@@ -104,4 +151,11 @@ func rawLock(tb testing.TB, path string) *os.File {
 		tb.Fatal(err)
 	}
 	return f
+}
+
+// isWaiting reports whether a wait for the lock is in flight.
+func (l *fileLock) isWaiting() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.waiting
 }

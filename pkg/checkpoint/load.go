@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpudra/gpudra/pkg/claimstate"
 )
 
@@ -47,22 +49,30 @@ func statID(fi fs.FileInfo) fileID {
 	return id
 }
 
+// statTID is statID of a stat(2) result.
+func statTID(st *unix.Stat_t) fileID {
+	return fileID{dev: uint64(st.Dev), ino: uint64(st.Ino), size: st.Size, mtime: st.Mtim.Nano()} //nolint:unconvert // types differ across platforms
+}
+
+// statPath stats path (following symlinks, as os.Stat), without
+// allocating: Read's fast path and every commit call it.
 func statPath(path string) (fileID, error) {
-	fi, err := os.Stat(path)
-	if errors.Is(err, fs.ErrNotExist) {
+	var st unix.Stat_t
+	err := retryEINTR(func() error { return unix.Stat(path, &st) })
+	if errors.Is(err, unix.ENOENT) {
 		return fileID{missing: true}, nil
 	}
 	if err != nil {
 		return fileID{}, err
 	}
-	return statID(fi), nil
+	return statTID(&st), nil
 }
 
 // loaded is what load found on disk and made of it.
 type loaded struct {
 	snapshot
 	// pin is the open file of snapshot.id, when there is one.
-	pin *os.File
+	pin io.Closer
 	// data is the file content when it holds snapshot.state in the current
 	// version, so that an unchanged state is not written again.
 	data []byte

@@ -57,8 +57,9 @@ func WithClock(now func() time.Time) Option {
 // or finds that another Store sharing the directory did so: from then on the
 // Store fails every call with [ErrNeedsAdoption] until [Store.Recover]
 // succeeds. Open reports the same finding in its OpenReport instead. f runs
-// on the Store's committer goroutine: it must return quickly and must not
-// call the Store.
+// while a batch is committed, on the committer goroutine or on the
+// goroutine of the caller whose request found it: it must return quickly
+// and must not call the Store.
 func WithCorruptHandler(f func(CorruptFile)) Option {
 	return func(o *options) { o.onCorrupt = f }
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -93,9 +94,12 @@ type CorruptFile struct {
 // dir/checkpoint.json and shared through that file with every other process
 // that opens a Store on dir. Its methods are safe for concurrent use.
 //
-// One goroutine, the committer, does all reads and writes of the file:
-// it takes the flock, re-reads the file only if someone else replaced it,
-// applies every queued mutation, writes once, and lets the flock go.
+// One goroutine at a time does all reads and writes of the file: it takes
+// the flock, re-reads the file only if someone else replaced it, applies
+// every queued mutation, writes once, and lets the flock go. That is the
+// caller itself when nobody else is committing and the flock is free
+// (group commit led by the first caller, without a hand-off), otherwise a
+// committer goroutine.
 //
 // When the file is lost (found unreadable, not a regular file, or gone
 // under the Store), the Store does not go on with an empty state: every
@@ -118,16 +122,21 @@ type Store struct {
 	kick    chan struct{}
 	stopped chan struct{}
 
-	mu     sync.Mutex
-	queue  []*request
-	closed bool
-	pub    snapshot // the committer's latest view, for Read's fast path
+	mu    sync.Mutex
+	queue []*request
+	// committing is set while one goroutine (the committer, or a caller
+	// leading its own batch) commits: only it touches the file state.
+	committing bool
+	closed     bool
+	pub        snapshot // the latest committed view, for Read's fast path
+	// leaders counts callers committing inline, for Close to wait for.
+	leaders sync.WaitGroup
 
-	// Owned by the committer (and by Open before the committer starts).
+	// Owned by whoever is committing (and by Open before the Store starts).
 	cur  snapshot
 	data []byte // see loaded.data
 	enc  claimEncoder
-	pin  *os.File // the file cur.id names, kept open so its inode is not reused
+	pin  io.Closer // the file cur.id names, kept open so its inode is not reused
 
 	writes      atomic.Int64 // files written; for metrics, tests and benchmarks
 	writeErrors atomic.Int64 // writes that failed; for metrics
@@ -153,7 +162,7 @@ type request struct {
 	recover bool
 	// requireAdoption, for RequireAdoption, is the loss to record.
 	requireAdoption *lossRecord
-	taken           bool // guarded by Store.mu: the committer has it
+	taken           bool // guarded by Store.mu: its batch is being committed
 	done            chan struct{}
 
 	err      error
@@ -256,12 +265,13 @@ func (s *Store) open(ctx context.Context) (OpenReport, error) {
 // returns the write error, if any, in which case nothing changed. A panic
 // in mutate is raised again in the caller.
 //
-// mutate runs on the committer goroutine with the flock held and other
-// mutations waiting: it must be quick, do no I/O, and never call back into
-// the Store (that would deadlock).
+// mutate runs with the flock held and other mutations waiting, on the
+// caller's goroutine or on the one committing a batch it joined: it must
+// be quick, do no I/O, and never call back into the Store (that would
+// deadlock).
 //
 // Update returns ctx.Err() only when mutate has not run and never will; once
-// the committer has taken the request, Update waits for the true outcome
+// its batch is being committed, Update waits for the true outcome
 // even if ctx ends.
 func (s *Store) Update(ctx context.Context, mutate func(*claimstate.State) error) error {
 	if mutate == nil {
@@ -298,8 +308,8 @@ func (s *Store) View(ctx context.Context, fn func(*claimstate.State) error) erro
 	if closed {
 		return ErrClosed
 	}
-	// While a loss is pending, only the committer, which looks at the
-	// marker under the flock, can tell whether someone recovered.
+	// While a loss is pending, only a commit, which looks at the marker
+	// under the flock, can tell whether someone recovered.
 	if pub.newer == nil && pub.lost == nil && pub.id.known() {
 		if id, err := statPath(s.path); err == nil && id == pub.id {
 			return fn(pub.state)
@@ -332,6 +342,7 @@ func (s *Store) Close() error {
 	s.mu.Unlock()
 	s.cancel()
 	<-s.stopped
+	s.leaders.Wait()
 	s.failQueued(ErrClosed)
 	s.setPin(nil, fileID{})
 	return nil
@@ -349,10 +360,16 @@ func (s *Store) do(ctx context.Context, r *request) error {
 		return ErrClosed
 	}
 	s.queue = append(s.queue, r)
+	lead := !s.committing
+	if lead {
+		s.committing = true
+		s.leaders.Add(1)
+	}
 	s.mu.Unlock()
-	select {
-	case s.kick <- struct{}{}:
-	default:
+	if lead {
+		s.lead()
+	} else {
+		s.wake()
 	}
 	select {
 	case <-r.done:

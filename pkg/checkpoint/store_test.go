@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpudra/gpudra/pkg/claimstate"
+	"golang.org/x/sys/unix"
 )
 
 func TestRoundTrip(t *testing.T) {
@@ -374,9 +375,16 @@ func TestWriteFileAtomic(t *testing.T) {
 	if err := WriteFileAtomic(filepath.Join(dir, "missing", "f"), nil); err == nil {
 		t.Error("WriteFileAtomic into a missing directory succeeded")
 	}
+	// The rename fails: a directory is in the way. The temp file goes.
+	if err := os.Mkdir(filepath.Join(dir, "d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteFileAtomic(filepath.Join(dir, "d"), []byte("x")); !errors.Is(err, unix.EISDIR) || !strings.Contains(err.Error(), filepath.Join(dir, "d")) {
+		t.Errorf("WriteFileAtomic onto a directory = %v, want EISDIR naming the path", err)
+	}
 	entries, _ := os.ReadDir(dir)
-	if len(entries) != 1 {
-		t.Errorf("directory holds %d entries, want only f.json", len(entries))
+	if len(entries) != 2 {
+		t.Errorf("directory holds %d entries, want only f.json and d", len(entries))
 	}
 }
 

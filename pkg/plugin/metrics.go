@@ -11,8 +11,8 @@ import (
 	"github.com/gpudra/gpudra/pkg/metrics"
 )
 
-// metricsReadTimeout bounds the checkpoint read of a scrape: a committer
-// busy with a slow disk must not hold a scrape for long.
+// metricsReadTimeout bounds the checkpoint read of a scrape: a commit
+// held up by a slow disk must not hold a scrape for long.
 const metricsReadTimeout = 2 * time.Second
 
 // Metrics returns the plugin's metrics, to be served over HTTP.
