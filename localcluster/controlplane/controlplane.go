@@ -127,7 +127,11 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, finalErr error) 
 		return nil, err
 	}
 	if err := step("kube-controller-manager", func() (err error) {
-		c.ctrl, err = startControllers(runCtx, c.api.config, opts.ControllerQPS, opts.ControllerBurst)
+		rootCA, err := os.ReadFile(c.ServingCertFile())
+		if err != nil {
+			return fmt.Errorf("the API server's serving certificate: %w", err)
+		}
+		c.ctrl, err = startControllers(runCtx, c.api.config, opts.ControllerQPS, opts.ControllerBurst, rootCA)
 		if err != nil {
 			return err
 		}
@@ -184,6 +188,14 @@ func (c *ControlPlane) Listening() []string {
 		out = append(out, u.Host)
 	}
 	return out
+}
+
+// ServingCertFile returns the API server's serving certificate (PEM: the
+// certificate, then the self-signed authority that signed it), for
+// 127.0.0.1, localhost and the kubernetes Service's names and IP. Clients
+// outside this process (a real kubelet's pods) trust it as their CA.
+func (c *ControlPlane) ServingCertFile() string {
+	return filepath.Join(c.dir, "apiserver", "apiserver.crt")
 }
 
 // Dir returns the directory holding the control plane's state.
