@@ -125,9 +125,13 @@ func Start(ctx context.Context, cfg Config) (*Kubelet, error) {
 	// Its own process group: a terminal's Ctrl-C reaches the program
 	// running the cluster, which stops the kubelet in order.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := saveTunables(); err != nil {
+		log.Close()
+		return nil, fmt.Errorf("kubelet %s: %w", cfg.NodeName, err)
+	}
 	if err := cmd.Start(); err != nil {
 		log.Close()
-		return nil, fmt.Errorf("kubelet %s: start %s: %w", cfg.NodeName, cfg.Binary, err)
+		return nil, errors.Join(fmt.Errorf("kubelet %s: start %s: %w", cfg.NodeName, cfg.Binary, err), restoreTunables())
 	}
 	k := &Kubelet{cfg: cfg, cmd: cmd, done: make(chan struct{}), log: log}
 	go func() {
@@ -147,7 +151,6 @@ func args(cfg Config, confFile string) []string {
 		"--kubeconfig=" + cfg.Kubeconfig,
 		"--root-dir=" + cfg.RootDir,
 		"--hostname-override=" + cfg.NodeName,
-		"--node-ip=127.0.0.1",
 		"--v=" + strconv.Itoa(cfg.Verbosity),
 	}
 	if len(cfg.Labels) > 0 {
@@ -182,7 +185,14 @@ func (k *Kubelet) Done() <-chan struct{} { return k.done }
 
 // Stop stops the kubelet with SIGTERM, and SIGKILL if it has not exited
 // after 20 s, and waits for it. An exit caused by the signal is no error.
+// The last kubelet to stop puts back the machine's sysctls (see
+// kernelTunables). Stop a Kubelet once.
 func (k *Kubelet) Stop() error {
+	err := k.stop()
+	return errors.Join(err, restoreTunables())
+}
+
+func (k *Kubelet) stop() error {
 	select {
 	case <-k.done:
 		return k.exitError()
