@@ -53,6 +53,9 @@ func containerdConfig(l layout, cfg Config) map[string]any {
 				// OOM score below containerd's own.
 				"restrict_oom_score_adj":       true,
 				"netns_mounts_under_state_dir": true,
+				// cgroup v1 is all these machines have; the warning
+				// would show as a false CRI condition forever.
+				"ignore_deprecation_warnings": []string{"io.containerd.deprecation/cgroup-v1"},
 				"containerd": map[string]any{
 					"default_runtime_name": "runc",
 					"runtimes": map[string]any{
