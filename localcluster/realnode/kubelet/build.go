@@ -32,17 +32,18 @@ const BuildModuleDir = "localcluster/realnode/kubeletbin"
 const Package = "k8s.io/kubernetes/cmd/kubelet"
 
 // DefaultCacheDir is where Build puts the kubelet unless told otherwise:
-// $GPUDRA_REALNODE_CACHE, else gpudra-realnode under the user's cache
-// directory (~/.cache). Never a path in the repository.
+// $GPUDRA_REAL_NODE_BIN, else gpudra/realnode under the user's cache
+// directory (~/.cache), beside the runtime's programs (package
+// containerruntime). Never a path in the repository.
 func DefaultCacheDir() (string, error) {
-	if dir := os.Getenv("GPUDRA_REALNODE_CACHE"); dir != "" {
+	if dir := os.Getenv("GPUDRA_REAL_NODE_BIN"); dir != "" {
 		return dir, nil
 	}
 	dir, err := os.UserCacheDir()
 	if err != nil {
 		return "", fmt.Errorf("cache directory for the real node's binaries: %w", err)
 	}
-	return filepath.Join(dir, "gpudra-realnode"), nil
+	return filepath.Join(dir, "gpudra", "realnode"), nil
 }
 
 // BinaryPath returns where Build puts the kubelet of the given Kubernetes

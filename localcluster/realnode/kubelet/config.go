@@ -37,6 +37,8 @@ func configuration(cfg Config, port, healthzPort int) ([]byte, error) {
 		},
 		Authorization: kubeletconfig.KubeletAuthorization{Mode: kubeletconfig.KubeletAuthorizationModeAlwaysAllow},
 
+		RegisterWithTaints: cfg.Taints,
+
 		ContainerRuntimeEndpoint: cfg.RuntimeEndpoint,
 		ImageServiceEndpoint:     cfg.RuntimeEndpoint,
 		PodLogsDir:               cfg.PodLogsDir,

@@ -39,8 +39,10 @@ type Config struct {
 	Kubeconfig string
 	// RuntimeEndpoint is the CRI endpoint (unix:///...).
 	RuntimeEndpoint string
-	// Labels are the Node's labels (--node-labels).
+	// Labels are the Node's labels (--node-labels); Taints its taints
+	// at registration (registerWithTaints).
 	Labels map[string]string
+	Taints []corev1.Taint
 	// CertFile and KeyFile are the kubelet API's serving certificate and
 	// key (see controlplane.ControlPlane.WriteKubeletServingCert).
 	CertFile, KeyFile string

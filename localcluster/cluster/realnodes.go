@@ -1,0 +1,220 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/pkg/hardware/sim"
+
+	"github.com/gpudra/gpudra/localcluster/install"
+	"github.com/gpudra/gpudra/localcluster/realnode/containerruntime"
+	"github.com/gpudra/gpudra/localcluster/realnode/node"
+)
+
+// RealNodes make the first Count nodes of the fleet real (package
+// realnode/node): the real kubelet, containerd and runc, with gpudra
+// installed from the chart's DaemonSet as a container of gpudra's image,
+// simulating the fleet's node of the same name (docs/real-node.md).
+type RealNodes struct {
+	// Count is how many; the local cluster supports one (each real node
+	// needs the DaemonSet's host paths of its own, and the chart has one
+	// DaemonSet).
+	Count int
+	// FleetName is the plugin's --fleet inside gpudra's container: a
+	// built-in fleet (the same as Options.Fleet).
+	FleetName string
+	// Binaries are the real node's programs (node.BuildBinaries).
+	Binaries node.Binaries
+	// KubeletVerbosity is the kubelet's --v.
+	KubeletVerbosity int
+}
+
+// validate checks the options against the fleet.
+func (r *RealNodes) validate(fleet *sim.Fleet) error {
+	switch {
+	case r.Count < 0 || r.Count > 1:
+		return fmt.Errorf("real nodes: %d; the local cluster runs 0 or 1 (the chart's one DaemonSet names one set of host paths)", r.Count)
+	case r.Count > len(fleet.Nodes):
+		return fmt.Errorf("real nodes: %d, but the fleet has %d nodes", r.Count, len(fleet.Nodes))
+	case !slices.Contains(sim.BuiltinNames(), r.FleetName):
+		return fmt.Errorf("real nodes: fleet %q: gpudra's container simulates a built-in fleet (%v), not a file", r.FleetName, sim.BuiltinNames())
+	}
+	for i := range r.Count {
+		if fleet.Nodes[i].Mode == sim.ModeDevicePlugin {
+			return fmt.Errorf("real nodes: fleet node %s runs gpudra's device plugin; a real node runs the DRA plugin from the chart", fleet.Nodes[i].Name)
+		}
+	}
+	return nil
+}
+
+// realNodeCount is how many of the fleet's first nodes are real.
+func (c *Cluster) realNodeCount() int {
+	if c.opts.RealNodes == nil {
+		return 0
+	}
+	return c.opts.RealNodes.Count
+}
+
+// startRealNodes starts the real nodes, waits until they are Ready, then
+// applies the chart's DaemonSet with the values of node.ChartValues and
+// waits until gpudra's container on each has published its ResourceSlices.
+func (c *Cluster) startRealNodes(ctx context.Context, progress func(string)) error {
+	n := c.realNodeCount()
+	if n == 0 {
+		return nil
+	}
+	start := time.Now()
+	imagesDir := filepath.Join(c.dir, "images")
+	if err := os.MkdirAll(imagesDir, 0o755); err != nil {
+		return err
+	}
+	testImage, err := containerruntime.WriteTestImage(imagesDir)
+	if err != nil {
+		return fmt.Errorf("real nodes: %w", err)
+	}
+	gpudraImage, err := node.WriteGPUDRAImage(ctx, imagesDir)
+	if err != nil {
+		return fmt.Errorf("real nodes: %w", err)
+	}
+	progress(fmt.Sprintf("%-24s ready in %v", "images for real nodes", time.Since(start).Round(time.Millisecond)))
+
+	var daemonSet *appsv1.DaemonSet
+	for i := range n {
+		fn := c.opts.Fleet.Nodes[i]
+		dir := filepath.Join(c.dir, "r", fmt.Sprint(i))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		cert, key := filepath.Join(dir, "kubelet.crt"), filepath.Join(dir, "kubelet.key")
+		if err := c.cp.WriteKubeletServingCert(fn.Name, cert, key); err != nil {
+			return err
+		}
+		rn, err := node.Start(ctx, node.Config{
+			Name:       fn.Name,
+			Dir:        dir,
+			Binaries:   c.opts.RealNodes.Binaries,
+			Images:     []string{testImage, gpudraImage},
+			Kubeconfig: c.cp.KubeconfigPath(),
+			CertFile:   cert,
+			KeyFile:    key,
+			Labels:     cliqueLabel(&fn),
+			// Distinct per process and node: two local clusters on one
+			// machine must not share a bridge or addresses.
+			PodCIDR:   fmt.Sprintf("10.%d.%d.0/24", 100+os.Getpid()%100, i),
+			Bridge:    fmt.Sprintf("gsim%d-%d", os.Getpid()%100000, i),
+			Verbosity: c.opts.RealNodes.KubeletVerbosity,
+		})
+		if err != nil {
+			return err
+		}
+		c.real = append(c.real, rn)
+		if err := rn.WaitReady(ctx, c.client); err != nil {
+			return err
+		}
+		if daemonSet, err = c.realNodeDaemonSet(rn); err != nil {
+			return err
+		}
+	}
+	progress(fmt.Sprintf("%-24s ready in %v", fmt.Sprintf("%d real nodes (kubelet)", n), time.Since(start).Round(time.Millisecond)))
+	// The DaemonSet as the chart rendered it, with the real node's
+	// values; the DaemonSet controller makes its pod.
+	if _, err := c.client.AppsV1().DaemonSets(daemonSet.Namespace).Create(ctx, daemonSet, metav1.CreateOptions{FieldManager: "gpudra-sim"}); err != nil {
+		return fmt.Errorf("real nodes: create %s/%s: %w", daemonSet.Namespace, daemonSet.Name, err)
+	}
+	for _, rn := range c.real {
+		if err := c.waitForSlices(ctx, rn); err != nil {
+			return err
+		}
+	}
+	progress(fmt.Sprintf("%-24s ready in %v", fmt.Sprintf("%d real nodes (gpudra)", n), time.Since(start).Round(time.Millisecond)))
+	return nil
+}
+
+// realNodeDaemonSet renders the chart with the cluster's values and the
+// real node's over them, and returns its DaemonSet.
+func (c *Cluster) realNodeDaemonSet(rn *node.Node) (*appsv1.DaemonSet, error) {
+	over, err := node.ChartValues(rn.Layout(), c.opts.RealNodes.FleetName, c.cp.RESTConfig("real-node", 1, 1).Host)
+	if err != nil {
+		return nil, err
+	}
+	r, err := install.Render(install.Options{Values: node.MergeValues(c.chartValues, over), Namespace: c.opts.ChartNamespace})
+	if err != nil {
+		return nil, fmt.Errorf("real node %s: %w", rn.Name(), err)
+	}
+	for _, o := range r.Objects {
+		if ds, ok := o.Object.(*appsv1.DaemonSet); ok {
+			return ds, nil
+		}
+	}
+	return nil, fmt.Errorf("real node %s: %s renders no DaemonSet", rn.Name(), install.ChartPath)
+}
+
+// waitForSlices waits until the real node's ResourceSlices of the
+// cluster's driver are published: gpudra's container runs and the kubelet
+// registered it.
+func (c *Cluster) waitForSlices(ctx context.Context, rn *node.Node) error {
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		slices, err := c.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + rn.Name() + ",spec.driver=" + c.opts.DriverName})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		if len(slices.Items) > 0 {
+			return true, nil
+		}
+		pods, err := c.client.CoreV1().Pods(c.release.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + rn.Name()})
+		if err == nil {
+			last = "no gpudra pod yet"
+			for _, p := range pods.Items {
+				last = fmt.Sprintf("pod %s %s %s", p.Name, p.Status.Phase, PodReason(&p))
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return fmt.Errorf("real node %s: gpudra published no ResourceSlices (%s; kubelet log %s, containerd log %s): %w", rn.Name(), last, rn.KubeletLog(), rn.RuntimeLog(), err)
+	}
+	return nil
+}
+
+// RealNodes returns the real nodes in fleet order.
+func (c *Cluster) RealNodes() []*node.Node { return c.real }
+
+// RealNode returns the real node called name, or nil.
+func (c *Cluster) RealNode(name string) *node.Node {
+	for _, n := range c.real {
+		if n.Name() == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// stopRealNodes stops the real nodes (kubelet, then runtime, which
+// removes their containers).
+func (c *Cluster) stopRealNodes(ctx context.Context) error {
+	errs := make([]error, len(c.real))
+	var wg sync.WaitGroup
+	for i, n := range c.real {
+		wg.Go(func() { errs[i] = n.Stop() })
+	}
+	wg.Wait()
+	c.real = nil
+	err := errors.Join(errs...)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Stopping the real nodes")
+	}
+	return err
+}
