@@ -11,15 +11,22 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 
 	"github.com/gpudra/gpudra/localcluster/install"
+	"github.com/gpudra/gpudra/localcluster/manifests"
 	"github.com/gpudra/gpudra/localcluster/realnode/containerruntime"
 	"github.com/gpudra/gpudra/localcluster/realnode/node"
+	"github.com/gpudra/gpudra/localcluster/realnode/probe"
 )
 
 // RealNodes make the first Count nodes of the fleet real (package
@@ -122,7 +129,7 @@ func (c *Cluster) startRealNodes(ctx context.Context, progress func(string)) err
 		if err := rn.WaitReady(ctx, c.client); err != nil {
 			return err
 		}
-		if daemonSet, err = c.realNodeDaemonSet(rn); err != nil {
+		if daemonSet, err = c.realNodeDaemonSet(rn, fn); err != nil {
 			return err
 		}
 	}
@@ -142,11 +149,20 @@ func (c *Cluster) startRealNodes(ctx context.Context, progress func(string)) err
 }
 
 // realNodeDaemonSet renders the chart with the cluster's values and the
-// real node's over them, and returns its DaemonSet.
-func (c *Cluster) realNodeDaemonSet(rn *node.Node) (*appsv1.DaemonSet, error) {
+// real node's over them, and returns its DaemonSet. The fleet node's own
+// MIG mode and sharing, where it sets them, are the node's chart values
+// (on a cluster: a values file per node pool), as the in-process plugins
+// take them.
+func (c *Cluster) realNodeDaemonSet(rn *node.Node, fn sim.Node) (*appsv1.DaemonSet, error) {
 	over, err := node.ChartValues(rn.Layout(), c.opts.RealNodes.FleetName, c.cp.RESTConfig("real-node", 1, 1).Host)
 	if err != nil {
 		return nil, err
+	}
+	plugin := over["kubeletPlugin"].(map[string]any)
+	for value, set := range map[string]string{"migMode": fn.MIGMode, "sharing": fn.Sharing, "sharingDefault": fn.SharingDefault} {
+		if set != "" {
+			plugin[value] = set
+		}
 	}
 	r, err := install.Render(install.Options{Values: node.MergeValues(c.chartValues, over), Namespace: c.opts.ChartNamespace})
 	if err != nil {
@@ -217,4 +233,75 @@ func (c *Cluster) stopRealNodes(ctx context.Context) error {
 		klog.FromContext(ctx).Error(err, "Stopping the real nodes")
 	}
 	return err
+}
+
+// RealNodeProbeNamespace holds the probe pods of [Cluster.RealNodeProbes].
+const RealNodeProbeNamespace = "real-node"
+
+// RealNodeProbes returns, for each real node, a pod with a one-GPU claim
+// (DeviceClass gpu.nvidia.com) whose busybox container prints what it
+// sees (package probe) and exits, in namespace RealNodeProbeNamespace, to
+// apply with the other manifests: the report then shows, per real node,
+// what a container of it saw.
+func (c *Cluster) RealNodeProbes() ([]manifests.Object, error) {
+	if len(c.real) == 0 {
+		return nil, nil
+	}
+	ns := &corev1.Namespace{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Namespace"}, ObjectMeta: metav1.ObjectMeta{Name: RealNodeProbeNamespace}}
+	tmpl := &resourceapi.ResourceClaimTemplate{
+		TypeMeta:   metav1.TypeMeta{APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceClaimTemplate"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: RealNodeProbeNamespace, Name: "one-gpu"},
+		Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+			Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: "gpu.nvidia.com"}}},
+		}}},
+	}
+	objs := []kruntime.Object{ns, tmpl}
+	for _, rn := range c.real {
+		objs = append(objs, &corev1.Pod{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+			ObjectMeta: metav1.ObjectMeta{Namespace: RealNodeProbeNamespace, Name: "probe-" + rn.Name()},
+			Spec: corev1.PodSpec{
+				NodeSelector:                  map[string]string{corev1.LabelHostname: rn.Name()},
+				Tolerations:                   []corev1.Toleration{node.Toleration},
+				RestartPolicy:                 corev1.RestartPolicyNever,
+				TerminationGracePeriodSeconds: ptr.To(int64(1)),
+				Containers: []corev1.Container{{
+					Name:            "probe",
+					Image:           containerruntime.TestImage,
+					ImagePullPolicy: corev1.PullNever,
+					Command:         probe.Command(0),
+					Resources:       corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}},
+				}},
+				ResourceClaims: []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To("one-gpu")}},
+			},
+		})
+	}
+	var out []manifests.Object
+	for _, o := range objs {
+		u, err := kruntime.DefaultUnstructuredConverter.ToUnstructured(o)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, manifests.Object{Unstructured: &unstructured.Unstructured{Object: u}, Source: "gpudra-sim --real-nodes"})
+	}
+	return out, nil
+}
+
+// seenInContainer returns what the container of a pod on a real node
+// printed with package probe's command, nil for a pod elsewhere or a
+// container that printed something else.
+func (c *Cluster) seenInContainer(pod *corev1.Pod, container string) *probe.Seen {
+	rn := c.RealNode(pod.Spec.NodeName)
+	if rn == nil {
+		return nil
+	}
+	out, err := rn.ContainerLog(pod, container)
+	if err != nil {
+		return nil
+	}
+	seen, complete := probe.Parse(out)
+	if !complete {
+		return nil
+	}
+	return seen
 }

@@ -57,6 +57,8 @@ type options struct {
 	chartValues string
 	// fleetView is where to serve the fleet view page (host:port).
 	fleetView string
+	// realNodes is how many of the fleet's first nodes are real.
+	realNodes int
 }
 
 func main() {
@@ -105,6 +107,7 @@ Flags:
 	fs.StringVar(&o.cpuProfile, "cpu-profile", "", "with --load: write a CPU profile of gpudra's last round to this file")
 	fs.DurationVar(&o.loadRoundTimeout, "load-round-timeout", 10*time.Minute, "with --load: how long each round may take to have every pod Running, and its pods to be deleted")
 	fs.StringVar(&o.loadDir, "load-dir", "", "with --load: directory for the cluster's state (default: /dev/shm if writable, else the temporary directory)")
+	fs.IntVar(&o.realNodes, "real-nodes", 0, "make the fleet's first N nodes (0 or 1) real: the real kubelet, containerd and runc, gpudra installed from the chart as a container of its image, and a probe pod whose container prints what it sees (docs/real-node.md); where the machine cannot run one, say what is missing and run without it")
 	fs.StringVar(&o.fleetView, "fleet-view", "", "serve the fleet view page (as gpudra fleet-view) of the local cluster on this address, e.g. 127.0.0.1:8090, while the cluster runs (with --keep-running until interrupted)")
 	fs.StringVar(&o.cpuProfileBaseline, "cpu-profile-baseline", "", "with --load: write a CPU profile of the baseline driver's last round to this file")
 	_ = fs.Parse(os.Args[1:])
@@ -248,7 +251,19 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 	}
 	// Deferred before the cluster's stop, so it runs after it.
 	defer removeIMEX()
-	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, MPSControlBinary: mpsControl, IMEXBinary: imexBinary, ChartValues: values, Progress: func(msg string) { progress("%s", msg) }})
+	realNodes, err := prepareRealNodes(ctx, o, progress)
+	if err != nil {
+		return err
+	}
+	clusterOpts := cluster.Options{Fleet: fleet, MPSControlBinary: mpsControl, IMEXBinary: imexBinary, ChartValues: values, RealNodes: realNodes, Progress: func(msg string) { progress("%s", msg) }}
+	c, err := cluster.Start(ctx, clusterOpts)
+	if err != nil && realNodes != nil && ctx.Err() == nil {
+		// A real node depends on the machine in more ways than
+		// prepareRealNodes can check; the simulated cluster does not.
+		progress("real nodes: the cluster did not start with them (%v); starting it with simulated nodes only", err)
+		clusterOpts.RealNodes = nil
+		c, err = cluster.Start(ctx, clusterOpts)
+	}
 	if err != nil {
 		return fmt.Errorf("start the local cluster: %w", err)
 	}
@@ -273,6 +288,11 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 		progress("fleet view: %s", url)
 	}
 
+	probes, err := c.RealNodeProbes()
+	if err != nil {
+		return err
+	}
+	objs = append(objs, probes...)
 	progress("applying %d objects from %s", len(objs), dir)
 	applied := time.Now()
 	refused, err := c.Apply(ctx, objs)
