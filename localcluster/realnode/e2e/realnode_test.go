@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/yaml"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
@@ -31,6 +32,8 @@ const fleet = "dgx-a100-mig"
 //     the environment of the claim's CDI spec; deleting the pod
 //     unprepares the claim (CDI spec and checkpoint entry gone);
 //   - a MIG claim: its GPU's node and its two MIG capability nodes;
+//   - an MPS claim (examples/mps-sharing's): the MPS daemon's pipe
+//     directory, and the nodes of its CDI spec;
 //   - after a kubelet restart and a restart of gpudra's container, the
 //     running pod keeps its devices, a new pod gets a different GPU, and
 //     deleting pods unprepares their claims.
@@ -76,6 +79,30 @@ func TestRealNode(t *testing.T) {
 			t.Errorf("MIG device %s: the container saw %v, the claim's CDI spec names %v", dev, seen.DeviceNodes, want)
 		}
 		deletePod(t, ctx, c, pod)
+	})
+
+	t.Run("MPS", func(t *testing.T) {
+		// examples/mps-sharing's claim, as a template.
+		tmpl := claimTemplate(ns, "mps", "gpu.nvidia.com")
+		tmpl.Spec.Spec.Devices.Config = []resourceapi.DeviceClaimConfiguration{{
+			Requests: []string{"dev"},
+			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+				Driver: driver,
+				Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+					"sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}}}`)},
+			}},
+		}}
+		pod, claim, seen := runProbe(t, ctx, c, tmpl, "mps")
+		if seen.MPSPipeDirectory == "" {
+			t.Errorf("MPS claim: the container has no MPS pipe directory (CUDA_MPS_PIPE_DIRECTORY=%q)", seen.Env["CUDA_MPS_PIPE_DIRECTORY"])
+		}
+		if want := specDeviceNodes(t, rn, claim); !sameSet(seen.DeviceNodes, want) {
+			t.Errorf("MPS claim: the container saw %v, the claim's CDI spec names %v", seen.DeviceNodes, want)
+		}
+		deletePod(t, ctx, c, pod)
+		waitFor(t, ctx, "MPS claim unprepared", func() bool {
+			return len(specFiles(t, rn, claim)) == 0 && !checkpointHas(t, rn, driver, claim)
+		})
 	})
 
 	t.Run("restarts lose nothing", func(t *testing.T) {

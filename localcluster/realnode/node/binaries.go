@@ -23,6 +23,9 @@ type Binaries struct {
 	Kubelet string
 	// Runtime are containerd, its shim, ctr, the CNI plugins and runc.
 	Runtime containerruntime.Binaries
+	// FakeMPS is the simulated GPUs' nvidia-cuda-mps-control (package
+	// realnode/fakemps), a static program.
+	FakeMPS string
 }
 
 // BuildBinaries builds what is missing of the kubelet (package kubelet)
@@ -46,7 +49,20 @@ func BuildBinaries(ctx context.Context) (Binaries, error) {
 	if err != nil {
 		return Binaries{}, err
 	}
-	return Binaries{Kubelet: k, Runtime: rt}, nil
+	root, err := repositoryRoot()
+	if err != nil {
+		return Binaries{}, err
+	}
+	// Built every time (seconds when cached by Go): it follows the
+	// checkout's pkg/mps/mpsfake.
+	fakeMPS := filepath.Join(cache, "fake-mps")
+	build := exec.CommandContext(ctx, "go", "build", "-o", fakeMPS, "./realnode/fakemps")
+	build.Dir = filepath.Join(root, "localcluster")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		return Binaries{}, fmt.Errorf("build the real node's fake MPS control: %w\n%s", err, out)
+	}
+	return Binaries{Kubelet: k, Runtime: rt, FakeMPS: fakeMPS}, nil
 }
 
 // ImageRepository and ImageTag are gpudra's image as a real node has it

@@ -18,6 +18,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
+
 	"github.com/gpudra/gpudra/localcluster/realnode/containerruntime"
 	"github.com/gpudra/gpudra/localcluster/realnode/kubelet"
 )
@@ -85,6 +87,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, finalErr error) {
 			return nil, fmt.Errorf("real node %s: %w", cfg.Name, err)
 		}
 	}
+	if err := installFakeMPS(cfg.Binaries.FakeMPS, l.DriverRoot()); err != nil {
+		return nil, fmt.Errorf("real node %s: %w", cfg.Name, err)
+	}
 	n := &Node{cfg: cfg, layout: l}
 	defer func() {
 		if finalErr != nil {
@@ -129,6 +134,30 @@ func Start(ctx context.Context, cfg Config) (_ *Node, finalErr error) {
 	}
 	klog.FromContext(ctx).V(1).Info("Real node started", "node", cfg.Name, "dir", cfg.Dir, "cri", n.runtime.Endpoint())
 	return n, nil
+}
+
+// installFakeMPS copies the fake MPS program into the driver root's
+// usr/bin under the names of nvidia-cuda-mps-control and -server, where
+// gpudra's container looks for them: copies, since a link to a path
+// outside the driver root would not resolve in the container.
+func installFakeMPS(program, driverRoot string) error {
+	if program == "" {
+		return nil
+	}
+	data, err := os.ReadFile(program)
+	if err != nil {
+		return fmt.Errorf("fake MPS control: %w", err)
+	}
+	bin := filepath.Join(driverRoot, "usr", "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		return err
+	}
+	for _, name := range []string{mpsfake.ControlName, mpsfake.ServerName} {
+		if err := os.WriteFile(filepath.Join(bin, name), data, 0o755); err != nil {
+			return fmt.Errorf("fake MPS control: %w", err)
+		}
+	}
+	return nil
 }
 
 // Name returns the Node's name.

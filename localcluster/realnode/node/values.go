@@ -3,6 +3,8 @@ package node
 import (
 	"maps"
 	"net/url"
+
+	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
 
 // ChartValues returns the values that install gpudra's chart onto a real
@@ -17,7 +19,8 @@ import (
 //   - hostNetwork, and KUBERNETES_SERVICE_HOST and _PORT naming the API
 //     server on loopback: there is no kube-proxy to reach the kubernetes
 //     Service from a pod network;
-//   - the MPS launcher process: there is no systemd;
+//   - the MPS launcher process: there is no systemd; the fake MPS
+//     control lies in the driver root (see installFakeMPS);
 //   - VFIO off: the simulated VFIO sysfs lives in the local cluster's
 //     process, not on the machine;
 //   - image: gpudra's image as imported ([WriteGPUDRAImage]), never pulled;
@@ -51,6 +54,9 @@ func ChartValues(l Layout, fleet, apiServer string) (map[string]any, error) {
 			"env": []any{
 				map[string]any{"name": "KUBERNETES_SERVICE_HOST", "value": u.Hostname()},
 				map[string]any{"name": "KUBERNETES_SERVICE_PORT", "value": u.Port()},
+				// The fake MPS daemons live as long as their claims,
+				// not the fake's default bound.
+				map[string]any{"name": mpsfake.EnvMaxLifetime, "value": "0"},
 			},
 			"nodeSelector": map[string]any{Label: "true"},
 			// The chart's default affinity asks for labels of NVIDIA's
