@@ -238,11 +238,15 @@ func (c *Cluster) stopRealNodes(ctx context.Context) error {
 // RealNodeProbeNamespace holds the probe pods of [Cluster.RealNodeProbes].
 const RealNodeProbeNamespace = "real-node"
 
+// probeSleep is how long a probe pod's container sleeps after printing:
+// longer than a local cluster runs; the cluster's stop removes it.
+const probeSleep = 24 * 3600
+
 // RealNodeProbes returns, for each real node, a pod with a one-GPU claim
 // (DeviceClass gpu.nvidia.com) whose busybox container prints what it
-// sees (package probe) and exits, in namespace RealNodeProbeNamespace, to
-// apply with the other manifests: the report then shows, per real node,
-// what a container of it saw.
+// sees (package probe) and then sleeps, keeping its claim, in namespace
+// RealNodeProbeNamespace, to apply with the other manifests: the report
+// then shows, per real node, what a container of it saw.
 func (c *Cluster) RealNodeProbes() ([]manifests.Object, error) {
 	if len(c.real) == 0 {
 		return nil, nil
@@ -263,13 +267,12 @@ func (c *Cluster) RealNodeProbes() ([]manifests.Object, error) {
 			Spec: corev1.PodSpec{
 				NodeSelector:                  map[string]string{corev1.LabelHostname: rn.Name()},
 				Tolerations:                   []corev1.Toleration{node.Toleration},
-				RestartPolicy:                 corev1.RestartPolicyNever,
 				TerminationGracePeriodSeconds: ptr.To(int64(1)),
 				Containers: []corev1.Container{{
 					Name:            "probe",
 					Image:           containerruntime.TestImage,
 					ImagePullPolicy: corev1.PullNever,
-					Command:         probe.Command(0),
+					Command:         probe.Command(probeSleep),
 					Resources:       corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}},
 				}},
 				ResourceClaims: []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: ptr.To("one-gpu")}},

@@ -150,7 +150,7 @@ func (t *table) containers(ctrs []cluster.ContainerReport) {
 		}
 	}
 	for _, c := range ctrs {
-		if len(c.CDIDevices) == 0 {
+		if len(c.CDIDevices) == 0 && c.Seen == nil {
 			continue
 		}
 		var env []string
