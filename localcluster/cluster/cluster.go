@@ -161,6 +161,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, finalErr error) {
 
 	cpOpts := opts.ControlPlane
 	cpOpts.Dir = filepath.Join(c.dir, "cp")
+	if opts.RealNodes != nil && opts.RealNodes.Count > 0 {
+		cpOpts.DaemonSets = true
+	}
 	if cpOpts.AuthorizationModes == nil {
 		// As on a real cluster: the plugins run as gpudra's ServiceAccount
 		// with only the permissions deployments/rbac grants.

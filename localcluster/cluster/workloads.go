@@ -11,8 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
-
-	"github.com/gpudra/gpudra/localcluster/controlplane"
 )
 
 // WorkloadReport is one workload object (Deployment, ReplicaSet,
@@ -63,7 +61,7 @@ var controllerFor = map[string]string{
 // sorted by namespace, name and kind. Objects another workload controls
 // (a Deployment's ReplicaSets) are included when all is true.
 func (c *Cluster) Workloads(ctx context.Context, all bool) ([]WorkloadReport, error) {
-	running := controlplane.Controllers()
+	running := c.cp.Controllers()
 	var out []WorkloadReport
 	add := func(meta metav1.ObjectMeta, w WorkloadReport) {
 		if systemNamespace(meta.Namespace) || (!all && metav1.GetControllerOf(&meta) != nil) {
