@@ -107,8 +107,8 @@ func writeContainerdConfig(l layout, cfg Config) error {
 
 // cniConfig is the pod network: a bridge of the node's own with
 // host-local addresses from the node's pod CIDR. No IP masquerading and
-// no portmap: both need iptables or nft, which the machines lack; pods
-// reach each other and the host, and hostPort is not supported.
+// no portmap: both need iptables or nft, which the machines lack; traffic
+// leaving the node is not masqueraded, and hostPort is not supported.
 func cniConfig(l layout, cfg Config) map[string]any {
 	return map[string]any{
 		"cniVersion": "1.0.0",

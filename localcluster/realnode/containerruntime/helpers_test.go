@@ -113,10 +113,16 @@ func (n *testNode) run(t *testing.T, ctx context.Context, pod string, cfg *runti
 	defer cancel()
 	cri := n.cri
 	logDir := filepath.Join(n.logs, pod)
+	// As the kubelet does with the cgroupfs driver: a pod cgroup below
+	// a QoS cgroup, and a container with CPU and memory limits and a
+	// Guaranteed pod's OOM score adjustment (which containerd restricts
+	// to its own score: the machines lack CAP_SYS_RESOURCE).
+	cgroupParent := fmt.Sprintf("/gpudra-realnode-test-%d/pod%s", os.Getpid(), pod)
+	t.Cleanup(func() { removeCgroups(t, filepath.Dir(cgroupParent)) })
 	sandboxCfg := &runtimeapi.PodSandboxConfig{
 		Metadata:     &runtimeapi.PodSandboxMetadata{Name: pod, Namespace: "default", Uid: pod + "-uid"},
 		LogDirectory: logDir,
-		Linux:        &runtimeapi.LinuxPodSandboxConfig{},
+		Linux:        &runtimeapi.LinuxPodSandboxConfig{CgroupParent: cgroupParent},
 	}
 	sb, err := cri.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: sandboxCfg})
 	if err != nil {
@@ -144,7 +150,13 @@ func (n *testNode) run(t *testing.T, ctx context.Context, pod string, cfg *runti
 	cfg.Metadata = &runtimeapi.ContainerMetadata{Name: "main"}
 	cfg.LogPath = "main.log"
 	if cfg.Linux == nil {
-		cfg.Linux = &runtimeapi.LinuxContainerConfig{}
+		cfg.Linux = &runtimeapi.LinuxContainerConfig{Resources: &runtimeapi.LinuxContainerResources{
+			CpuShares:          512,
+			CpuPeriod:          100000,
+			CpuQuota:           50000,
+			MemoryLimitInBytes: 256 << 20,
+			OomScoreAdj:        -997,
+		}}
 	}
 	c, err := cri.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{PodSandboxId: sb.PodSandboxId, SandboxConfig: sandboxCfg, Config: cfg})
 	if err != nil {
@@ -170,6 +182,31 @@ func (n *testNode) run(t *testing.T, ctx context.Context, pod string, cfg *runti
 		case <-ctx.Done():
 			t.Fatalf("container did not exit: %v", ctx.Err())
 		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// removeCgroups removes the cgroup dir and the pod cgroups below it in
+// every cgroup v1 hierarchy (or the v2 tree), once containerd has removed
+// the containers' own.
+func removeCgroups(t *testing.T, dir string) {
+	t.Helper()
+	roots, err := filepath.Glob("/sys/fs/cgroup/*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots = append(roots, "/sys/fs/cgroup")
+	for _, root := range roots {
+		pods, _ := filepath.Glob(filepath.Join(root, dir, "*"))
+		for _, p := range pods {
+			if fi, err := os.Stat(p); err == nil && fi.IsDir() {
+				if err := os.Remove(p); err != nil {
+					t.Errorf("remove cgroup: %v", err)
+				}
+			}
+		}
+		if err := os.Remove(filepath.Join(root, dir)); err != nil && !os.IsNotExist(err) {
+			t.Errorf("remove cgroup: %v", err)
 		}
 	}
 }

@@ -25,7 +25,7 @@ const (
 const BusyboxPath = "/bin/busybox"
 
 // busyboxApplets are the applets TestImage links, for commands tests run.
-var busyboxApplets = []string{"sh", "ls", "cat", "env", "sleep", "echo", "test", "stat", "find", "mount", "grep", "head", "sort", "id", "sed"}
+var busyboxApplets = []string{"sh", "ls", "cat", "env", "sleep", "echo", "test", "stat", "find", "mount", "grep", "head", "sort", "id", "sed", "wget"}
 
 // created is every local image's creation time: fixed, so one program
 // gives one image digest.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -88,6 +89,38 @@ func onOverlay(dir string) (bool, error) {
 		return false, fmt.Errorf("statfs %s: %w", dir, err)
 	}
 	return st.Type == unix.OVERLAYFS_SUPER_MAGIC, nil
+}
+
+// snapshotterRoot is the overlayfs snapshotter's directory: root when
+// set (refused on overlayfs), else under the node's root directory, or,
+// when that lies on overlayfs, a new directory under /dev/shm (owned: the
+// caller removes it).
+func snapshotterRoot(l layout, root string) (_ string, owned bool, _ error) {
+	explicit := root != ""
+	if !explicit {
+		root = filepath.Join(l.root(), "io.containerd.snapshotter.v1.overlayfs")
+	}
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return "", false, fmt.Errorf("real node runtime: snapshotter root: %w", err)
+	}
+	over, err := onOverlay(root)
+	switch {
+	case err != nil:
+		return "", false, fmt.Errorf("real node runtime: %w", err)
+	case !over:
+		return root, false, nil
+	case explicit:
+		return "", false, fmt.Errorf("real node runtime: Config.SnapshotterRoot %s lies on overlayfs, which the overlayfs snapshotter cannot use; name a directory on another filesystem (e.g. under /dev/shm)", root)
+	}
+	shm, err := os.MkdirTemp("/dev/shm", "gpudra-snapshots-")
+	if err != nil {
+		return "", false, fmt.Errorf("real node runtime: %s lies on overlayfs, and no directory for the snapshotter could be made in /dev/shm: %w", l.dir, err)
+	}
+	if over, err := onOverlay(shm); err != nil || over {
+		_ = os.RemoveAll(shm)
+		return "", false, fmt.Errorf("real node runtime: %s and /dev/shm lie on overlayfs (%v), which the overlayfs snapshotter cannot use: set Config.SnapshotterRoot", l.dir, err)
+	}
+	return shm, true, nil
 }
 
 // shareMount bind-mounts dir onto itself and makes it a shared mount, so

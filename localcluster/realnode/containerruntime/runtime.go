@@ -53,10 +53,10 @@ type Config struct {
 	// Bridge is the node's bridge interface (at most 15 characters);
 	// default "gpudra0". Nodes of one machine need distinct ones.
 	Bridge string
-	// SnapshotterRoot is where the overlayfs snapshotter keeps layers;
-	// default under Dir. Overlayfs cannot stack on overlayfs: when Dir
-	// lies on overlayfs, name a directory on another filesystem (for
-	// example under /dev/shm).
+	// SnapshotterRoot is where the overlayfs snapshotter keeps layers.
+	// By default it lies under Dir, or, when Dir lies on overlayfs
+	// (on which overlayfs cannot stack), in a directory under /dev/shm
+	// that Stop removes. A SnapshotterRoot on overlayfs is refused.
 	SnapshotterRoot string
 	// ReadyTimeout bounds the wait for the CRI to report ready; default
 	// one minute.
@@ -69,9 +69,12 @@ type Runtime struct {
 	layout layout
 	cmd    *exec.Cmd
 	exited chan struct{}
-	log    *os.File
-	conn   *grpc.ClientConn
-	cri    runtimeapi.RuntimeServiceClient
+	// ownedSnapshots is the snapshotter's directory under /dev/shm
+	// that Start made because Dir lies on overlayfs; Stop removes it.
+	ownedSnapshots string
+	log            *os.File
+	conn           *grpc.ClientConn
+	cri            runtimeapi.RuntimeServiceClient
 
 	stopOnce sync.Once
 	stopErr  error
@@ -91,29 +94,33 @@ func Start(ctx context.Context, cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	l := layout{dir: cfg.Dir}
-	if cfg.SnapshotterRoot == "" {
-		cfg.SnapshotterRoot = filepath.Join(l.root(), "io.containerd.snapshotter.v1.overlayfs")
-	}
-	for _, d := range append([]string{l.root(), l.state(), l.runcRoot(), l.imagesDir(), cfg.SnapshotterRoot}, cfg.CDIDirs...) {
+	for _, d := range append([]string{l.root(), l.state(), l.runcRoot(), l.imagesDir()}, cfg.CDIDirs...) {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, fmt.Errorf("real node runtime: %w", err)
 		}
 	}
-	if over, err := onOverlay(cfg.SnapshotterRoot); err != nil {
-		return nil, fmt.Errorf("real node runtime: %w", err)
-	} else if over {
-		return nil, fmt.Errorf("real node runtime: Config.SnapshotterRoot %s lies on overlayfs, which the overlayfs snapshotter cannot use; name a directory on another filesystem (e.g. under /dev/shm)", cfg.SnapshotterRoot)
-	}
-	if err := writeContainerdConfig(l, cfg); err != nil {
+	r := &Runtime{layout: l, exited: make(chan struct{})}
+	root, owned, err := snapshotterRoot(l, cfg.SnapshotterRoot)
+	if err != nil {
 		return nil, err
 	}
-	if err := writeCNIConfig(l, cfg); err != nil {
+	cfg.SnapshotterRoot = root
+	if owned {
+		r.ownedSnapshots = root
+		logger.Info("The node directory lies on overlayfs; the overlayfs snapshotter keeps its layers in /dev/shm", "dir", root)
+	}
+	r.cfg = cfg
+	err = writeContainerdConfig(l, cfg)
+	if err == nil {
+		err = writeCNIConfig(l, cfg)
+	}
+	if err == nil {
+		err = shareMount(cfg.Dir)
+	}
+	if err != nil {
+		_ = os.RemoveAll(r.ownedSnapshots)
 		return nil, err
 	}
-	if err := shareMount(cfg.Dir); err != nil {
-		return nil, err
-	}
-	r := &Runtime{cfg: cfg, layout: l, exited: make(chan struct{})}
 	if err := r.start(ctx); err != nil {
 		r.stop(logger)
 		return nil, err
@@ -326,6 +333,9 @@ func (r *Runtime) stop(logger klog.Logger) error {
 		_ = r.log.Close()
 	}
 	errs = append(errs, unmountUnder(r.cfg.Dir), deleteLink(r.cfg.Bridge))
+	if r.ownedSnapshots != "" {
+		errs = append(errs, unmountUnder(r.ownedSnapshots), os.RemoveAll(r.ownedSnapshots))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("real node runtime: stop: %w", err)
 	}

@@ -23,9 +23,10 @@ import (
 const driverName = "gpu.nvidia.com"
 
 // TestContainersSeeTheirDevices starts containerd on a simulated DGX A100
-// node (GPU 1 in MIG mode), writes gpudra's CDI specs for claims of one
-// GPU, one MIG device and one MPS-shared GPU, and runs a busybox container
-// per claim through the CRI with the claim's CDI devices. Each container
+// node (GPU 1 in MIG mode, GPUs 4-7 whole), writes gpudra's CDI specs for claims of one
+// GPU, one MIG device, one MPS-shared GPU and two GPUs, and runs a busybox
+// container per claim (and one with no claim) through the CRI with the
+// claim's CDI devices. Each container
 // lists its /dev/nvidia* and /dev/nvidia-caps nodes, its environment and
 // the files it should see; the test checks it sees exactly its device's
 // nodes and the control nodes, with the numbers of the real nodes under the
@@ -67,21 +68,24 @@ func TestContainersSeeTheirDevices(t *testing.T) {
 	control := []string{"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"}
 	tests := []struct {
 		name      string
-		device    *devicemodel.Device
-		edits     *cdispec.ContainerEdits
+		devices   []*devicemodel.Device
+		edits     *cdispec.ContainerEdits // each device's
 		wantNodes []string
 		wantEnv   []string
 		wantFiles []string // paths the container must see besides its nodes
 	}{
 		{
+			name: "no claim",
+		},
+		{
 			name:      "one GPU",
-			device:    node.device(t, "gpu-4"),
+			devices:   []*devicemodel.Device{node.device(t, "gpu-4")},
 			wantNodes: append([]string{"/dev/nvidia4"}, control...),
 			wantEnv:   []string{"NVIDIA_VISIBLE_DEVICES=void"},
 		},
 		{
-			name:   "MIG device",
-			device: mig,
+			name:    "MIG device",
+			devices: []*devicemodel.Device{mig},
 			wantNodes: append([]string{
 				"/dev/nvidia-caps/nvidia-cap" + fmt.Sprint(mig.MIG.GICapMinor),
 				"/dev/nvidia-caps/nvidia-cap" + fmt.Sprint(mig.MIG.CICapMinor),
@@ -91,7 +95,7 @@ func TestContainersSeeTheirDevices(t *testing.T) {
 		},
 		{
 			name:      "MPS share",
-			device:    node.device(t, "gpu-5"),
+			devices:   []*devicemodel.Device{node.device(t, "gpu-5")},
 			edits:     mps.Daemon{Dirs: mpsDirs}.ContainerEdits(),
 			wantNodes: append([]string{"/dev/nvidia5"}, control...),
 			wantEnv: []string{
@@ -101,23 +105,36 @@ func TestContainersSeeTheirDevices(t *testing.T) {
 			},
 			wantFiles: []string{mps.ContainerPipeDir + "/control"},
 		},
+		{
+			name:      "two GPUs",
+			devices:   []*devicemodel.Device{node.device(t, "gpu-6"), node.device(t, "gpu-7")},
+			wantNodes: append([]string{"/dev/nvidia6", "/dev/nvidia7"}, control...),
+			wantEnv:   []string{"NVIDIA_VISIBLE_DEVICES=void"},
+		},
 	}
 	for i, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			claimUID := fmt.Sprintf("0000000%d-1111-2222-3333-444444444444", i)
-			spec, err := cdi.BuildSpec(cdi.SpecInput{
-				DriverName: driverName,
-				ClaimUID:   claimUID,
-				Majors:     node.inv.Majors,
-				Devices:    []cdi.SpecDevice{{Device: tc.device, Edits: tc.edits}},
-			})
-			if err != nil {
-				t.Fatal(err)
+			var specDevices []cdi.SpecDevice
+			var ids []*runtimeapi.CDIDevice
+			for _, d := range tc.devices {
+				specDevices = append(specDevices, cdi.SpecDevice{Device: d, Edits: tc.edits})
+				ids = append(ids, &runtimeapi.CDIDevice{Name: cdi.DeviceID(driverName, claimUID, d.Name())})
 			}
-			if err := writer.Write(claimUID, spec); err != nil {
-				t.Fatal(err)
+			if len(specDevices) > 0 {
+				spec, err := cdi.BuildSpec(cdi.SpecInput{
+					DriverName: driverName,
+					ClaimUID:   claimUID,
+					Majors:     node.inv.Majors,
+					Devices:    specDevices,
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := writer.Write(claimUID, spec); err != nil {
+					t.Fatal(err)
+				}
 			}
-			id := cdi.DeviceID(driverName, claimUID, tc.device.Name())
 			// Each node with its numbers in hex, as stat prints them.
 			script := "find /dev -type c -name 'nvidia*' -exec stat -c 'node %n %t:%T' {} +; env | sed 's/^/env /'"
 			for _, f := range tc.wantFiles {
@@ -126,7 +143,7 @@ func TestContainersSeeTheirDevices(t *testing.T) {
 			out := n.run(t, ctx, fmt.Sprintf("pod-%d", i), &runtimeapi.ContainerConfig{
 				Image:      &runtimeapi.ImageSpec{Image: containerruntime.TestImage},
 				Command:    []string{"/bin/sh", "-c", script},
-				CDIDevices: []*runtimeapi.CDIDevice{{Name: id}},
+				CDIDevices: ids,
 			})
 
 			var gotNodes, gotEnv, gotFiles []string
