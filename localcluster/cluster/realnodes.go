@@ -117,8 +117,9 @@ func (c *Cluster) startRealNodes(ctx context.Context, progress func(string)) err
 			KeyFile:    key,
 			Labels:     cliqueLabel(&fn),
 			// Distinct per process and node: two local clusters on one
-			// machine must not share a bridge or addresses.
-			PodCIDR:   fmt.Sprintf("10.%d.%d.0/24", 100+os.Getpid()%100, i),
+			// machine must not share a bridge or addresses (and not
+			// containerruntime's tests', which take 10.100-199.x.0/24).
+			PodCIDR:   fmt.Sprintf("10.%d.%d.0/24", 200+(os.Getpid()+i)/256%50, (os.Getpid()+i)%256),
 			Bridge:    fmt.Sprintf("gsim%d-%d", os.Getpid()%100000, i),
 			Verbosity: c.opts.RealNodes.KubeletVerbosity,
 		})
