@@ -75,7 +75,7 @@ func main() {
 	var o options
 	fs := flag.NewFlagSet("gpudra-sim", flag.ExitOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `Usage: gpudra-sim [--fleet FILE|NAME] [--chart-values FILE] [--manifests DIR] [--events FILE] [--report FILE] [--keep-running] [--fleet-view ADDR]
+		fmt.Fprintf(fs.Output(), `Usage: gpudra-sim [--fleet FILE|NAME] [--chart-values FILE] [--manifests DIR] [--events FILE] [--report FILE] [--keep-running] [--fleet-view ADDR] [--real-nodes 1]
 
 Runs a local Kubernetes cluster in this process with simulated GPU nodes and
 gpudra, installed from its Helm chart (deployments/helm/gpudra) with the
@@ -84,7 +84,9 @@ prints where each pod landed and what its containers got (CDI devices, device
 nodes, environment, mounts, MPS caps, time slices), the workloads, and the
 objects the API server refused. On a fleet with NVLink fabric nodes (e.g.
 gb200-nvl72) the chart's ComputeDomain driver runs too, each node's channel
-plugin supervising a fake nvidia-imex. Exit status 1 if the cluster did not start,
+plugin supervising a fake nvidia-imex. With --real-nodes 1 the fleet's first
+node is real: the kubelet, containerd and runc, gpudra's own container, and a
+probe pod whose container prints what it sees. Exit status 1 if the cluster did not start,
 an object was refused or the pods did not settle; the report is printed (and
 written) in the last two cases too.
 
