@@ -127,7 +127,12 @@ func (c *Cluster) startRealNodes(ctx context.Context, progress func(string)) err
 			return err
 		}
 		c.real = append(c.real, rn)
-		if err := rn.WaitReady(ctx, c.client); err != nil {
+		// Seconds on the machines seen; a kubelet that never gets
+		// there says why in its error (the Node's Ready condition).
+		readyCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		err = rn.WaitReady(readyCtx, c.client)
+		cancel()
+		if err != nil {
 			return err
 		}
 		if daemonSet, err = c.realNodeDaemonSet(rn, fn); err != nil {
