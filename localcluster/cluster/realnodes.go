@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -34,9 +35,9 @@ import (
 // installed from the chart's DaemonSet as a container of gpudra's image,
 // simulating the fleet's node of the same name (docs/real-node.md).
 type RealNodes struct {
-	// Count is how many; the local cluster supports one (each real node
-	// needs the DaemonSet's host paths of its own, and the chart has one
-	// DaemonSet).
+	// Count is how many. All real nodes share the machine, so each needs
+	// host paths of its own: with more than one, each gets its own copy
+	// of the chart's DaemonSet (see realNodeDaemonSet).
 	Count int
 	// FleetName is the plugin's --fleet inside gpudra's container: a
 	// built-in fleet (the same as Options.Fleet).
@@ -50,8 +51,8 @@ type RealNodes struct {
 // validate checks the options against the fleet.
 func (r *RealNodes) validate(fleet *sim.Fleet) error {
 	switch {
-	case r.Count < 0 || r.Count > 1:
-		return fmt.Errorf("real nodes: %d; the local cluster runs 0 or 1 (the chart's one DaemonSet names one set of host paths)", r.Count)
+	case r.Count < 0:
+		return fmt.Errorf("real nodes: %d; want 0 or more", r.Count)
 	case r.Count > len(fleet.Nodes):
 		return fmt.Errorf("real nodes: %d, but the fleet has %d nodes", r.Count, len(fleet.Nodes))
 	case !slices.Contains(sim.BuiltinNames(), r.FleetName):
@@ -96,7 +97,7 @@ func (c *Cluster) startRealNodes(ctx context.Context, progress func(string)) err
 	}
 	progress(fmt.Sprintf("%-24s ready in %v", "images for real nodes", time.Since(start).Round(time.Millisecond)))
 
-	var daemonSet *appsv1.DaemonSet
+	var daemonSets []*appsv1.DaemonSet
 	for i := range n {
 		fn := c.opts.Fleet.Nodes[i]
 		dir := filepath.Join(c.dir, "r", fmt.Sprint(i))
@@ -135,15 +136,19 @@ func (c *Cluster) startRealNodes(ctx context.Context, progress func(string)) err
 		if err != nil {
 			return err
 		}
-		if daemonSet, err = c.realNodeDaemonSet(rn, fn); err != nil {
+		ds, err := c.realNodeDaemonSet(rn, fn, n > 1)
+		if err != nil {
 			return err
 		}
+		daemonSets = append(daemonSets, ds)
 	}
 	progress(fmt.Sprintf("%-24s ready in %v", fmt.Sprintf("%d real nodes (kubelet)", n), time.Since(start).Round(time.Millisecond)))
-	// The DaemonSet as the chart rendered it, with the real node's
-	// values; the DaemonSet controller makes its pod.
-	if _, err := c.client.AppsV1().DaemonSets(daemonSet.Namespace).Create(ctx, daemonSet, metav1.CreateOptions{FieldManager: "gpudra-sim"}); err != nil {
-		return fmt.Errorf("real nodes: create %s/%s: %w", daemonSet.Namespace, daemonSet.Name, err)
+	// The DaemonSets as the chart rendered them, with the real nodes'
+	// values; the DaemonSet controller makes their pods.
+	for _, ds := range daemonSets {
+		if _, err := c.client.AppsV1().DaemonSets(ds.Namespace).Create(ctx, ds, metav1.CreateOptions{FieldManager: "gpudra-sim"}); err != nil {
+			return fmt.Errorf("real nodes: create %s/%s: %w", ds.Namespace, ds.Name, err)
+		}
 	}
 	for _, rn := range c.real {
 		if err := c.waitForSlices(ctx, rn); err != nil {
@@ -158,8 +163,15 @@ func (c *Cluster) startRealNodes(ctx context.Context, progress func(string)) err
 // real node's over them, and returns its DaemonSet. The fleet node's own
 // MIG mode and sharing, where it sets them, are the node's chart values
 // (on a cluster: a values file per node pool), as the in-process plugins
-// take them.
-func (c *Cluster) realNodeDaemonSet(rn *node.Node, fn sim.Node) (*appsv1.DaemonSet, error) {
+// take them. The plugin's HTTP port (probes, metrics) is a free one: the
+// pod runs in the machine's network.
+//
+// With own set (more than one real node), the DaemonSet is this node's
+// alone: its host paths are the node's, so it selects the node by name,
+// and its name and selector gain the node's name (label NodeNameLabel),
+// so that the DaemonSets of several real nodes neither share a name nor
+// select each other's pods.
+func (c *Cluster) realNodeDaemonSet(rn *node.Node, fn sim.Node, own bool) (*appsv1.DaemonSet, error) {
 	over, err := node.ChartValues(rn.Layout(), c.opts.RealNodes.FleetName, c.cp.RESTConfig("real-node", 1, 1).Host)
 	if err != nil {
 		return nil, err
@@ -170,16 +182,43 @@ func (c *Cluster) realNodeDaemonSet(rn *node.Node, fn sim.Node) (*appsv1.DaemonS
 			plugin[value] = set
 		}
 	}
+	if plugin["httpPort"], err = freePort(); err != nil {
+		return nil, fmt.Errorf("real node %s: %w", rn.Name(), err)
+	}
+	if own {
+		plugin["nodeSelector"] = map[string]any{node.Label: "true", corev1.LabelHostname: rn.Name()}
+	}
 	r, err := install.Render(install.Options{Values: node.MergeValues(c.chartValues, over), Namespace: c.opts.ChartNamespace})
 	if err != nil {
 		return nil, fmt.Errorf("real node %s: %w", rn.Name(), err)
 	}
 	for _, o := range r.Objects {
-		if ds, ok := o.Object.(*appsv1.DaemonSet); ok {
-			return ds, nil
+		ds, ok := o.Object.(*appsv1.DaemonSet)
+		if !ok {
+			continue
 		}
+		if own {
+			ds.Name += "-" + rn.Name()
+			ds.Spec.Selector.MatchLabels[NodeNameLabel] = rn.Name()
+			ds.Spec.Template.Labels[NodeNameLabel] = rn.Name()
+		}
+		return ds, nil
 	}
 	return nil, fmt.Errorf("real node %s: %s renders no DaemonSet", rn.Name(), install.ChartPath)
+}
+
+// NodeNameLabel tells apart the DaemonSets (and their pods) of several
+// real nodes: the node's name.
+const NodeNameLabel = "sim.gpudra.io/real-node-name"
+
+// freePort returns a TCP port that nothing listens on now.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", ":0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // waitForSlices waits until the real node's ResourceSlices of the

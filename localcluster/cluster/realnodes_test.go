@@ -22,7 +22,8 @@ func TestRealNodesValidate(t *testing.T) {
 		want  string
 	}{
 		{"one", RealNodes{Count: 1, FleetName: "dgx-a100-mig"}, fleet, ""},
-		{"two", RealNodes{Count: 2, FleetName: "dgx-a100-mig"}, fleet, "0 or 1"},
+		{"more than the fleet has", RealNodes{Count: 2, FleetName: "dgx-a100-mig"}, fleet, "the fleet has 1"},
+		{"negative", RealNodes{Count: -1, FleetName: "dgx-a100-mig"}, fleet, "0 or more"},
 		{"a fleet file", RealNodes{Count: 1, FleetName: "fleet.yaml"}, fleet, "built-in fleet"},
 		{"a device plugin node", RealNodes{Count: 1, FleetName: "dgx-a100-mig"}, devicePlugin, "device plugin"},
 	} {

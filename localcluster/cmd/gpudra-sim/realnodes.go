@@ -19,14 +19,16 @@ import (
 // prepareRealNodes checks that this machine can run the real nodes
 // --real-nodes asks for and builds their programs (cached after the first
 // run). Where the machine cannot, it says what is missing and returns nil:
-// the cluster runs with simulated nodes only. A count the cluster cannot
-// run (more than one, a fleet file) is an error.
-func prepareRealNodes(ctx context.Context, o options, progress func(string, ...any)) (*cluster.RealNodes, error) {
+// the cluster runs with simulated nodes only. A count the fleet cannot
+// give, or a fleet file, is an error.
+func prepareRealNodes(ctx context.Context, o options, fleet *sim.Fleet, progress func(string, ...any)) (*cluster.RealNodes, error) {
 	switch {
 	case o.realNodes == 0:
 		return nil, nil
-	case o.realNodes < 0 || o.realNodes > 1:
-		return nil, fmt.Errorf("--real-nodes %d: 0 or 1 (the chart's one DaemonSet names one set of host paths)", o.realNodes)
+	case o.realNodes < 0:
+		return nil, fmt.Errorf("--real-nodes %d: want 0 or more", o.realNodes)
+	case o.realNodes > len(fleet.Nodes):
+		return nil, fmt.Errorf("--real-nodes %d: fleet %s has %d nodes", o.realNodes, o.fleet, len(fleet.Nodes))
 	case !slices.Contains(sim.BuiltinNames(), o.fleet):
 		return nil, fmt.Errorf("--real-nodes with --fleet %s: gpudra's container simulates a built-in fleet (%v), not a file", o.fleet, sim.BuiltinNames())
 	}
