@@ -18,13 +18,22 @@ LDFLAGS := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).commit=$(COMMI
 IMAGE ?= ghcr.io/gpudra/gpudra:$(VERSION)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
-.PHONY: demo inspect test test-race-e2e build image bench bench-prepare fuzz load chaos chaos-real
+.PHONY: demo demo-real-node inspect test test-race-e2e test-real-node build image bench bench-prepare fuzz load chaos chaos-real
 
 # The local cluster: a real control plane with simulated GPU nodes, running
 # every example. The first run compiles Kubernetes (about 10 minutes on 2
 # cores); later runs start in seconds.
 demo:
 	cd localcluster && $(GO) run ./cmd/gpudra-sim
+
+# The demo with the fleet's first node real (docs/real-node.md): the real
+# kubelet, containerd and runc, gpudra from the chart as a container of its
+# image, and a probe pod that prints what its container sees. Where the
+# machine cannot run a real node it says what is missing and runs without.
+# The first run builds the kubelet and containerd (minutes); later runs add
+# about 11 s to the cluster's start (gpudra's image, the kubelet, gpudra's pod).
+demo-real-node:
+	cd localcluster && $(GO) run ./cmd/gpudra-sim --real-nodes 1
 
 # What the kubelet plugin would publish on a simulated DGX H100.
 inspect:
@@ -42,6 +51,14 @@ test:
 
 test-race-e2e:
 	cd localcluster && $(GO) test -race ./...
+
+# The real node's container runtime (localcluster/realnode, docs/real-node.md):
+# builds containerd, its runc shim, ctr and the CNI plugins from Go modules
+# into the user's cache directory (about 3 minutes the first time), starts
+# containerd and runs busybox containers with gpudra's CDI devices through
+# the CRI. Needs root, runc, busybox-static and overlayfs; not in `make test`.
+test-real-node:
+	cd localcluster && GPUDRA_REAL_NODE=1 $(GO) test -count=1 -v ./realnode/...
 
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/gpudra ./cmd/gpudra

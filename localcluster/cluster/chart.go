@@ -56,6 +56,7 @@ func (c *Cluster) installChart(ctx context.Context, progress func(string)) error
 	if err != nil {
 		return err
 	}
+	c.chartValues = values
 	if c.opts.BeforeChart != nil {
 		if err := c.opts.BeforeChart(r); err != nil {
 			return err

@@ -33,6 +33,7 @@ import (
 	"github.com/gpudra/gpudra/localcluster/controlplane"
 	"github.com/gpudra/gpudra/localcluster/install"
 	"github.com/gpudra/gpudra/localcluster/manifests"
+	"github.com/gpudra/gpudra/localcluster/realnode/node"
 	"github.com/gpudra/gpudra/localcluster/simnic"
 	"github.com/gpudra/gpudra/localcluster/simnode"
 )
@@ -86,6 +87,9 @@ type Options struct {
 	// Baseline, if set, is the driver name of the baseline driver every
 	// DRA node runs beside gpudra (simnode.Config.Baseline).
 	Baseline string
+	// RealNodes, if set, make the first fleet nodes real nodes (see
+	// [RealNodes]); the others stay simulated.
+	RealNodes *RealNodes
 }
 
 // Cluster is a running local cluster.
@@ -109,6 +113,10 @@ type Cluster struct {
 	// kubeletVersion is what the Nodes report: the control plane's
 	// Kubernetes version, marked as simulated.
 	kubeletVersion string
+	// chartValues are the values the chart was installed with.
+	chartValues map[string]any
+	// real are the real nodes, the fleet's first.
+	real []*node.Node
 }
 
 // Start brings the cluster up: control plane, DeviceClasses, then all
@@ -131,6 +139,11 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, finalErr error) {
 	if progress == nil {
 		progress = func(string) {}
 	}
+	if opts.RealNodes != nil {
+		if err := opts.RealNodes.validate(opts.Fleet); err != nil {
+			return nil, err
+		}
+	}
 	c := &Cluster{opts: opts, dir: opts.Dir, health: &sim.HealthEvents{}}
 	if c.dir == "" {
 		// Short: unix socket paths below it must fit in 108 bytes.
@@ -148,6 +161,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, finalErr error) {
 
 	cpOpts := opts.ControlPlane
 	cpOpts.Dir = filepath.Join(c.dir, "cp")
+	if opts.RealNodes != nil && opts.RealNodes.Count > 0 {
+		cpOpts.DaemonSets = true
+	}
 	if cpOpts.AuthorizationModes == nil {
 		// As on a real cluster: the plugins run as gpudra's ServiceAccount
 		// with only the permissions deployments/rbac grants.
@@ -197,6 +213,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, finalErr error) {
 		return nil, err
 	}
 	progress(fmt.Sprintf("%-24s ready in %v", fmt.Sprintf("%d simulated nodes", len(c.nodes)), time.Since(start).Round(time.Millisecond)))
+	if err := c.startRealNodes(ctx, progress); err != nil {
+		return nil, err
+	}
 	if c.release.ComputeDomainController != nil {
 		if err := c.startComputeDomains(ctx, progress); err != nil {
 			return nil, err
@@ -205,14 +224,15 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, finalErr error) {
 	return c, nil
 }
 
-// startNodes starts every node of the fleet, a few at a time.
+// startNodes starts every simulated node of the fleet (all but the real
+// ones), a few at a time.
 func (c *Cluster) startNodes(ctx context.Context) error {
 	fleet := c.opts.Fleet
 	nodes := make([]*simnode.Node, len(fleet.Nodes))
 	errs := make([]error, len(fleet.Nodes))
 	sem := make(chan struct{}, 16)
 	var wg sync.WaitGroup
-	for i := range fleet.Nodes {
+	for i := c.realNodeCount(); i < len(fleet.Nodes); i++ {
 		name := fleet.Nodes[i].Name
 		wg.Go(func() {
 			sem <- struct{}{}
@@ -422,6 +442,7 @@ func (c *Cluster) Stop() error {
 	}
 	wg.Wait()
 	c.nodes = nil
+	errs = append(errs, c.stopRealNodes(context.Background()))
 	if c.webhook != nil {
 		errs = append(errs, c.webhook.stop())
 		c.webhook = nil

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpudra/gpudra/localcluster/manifests"
+	"github.com/gpudra/gpudra/localcluster/realnode/probe"
 	"github.com/gpudra/gpudra/localcluster/simnode"
 )
 
@@ -102,6 +103,10 @@ type ContainerReport struct {
 	TimeSlices []simnode.TimeSlice `json:"timeSlices,omitempty"`
 	// Prepared is what the node's DRA manager prepared for the container.
 	Prepared []simnode.PreparedClaim `json:"prepared,omitempty"`
+	// Seen is what the container itself printed about its devices and
+	// environment (package probe): on a real node, for a container that
+	// runs the probe's command.
+	Seen *probe.Seen `json:"seen,omitempty"`
 	// AllocatedResourcesStatus is the health of the container's devices
 	// as its pod status has it (KEP-4680): one entry per claim (and
 	// request), "claim:<claim>/<request>", with each device's health.
@@ -227,6 +232,7 @@ func (c *Cluster) podReport(ctx context.Context, pod *corev1.Pod) (PodReport, er
 				cr.AllocatedResourcesStatus = cs.AllocatedResourcesStatus
 			}
 		}
+		cr.Seen = c.seenInContainer(pod, ctr.Name)
 		pr.Containers = append(pr.Containers, cr)
 	}
 	return pr, nil

@@ -11,8 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
-
-	"github.com/gpudra/gpudra/localcluster/controlplane"
 )
 
 // WorkloadReport is one workload object (Deployment, ReplicaSet,
@@ -63,7 +61,7 @@ var controllerFor = map[string]string{
 // sorted by namespace, name and kind. Objects another workload controls
 // (a Deployment's ReplicaSets) are included when all is true.
 func (c *Cluster) Workloads(ctx context.Context, all bool) ([]WorkloadReport, error) {
-	running := controlplane.Controllers()
+	running := c.cp.Controllers()
 	var out []WorkloadReport
 	add := func(meta metav1.ObjectMeta, w WorkloadReport) {
 		if systemNamespace(meta.Namespace) || (!all && metav1.GetControllerOf(&meta) != nil) {
@@ -116,7 +114,7 @@ func (c *Cluster) Workloads(ctx context.Context, all bool) ([]WorkloadReport, er
 	}
 	for i := range daemonSets.Items {
 		d := &daemonSets.Items[i]
-		add(d.ObjectMeta, WorkloadReport{Kind: "DaemonSet", Desired: d.Status.DesiredNumberScheduled, Pods: d.Status.CurrentNumberScheduled})
+		add(d.ObjectMeta, daemonSetReport(d))
 	}
 	rcs, err := core.ReplicationControllers("").List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -141,6 +139,21 @@ func (c *Cluster) Workloads(ctx context.Context, all bool) ([]WorkloadReport, er
 
 // A controller that has not seen the latest spec yet has not acted on it.
 func caughtUp(m metav1.ObjectMeta, observed int64) bool { return observed >= m.Generation }
+
+// daemonSetReport says whether a DaemonSet (the chart's, on real nodes)
+// has its pod on every node it selects, of its current revision.
+func daemonSetReport(d *appsv1.DaemonSet) WorkloadReport {
+	w := WorkloadReport{Kind: "DaemonSet", Desired: d.Status.DesiredNumberScheduled, Pods: d.Status.CurrentNumberScheduled}
+	switch {
+	case !caughtUp(d.ObjectMeta, d.Status.ObservedGeneration):
+		w.Message = "the daemonset controller has not seen its latest spec"
+	case d.Status.UpdatedNumberScheduled == w.Desired && d.Status.CurrentNumberScheduled == w.Desired && d.Status.NumberMisscheduled == 0:
+		w.Settled = true
+	default:
+		w.Message = fmt.Sprintf("%d of %d nodes have a pod of the current revision", d.Status.UpdatedNumberScheduled, w.Desired)
+	}
+	return w
+}
 
 func deploymentReport(d *appsv1.Deployment) WorkloadReport {
 	w := WorkloadReport{Kind: "Deployment", Desired: ptr.Deref(d.Spec.Replicas, 1), Pods: d.Status.Replicas}

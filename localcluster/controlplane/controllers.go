@@ -18,8 +18,11 @@ import (
 	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
+	"k8s.io/client-go/util/flowcontrol"
 	"k8s.io/controller-manager/pkg/informerfactory"
 	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/controller/certificates/rootcacertpublisher"
+	"k8s.io/kubernetes/pkg/controller/daemon"
 	"k8s.io/kubernetes/pkg/controller/deployment"
 	"k8s.io/kubernetes/pkg/controller/devicetainteviction"
 	"k8s.io/kubernetes/pkg/controller/garbagecollector"
@@ -60,18 +63,35 @@ const (
 	garbageCollectWorkers = 20
 	serviceAccountWorkers = 1
 	deviceTaintWorkers    = 8
+	daemonSetWorkers      = 2
+	rootCAWorkers         = 1
 )
 
-// Names of the controllers, in the order they start.
-var controllerNames = []string{"resource-claim", "namespace", "deployment", "replicaset", "job", "statefulset", "garbage-collector", "serviceaccount", "device-taint-eviction"}
+// Names of the controllers, in the order they start; the daemonset
+// controller only with Options.DaemonSets.
+var controllerNames = []string{"resource-claim", "namespace", "deployment", "replicaset", "job", "statefulset", "garbage-collector", "serviceaccount", "device-taint-eviction", "root-ca-certificate-publisher"}
+
+// daemonSetController is the daemonset controller's name.
+const daemonSetController = "daemonset"
 
 // Controllers returns the names of the controllers the control plane
 // runs, as kube-controller-manager's --controllers names them. Workloads
-// of other kinds (DaemonSets, CronJobs, ReplicationControllers) are
-// stored but nothing acts on them.
-func Controllers() []string { return slices.Clone(controllerNames) }
+// of other kinds (CronJobs, ReplicationControllers, and DaemonSets
+// without Options.DaemonSets) are stored but nothing acts on them.
+func (c *ControlPlane) Controllers() []string {
+	names := slices.Clone(controllerNames)
+	if c.opts.DaemonSets {
+		names = append(names, daemonSetController)
+	}
+	return names
+}
 
-func startControllers(ctx context.Context, base *rest.Config, qps float32, burst int) (_ *controllers, finalErr error) {
+// startControllers starts the controllers; rootCA is the authority of the
+// API server's serving certificate, which the root-ca-certificate-publisher
+// publishes as the kube-root-ca.crt ConfigMap of every namespace: a real
+// kubelet mounts it into pods (the ServiceAccount token's ca.crt) and
+// waits for it before it starts their containers.
+func startControllers(ctx context.Context, base *rest.Config, qps float32, burst int, rootCA []byte, daemonSets bool) (_ *controllers, finalErr error) {
 	logger := klog.FromContext(ctx).WithName("controller-manager")
 	ctx = klog.NewContext(ctx, logger)
 	cfg := rest.CopyConfig(base)
@@ -166,6 +186,21 @@ func startControllers(ctx context.Context, base *rest.Config, qps float32, burst
 			klog.FromContext(ctx).Error(err, "Device taint eviction stopped")
 		}
 	})
+
+	if daemonSets {
+		dsc, err := daemon.NewDaemonSetsController(ctx, f.Apps().V1().DaemonSets(), f.Apps().V1().ControllerRevisions(),
+			f.Core().V1().Pods(), f.Core().V1().Nodes(), client, flowcontrol.NewBackOff(time.Second, 15*time.Minute))
+		if err != nil {
+			return nil, fmt.Errorf("daemonset controller: %w", err)
+		}
+		runs = append(runs, func(ctx context.Context) { dsc.Run(ctx, daemonSetWorkers) })
+	}
+
+	publisher, err := rootcacertpublisher.NewPublisher(f.Core().V1().ConfigMaps(), f.Core().V1().Namespaces(), client, rootCA)
+	if err != nil {
+		return nil, fmt.Errorf("root-ca-certificate-publisher: %w", err)
+	}
+	runs = append(runs, func(ctx context.Context) { publisher.Run(ctx, rootCAWorkers) })
 
 	f.Start(ctx.Done())
 	c.meta.Start(ctx.Done())

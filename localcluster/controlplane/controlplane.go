@@ -2,8 +2,9 @@
 // loopback only: embedded etcd, kube-apiserver, kube-scheduler and the
 // kube-controller-manager controllers that ordinary manifests need
 // (resource-claim, namespace, deployment, replicaset, job, statefulset,
-// garbage collector, service account). Everything is built from the upstream Go
-// modules; nothing is downloaded or executed.
+// garbage collector, service account, root CA publisher, and with
+// Options.DaemonSets the daemonset controller). Everything is built from
+// the upstream Go modules; nothing is downloaded or executed.
 package controlplane
 
 import (
@@ -45,6 +46,12 @@ type Options struct {
 	// AlwaysAllow, as before; the control plane's own components use a
 	// privileged loopback token, so they work under any mode.
 	AuthorizationModes []string
+	// DaemonSets runs the daemonset controller: a cluster with real nodes
+	// (package realnode) runs gpudra's DaemonSet through it. Off, a
+	// DaemonSet is stored and nothing makes its pods, as before real
+	// nodes: the simulated nodes run the chart's DaemonSet's pod in
+	// process, and another DaemonSet's pods would land on all of them.
+	DaemonSets bool
 }
 
 // Default client limits. kube-scheduler's and kube-controller-manager's
@@ -127,7 +134,11 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, finalErr error) 
 		return nil, err
 	}
 	if err := step("kube-controller-manager", func() (err error) {
-		c.ctrl, err = startControllers(runCtx, c.api.config, opts.ControllerQPS, opts.ControllerBurst)
+		rootCA, err := os.ReadFile(c.ServingCertFile())
+		if err != nil {
+			return fmt.Errorf("the API server's serving certificate: %w", err)
+		}
+		c.ctrl, err = startControllers(runCtx, c.api.config, opts.ControllerQPS, opts.ControllerBurst, rootCA, opts.DaemonSets)
 		if err != nil {
 			return err
 		}
@@ -184,6 +195,14 @@ func (c *ControlPlane) Listening() []string {
 		out = append(out, u.Host)
 	}
 	return out
+}
+
+// ServingCertFile returns the API server's serving certificate (PEM: the
+// certificate, then the self-signed authority that signed it), for
+// 127.0.0.1, localhost and the kubernetes Service's names and IP. Clients
+// outside this process (a real kubelet's pods) trust it as their CA.
+func (c *ControlPlane) ServingCertFile() string {
+	return filepath.Join(c.dir, "apiserver", "apiserver.crt")
 }
 
 // Dir returns the directory holding the control plane's state.

@@ -115,3 +115,21 @@ func (c *ControlPlane) KubeletServerTLS(nodeName string) (*tls.Config, error) {
 func pemBlock(typ string, der []byte) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der})
 }
+
+// WriteKubeletServingCert writes a serving certificate and its key for a
+// real kubelet's API on 127.0.0.1 (its tlsCertFile and tlsPrivateKeyFile),
+// for 127.0.0.1 and the node's name, signed by the authority
+// kube-apiserver trusts, as KubeletServerTLS does for a simulated node.
+func (c *ControlPlane) WriteKubeletServingCert(nodeName, certFile, keyFile string) error {
+	serving, err := c.api.kubeletCA.issue(nodeName, []net.IP{net.IPv4(127, 0, 0, 1)}, []string{nodeName}, x509.ExtKeyUsageServerAuth)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(certFile, serving.certPEM, 0o600); err != nil {
+		return fmt.Errorf("kubelet serving certificate of %s: %w", nodeName, err)
+	}
+	if err := os.WriteFile(keyFile, serving.keyPEM, 0o600); err != nil {
+		return fmt.Errorf("kubelet serving key of %s: %w", nodeName, err)
+	}
+	return nil
+}

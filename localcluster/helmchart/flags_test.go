@@ -76,7 +76,7 @@ func TestKubeletPluginValuesReachFlags(t *testing.T) {
 		notFlags := []string{
 			"kubeletPlugin.checkDriverRoot.enabled", "kubeletPlugin.probes.enabled",
 			"kubeletPlugin.priorityClassName", "kubeletPlugin.nodeSelector", "kubeletPlugin.affinity", "kubeletPlugin.tolerations",
-			"kubeletPlugin.podAnnotations", "kubeletPlugin.resources",
+			"kubeletPlugin.podAnnotations", "kubeletPlugin.resources", "kubeletPlugin.hostNetwork", "kubeletPlugin.env",
 		}
 		var covered []string
 		for _, tc := range cases {

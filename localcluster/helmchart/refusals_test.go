@@ -58,6 +58,8 @@ func TestSchemaRefuses(t *testing.T) {
 		{"IMEX max nodes over the limit", values("computeDomains.kubeletPlugin.imex.maxNodes", 257), "/computeDomains/kubeletPlugin/imex/maxNodes"},
 		{"IMEX idle stop without unit", values("computeDomains.kubeletPlugin.imex.idleStop", "30"), "/computeDomains/kubeletPlugin/imex/idleStop"},
 		{"misspelt IMEX value", values("computeDomains.kubeletPlugin.imex.hostFile", "/etc/hosts"), "hostFile"},
+		{"relative simulation state directory", values("simulation.fleet", "dgx-h100", "simulation.stateDir", "state"), "stateDir"},
+		{"misspelt simulation value", values("simulation.fleets", "dgx-h100"), "fleets"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Render(loadChart(t), Options{Values: tc.values})
@@ -86,6 +88,7 @@ func TestTemplateRefusals(t *testing.T) {
 		{"create it by name", "gpudra", values("namespace.create", true, "namespace.name", "gpudra"), "--create-namespace"},
 		{"Secret without a name", "", values("webhook.tls.mode", "secret"), "webhook.tls.secretName"},
 		{"VFIO only without GPUs", "", values("kubeletPlugin.vfio", "only"), "kubeletPlugin.vfioGPUs"},
+		{"simulated state without a fleet", "", values("simulation.stateDir", "/var/lib/gpudra-sim"), "simulation.fleet"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Render(loadChart(t), Options{Namespace: tc.namespace, Values: tc.values})

@@ -57,6 +57,8 @@ type options struct {
 	chartValues string
 	// fleetView is where to serve the fleet view page (host:port).
 	fleetView string
+	// realNodes is how many of the fleet's first nodes are real.
+	realNodes int
 }
 
 func main() {
@@ -73,7 +75,7 @@ func main() {
 	var o options
 	fs := flag.NewFlagSet("gpudra-sim", flag.ExitOnError)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), `Usage: gpudra-sim [--fleet FILE|NAME] [--chart-values FILE] [--manifests DIR] [--events FILE] [--report FILE] [--keep-running] [--fleet-view ADDR]
+		fmt.Fprintf(fs.Output(), `Usage: gpudra-sim [--fleet FILE|NAME] [--chart-values FILE] [--manifests DIR] [--events FILE] [--report FILE] [--keep-running] [--fleet-view ADDR] [--real-nodes N]
 
 Runs a local Kubernetes cluster in this process with simulated GPU nodes and
 gpudra, installed from its Helm chart (deployments/helm/gpudra) with the
@@ -82,7 +84,9 @@ prints where each pod landed and what its containers got (CDI devices, device
 nodes, environment, mounts, MPS caps, time slices), the workloads, and the
 objects the API server refused. On a fleet with NVLink fabric nodes (e.g.
 gb200-nvl72) the chart's ComputeDomain driver runs too, each node's channel
-plugin supervising a fake nvidia-imex. Exit status 1 if the cluster did not start,
+plugin supervising a fake nvidia-imex. With --real-nodes N the fleet's first N
+nodes are real: the kubelet, containerd and runc, gpudra's own container, and a
+probe pod whose container prints what it sees. Exit status 1 if the cluster did not start,
 an object was refused or the pods did not settle; the report is printed (and
 written) in the last two cases too.
 
@@ -105,6 +109,7 @@ Flags:
 	fs.StringVar(&o.cpuProfile, "cpu-profile", "", "with --load: write a CPU profile of gpudra's last round to this file")
 	fs.DurationVar(&o.loadRoundTimeout, "load-round-timeout", 10*time.Minute, "with --load: how long each round may take to have every pod Running, and its pods to be deleted")
 	fs.StringVar(&o.loadDir, "load-dir", "", "with --load: directory for the cluster's state (default: /dev/shm if writable, else the temporary directory)")
+	fs.IntVar(&o.realNodes, "real-nodes", 0, "make the fleet's first N nodes real: the real kubelet, containerd and runc, gpudra installed from the chart as a container of its image, and a probe pod whose container prints what it sees (docs/real-node.md); where the machine cannot run one, say what is missing and run without it")
 	fs.StringVar(&o.fleetView, "fleet-view", "", "serve the fleet view page (as gpudra fleet-view) of the local cluster on this address, e.g. 127.0.0.1:8090, while the cluster runs (with --keep-running until interrupted)")
 	fs.StringVar(&o.cpuProfileBaseline, "cpu-profile-baseline", "", "with --load: write a CPU profile of the baseline driver's last round to this file")
 	_ = fs.Parse(os.Args[1:])
@@ -248,7 +253,19 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 	}
 	// Deferred before the cluster's stop, so it runs after it.
 	defer removeIMEX()
-	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, MPSControlBinary: mpsControl, IMEXBinary: imexBinary, ChartValues: values, Progress: func(msg string) { progress("%s", msg) }})
+	realNodes, err := prepareRealNodes(ctx, o, fleet, progress)
+	if err != nil {
+		return err
+	}
+	clusterOpts := cluster.Options{Fleet: fleet, MPSControlBinary: mpsControl, IMEXBinary: imexBinary, ChartValues: values, RealNodes: realNodes, Progress: func(msg string) { progress("%s", msg) }}
+	c, err := cluster.Start(ctx, clusterOpts)
+	if err != nil && realNodes != nil && ctx.Err() == nil {
+		// A real node depends on the machine in more ways than
+		// prepareRealNodes can check; the simulated cluster does not.
+		progress("real nodes: the cluster did not start with them (%v); starting it with simulated nodes only", err)
+		clusterOpts.RealNodes = nil
+		c, err = cluster.Start(ctx, clusterOpts)
+	}
 	if err != nil {
 		return fmt.Errorf("start the local cluster: %w", err)
 	}
@@ -273,6 +290,11 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 		progress("fleet view: %s", url)
 	}
 
+	probes, err := c.RealNodeProbes()
+	if err != nil {
+		return err
+	}
+	objs = append(objs, probes...)
 	progress("applying %d objects from %s", len(objs), dir)
 	applied := time.Now()
 	refused, err := c.Apply(ctx, objs)

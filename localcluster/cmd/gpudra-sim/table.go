@@ -150,7 +150,7 @@ func (t *table) containers(ctrs []cluster.ContainerReport) {
 		}
 	}
 	for _, c := range ctrs {
-		if len(c.CDIDevices) == 0 {
+		if len(c.CDIDevices) == 0 && c.Seen == nil {
 			continue
 		}
 		var env []string
@@ -170,6 +170,20 @@ func (t *table) containers(ctrs []cluster.ContainerReport) {
 				health = append(health, fmt.Sprintf("%s=%s", rs.Name, h.Health), "("+string(h.ResourceID)+")")
 			}
 		}
+		// What a real node's container printed itself: its device nodes
+		// and the NVIDIA and CUDA variables of its environment.
+		var seenNodes, seenEnv []string
+		if c.Seen != nil {
+			seenNodes = c.Seen.DeviceNodes
+			for _, k := range slices.Sorted(maps.Keys(c.Seen.Env)) {
+				if strings.HasPrefix(k, "NVIDIA_") || strings.HasPrefix(k, "CUDA_") {
+					seenEnv = append(seenEnv, k+"="+c.Seen.Env[k])
+				}
+			}
+			if c.Seen.MPSPipeDirectory != "" {
+				seenEnv = append(seenEnv, "(MPS pipe directory "+c.Seen.MPSPipeDirectory+" exists)")
+			}
+		}
 		name := c.Name
 		if len(name) > col {
 			t.wrap("  ", "", []string{name})
@@ -181,6 +195,7 @@ func (t *table) containers(ctrs []cluster.ContainerReport) {
 			values []string
 		}{
 			{"cdi", c.CDIDevices}, {"nodes", c.DeviceNodes}, {"env", env}, {"mounts", c.Mounts}, {"mps", mps}, {"slice", slice}, {"health", health},
+			{"saw", seenNodes}, {"saw", seenEnv},
 		} {
 			if len(item.values) == 0 {
 				continue

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/manifests"
+	"github.com/gpudra/gpudra/localcluster/realnode/probe"
 	"github.com/gpudra/gpudra/localcluster/simnode"
 )
 
@@ -57,8 +58,16 @@ func tableReport() *cluster.Report {
 	const reason = "0/3 nodes are available: 3 cannot allocate all claims. still not schedulable, preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling."
 	pending := cluster.PodReport{Namespace: "a-namespace-with-quite-a-long-name", Name: "and-a-long-pod-name-too", Phase: "Pending", Reason: reason}
 
+	// A real node's probe pod: what its container printed.
+	probePod := cluster.PodReport{Namespace: "real-node", Name: "probe-dgx-a100-0", Phase: "Running", Node: "dgx-a100-0",
+		Claims: []cluster.ClaimReport{{Name: "probe-gpu", Results: []cluster.DeviceResult{{Request: "gpu", Device: "gpu-4"}}}},
+		Containers: []cluster.ContainerReport{{Name: "probe", Seen: &probe.Seen{
+			DeviceNodes: []string{"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia4", "/dev/nvidiactl"},
+			Env:         map[string]string{"NVIDIA_VISIBLE_DEVICES": "void", "PATH": "/bin", "HOSTNAME": "probe-dgx-a100-0"},
+		}}}}
+
 	return &cluster.Report{
-		Pods: []cluster.PodReport{mig, mpsPod, sliced, pending},
+		Pods: []cluster.PodReport{mig, mpsPod, sliced, pending, probePod},
 		Workloads: []cluster.WorkloadReport{
 			{Kind: "Deployment", Namespace: "default", Name: "web", Desired: 3, Pods: 3, Settled: true},
 			{Kind: "DaemonSet", Namespace: "default", Name: "agent", Settled: true, Unsupported: true,
@@ -112,6 +121,7 @@ func TestPrintTable(t *testing.T) {
 		`Pod missing/pod (manifests/bad.yaml:1) namespaces "missing" not found`,
 		"compute-domain/nvl-domain Ready 0 4 of 4: gb200-0 gb200-1 gb200-2 gb200-3",
 		"other/new-domain - - 0:",
+		"probe saw /dev/nvidia-uvm /dev/nvidia-uvm-tools /dev/nvidia4 /dev/nvidiactl saw NVIDIA_VISIBLE_DEVICES=void",
 	} {
 		if !strings.Contains(flat, want) {
 			t.Errorf("the table does not show %q", want)
@@ -127,6 +137,9 @@ func TestPrintTable(t *testing.T) {
 	}
 	if strings.Contains(out, "sidecar") {
 		t.Errorf("a container without devices has rows")
+	}
+	if strings.Contains(out, "HOSTNAME") {
+		t.Errorf("a real node's container's rows show more of its environment than NVIDIA's and CUDA's variables")
 	}
 }
 

@@ -114,6 +114,21 @@ against the binary's own flag set.
 - --cdi-dir={{ $p.cdiDir }}
 - --plugin-data-dir={{ include "gpudra.kubeletPlugin.dataDir" . }}
 - --registrar-dir={{ $p.kubeletRegistrarDir }}
+{{- include "gpudra.simulation.args" . }}
+{{- end -}}
+
+{{/*
+--fleet and --sim-state-dir of the kubelet plugin and its init container's
+gpudra inspect: simulated GPUs (values simulation), nothing when
+simulation.fleet is empty.
+*/}}
+{{- define "gpudra.simulation.args" -}}
+{{- with .Values.simulation.fleet }}
+- --fleet={{ . }}
+{{- with $.Values.simulation.stateDir }}
+- --sim-state-dir={{ . }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{- define "gpudra.kubeletPlugin.dataDir" -}}

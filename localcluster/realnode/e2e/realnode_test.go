@@ -1,0 +1,299 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/yaml"
+	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/gpudra/gpudra/localcluster/cluster"
+	"github.com/gpudra/gpudra/localcluster/realnode/node"
+	"github.com/gpudra/gpudra/localcluster/realnode/probe"
+)
+
+// fleet is the real node's fleet: one DGX A100, GPUs 0-3 in MIG mode with
+// MIG devices, GPUs 4-7 whole.
+const fleet = "dgx-a100-mig"
+
+// TestRealNode runs busybox containers with gpudra's claims on a real
+// node and checks what they saw, then restarts the kubelet and gpudra's
+// container under a running pod:
+//   - a one-GPU claim: exactly its GPU's node, the control nodes, and
+//     the environment of the claim's CDI spec; deleting the pod
+//     unprepares the claim (CDI spec and checkpoint entry gone);
+//   - a MIG claim: its GPU's node and its two MIG capability nodes;
+//   - an MPS claim (examples/mps-sharing's): the MPS daemon's pipe
+//     directory, and the nodes of its CDI spec;
+//   - after a kubelet restart and a restart of gpudra's container, the
+//     running pod keeps its devices, a new pod gets a different GPU, and
+//     deleting pods unprepares their claims.
+func TestRealNode(t *testing.T) {
+	c, ctx := startCluster(t, fleet)
+	rn := c.RealNodes()[0]
+	driver := c.Options().DriverName
+	client := c.Client()
+	const ns = metav1.NamespaceDefault
+	gpu := claimTemplate(ns, "one-gpu", "gpu.nvidia.com")
+
+	t.Run("one GPU", func(t *testing.T) {
+		pod, claim, seen := runProbe(t, ctx, c, gpu, "one-gpu")
+		checkGPUClaim(t, rn, claim, seen)
+		deletePod(t, ctx, c, pod)
+		waitFor(t, ctx, "claim unprepared", func() bool {
+			return len(specFiles(t, rn, claim)) == 0 && !checkpointHas(t, rn, driver, claim)
+		})
+	})
+
+	t.Run("MIG", func(t *testing.T) {
+		tmpl := claimTemplate(ns, "mig", "mig.nvidia.com", "device.attributes['gpu.nvidia.com'].profile == '1g.5gb'")
+		pod, claim, seen := runProbe(t, ctx, c, tmpl, "mig")
+		dev := claim.Status.Allocation.Devices.Results[0].Device
+		// gpu-<minor>-mig-<profile>-<gi>-<start>
+		parts := strings.Split(dev, "-")
+		if len(parts) < 4 || parts[0] != "gpu" || parts[2] != "mig" {
+			t.Fatalf("allocated %s: not a MIG device name", dev)
+		}
+		var caps []string
+		for _, d := range seen.DeviceNodes {
+			if strings.HasPrefix(d, "/dev/nvidia-caps/") {
+				caps = append(caps, d)
+			}
+		}
+		if got := gpuNodes(seen); len(got) != 1 || got[0] != "/dev/nvidia"+parts[1] {
+			t.Errorf("MIG device %s: GPU nodes %v, want /dev/nvidia%s only", dev, got, parts[1])
+		}
+		if len(caps) != 2 {
+			t.Errorf("MIG device %s: capability nodes %v, want its GI's and CI's", dev, caps)
+		}
+		if want := specDeviceNodes(t, rn, claim); !sameSet(seen.DeviceNodes, want) {
+			t.Errorf("MIG device %s: the container saw %v, the claim's CDI spec names %v", dev, seen.DeviceNodes, want)
+		}
+		deletePod(t, ctx, c, pod)
+	})
+
+	t.Run("MPS", func(t *testing.T) {
+		// examples/mps-sharing's claim, as a template.
+		tmpl := claimTemplate(ns, "mps", "gpu.nvidia.com")
+		tmpl.Spec.Spec.Devices.Config = []resourceapi.DeviceClaimConfiguration{{
+			Requests: []string{"dev"},
+			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
+				Driver: driver,
+				Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+					"sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}}}`)},
+			}},
+		}}
+		pod, claim, seen := runProbe(t, ctx, c, tmpl, "mps")
+		if seen.MPSPipeDirectory == "" {
+			t.Errorf("MPS claim: the container has no MPS pipe directory (CUDA_MPS_PIPE_DIRECTORY=%q)", seen.Env["CUDA_MPS_PIPE_DIRECTORY"])
+		}
+		if want := specDeviceNodes(t, rn, claim); !sameSet(seen.DeviceNodes, want) {
+			t.Errorf("MPS claim: the container saw %v, the claim's CDI spec names %v", seen.DeviceNodes, want)
+		}
+		deletePod(t, ctx, c, pod)
+		waitFor(t, ctx, "MPS claim unprepared", func() bool {
+			return len(specFiles(t, rn, claim)) == 0 && !checkpointHas(t, rn, driver, claim)
+		})
+	})
+
+	t.Run("restarts lose nothing", func(t *testing.T) {
+		first, firstClaim, _ := runProbe(t, ctx, c, gpu, "keeps")
+		ctrID := containerID(first)
+
+		if err := rn.RestartKubelet(ctx, client); err != nil {
+			t.Fatal(err)
+		}
+		restartPlugin(t, c, rn)
+
+		// The running pod keeps its container (same ID, no restart) and
+		// its claim stays prepared.
+		p, err := client.CoreV1().Pods(ns).Get(ctx, first.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Status.Phase != corev1.PodRunning || containerID(p) != ctrID {
+			t.Errorf("after the restarts pod %s is %s with container %s, want Running with %s", p.Name, p.Status.Phase, containerID(p), ctrID)
+		}
+		if len(specFiles(t, rn, firstClaim)) == 0 || !checkpointHas(t, rn, driver, firstClaim) {
+			t.Errorf("after the restarts claim %s lost its CDI spec or checkpoint entry", firstClaim.Name)
+		}
+		// A new pod gets another GPU, and sees only that one.
+		second, secondClaim, seen := runProbe(t, ctx, c, gpu, "after-restart")
+		checkGPUClaim(t, rn, secondClaim, seen)
+		if a, b := firstClaim.Status.Allocation.Devices.Results[0].Device, secondClaim.Status.Allocation.Devices.Results[0].Device; a == b {
+			t.Errorf("both pods got %s", a)
+		}
+		// Unprepare after the restarts.
+		for _, pc := range []struct {
+			pod   *corev1.Pod
+			claim *resourceapi.ResourceClaim
+		}{{first, firstClaim}, {second, secondClaim}} {
+			deletePod(t, ctx, c, pc.pod)
+			waitFor(t, ctx, "claim "+pc.claim.Name+" unprepared", func() bool {
+				return len(specFiles(t, rn, pc.claim)) == 0 && !checkpointHas(t, rn, driver, pc.claim)
+			})
+		}
+	})
+}
+
+// checkGPUClaim checks what a container with a one-GPU claim saw: its
+// GPU's node and the control nodes, nothing else, and every variable of
+// the claim's CDI spec.
+func checkGPUClaim(t *testing.T, rn *node.Node, claim *resourceapi.ResourceClaim, seen *probe.Seen) {
+	t.Helper()
+	dev := claim.Status.Allocation.Devices.Results[0].Device
+	minor, ok := strings.CutPrefix(dev, "gpu-")
+	if _, err := strconv.Atoi(minor); !ok || err != nil {
+		t.Fatalf("allocated %s: not a whole GPU", dev)
+	}
+	want := append([]string{"/dev/nvidia" + minor}, controlNodes...)
+	if !sameSet(seen.DeviceNodes, want) {
+		t.Errorf("claim of %s: the container saw %v, want exactly %v", dev, seen.DeviceNodes, want)
+	}
+	env := specEnv(t, rn, claim)
+	if len(env) == 0 {
+		t.Fatalf("claim of %s: its CDI spec sets no environment", dev)
+	}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		if got, ok := seen.Env[k]; !ok || got != v {
+			t.Errorf("claim of %s: the container has %s=%q (set: %v), the CDI spec sets %q", dev, k, got, ok, v)
+		}
+	}
+}
+
+// specs reads the claim's CDI specs.
+func specs(t *testing.T, rn *node.Node, claim *resourceapi.ResourceClaim) []cdispec.Spec {
+	t.Helper()
+	files := specFiles(t, rn, claim)
+	if len(files) == 0 {
+		t.Fatalf("claim %s has no CDI spec in %s", claim.Name, rn.Layout().CDIDir())
+	}
+	var out []cdispec.Spec
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s cdispec.Spec
+		if err := yaml.Unmarshal(b, &s); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// specEnv returns the environment the claim's CDI specs set.
+func specEnv(t *testing.T, rn *node.Node, claim *resourceapi.ResourceClaim) []string {
+	var env []string
+	for _, s := range specs(t, rn, claim) {
+		env = append(env, s.ContainerEdits.Env...)
+		for _, d := range s.Devices {
+			env = append(env, d.ContainerEdits.Env...)
+		}
+	}
+	return env
+}
+
+// specDeviceNodes returns the device nodes the claim's CDI specs name.
+func specDeviceNodes(t *testing.T, rn *node.Node, claim *resourceapi.ResourceClaim) []string {
+	var out []string
+	for _, s := range specs(t, rn, claim) {
+		for _, d := range s.ContainerEdits.DeviceNodes {
+			out = append(out, d.Path)
+		}
+		for _, dev := range s.Devices {
+			for _, d := range dev.ContainerEdits.DeviceNodes {
+				out = append(out, d.Path)
+			}
+		}
+	}
+	return out
+}
+
+// containerID returns the pod's one container's ID.
+func containerID(p *corev1.Pod) string {
+	if len(p.Status.ContainerStatuses) != 1 {
+		return ""
+	}
+	return p.Status.ContainerStatuses[0].ContainerID
+}
+
+// restartPlugin kills gpudra's plugin process in its container (found by
+// its command line: kubelet-plugin with the real node's registration
+// directory), waits until the kubelet has restarted the container and
+// the plugin has published its slices again.
+func restartPlugin(t *testing.T, c *cluster.Cluster, rn *node.Node) {
+	t.Helper()
+	ctx := t.Context()
+	pid := pluginPID(t, rn)
+	pods, err := c.Client().CoreV1().Pods(c.Release().Namespace).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + rn.Name()})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("gpudra's pod on %s: %v, %d pods", rn.Name(), err, len(pods.Items))
+	}
+	before := restarts(&pods.Items[0], "plugin")
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill gpudra's plugin (pid %d): %v", pid, err)
+	}
+	waitFor(t, ctx, "gpudra's container restarted and ready", func() bool {
+		p, err := c.Client().CoreV1().Pods(pods.Items[0].Namespace).Get(ctx, pods.Items[0].Name, metav1.GetOptions{})
+		if err != nil || restarts(p, "plugin") <= before {
+			return false
+		}
+		for _, cs := range p.Status.ContainerStatuses {
+			if cs.Name == "plugin" {
+				return cs.Ready
+			}
+		}
+		return false
+	})
+}
+
+func restarts(p *corev1.Pod, container string) int32 {
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == container {
+			return cs.RestartCount
+		}
+	}
+	return -1
+}
+
+// pluginPID finds the process of `gpudra kubelet-plugin` of the real node
+// (its --registrar-dir is the node's).
+func pluginPID(t *testing.T, rn *node.Node) int {
+	t.Helper()
+	want := "--registrar-dir=" + rn.Layout().RegistryDir()
+	var found []int
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		if len(args) > 1 && args[1] == "kubelet-plugin" && slices.Contains(args, want) {
+			found = append(found, pid)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("gpudra kubelet-plugin processes with %s: %v, want one", want, found)
+	}
+	return found[0]
+}
