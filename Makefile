@@ -18,22 +18,21 @@ LDFLAGS := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).commit=$(COMMI
 IMAGE ?= ghcr.io/gpudra/gpudra:$(VERSION)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
-.PHONY: demo demo-real-node inspect test test-race-e2e test-real-node build image bench bench-prepare fuzz load chaos chaos-real
+.PHONY: demo inspect test test-race-e2e test-real-node build image bench bench-prepare fuzz load chaos chaos-real
 
 # The local cluster: a real control plane with simulated GPU nodes, running
-# every example. The first run compiles Kubernetes (about 10 minutes on 2
-# cores); later runs start in seconds.
+# every example, and the fleet's first node real where the machine allows
+# it (docs/real-node.md): the real kubelet, containerd and runc, gpudra from
+# the chart as a container of its image, and a probe pod that prints what
+# its container sees. Where the machine cannot run a real node (not root,
+# no runc or busybox-static, no overlayfs, no cgroup controller) it says
+# what is missing and runs with simulated nodes only. The first run
+# compiles Kubernetes, the kubelet and containerd (about 15 minutes on 2
+# cores); later runs start in about 30 s. DEMO_REAL_NODES=0 leaves the real
+# node out.
+DEMO_REAL_NODES ?= 1
 demo:
-	cd localcluster && $(GO) run ./cmd/gpudra-sim
-
-# The demo with the fleet's first node real (docs/real-node.md): the real
-# kubelet, containerd and runc, gpudra from the chart as a container of its
-# image, and a probe pod that prints what its container sees. Where the
-# machine cannot run a real node it says what is missing and runs without.
-# The first run builds the kubelet and containerd (minutes); later runs add
-# about 11 s to the cluster's start (gpudra's image, the kubelet, gpudra's pod).
-demo-real-node:
-	cd localcluster && $(GO) run ./cmd/gpudra-sim --real-nodes 1
+	cd localcluster && $(GO) run ./cmd/gpudra-sim --real-nodes $(DEMO_REAL_NODES)
 
 # What the kubelet plugin would publish on a simulated DGX H100.
 inspect:

@@ -142,7 +142,7 @@ func (c *Cluster) startRealNodes(ctx context.Context, progress func(string)) err
 		}
 		daemonSets = append(daemonSets, ds)
 	}
-	progress(fmt.Sprintf("%-24s ready in %v", fmt.Sprintf("%d real nodes (kubelet)", n), time.Since(start).Round(time.Millisecond)))
+	progress(fmt.Sprintf("%-24s ready in %v", fmt.Sprintf("%d real node(s) (kubelet)", n), time.Since(start).Round(time.Millisecond)))
 	// The DaemonSets as the chart rendered them, with the real nodes'
 	// values; the DaemonSet controller makes their pods.
 	for _, ds := range daemonSets {
@@ -155,7 +155,7 @@ func (c *Cluster) startRealNodes(ctx context.Context, progress func(string)) err
 			return err
 		}
 	}
-	progress(fmt.Sprintf("%-24s ready in %v", fmt.Sprintf("%d real nodes (gpudra)", n), time.Since(start).Round(time.Millisecond)))
+	progress(fmt.Sprintf("%-24s ready in %v", fmt.Sprintf("%d real node(s) (gpudra)", n), time.Since(start).Round(time.Millisecond)))
 	return nil
 }
 
