@@ -16,15 +16,7 @@ import (
 
 func inventory(t *testing.T) *hardware.Inventory {
 	t.Helper()
-	f, err := sim.Load("dgx-a100-mig")
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := f.Node("dgx-a100-0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	inv, err := n.Hardware().Discover(context.Background())
+	inv, err := sim.Discover(context.Background(), "dgx-a100-mig", "dgx-a100-0")
 	if err != nil {
 		t.Fatal(err)
 	}

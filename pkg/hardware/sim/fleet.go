@@ -45,6 +45,7 @@
 package sim
 
 import (
+	"context"
 	"crypto/sha1"
 	"embed"
 	"encoding/json"
@@ -60,6 +61,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
+	"github.com/gpudra/gpudra/pkg/hardware"
 )
 
 // Defaults for the driver versions a node reports.
@@ -266,6 +268,20 @@ func (f *Fleet) Node(name string) (*Node, error) {
 		}
 	}
 	return nil, fmt.Errorf("fleet has no node %q (nodes: %s)", name, strings.Join(f.NodeNames(), ", "))
+}
+
+// Discover loads the fleet nameOrPath (as Load) and discovers the hardware
+// of its node nodeName, as the plugin on that node would.
+func Discover(ctx context.Context, nameOrPath, nodeName string) (*hardware.Inventory, error) {
+	f, err := Load(nameOrPath)
+	if err != nil {
+		return nil, err
+	}
+	n, err := f.Node(nodeName)
+	if err != nil {
+		return nil, err
+	}
+	return n.Hardware().Discover(ctx)
 }
 
 // NodeNames returns the names of the fleet's nodes in fleet order.
