@@ -51,6 +51,8 @@ type options struct {
 	loadDir string
 	// loadRoundTimeout bounds each load round, and the deletion after it.
 	loadRoundTimeout time.Duration
+	// loadMix is what the load run's pods ask for (loadmix.go).
+	loadMix string
 	// events is a health events file to play after the apply.
 	events string
 	// chartValues is a values file for gpudra's chart.
@@ -104,6 +106,7 @@ Flags:
 	fs.IntVar(&o.loadNodes, "load-nodes", 100, "with --load: number of simulated 8-GPU nodes")
 	fs.StringVar(&o.cpuProfile, "cpu-profile", "", "with --load: write a CPU profile of gpudra's last round to this file")
 	fs.DurationVar(&o.loadRoundTimeout, "load-round-timeout", 10*time.Minute, "with --load: how long each round may take to have every pod Running, and its pods to be deleted")
+	fs.StringVar(&o.loadMix, "load-mix", string(mixGPU), "with --load: what the pods ask for: gpu (one whole GPU each) or mixed (a third a 1g.10gb dynamic MIG device, a tenth a share of a GPU, the rest a whole GPU)")
 	fs.StringVar(&o.loadDir, "load-dir", "", "with --load: directory for the cluster's state (default: /dev/shm if writable, else the temporary directory)")
 	fs.StringVar(&o.fleetView, "fleet-view", "", "serve the fleet view page (as gpudra fleet-view) of the local cluster on this address, e.g. 127.0.0.1:8090, while the cluster runs (with --keep-running until interrupted)")
 	fs.StringVar(&o.cpuProfileBaseline, "cpu-profile-baseline", "", "with --load: write a CPU profile of the baseline driver's last round to this file")
