@@ -105,6 +105,11 @@ func runLoad(ctx context.Context, o options) error {
 		return fmt.Errorf("measure the idle fleet: %w", err)
 	}
 	cost.print(os.Stdout)
+	if o.cpuProfileIdle != "" {
+		if err := os.WriteFile(o.cpuProfileIdle, cost.idleProfile, 0o644); err != nil {
+			return fmt.Errorf("--cpu-profile-idle: %w", err)
+		}
+	}
 	return compareDrivers(ctx, o, mix, c, client, base)
 }
 

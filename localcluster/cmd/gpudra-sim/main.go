@@ -47,6 +47,8 @@ type options struct {
 	cpuProfile  string
 	// cpuProfileBaseline profiles the load run's last baseline round.
 	cpuProfileBaseline string
+	// cpuProfileIdle is where the load run writes its idle fleet's profile.
+	cpuProfileIdle string
 	// loadDir is where the load run's cluster keeps its state.
 	loadDir string
 	// loadRoundTimeout bounds each load round, and the deletion after it.
@@ -110,6 +112,7 @@ Flags:
 	fs.StringVar(&o.loadDir, "load-dir", "", "with --load: directory for the cluster's state (default: /dev/shm if writable, else the temporary directory)")
 	fs.StringVar(&o.fleetView, "fleet-view", "", "serve the fleet view page (as gpudra fleet-view) of the local cluster on this address, e.g. 127.0.0.1:8090, while the cluster runs (with --keep-running until interrupted)")
 	fs.StringVar(&o.cpuProfileBaseline, "cpu-profile-baseline", "", "with --load: write a CPU profile of the baseline driver's last round to this file")
+	fs.StringVar(&o.cpuProfileIdle, "cpu-profile-idle", "", "with --load: write the CPU profile of the idle fleet (15 s before the rounds) to this file")
 	_ = fs.Parse(os.Args[1:])
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "gpudra-sim: unexpected arguments %v\n", fs.Args())
