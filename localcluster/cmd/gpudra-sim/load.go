@@ -16,6 +16,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -309,12 +310,39 @@ func loadPod(name, template string, kind podKind) *corev1.Pod {
 func ptrTo[T any](v T) *T { return &v }
 
 // deleteAllPods deletes the default namespace's pods and waits until they
-// are gone (the nodes unprepare and remove them) and their claims too.
+// are gone (the nodes unprepare and remove them) and their claims too. The
+// pods are deleted one by one by loadCreators goroutines, as they were
+// created: one DeleteCollection of 2,000 pods on 1,000 nodes ran past the
+// API server's 60 s request timeout on this machine and failed the run.
 func deleteAllPods(ctx context.Context, client kubernetes.Interface, timeout time.Duration) error {
-	if err := client.CoreV1().Pods("default").DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+	list, err := client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list the pods to delete: %w", err)
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, loadCreators)
+	for range loadCreators {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(len(list.Items)) {
+					return
+				}
+				name := list.Items[i].Name
+				if err := client.CoreV1().Pods("default").Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+					errs <- fmt.Errorf("delete pod %s: %w", name, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
 		return err
 	}
-	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+	return wait.PollUntilContextTimeout(ctx, time.Second, timeout, true, func(ctx context.Context) (bool, error) {
 		pods, err := client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{FieldSelector: fields.Everything().String()})
 		if err != nil {
 			return false, nil
