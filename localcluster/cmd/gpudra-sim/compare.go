@@ -18,10 +18,10 @@ import (
 	"github.com/gpudra/gpudra/localcluster/simnode"
 )
 
-// baselineDriver is the driver name of the baseline driver every node of
-// the load run runs beside gpudra (package baseline), with a DeviceClass
-// of the same name.
-const baselineDriver = "baseline.gpudra.sim"
+// defaultBaselineDriver is the driver name of the baseline driver every
+// node of the load run runs beside gpudra (package baseline), with a
+// DeviceClass of the same name (--load-baseline-driver).
+const defaultBaselineDriver = "baseline.gpudra.sim"
 
 // loadRepeats is how many rounds of each driver the load run makes,
 // alternating, so that a machine that gets busier or quieter during the
@@ -47,7 +47,7 @@ type driverRun struct {
 // compareDrivers runs the baseline driver's and gpudra's rounds
 // alternately on the same cluster and prints the comparison.
 func compareDrivers(ctx context.Context, o options, mix loadMix, c *cluster.Cluster, client kubernetes.Interface, stateDir string) error {
-	runs := loadRuns(c.Options().DriverName)
+	runs := loadRuns(c.Options().DriverName, c.Options().Baseline)
 	if err := createLoadClasses(ctx, client, runs); err != nil {
 		return err
 	}
@@ -89,11 +89,12 @@ func compareDrivers(ctx context.Context, o options, mix loadMix, c *cluster.Clus
 	return nil
 }
 
-// loadRuns are the two sides of the comparison: the baseline driver's and
-// gpudra's (driver name gpudra), with a claim template per pod kind.
-func loadRuns(gpudra string) []*driverRun {
+// loadRuns are the two sides of the comparison: the baseline driver's
+// (driver name baseline) and gpudra's (driver name gpudra), with a claim
+// template per pod kind.
+func loadRuns(gpudra, baseline string) []*driverRun {
 	runs := []*driverRun{
-		{name: "baseline", driver: baselineDriver, gpuClass: baselineDriver, migClass: "mig." + baselineDriver},
+		{name: "baseline", driver: baseline, gpuClass: baseline, migClass: "mig." + baseline},
 		{name: "gpudra", driver: gpudra, gpuClass: gpudra, migClass: gpudraMIGClass},
 	}
 	for _, run := range runs {
@@ -114,11 +115,12 @@ func loadRuns(gpudra string) []*driverRun {
 // every device would offer the MIG placements to whole-GPU claims too, a
 // larger search for the scheduler.
 func createLoadClasses(ctx context.Context, client kubernetes.Interface, runs []*driverRun) error {
-	for name, typ := range map[string]string{baselineDriver: "gpu", "mig." + baselineDriver: "mig"} {
+	base := runs[0]
+	for name, typ := range map[string]string{base.gpuClass: "gpu", base.migClass: "mig"} {
 		class := &resourceapi.DeviceClass{
 			ObjectMeta: metav1.ObjectMeta{Name: name},
 			Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-				Expression: fmt.Sprintf("device.driver == '%[1]s' && device.attributes['%[1]s'].type == '%[2]s'", baselineDriver, typ),
+				Expression: fmt.Sprintf("device.driver == '%[1]s' && device.attributes['%[1]s'].type == '%[2]s'", base.driver, typ),
 			}}}},
 		}
 		if _, err := client.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -69,6 +70,9 @@ func runLoad(ctx context.Context, o options) error {
 	if err := mix.fits(o.load, o.loadNodes); err != nil {
 		return err
 	}
+	if err := checkBaselineName(o.loadBaseline); err != nil {
+		return err
+	}
 	fleet, err := mix.fleet(o.loadNodes)
 	if err != nil {
 		return err
@@ -83,7 +87,7 @@ func runLoad(ctx context.Context, o options) error {
 	}
 	defer os.RemoveAll(dir)
 	cpOpts := controlplane.Options{}
-	opts := cluster.Options{Fleet: fleet, Dir: dir, ControlPlane: cpOpts, Baseline: baselineDriver, Progress: func(msg string) { progress("%s", msg) }}
+	opts := cluster.Options{Fleet: fleet, Dir: dir, ControlPlane: cpOpts, Baseline: o.loadBaseline, Progress: func(msg string) { progress("%s", msg) }}
 	progress("starting the local cluster: %d nodes of 8 H100 (--load-mix %s), state in %s", o.loadNodes, mix, dir)
 	start := time.Now()
 	c, err := cluster.Start(ctx, opts)
@@ -112,6 +116,18 @@ func runLoad(ctx context.Context, o options) error {
 		}
 	}
 	return compareDrivers(ctx, o, mix, c, client, base)
+}
+
+// checkBaselineName refuses a --load-baseline-driver that is no driver
+// name or is gpudra's.
+func checkBaselineName(name string) error {
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return fmt.Errorf("--load-baseline-driver %q: must be a DNS subdomain (a DRA driver name): %s", name, strings.Join(errs, "; "))
+	}
+	if name == cluster.DefaultDriverName {
+		return fmt.Errorf("--load-baseline-driver %q: must differ from gpudra's driver name", name)
+	}
+	return nil
 }
 
 // percentile returns the p-th percentile of ds, rounded to milliseconds.

@@ -27,7 +27,7 @@ func TestMixedLoadRound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, Baseline: baselineDriver})
+	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, Baseline: defaultBaselineDriver})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +40,7 @@ func TestMixedLoadRound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runs := loadRuns(c.Options().DriverName)
+	runs := loadRuns(c.Options().DriverName, defaultBaselineDriver)
 	if err := createLoadClasses(ctx, client, runs); err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestMixedLoadRound(t *testing.T) {
 		}
 		// gpudra created one MIG device per MIG pod; the baseline none.
 		want := wantMIG
-		if run.driver == baselineDriver {
+		if run.driver == defaultBaselineDriver {
 			want = 0
 		}
 		if got := migDevices(); got != want {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/gpudra/gpudra/pkg/devicemodel"
@@ -178,6 +179,25 @@ func TestLoadRequest(t *testing.T) {
 			}
 			if mem != tc.wantMem {
 				t.Errorf("capacity %+v; want memory %q", e.Capacity, tc.wantMem)
+			}
+		})
+	}
+}
+
+func TestCheckBaselineName(t *testing.T) {
+	for _, tc := range []struct {
+		name, wantErr string
+	}{
+		{name: "baseline.gpudra.sim"},
+		{name: "sim.baseline.gpudra"},
+		{name: "gpu.nvidia.com", wantErr: `--load-baseline-driver "gpu.nvidia.com": must differ from gpudra's driver name`},
+		{name: "Baseline", wantErr: `--load-baseline-driver "Baseline": must be a DNS subdomain (a DRA driver name): `},
+		{name: "", wantErr: `--load-baseline-driver "": must be a DNS subdomain (a DRA driver name): `},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkBaselineName(tc.name)
+			if (err == nil) != (tc.wantErr == "") || (err != nil && !strings.HasPrefix(err.Error(), tc.wantErr)) {
+				t.Errorf("checkBaselineName(%q) = %v; want %q", tc.name, err, tc.wantErr)
 			}
 		})
 	}

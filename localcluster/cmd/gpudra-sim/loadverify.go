@@ -134,7 +134,7 @@ func (v *loadVerifier) pod(ctx context.Context, pod *corev1.Pod) error {
 	if p := devs.Claims[0].Devices[0]; p.Pool != res.Pool || p.Device != res.Device {
 		return fmt.Errorf("node prepared %s/%s, claim allocated %s", p.Pool, p.Device, key)
 	}
-	if v.driver == baselineDriver {
+	if v.driver == v.c.Options().Baseline {
 		if got := devs.Env[baseline.DeviceEnv]; len(devs.CDIDevices) == 0 || got != res.Device {
 			return fmt.Errorf("CDI devices %v resolved to %s=%q, want %q", devs.CDIDevices, baseline.DeviceEnv, got, res.Device)
 		}
