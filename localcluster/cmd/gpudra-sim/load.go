@@ -242,35 +242,23 @@ func loadRound(ctx context.Context, c *cluster.Cluster, client kubernetes.Interf
 	before := c.ControlPlane().RequestCounts()
 	cpuBefore := processCPU()
 	start := time.Now()
-	var next atomic.Int64
 	var lastCreated atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, loadCreators)
-	for range loadCreators {
-		wg.Go(func() {
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(n) {
-					return
-				}
-				t := time.Now()
-				if _, err := client.CoreV1().Pods("default").Create(ctx, loadPod(loadPodName(prefix, int(i)), templates[kinds[i]], kinds[i]), metav1.CreateOptions{}); err != nil {
-					errs <- err
-					return
-				}
-				mu.Lock()
-				createdAt[i] = t
-				mu.Unlock()
-				for took := int64(time.Since(start)); ; {
-					prev := lastCreated.Load()
-					if took <= prev || lastCreated.CompareAndSwap(prev, took) {
-						break
-					}
-				}
+	errs, waitCreated := inParallel(n, func(i int) error {
+		t := time.Now()
+		if _, err := client.CoreV1().Pods("default").Create(ctx, loadPod(loadPodName(prefix, i), templates[kinds[i]], kinds[i]), metav1.CreateOptions{}); err != nil {
+			return err
+		}
+		mu.Lock()
+		createdAt[i] = t
+		mu.Unlock()
+		for took := int64(time.Since(start)); ; {
+			prev := lastCreated.Load()
+			if took <= prev || lastCreated.CompareAndSwap(prev, took) {
+				return nil
 			}
-		})
-	}
-	defer wg.Wait()
+		}
+	})
+	defer waitCreated()
 	select {
 	case err := <-errs:
 		return nil, fmt.Errorf("create pod: %w", err)
@@ -284,7 +272,7 @@ func loadRound(ctx context.Context, c *cluster.Cluster, client kubernetes.Interf
 	}
 	requests := c.ControlPlane().RequestCounts().Sub(before)
 	cpu := processCPU() - cpuBefore
-	wg.Wait()
+	waitCreated()
 	mu.Lock()
 	defer mu.Unlock()
 	r := &roundResult{makespan: last.Sub(start), created: time.Duration(lastCreated.Load()), requests: requests, cpu: cpu}
@@ -335,28 +323,18 @@ func deleteAllPods(ctx context.Context, client kubernetes.Interface, timeout tim
 	if err != nil {
 		return fmt.Errorf("list the pods to delete: %w", err)
 	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, loadCreators)
-	for range loadCreators {
-		wg.Go(func() {
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(len(list.Items)) {
-					return
-				}
-				name := list.Items[i].Name
-				if err := client.CoreV1().Pods("default").Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-					errs <- fmt.Errorf("delete pod %s: %w", name, err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+	errs, waitDeleted := inParallel(len(list.Items), func(i int) error {
+		name := list.Items[i].Name
+		if err := client.CoreV1().Pods("default").Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete pod %s: %w", name, err)
+		}
+		return nil
+	})
+	waitDeleted()
+	select {
+	case err := <-errs:
 		return err
+	default:
 	}
 	return wait.PollUntilContextTimeout(ctx, time.Second, timeout, true, func(ctx context.Context) (bool, error) {
 		pods, err := client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{FieldSelector: fields.Everything().String()})
@@ -369,6 +347,30 @@ func deleteAllPods(ctx context.Context, client kubernetes.Interface, timeout tim
 		}
 		return len(pods.Items) == 0 && len(claims.Items) == 0, nil
 	})
+}
+
+// inParallel calls f(i) for each i in [0, n) from loadCreators
+// goroutines. A goroutine whose call fails sends the error on errs
+// (buffered: it never blocks) and stops; wait waits for all of them.
+func inParallel(n int, f func(i int) error) (errs <-chan error, wait func()) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	ch := make(chan error, loadCreators)
+	for range loadCreators {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(n) {
+					return
+				}
+				if err := f(int(i)); err != nil {
+					ch <- err
+					return
+				}
+			}
+		})
+	}
+	return ch, wg.Wait
 }
 
 // processCPU returns the CPU time this process has used, user and system.
