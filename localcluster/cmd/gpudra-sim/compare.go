@@ -18,39 +18,45 @@ import (
 	"github.com/gpudra/gpudra/localcluster/simnode"
 )
 
-// baselineDriver is the driver name of the baseline driver every node of
-// the load run runs beside gpudra (package baseline), with a DeviceClass
-// of the same name.
-const baselineDriver = "baseline.gpudra.sim"
+// defaultBaselineDriver is the driver name of the baseline driver every
+// node of the load run runs beside gpudra (package baseline), with a
+// DeviceClass of the same name (--load-baseline-driver).
+const defaultBaselineDriver = "baseline.gpudra.sim"
 
 // loadRepeats is how many rounds of each driver the load run makes,
 // alternating, so that a machine that gets busier or quieter during the
 // run weighs on both alike.
 const loadRepeats = 2
 
+// gpudraMIGClass is gpudra's DeviceClass of MIG devices (its chart's).
+const gpudraMIGClass = "mig.nvidia.com"
+
 // driverRun is one driver's side of the comparison.
 type driverRun struct {
-	name, driver, template string
-	rounds                 []*roundResult
+	name, driver string
+	// gpuClass and migClass are the driver's DeviceClasses of whole GPUs
+	// and of MIG devices.
+	gpuClass, migClass string
+	// templates are the claim templates of its pods, by kind.
+	templates map[podKind]string
+	rounds    []*roundResult
 	// profile is the CPU profile of the last round, for --cpu-profile.
 	profile []byte
 }
 
 // compareDrivers runs the baseline driver's and gpudra's rounds
 // alternately on the same cluster and prints the comparison.
-func compareDrivers(ctx context.Context, o options, c *cluster.Cluster, client kubernetes.Interface, stateDir string) error {
-	runs := []*driverRun{
-		{name: "baseline", driver: baselineDriver, template: "one-baseline-device"},
-		{name: "gpudra", driver: c.Options().DriverName, template: "one-gpu"},
-	}
+func compareDrivers(ctx context.Context, o options, mix loadMix, c *cluster.Cluster, client kubernetes.Interface, stateDir string) error {
+	runs := loadRuns(c.Options().DriverName, c.Options().Baseline)
 	if err := createLoadClasses(ctx, client, runs); err != nil {
 		return err
 	}
+	kinds := mix.kinds(o.load)
 	for i := range loadRepeats {
 		for _, run := range runs {
 			prefix := fmt.Sprintf("%s%d", run.name, i)
 			r, prof, err := profiledRound(func() (*roundResult, error) {
-				return loadRound(ctx, c, client, prefix, o.load, run.template, o.loadRoundTimeout)
+				return loadRound(ctx, c, client, prefix, kinds, run.templates, o.loadRoundTimeout)
 			})
 			if err != nil {
 				return err
@@ -79,35 +85,59 @@ func compareDrivers(ctx context.Context, o options, c *cluster.Cluster, client k
 			}
 		}
 	}
-	printComparison(o, c, stateDir, runs[0], runs[1])
+	printComparison(o, mix, stateDir, runs[0], runs[1])
 	return nil
 }
 
-// createLoadClasses creates the baseline driver's DeviceClass and one
-// claim template per driver, each asking for one device of its class. The
-// baseline's class selects what gpudra's gpu.nvidia.com selects, whole
-// GPUs, among the same devices (gpudra's attributes, which the baseline
-// publishes in its own driver's domain): a class of every device would
-// also offer the MIG placements, a larger search for the scheduler.
-func createLoadClasses(ctx context.Context, client kubernetes.Interface, runs []*driverRun) error {
-	class := &resourceapi.DeviceClass{
-		ObjectMeta: metav1.ObjectMeta{Name: baselineDriver},
-		Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
-			Expression: fmt.Sprintf("device.driver == '%[1]s' && device.attributes['%[1]s'].type == 'gpu'", baselineDriver),
-		}}}},
-	}
-	if _, err := client.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("DeviceClass %s: %w", baselineDriver, err)
+// loadRuns are the two sides of the comparison: the baseline driver's
+// (driver name baseline) and gpudra's (driver name gpudra), with a claim
+// template per pod kind.
+func loadRuns(gpudra, baseline string) []*driverRun {
+	runs := []*driverRun{
+		{name: "baseline", driver: baseline, gpuClass: baseline, migClass: "mig." + baseline},
+		{name: "gpudra", driver: gpudra, gpuClass: gpudra, migClass: gpudraMIGClass},
 	}
 	for _, run := range runs {
-		tmpl := &resourceapi.ResourceClaimTemplate{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: run.template},
-			Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
-				Requests: []resourceapi.DeviceRequest{{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: run.driver}}},
-			}}},
+		run.templates = map[podKind]string{}
+		for _, k := range []podKind{kindGPU, kindMIG, kindShare} {
+			run.templates[k] = fmt.Sprintf("one-%s-%s", run.name, k)
 		}
-		if _, err := client.ResourceV1().ResourceClaimTemplates("default").Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("ResourceClaimTemplate %s: %w", run.template, err)
+	}
+	return runs
+}
+
+// createLoadClasses creates the baseline driver's DeviceClasses and a
+// claim template per driver and pod kind, each asking for one device
+// (loadRequest). The baseline's whole-GPU class selects what gpudra's
+// gpu.nvidia.com selects, whole GPUs, and its MIG class what
+// mig.nvidia.com selects, among the same devices (gpudra's attributes,
+// which the baseline publishes in its own driver's domain): a class of
+// every device would offer the MIG placements to whole-GPU claims too, a
+// larger search for the scheduler.
+func createLoadClasses(ctx context.Context, client kubernetes.Interface, runs []*driverRun) error {
+	base := runs[0]
+	for name, typ := range map[string]string{base.gpuClass: "gpu", base.migClass: "mig"} {
+		class := &resourceapi.DeviceClass{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: resourceapi.DeviceClassSpec{Selectors: []resourceapi.DeviceSelector{{CEL: &resourceapi.CELDeviceSelector{
+				Expression: fmt.Sprintf("device.driver == '%[1]s' && device.attributes['%[1]s'].type == '%[2]s'", base.driver, typ),
+			}}}},
+		}
+		if _, err := client.ResourceV1().DeviceClasses().Create(ctx, class, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("DeviceClass %s: %w", name, err)
+		}
+	}
+	for _, run := range runs {
+		for kind, name := range run.templates {
+			tmpl := &resourceapi.ResourceClaimTemplate{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+				Spec: resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
+					Requests: []resourceapi.DeviceRequest{loadRequest(kind, run.driver, run.gpuClass, run.migClass)},
+				}}},
+			}
+			if _, err := client.ResourceV1().ResourceClaimTemplates("default").Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+				return fmt.Errorf("ResourceClaimTemplate %s: %w", name, err)
+			}
 		}
 	}
 	return nil
@@ -165,12 +195,12 @@ func (r *driverRun) totals() (makespan, cpu, own time.Duration) {
 	return makespan, cpu, own
 }
 
-func printComparison(o options, c *cluster.Cluster, stateDir string, base, gpudra *driverRun) {
+func printComparison(o options, mix loadMix, stateDir string, base, gpudra *driverRun) {
 	pods := float64(o.load * loadRepeats)
 	bm, bc, bo := base.totals()
 	gm, gc, gown := gpudra.totals()
 	perPod := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / pods }
-	fmt.Printf("\nload run: %d pods on %d simulated nodes (8 H100 each), one-device claim templates; %d rounds of each driver, alternating\n", o.load, o.loadNodes, loadRepeats)
+	fmt.Printf("\nload run: %d pods on %d simulated nodes (8 H100 each), %s; %d rounds of each driver, alternating\n", o.load, o.loadNodes, mix.describe(o.load), loadRepeats)
 	for _, r := range []*driverRun{base, gpudra} {
 		for i, round := range r.rounds {
 			fmt.Printf("  %-8s round %d: makespan %v (%.1f pods/s, CPU %.1f s = %.1f ms per pod, the driver's own %.2f ms per claim); create to bound p50 %v p99 %v; to Running p50 %v p99 %v\n",
@@ -181,11 +211,22 @@ func printComparison(o options, c *cluster.Cluster, stateDir string, base, gpudr
 	}
 	fmt.Printf(`  gpudra / baseline: makespan %.2fx, CPU per pod %.2fx (%.1f ms vs %.1f ms)
   each driver's plugin CPU per claim (pprof label %s): gpudra %.2f ms (%d samples), baseline %.2f ms (%d samples); gpudra's plugin %.1f%% of its rounds' CPU
-  every pod Running with its own device prepared on its node and resolved through CDI
+  every pod Running %s
   peak RSS of this process: %s; GOMAXPROCS %d; state in %s
 `, gm.Seconds()/bm.Seconds(), float64(gc)/float64(bc), perPod(gc), perPod(bc),
 		simnode.DriverLabel, perPod(gown), gown/profilePeriod, perPod(bo), bo/profilePeriod, 100*gown.Seconds()/gc.Seconds(),
-		peakRSS(), runtime.GOMAXPROCS(0), stateDir)
+		verified(mix), peakRSS(), runtime.GOMAXPROCS(0), stateDir)
 	g, b := gpudra.rounds[len(gpudra.rounds)-1], base.rounds[len(base.rounds)-1]
 	printRequests(os.Stdout, o.load, g.requests, b.requests)
+}
+
+// verified says what verifyLoad checked of every round's pods.
+func verified(mix loadMix) string {
+	if mix != mixMixed {
+		return "with its own device prepared on its node and resolved through CDI"
+	}
+	return "with its own device, or share of one, of its kind, prepared on its node and resolved through CDI; " +
+		"gpudra's MIG devices created on their GPUs and its shares in its checkpoint. " +
+		"The baseline serves the same claims from the same devices and counters, but creates no MIG device and " +
+		"keeps no share: it writes an environment-only CDI spec for each"
 }

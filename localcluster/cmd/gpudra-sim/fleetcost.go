@@ -48,6 +48,8 @@ type fleetCost struct {
 	// what the drivers' periodic work (health, discovery, sweep) costs.
 	idle, idleCPU time.Duration
 	idleByDriver  map[string]time.Duration
+	// idleProfile is that CPU profile, for --cpu-profile-idle.
+	idleProfile []byte
 }
 
 // idleProfile is how long the load run profiles the idle fleet.
@@ -104,7 +106,7 @@ func measureFleet(ctx context.Context, cp *controlplane.ControlPlane, client kub
 	}); err != nil {
 		return nil, err
 	}
-	fc.idle, fc.idleCPU = idleProfile, processCPU()-cpuBefore
+	fc.idle, fc.idleCPU, fc.idleProfile = idleProfile, processCPU()-cpuBefore, prof
 	if fc.idleByDriver, err = cpuByDriver(prof); err != nil {
 		return nil, fmt.Errorf("attribute the idle fleet's CPU profile: %w", err)
 	}

@@ -16,18 +16,16 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	resourceapi "k8s.io/api/resource/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
-
-	"github.com/gpudra/gpudra/localcluster/baseline"
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/controlplane"
 )
@@ -57,33 +55,27 @@ func defaultLoadDir() string {
 	return os.TempDir()
 }
 
-// loadFleet describes n nodes of eight H100s each.
-func loadFleet(n int) (*sim.Fleet, error) {
-	var b strings.Builder
-	b.WriteString("nodes:\n")
-	for i := range n {
-		fmt.Fprintf(&b, "- name: node-%03d\n  gpus:\n", i)
-		for range 8 {
-			b.WriteString("  - model: H100-SXM5-80GB\n")
-		}
-	}
-	return sim.Parse([]byte(b.String()), "load fleet")
-}
-
-// runLoad measures how fast pods with one-GPU claim templates go from
+// runLoad measures how fast pods with one-device claim templates go from
 // creation to prepared-and-running with gpudra, against the same pods and
 // claims served by the baseline driver (package baseline) on the same
 // nodes, in alternating rounds (compare.go).
 func runLoad(ctx context.Context, o options) error {
-	fleet, err := loadFleet(o.loadNodes)
+	mix, err := parseLoadMix(o.loadMix)
 	if err != nil {
 		return err
 	}
 	if o.loadRoundTimeout <= 0 {
 		return fmt.Errorf("--load-round-timeout %v: must be positive", o.loadRoundTimeout)
 	}
-	if gpus := 8 * o.loadNodes; o.load > gpus {
-		return fmt.Errorf("--load %d is more than the %d GPUs of %d nodes", o.load, gpus, o.loadNodes)
+	if err := mix.fits(o.load, o.loadNodes); err != nil {
+		return err
+	}
+	if err := checkBaselineName(o.loadBaseline); err != nil {
+		return err
+	}
+	fleet, err := mix.fleet(o.loadNodes)
+	if err != nil {
+		return err
 	}
 	base := o.loadDir
 	if base == "" {
@@ -95,8 +87,8 @@ func runLoad(ctx context.Context, o options) error {
 	}
 	defer os.RemoveAll(dir)
 	cpOpts := controlplane.Options{}
-	opts := cluster.Options{Fleet: fleet, Dir: dir, ControlPlane: cpOpts, Baseline: baselineDriver, Progress: func(msg string) { progress("%s", msg) }}
-	progress("starting the local cluster: %d nodes of 8 H100, state in %s", o.loadNodes, dir)
+	opts := cluster.Options{Fleet: fleet, Dir: dir, ControlPlane: cpOpts, Baseline: o.loadBaseline, Progress: func(msg string) { progress("%s", msg) }}
+	progress("starting the local cluster: %d nodes of 8 H100 (--load-mix %s), state in %s", o.loadNodes, mix, dir)
 	start := time.Now()
 	c, err := cluster.Start(ctx, opts)
 	if err != nil {
@@ -118,7 +110,24 @@ func runLoad(ctx context.Context, o options) error {
 		return fmt.Errorf("measure the idle fleet: %w", err)
 	}
 	cost.print(os.Stdout)
-	return compareDrivers(ctx, o, c, client, base)
+	if o.cpuProfileIdle != "" {
+		if err := os.WriteFile(o.cpuProfileIdle, cost.idleProfile, 0o644); err != nil {
+			return fmt.Errorf("--cpu-profile-idle: %w", err)
+		}
+	}
+	return compareDrivers(ctx, o, mix, c, client, base)
+}
+
+// checkBaselineName refuses a --load-baseline-driver that is no driver
+// name or is gpudra's.
+func checkBaselineName(name string) error {
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return fmt.Errorf("--load-baseline-driver %q: must be a DNS subdomain (a DRA driver name): %s", name, strings.Join(errs, "; "))
+	}
+	if name == cluster.DefaultDriverName {
+		return fmt.Errorf("--load-baseline-driver %q: must differ from gpudra's driver name", name)
+	}
+	return nil
 }
 
 // percentile returns the p-th percentile of ds, rounded to milliseconds.
@@ -160,105 +169,6 @@ func printRequests(w io.Writer, n int, withClaims, without controlplane.RequestC
 	_ = tw.Flush()
 }
 
-// verifyLoad checks the outcome of a round: every pod Running on a node;
-// with claims of driver, each pod's claim allocated exactly one device of
-// its own node, no device given to two pods, and the node's DRA manager
-// prepared that device for the container, whose CDI device resolved to a
-// device node (gpudra) or to the baseline driver's environment variable.
-// Without claims (driver ""), no pod got a device.
-func verifyLoad(ctx context.Context, c *cluster.Cluster, client kubernetes.Interface, prefix string, n int, driver string) error {
-	pods, err := client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return err
-	}
-	claimList, err := client.ResourceV1().ResourceClaims("default").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return err
-	}
-	claimsByName := map[string]*resourceapi.ResourceClaim{}
-	for i := range claimList.Items {
-		claimsByName[claimList.Items[i].Name] = &claimList.Items[i]
-	}
-	owner := map[string]string{} // pool/device -> pod
-	checked := 0
-	var errs []error
-	for i := range pods.Items {
-		pod := &pods.Items[i]
-		if !strings.HasPrefix(pod.Name, prefix+"-") {
-			continue
-		}
-		checked++
-		if err := verifyPod(c, pod, driver, claimsByName, owner); err != nil {
-			errs = append(errs, fmt.Errorf("pod %s: %w", pod.Name, err))
-		}
-	}
-	if checked != n {
-		errs = append(errs, fmt.Errorf("%d %s pods, want %d", checked, prefix, n))
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("load round %s: %d problems, the first: %w", prefix, len(errs), errs[0])
-	}
-	return nil
-}
-
-func verifyPod(c *cluster.Cluster, pod *corev1.Pod, driver string, claimsByName map[string]*resourceapi.ResourceClaim, owner map[string]string) error {
-	if pod.Status.Phase != corev1.PodRunning {
-		return fmt.Errorf("phase %s", pod.Status.Phase)
-	}
-	node := c.Node(pod.Spec.NodeName)
-	if node == nil {
-		return fmt.Errorf("on unknown node %q", pod.Spec.NodeName)
-	}
-	ctrs, ok := node.Containers(pod)
-	if !ok {
-		return fmt.Errorf("node %s has no record of starting it", node.Name())
-	}
-	devs := ctrs["ctr"]
-	if driver == "" {
-		if len(devs.CDIDevices) != 0 || len(devs.Claims) != 0 {
-			return fmt.Errorf("got devices %v without a claim", devs.CDIDevices)
-		}
-		return nil
-	}
-	names := cluster.ClaimNames(pod)
-	if len(names) != 1 {
-		return fmt.Errorf("claims %v, want one", names)
-	}
-	claim := claimsByName[names[0]]
-	if claim == nil || claim.Status.Allocation == nil {
-		return fmt.Errorf("claim %s missing or not allocated", names[0])
-	}
-	results := claim.Status.Allocation.Devices.Results
-	if len(results) != 1 {
-		return fmt.Errorf("claim %s has %d devices, want 1", claim.Name, len(results))
-	}
-	res := results[0]
-	if res.Driver != driver || res.Pool != node.Name() {
-		return fmt.Errorf("claim %s: device %s/%s/%s, want one of node %s", claim.Name, res.Driver, res.Pool, res.Device, node.Name())
-	}
-	key := res.Pool + "/" + res.Device
-	if other, taken := owner[key]; taken {
-		return fmt.Errorf("device %s also given to pod %s", key, other)
-	}
-	owner[key] = pod.Name
-	if len(devs.Claims) != 1 || len(devs.Claims[0].Devices) != 1 {
-		return fmt.Errorf("node prepared %+v, want one claim with one device", devs.Claims)
-	}
-	if p := devs.Claims[0].Devices[0]; p.Pool != res.Pool || p.Device != res.Device {
-		return fmt.Errorf("node prepared %s/%s, claim allocated %s", p.Pool, p.Device, key)
-	}
-	if driver == baselineDriver {
-		if got := devs.Env[baseline.DeviceEnv]; len(devs.CDIDevices) == 0 || got != res.Device {
-			return fmt.Errorf("CDI devices %v resolved to %s=%q, want %q", devs.CDIDevices, baseline.DeviceEnv, got, res.Device)
-		}
-		return nil
-	}
-	if len(devs.CDIDevices) == 0 || len(devs.DeviceNodes) == 0 {
-		return fmt.Errorf("CDI devices %v resolved to device nodes %v", devs.CDIDevices, devs.DeviceNodes)
-	}
-	return nil
-}
-
 // roundResult is what one round of the load run measured.
 type roundResult struct {
 	// makespan is from the first create to the last pod Running.
@@ -281,11 +191,14 @@ type roundResult struct {
 	byDriver map[string]time.Duration
 }
 
-// loadRound creates n pods at once and returns the time from the first
-// create to the last pod Running (Running means prepared: the pod loop
-// marks a pod Running only after the DRA manager prepared its claims).
-func loadRound(ctx context.Context, c *cluster.Cluster, client kubernetes.Interface, prefix string, n int, template string, timeout time.Duration) (*roundResult, error) {
-	claims := template != ""
+// loadRound creates a pod of each of kinds at once, with a claim from the
+// template templates give for its kind (none with nil templates), and
+// returns the time from the first create to the last pod Running (Running
+// means prepared: the pod loop marks a pod Running only after the DRA
+// manager prepared its claims).
+func loadRound(ctx context.Context, c *cluster.Cluster, client kubernetes.Interface, prefix string, kinds []podKind, templates map[podKind]string, timeout time.Duration) (*roundResult, error) {
+	n := len(kinds)
+	claims := templates != nil
 	// An informer rather than a bare watch: it survives the watch being
 	// closed under load.
 	var mu sync.Mutex
@@ -329,35 +242,23 @@ func loadRound(ctx context.Context, c *cluster.Cluster, client kubernetes.Interf
 	before := c.ControlPlane().RequestCounts()
 	cpuBefore := processCPU()
 	start := time.Now()
-	var next atomic.Int64
 	var lastCreated atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, loadCreators)
-	for range loadCreators {
-		wg.Go(func() {
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(n) {
-					return
-				}
-				t := time.Now()
-				if _, err := client.CoreV1().Pods("default").Create(ctx, loadPod(loadPodName(prefix, int(i)), template), metav1.CreateOptions{}); err != nil {
-					errs <- err
-					return
-				}
-				mu.Lock()
-				createdAt[i] = t
-				mu.Unlock()
-				for took := int64(time.Since(start)); ; {
-					prev := lastCreated.Load()
-					if took <= prev || lastCreated.CompareAndSwap(prev, took) {
-						break
-					}
-				}
+	errs, waitCreated := inParallel(n, func(i int) error {
+		t := time.Now()
+		if _, err := client.CoreV1().Pods("default").Create(ctx, loadPod(loadPodName(prefix, i), templates[kinds[i]], kinds[i]), metav1.CreateOptions{}); err != nil {
+			return err
+		}
+		mu.Lock()
+		createdAt[i] = t
+		mu.Unlock()
+		for took := int64(time.Since(start)); ; {
+			prev := lastCreated.Load()
+			if took <= prev || lastCreated.CompareAndSwap(prev, took) {
+				return nil
 			}
-		})
-	}
-	defer wg.Wait()
+		}
+	})
+	defer waitCreated()
 	select {
 	case err := <-errs:
 		return nil, fmt.Errorf("create pod: %w", err)
@@ -371,7 +272,7 @@ func loadRound(ctx context.Context, c *cluster.Cluster, client kubernetes.Interf
 	}
 	requests := c.ControlPlane().RequestCounts().Sub(before)
 	cpu := processCPU() - cpuBefore
-	wg.Wait()
+	waitCreated()
 	mu.Lock()
 	defer mu.Unlock()
 	r := &roundResult{makespan: last.Sub(start), created: time.Duration(lastCreated.Load()), requests: requests, cpu: cpu}
@@ -393,11 +294,11 @@ func loadRound(ctx context.Context, c *cluster.Cluster, client kubernetes.Interf
 
 func loadPodName(prefix string, i int) string { return fmt.Sprintf("%s-%05d", prefix, i) }
 
-// loadPod is a pod with one claim from the template, none if template is
-// "".
-func loadPod(name, template string) *corev1.Pod {
+// loadPod is a pod of the given kind (loadKindLabel) with one claim from
+// the template, none if template is "".
+func loadPod(name, template string, kind podKind) *corev1.Pod {
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, Labels: map[string]string{loadKindLabel: string(kind)}},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{
 			Name: "ctr", Image: "ubuntu:24.04",
 			Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("10m")}},
@@ -413,12 +314,29 @@ func loadPod(name, template string) *corev1.Pod {
 func ptrTo[T any](v T) *T { return &v }
 
 // deleteAllPods deletes the default namespace's pods and waits until they
-// are gone (the nodes unprepare and remove them) and their claims too.
+// are gone (the nodes unprepare and remove them) and their claims too. The
+// pods are deleted one by one by loadCreators goroutines, as they were
+// created: one DeleteCollection of 2,000 pods on 1,000 nodes ran past the
+// API server's 60 s request timeout on this machine and failed the run.
 func deleteAllPods(ctx context.Context, client kubernetes.Interface, timeout time.Duration) error {
-	if err := client.CoreV1().Pods("default").DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
-		return err
+	list, err := client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list the pods to delete: %w", err)
 	}
-	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+	errs, waitDeleted := inParallel(len(list.Items), func(i int) error {
+		name := list.Items[i].Name
+		if err := client.CoreV1().Pods("default").Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("delete pod %s: %w", name, err)
+		}
+		return nil
+	})
+	waitDeleted()
+	select {
+	case err := <-errs:
+		return err
+	default:
+	}
+	return wait.PollUntilContextTimeout(ctx, time.Second, timeout, true, func(ctx context.Context) (bool, error) {
 		pods, err := client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{FieldSelector: fields.Everything().String()})
 		if err != nil {
 			return false, nil
@@ -429,6 +347,30 @@ func deleteAllPods(ctx context.Context, client kubernetes.Interface, timeout tim
 		}
 		return len(pods.Items) == 0 && len(claims.Items) == 0, nil
 	})
+}
+
+// inParallel calls f(i) for each i in [0, n) from loadCreators
+// goroutines. A goroutine whose call fails sends the error on errs
+// (buffered: it never blocks) and stops; wait waits for all of them.
+func inParallel(n int, f func(i int) error) (errs <-chan error, wait func()) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	ch := make(chan error, loadCreators)
+	for range loadCreators {
+		wg.Go(func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(n) {
+					return
+				}
+				if err := f(int(i)); err != nil {
+					ch <- err
+					return
+				}
+			}
+		})
+	}
+	return ch, wg.Wait
 }
 
 // processCPU returns the CPU time this process has used, user and system.

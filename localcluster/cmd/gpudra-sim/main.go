@@ -47,10 +47,16 @@ type options struct {
 	cpuProfile  string
 	// cpuProfileBaseline profiles the load run's last baseline round.
 	cpuProfileBaseline string
+	// cpuProfileIdle is where the load run writes its idle fleet's profile.
+	cpuProfileIdle string
 	// loadDir is where the load run's cluster keeps its state.
 	loadDir string
 	// loadRoundTimeout bounds each load round, and the deletion after it.
 	loadRoundTimeout time.Duration
+	// loadMix is what the load run's pods ask for (loadmix.go).
+	loadMix string
+	// loadBaseline is the baseline driver's name.
+	loadBaseline string
 	// events is a health events file to play after the apply.
 	events string
 	// chartValues is a values file for gpudra's chart.
@@ -108,10 +114,13 @@ Flags:
 	fs.IntVar(&o.loadNodes, "load-nodes", 100, "with --load: number of simulated 8-GPU nodes")
 	fs.StringVar(&o.cpuProfile, "cpu-profile", "", "with --load: write a CPU profile of gpudra's last round to this file")
 	fs.DurationVar(&o.loadRoundTimeout, "load-round-timeout", 10*time.Minute, "with --load: how long each round may take to have every pod Running, and its pods to be deleted")
+	fs.StringVar(&o.loadMix, "load-mix", string(mixGPU), "with --load: what the pods ask for: gpu (one whole GPU each) or mixed (a third a 1g.10gb dynamic MIG device, a tenth a share of a GPU, the rest a whole GPU)")
+	fs.StringVar(&o.loadBaseline, "load-baseline-driver", defaultBaselineDriver, "with --load: the baseline driver's name; the scheduler searches a node's devices in the order of their drivers' names, so one that sorts after gpu.nvidia.com (e.g. sim.baseline.gpudra) puts the baseline's devices after gpudra's")
 	fs.StringVar(&o.loadDir, "load-dir", "", "with --load: directory for the cluster's state (default: /dev/shm if writable, else the temporary directory)")
 	fs.IntVar(&o.realNodes, "real-nodes", 0, "make the fleet's first N nodes real: the real kubelet, containerd and runc, gpudra installed from the chart as a container of its image, and a probe pod whose container prints what it sees (docs/real-node.md); where the machine cannot run one, say what is missing and run without it")
 	fs.StringVar(&o.fleetView, "fleet-view", "", "serve the fleet view page (as gpudra fleet-view) of the local cluster on this address, e.g. 127.0.0.1:8090, while the cluster runs (with --keep-running until interrupted)")
 	fs.StringVar(&o.cpuProfileBaseline, "cpu-profile-baseline", "", "with --load: write a CPU profile of the baseline driver's last round to this file")
+	fs.StringVar(&o.cpuProfileIdle, "cpu-profile-idle", "", "with --load: write the CPU profile of the idle fleet (15 s before the rounds) to this file")
 	_ = fs.Parse(os.Args[1:])
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "gpudra-sim: unexpected arguments %v\n", fs.Args())
