@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -97,14 +98,14 @@ func TestClaimWithGPUAndItsVFIODeviceIsRefused(t *testing.T) {
 // Defect 8: during an API partition, Unprepare of a dynamic-MIG claim
 // blocked on the claim's status write. It must return without waiting.
 func TestUnprepareDoesNotWaitForTheStatusWrite(t *testing.T) {
-	h := newMIGHarness(t)
-	claim := h.claim(h.migName(0, "1g.10gb", 0))
-	h.mustPrepare(claim)
 	release := make(chan struct{})
-	t.Cleanup(func() { close(release) })
 	blocked := make(chan struct{}, 1)
-	h.client.PrependReactor("*", "resourceclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if a.GetSubresource() != "status" {
+	// Armed after the Prepare. The reactor is installed before the plugin
+	// starts: the fake clientset's reaction chain may not change while the
+	// plugin's goroutines use it.
+	var armed atomic.Bool
+	h := newMIGHarness(t, withReactor("*", "resourceclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if !armed.Load() || a.GetSubresource() != "status" {
 			return false, nil, nil
 		}
 		select {
@@ -113,7 +114,12 @@ func TestUnprepareDoesNotWaitForTheStatusWrite(t *testing.T) {
 		}
 		<-release // an API server that does not answer
 		return false, nil, nil
-	})
+	}))
+	// Before the harness's stop, which waits for the hanging write.
+	t.Cleanup(func() { close(release) })
+	claim := h.claim(h.migName(0, "1g.10gb", 0))
+	h.mustPrepare(claim)
+	armed.Store(true)
 	h.mustUnprepare(claim) // returns while the status write hangs
 	if migs := h.migDevices(0); len(migs) != 0 {
 		t.Errorf("MIG instance not destroyed: %+v", migs)

@@ -127,6 +127,20 @@ func newFakeClient(objects ...runtime.Object) *fake.Clientset {
 	return client
 }
 
+// withReactor gives the plugin a fake API server with fn prepended for
+// verb and resource, installed before the plugin starts (a reactor added
+// later races with the plugin's calls).
+func withReactor(verb, resource string, fn k8stesting.ReactionFunc) func(*plugin.Config) {
+	return func(cfg *plugin.Config) {
+		client, ok := cfg.KubeClient.(*fake.Clientset)
+		if !ok {
+			client = newFakeClient(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: cfg.NodeName, UID: "node-uid"}})
+			cfg.KubeClient = client
+		}
+		client.PrependReactor(verb, resource, fn)
+	}
+}
+
 // withFleet runs the plugin on a node of another fleet: a built-in name
 // or YAML text.
 func withFleet(tb testing.TB, fleetNameOrYAML, node string) func(*plugin.Config) {
