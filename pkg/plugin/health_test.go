@@ -143,37 +143,6 @@ func (h *healthHarness) waitPublished(t *testing.T, what string, cond func(map[s
 	}
 }
 
-// waitPoolSettled waits until every ResourceSlice of the pool is at the
-// pool's newest generation and the pool is complete: the ResourceSlice
-// controller has written all it will for the last publication.
-func (h *healthHarness) waitPoolSettled(t *testing.T) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		list, err := h.client.ResourceV1().ResourceSlices().List(context.Background(), metav1.ListOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		newest := int64(-1)
-		for _, s := range list.Items {
-			newest = max(newest, s.Spec.Pool.Generation)
-		}
-		settled := len(list.Items) > 0
-		for _, s := range list.Items {
-			if s.Spec.Pool.Generation != newest || int(s.Spec.Pool.ResourceSliceCount) != len(list.Items) {
-				settled = false
-			}
-		}
-		if settled {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the pool's %d slices did not reach one generation within 10 s", len(list.Items))
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // TestHealthTaintsAndRecovery: a fatal XID taints the GPU's device in the
 // published slice; an application XID changes nothing; recovery removes
 // the taint; a lost GPU stays published with a NoExecute taint until it
@@ -192,17 +161,18 @@ func TestHealthTaintsAndRecovery(t *testing.T) {
 		t.Errorf("Node event: %q, %v", msg, err)
 	}
 
-	// The taint bumped the pool's generation: the controller rewrites every
-	// slice of the pool, not only gpu-3's. Count from when all are done.
-	h.waitPoolSettled(t)
-	writes := h.sliceWrites.Load()
+	// What the plugin asks for, not the slice writes: the upstream
+	// ResourceSlice controller rewrites a pool's slices on its own schedule
+	// after an update (generation bumps, delayed syncs), which once landed
+	// in this window under load.
+	republished := h.driver.HealthRepublications()
 	h.do(4, "xid:13")
 	time.Sleep(2 * time.Second) // more than settle + interval
 	if got := tainted(h.published()); len(got) != 1 || got["gpu-3"] != xid79 {
 		t.Errorf("after an application XID: tainted devices %v, want gpu-3 only", got)
 	}
-	if w := h.sliceWrites.Load(); w != writes {
-		t.Errorf("an application XID caused %d slice writes", w-writes)
+	if r := h.driver.HealthRepublications(); r != republished {
+		t.Errorf("an application XID caused %d republications", r-republished)
 	}
 
 	metricsText := func() string {
