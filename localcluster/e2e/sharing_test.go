@@ -96,7 +96,12 @@ spec:
 	if mpsfake.Alive(rec.PID) {
 		t.Errorf("MPS daemon pid %d still runs after its claim was unprepared", rec.PID)
 	}
-	if checkpointHas(t, pod.Spec.NodeName, uid) || len(specFilesFor(t, pod.Spec.NodeName, uid)) != 0 {
+	// The daemon's directory goes before the Unprepare ends: the claim's
+	// checkpoint entry and CDI spec go last.
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		return !checkpointHas(t, pod.Spec.NodeName, uid) && len(specFilesFor(t, pod.Spec.NodeName, uid)) == 0, nil
+	})
+	if err != nil {
 		t.Errorf("claim %s still prepared on %s", uid, pod.Spec.NodeName)
 	}
 }
