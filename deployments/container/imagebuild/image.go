@@ -141,16 +141,31 @@ func Build(opts Options) (v1.Image, error) {
 		delete(bin, dir)
 	}
 
+	return assemble([]layerFiles{
+		{base, "gpudra build-image: loader, libraries and nsenter from " + root + ", /etc, /tmp"},
+		{bin, "gpudra build-image: gpudra " + opts.Version},
+	}, opts.Created, arch, v1.Config{
+		Entrypoint: []string{BinaryPath},
+		Env:        []string{PathEnv},
+		User:       User,
+		Labels:     Labels(opts.Version, opts.Commit),
+	})
+}
+
+// layerFiles is one layer of an image: its files, and what made it (the
+// layer's history entry).
+type layerFiles struct {
+	files     tree
+	createdBy string
+}
+
+// assemble builds an OCI image of layers, created at created, for arch,
+// with config.
+func assemble(layers []layerFiles, created time.Time, arch string, config v1.Config) (v1.Image, error) {
 	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	for _, layer := range []struct {
-		files tree
-		what  string
-	}{
-		{base, "loader, libraries and nsenter from " + root + ", /etc, /tmp"},
-		{bin, "gpudra " + opts.Version},
-	} {
-		l, err := layerOf(layer.files, opts.Created)
+	for _, layer := range layers {
+		l, err := layerOf(layer.files, created)
 		if err != nil {
 			return nil, err
 		}
@@ -158,8 +173,8 @@ func Build(opts Options) (v1.Image, error) {
 			Layer:     l,
 			MediaType: types.OCILayer,
 			History: v1.History{
-				Created:   v1.Time{Time: opts.Created},
-				CreatedBy: "gpudra build-image: " + layer.what,
+				Created:   v1.Time{Time: created},
+				CreatedBy: layer.createdBy,
 			},
 		})
 		if err != nil {
@@ -173,13 +188,8 @@ func Build(opts Options) (v1.Image, error) {
 	cf = cf.DeepCopy()
 	cf.OS = "linux"
 	cf.Architecture = arch
-	cf.Created = v1.Time{Time: opts.Created}
-	cf.Config = v1.Config{
-		Entrypoint: []string{BinaryPath},
-		Env:        []string{PathEnv},
-		User:       User,
-		Labels:     Labels(opts.Version, opts.Commit),
-	}
+	cf.Created = v1.Time{Time: created}
+	cf.Config = config
 	return mutate.ConfigFile(img, cf)
 }
 

@@ -9,9 +9,6 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
 // SmallOptions say what goes into a small single-layer image of programs
@@ -78,37 +75,12 @@ func BuildSmall(opts SmallOptions) (v1.Image, error) {
 	if !ok {
 		return nil, fmt.Errorf("small image: unsupported machine %v", deps.machine)
 	}
-	layer, err := layerOf(files, opts.Created)
-	if err != nil {
-		return nil, err
-	}
-	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
-	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	img, err = mutate.Append(img, mutate.Addendum{
-		Layer:     layer,
-		MediaType: types.OCILayer,
-		History: v1.History{
-			Created:   v1.Time{Time: opts.Created},
-			CreatedBy: "gpudra imagebuild.BuildSmall",
-		},
-	})
-	if err != nil {
-		return nil, err
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return nil, err
-	}
-	cf = cf.DeepCopy()
-	cf.OS = "linux"
-	cf.Architecture = arch
-	cf.Created = v1.Time{Time: opts.Created}
 	env := opts.Env
 	if len(env) == 0 {
 		env = []string{PathEnv}
 	}
-	cf.Config = v1.Config{Entrypoint: opts.Entrypoint, Cmd: opts.Cmd, Env: env}
-	return mutate.ConfigFile(img, cf)
+	return assemble([]layerFiles{{files, "gpudra imagebuild.BuildSmall"}}, opts.Created, arch,
+		v1.Config{Entrypoint: opts.Entrypoint, Cmd: opts.Cmd, Env: env})
 }
 
 func sortedKeys(m map[string]string) []string {
