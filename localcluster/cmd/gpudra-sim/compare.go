@@ -23,10 +23,10 @@ import (
 // DeviceClass of the same name (--load-baseline-driver).
 const defaultBaselineDriver = "baseline.gpudra.sim"
 
-// loadRepeats is how many rounds of each driver the load run makes,
-// alternating, so that a machine that gets busier or quieter during the
-// run weighs on both alike.
-const loadRepeats = 2
+// defaultLoadRounds is how many rounds of each driver the load run makes
+// (--load-rounds), alternating, so that a machine that gets busier or
+// quieter during the run weighs on both alike.
+const defaultLoadRounds = 2
 
 // gpudraMIGClass is gpudra's DeviceClass of MIG devices (its chart's).
 const gpudraMIGClass = "mig.nvidia.com"
@@ -52,7 +52,7 @@ func compareDrivers(ctx context.Context, o options, mix loadMix, c *cluster.Clus
 		return err
 	}
 	kinds := mix.kinds(o.load)
-	for i := range loadRepeats {
+	for i := range o.loadRounds {
 		for _, run := range runs {
 			prefix := fmt.Sprintf("%s%d", run.name, i)
 			r, prof, err := profiledRound(func() (*roundResult, error) {
@@ -196,11 +196,11 @@ func (r *driverRun) totals() (makespan, cpu, own time.Duration) {
 }
 
 func printComparison(o options, mix loadMix, stateDir string, base, gpudra *driverRun) {
-	pods := float64(o.load * loadRepeats)
+	pods := float64(o.load * o.loadRounds)
 	bm, bc, bo := base.totals()
 	gm, gc, gown := gpudra.totals()
 	perPod := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / pods }
-	fmt.Printf("\nload run: %d pods on %d simulated nodes (8 H100 each), %s; %d rounds of each driver, alternating\n", o.load, o.loadNodes, mix.describe(o.load), loadRepeats)
+	fmt.Printf("\nload run: %d pods on %d simulated nodes (8 H100 each), %s; %d rounds of each driver, alternating\n", o.load, o.loadNodes, mix.describe(o.load), o.loadRounds)
 	for _, r := range []*driverRun{base, gpudra} {
 		for i, round := range r.rounds {
 			fmt.Printf("  %-8s round %d: makespan %v (%.1f pods/s, CPU %.1f s = %.1f ms per pod, the driver's own %.2f ms per claim); create to bound p50 %v p99 %v; to Running p50 %v p99 %v\n",

@@ -67,6 +67,9 @@ func runLoad(ctx context.Context, o options) error {
 	if o.loadRoundTimeout <= 0 {
 		return fmt.Errorf("--load-round-timeout %v: must be positive", o.loadRoundTimeout)
 	}
+	if o.loadRounds < 1 {
+		return fmt.Errorf("--load-rounds %d: must be at least 1", o.loadRounds)
+	}
 	if err := mix.fits(o.load, o.loadNodes); err != nil {
 		return err
 	}

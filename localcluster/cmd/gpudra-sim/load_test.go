@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -61,5 +62,30 @@ func TestPrintRequests(t *testing.T) {
 		if want != nil && strings.Join(strings.Fields(lines[i]), " ") != strings.Join(want, " ") {
 			t.Errorf("line %d = %q, want fields %v", i, lines[i], want)
 		}
+	}
+}
+
+// TestRunLoadRefusesBadFlags: a load run with flags it cannot honour stops
+// before it starts a cluster, naming the flag.
+func TestRunLoadRefusesBadFlags(t *testing.T) {
+	valid := options{load: 8, loadNodes: 1, loadMix: "gpu", loadRounds: 1, loadRoundTimeout: time.Minute, loadBaseline: defaultBaselineDriver}
+	for _, tc := range []struct {
+		name    string
+		edit    func(*options)
+		wantErr string
+	}{
+		{"no rounds", func(o *options) { o.loadRounds = 0 }, "--load-rounds 0: must be at least 1"},
+		{"no timeout", func(o *options) { o.loadRoundTimeout = 0 }, "--load-round-timeout 0s: must be positive"},
+		{"more pods than GPUs", func(o *options) { o.load = 9 }, "--load 9 is more than the 8 GPUs of 1 nodes"},
+		{"gpudra's name", func(o *options) { o.loadBaseline = "gpu.nvidia.com" }, "must differ from gpudra's driver name"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := valid
+			tc.edit(&o)
+			err := runLoad(context.Background(), o)
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("runLoad = %v; want an error with %q", err, tc.wantErr)
+			}
+		})
 	}
 }

@@ -55,6 +55,8 @@ type options struct {
 	loadRoundTimeout time.Duration
 	// loadMix is what the load run's pods ask for (loadmix.go).
 	loadMix string
+	// loadRounds is how many rounds of each driver the load run makes.
+	loadRounds int
 	// loadBaseline is the baseline driver's name.
 	loadBaseline string
 	// events is a health events file to play after the apply.
@@ -114,6 +116,7 @@ Flags:
 	fs.IntVar(&o.loadNodes, "load-nodes", 100, "with --load: number of simulated 8-GPU nodes")
 	fs.StringVar(&o.cpuProfile, "cpu-profile", "", "with --load: write a CPU profile of gpudra's last round to this file")
 	fs.DurationVar(&o.loadRoundTimeout, "load-round-timeout", 10*time.Minute, "with --load: how long each round may take to have every pod Running, and its pods to be deleted")
+	fs.IntVar(&o.loadRounds, "load-rounds", defaultLoadRounds, "with --load: how many rounds of each driver, alternating (the baseline's first)")
 	fs.StringVar(&o.loadMix, "load-mix", string(mixGPU), "with --load: what the pods ask for: gpu (one whole GPU each) or mixed (a third a 1g.10gb dynamic MIG device, a tenth a share of a GPU, the rest a whole GPU)")
 	fs.StringVar(&o.loadBaseline, "load-baseline-driver", defaultBaselineDriver, "with --load: the baseline driver's name; the scheduler searches a node's devices in the order of their drivers' names, so one that sorts after gpu.nvidia.com (e.g. sim.baseline.gpudra) puts the baseline's devices after gpudra's")
 	fs.StringVar(&o.loadDir, "load-dir", "", "with --load: directory for the cluster's state (default: /dev/shm if writable, else the temporary directory)")
