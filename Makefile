@@ -122,6 +122,7 @@ FUZZ_TARGETS := \
 	./pkg/checkpoint:FuzzDecodeNVIDIA \
 	./pkg/hardware/sim:FuzzParse \
 	./pkg/cdi:FuzzRead \
+	./pkg/cdi:FuzzValidateAgreesWithTheLibrary \
 	./pkg/features/migmode:FuzzRecord \
 	./pkg/features/dynamicmig:FuzzRecord \
 	./pkg/features/passthrough:FuzzRecord \

@@ -192,7 +192,7 @@ func TestKubeletPluginRunsAsServiceAccount(t *testing.T) {
 		entries, _ := os.ReadDir(node.CDIDir())
 		var files []string
 		for _, e := range entries {
-			if !e.IsDir() { // the writer's staging directory stays
+			if !e.IsDir() {
 				files = append(files, e.Name())
 			}
 		}

@@ -12,9 +12,10 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/gpudra/gpudra/pkg/checkpoint"
 )
 
 // Writer writes and removes the per-claim spec files in one CDI directory.
@@ -23,26 +24,20 @@ import (
 type Writer struct {
 	dir        string
 	driverName string
-	// staging is this driver's private subdirectory of dir, where specs
-	// are written and validated before they are renamed into dir; stage
-	// is the CDI library's cache over it.
+	// staging is the subdirectory of dir where gpudra before 2026-11-28
+	// wrote specs through the CDI library before renaming them into dir;
+	// [Writer.RemoveStaleTemps] empties and removes what such a version
+	// left.
 	staging string
-	stage   *cdiapi.Cache
 }
 
 // NewWriter returns a writer for dir (usually /var/run/cdi), creating it if
 // needed.
 func NewWriter(dir, driverName string) (*Writer, error) {
-	staging := filepath.Join(dir, "."+Vendor(driverName)+".staging")
-	if err := os.MkdirAll(staging, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create CDI spec directory: %w", err)
 	}
-	// No auto-refresh: the cache only writes, it never resolves devices.
-	stage, err := cdiapi.NewCache(cdiapi.WithSpecDirs(staging), cdiapi.WithAutoRefresh(false))
-	if err != nil {
-		return nil, fmt.Errorf("CDI cache for %s: %w", staging, err)
-	}
-	return &Writer{dir: dir, driverName: driverName, staging: staging, stage: stage}, nil
+	return &Writer{dir: dir, driverName: driverName, staging: filepath.Join(dir, "."+Vendor(driverName)+".staging")}, nil
 }
 
 // Dir is the directory the writer writes to.
@@ -58,35 +53,24 @@ func (w *Writer) Path(claimUID string) string {
 	return filepath.Join(w.dir, w.specName(claimUID)+".json")
 }
 
-// tempInfix marks the temp files of an earlier Write: <spec file>.tmp-<random>.
-// The name does not end in .json or .yaml, so the CDI library (and every
-// runtime using it) skips it.
+// tempInfix marks the temp files of a Write: <spec file>.tmp-<random>
+// (checkpoint.WriteFileAtomic's names). The name does not end in .json or
+// .yaml, so the CDI library (and every runtime using it) skips it, and it
+// names the claim, so [Writer.RemoveStaleTemps] knows it for this
+// driver's.
 const tempInfix = ".tmp-"
 
 // Write validates spec and replaces the claim's spec file with it.
 //
-// The CDI library's Cache.WriteSpec validates the spec in memory and
-// writes it atomically, but its temp file is named spec.<random>.tmp
-// whatever the vendor: a crash between creating and renaming it would
-// leave a file nobody can attribute. So the library writes into this
-// driver's own staging subdirectory (runtimes do not look into
-// subdirectories), and the finished file is renamed into place:
-// everything a killed Write leaves is in the staging directory, which
-// [Writer.RemoveStaleTemps] empties.
-//
-// That is two renames where one would do, but one rename needs the temp
-// file named by this writer, so the spec would have to be validated
-// without the library writing it: the library (v1.1.1, and v1.1.2)
-// validates a spec in memory only inside Cache.WriteSpec. Most of its
-// checks are exported (specs-go's ValidateVersion, pkg/parser's name
-// checks, ContainerEdits.Validate), but not the rules that a device has
-// edits, that names are unique and that a spec has a device, so
-// validating apart from it means a second parse of the written file
-// (which doubled the cost of 32 concurrent prepares) or a copy of those
-// rules. The second rename, rename(2) on the tmpfs of /var/run/cdi, costs
-// about 4 us of CPU; the library's write around it (its stat of the
-// directory, temp file and renameat2) about 30 us, twice a plain atomic
-// replace of the same bytes (docs/performance.md).
+// The spec is checked as the CDI library checks one it writes (validate),
+// encoded as the library encodes it (encoding/json) and replaced as the
+// checkpoint is (checkpoint.WriteFileAtomic: a temp file named after the
+// spec, then rename(2)). Writing through the library's Cache.WriteSpec
+// cost twice that: its temp file carries no vendor (spec.<random>.tmp,
+// which a crash leaves unattributable, so it had to be written into a
+// staging subdirectory and renamed a second time), it goes through
+// os.File, and it opens the directory for every rename
+// (docs/performance.md).
 func (w *Writer) Write(claimUID string, spec *cdispec.Spec) error {
 	if err := w.write(claimUID, spec); err != nil {
 		return fmt.Errorf("write CDI spec for claim %s: %w", claimUID, err)
@@ -113,26 +97,25 @@ func (w *Writer) write(claimUID string, spec *cdispec.Spec) error {
 }
 
 func (w *Writer) writeFile(name string, spec *cdispec.Spec) error {
-	// The staging directory, or the whole CDI directory, goes when someone
-	// cleans it (a tmpfs remounted, an operator's cleanup): WriteSpec
-	// creates it again (os.MkdirAll of the spec's directory), as at start,
-	// rather than fail every prepare until a restart.
-	if err := w.stage.WriteSpec(spec, name); err != nil {
+	if err := validate(spec); err != nil {
 		return fmt.Errorf("invalid CDI spec: %w", err)
 	}
-	staged, final := filepath.Join(w.staging, name), filepath.Join(w.dir, name)
-	// rename(2) itself: os.Rename first stats the destination, to report a
-	// directory there with an error of its own, which rename(2) reports
-	// too (EISDIR).
-	err := unix.Rename(staged, final)
-	for errors.Is(err, unix.EINTR) {
-		err = unix.Rename(staged, final)
-	}
+	data, err := json.Marshal(spec)
 	if err != nil {
-		_ = os.Remove(staged)
-		return fmt.Errorf("rename %s to %s: %w", staged, final, err)
+		return fmt.Errorf("encode CDI spec: %w", err)
 	}
-	return nil
+	path := filepath.Join(w.dir, name)
+	err = checkpoint.WriteFileAtomic(path, data)
+	if errors.Is(err, fs.ErrNotExist) {
+		// The directory goes when someone cleans it (a tmpfs remounted,
+		// an operator's cleanup): create it again, as at start, rather
+		// than fail every prepare until a restart.
+		if err := os.MkdirAll(w.dir, 0o755); err != nil {
+			return fmt.Errorf("create CDI spec directory: %w", err)
+		}
+		err = checkpoint.WriteFileAtomic(path, data)
+	}
+	return err
 }
 
 // libraryTemp matches the temp files of the CDI library's spec writer
@@ -158,6 +141,9 @@ const maxSpecSize = 4 << 20
 // A temp file is this driver's when:
 //   - its name is that of a claim spec of this driver followed by
 //     ".tmp-<random>" (what Write creates), or
+//   - it is in the staging subdirectory (.k8s.<driver>.staging), where
+//     versions before 2026-11-28 wrote through the library; the emptied
+//     subdirectory is removed too, or
 //   - its name is the CDI library's spec.<random>.tmp and its content is a
 //     CDI spec of this driver's kind (k8s.<driver>/claim): the library's
 //     names carry no vendor, and only this driver writes specs of its kind.
@@ -189,6 +175,13 @@ func (w *Writer) RemoveStaleTemps() ([]string, error) {
 			continue
 		}
 		removed = append(removed, path)
+	}
+	if err == nil {
+		// Writes no longer stage; something else left in the directory
+		// keeps it, and says so.
+		if err := os.Remove(w.staging); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove the CDI staging directory of an earlier version: %w", err))
+		}
 	}
 	for _, e := range entries {
 		name := e.Name()

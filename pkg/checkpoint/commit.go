@@ -206,10 +206,15 @@ func (s *Store) persist(next *claimstate.State) error {
 	if err != nil {
 		return fmt.Errorf("encode checkpoint: %w", err)
 	}
-	if !bytes.Equal(data, s.data) {
+	if bytes.Equal(data, s.data) {
+		s.enc.recycle(data)
+	} else {
+		prev := s.data
 		if err := s.replace(data); err != nil {
+			s.enc.recycle(data)
 			return err
 		}
+		s.enc.recycle(prev)
 	}
 	s.cur.state = next
 	return nil

@@ -22,6 +22,18 @@ type claimEncoder struct {
 	// as long, and growing the buffer to it by doubling cost more than
 	// the encoding of a claim.
 	size int
+	// spare is a buffer no one holds any more ([claimEncoder.recycle]),
+	// which the next encode writes into: a commit's content is a few KiB,
+	// the largest allocation of a Prepare.
+	spare []byte
+}
+
+// recycle hands back content that encode returned, or that was read from
+// the file, once nothing refers to it any more.
+func (e *claimEncoder) recycle(data []byte) {
+	if cap(data) > cap(e.spare) {
+		e.spare = data[:0]
+	}
 }
 
 // encodedClaim is one claim as last encoded.
@@ -37,7 +49,8 @@ type encodedClaim struct {
 func (e *claimEncoder) encode(bootID string, st *claimstate.State) ([]byte, error) {
 	// The object json.Marshal writes for a fileV5: fields in declaration
 	// order, no spaces, map keys sorted, strings HTML-escaped.
-	var buf bytes.Buffer
+	buf := bytes.NewBuffer(e.spare[:0])
+	e.spare = nil
 	buf.Grow(e.size + e.size/4)
 	version := versionV2
 	requires := requiredRecords(st)
@@ -45,12 +58,12 @@ func (e *claimEncoder) encode(bootID string, st *claimstate.State) ([]byte, erro
 		version = versionV5
 	}
 	buf.WriteString(`{"version":`)
-	writeJSON(&buf, version)
+	writeJSON(buf, version)
 	buf.WriteString(`,"bootID":`)
-	writeJSON(&buf, bootID)
+	writeJSON(buf, bootID)
 	if len(requires) > 0 {
 		buf.WriteString(`,"requires":`)
-		writeJSON(&buf, requires)
+		writeJSON(buf, requires)
 	}
 	buf.WriteString(`,"claims":{`)
 	next := make(map[string]encodedClaim, len(st.Claims))

@@ -309,8 +309,7 @@ func (h *harness) mustUnprepare(claim *resourceapi.ResourceClaim) {
 	}
 }
 
-// specFiles lists the files in the CDI directory (not the writer's
-// staging subdirectory, which runtimes do not read).
+// specFiles lists the files in the CDI directory.
 func (h *harness) specFiles() []string {
 	h.tb.Helper()
 	entries, err := os.ReadDir(h.cfg.CDIDir)

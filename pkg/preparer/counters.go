@@ -13,6 +13,30 @@ import (
 // counterKey names one counter of one counter set.
 type counterKey struct{ set, counter string }
 
+// counterUse is what the claims hold of one counter, and the claim with
+// the lowest UID among those holding it.
+type counterUse struct {
+	key    counterKey
+	used   int64
+	holder *claimstate.Claim
+}
+
+// counterUses is a table of the counters of the sets a claim consumes: a
+// dozen or so (a set or two of one GPU's), which a scan finds faster than
+// a map is built, and this runs twice per Prepare.
+type counterUses []counterUse
+
+// at returns k's entry, adding an empty one if there is none.
+func (u *counterUses) at(k counterKey) *counterUse {
+	for i := range *u {
+		if (*u)[i].key == k {
+			return &(*u)[i]
+		}
+	}
+	*u = append(*u, counterUse{key: k})
+	return &(*u)[len(*u)-1]
+}
+
 // checkCounters refuses claim when its devices, with those every other
 // claim of the state holds (started or completed), would use a shared
 // counter of the published model beyond its capacity: the scheduler's own
@@ -50,8 +74,7 @@ func checkCounters(model *devicemodel.Model, pool string, s *claimstate.State, c
 	}
 	// What the other claims hold of those sets: each device once, named
 	// by the claim with the lowest UID that holds it.
-	used := map[counterKey]int64{}
-	holder := map[counterKey]*claimstate.Claim{}
+	var uses counterUses
 	var charged map[string]*claimstate.Claim
 	for uid, other := range s.Claims {
 		if uid == claim.UID {
@@ -81,36 +104,34 @@ func checkCounters(model *devicemodel.Model, pool string, s *claimstate.State, c
 				continue
 			}
 			for counter, c := range cc.Counters {
-				k := counterKey{cc.CounterSet, counter}
-				used[k] += c.Value.Value()
-				if h := holder[k]; h == nil || other.UID < h.UID {
-					holder[k] = other
+				u := uses.at(counterKey{cc.CounterSet, counter})
+				u.used += c.Value.Value()
+				if u.holder == nil || other.UID < u.holder.UID {
+					u.holder = other
 				}
 			}
 		}
 	}
-	for _, d := range claim.Devices {
-		if charged[d.Name] != nil {
+	for i, d := range claim.Devices {
+		// A device is charged once: it may be held by another claim, or
+		// named twice in this one.
+		if charged[d.Name] != nil || slices.ContainsFunc(claim.Devices[:i], func(e claimstate.Device) bool { return e.Name == d.Name }) {
 			continue
 		}
 		for _, cc := range consumed(model, pool, d) {
 			set := counterSet(model, cc.CounterSet)
 			for counter, c := range cc.Counters {
-				k := counterKey{cc.CounterSet, counter}
+				u := uses.at(counterKey{cc.CounterSet, counter})
 				v := c.Value.Value()
 				limit, known := set[counter]
-				if h := holder[k]; known && used[k]+v > limit.Value.Value() && h != nil {
+				if known && u.used+v > limit.Value.Value() && u.holder != nil {
 					return &RefusedError{Err: fmt.Errorf("device %s/%s needs %d of counter %s of %s, of which claim %s/%s (uid %s) and others prepared here hold %d of %d: "+
 						"the scheduler handed it out again (after a pod was deleted by force?); retried until they are unprepared",
-						d.Pool, d.Name, v, k.counter, k.set, h.Namespace, h.Name, h.UID, used[k], limit.Value.Value())}
+						d.Pool, d.Name, v, counter, cc.CounterSet, u.holder.Namespace, u.holder.Name, u.holder.UID, u.used, limit.Value.Value())}
 				}
-				used[k] += v
+				u.used += v
 			}
 		}
-		if charged == nil {
-			charged = map[string]*claimstate.Claim{}
-		}
-		charged[d.Name] = claim
 	}
 	return nil
 }
