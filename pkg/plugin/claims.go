@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/devicestatus"
+	"github.com/gpudra/gpudra/pkg/preparer"
 )
 
 // statusTimeout bounds the removal of a claim's status.devices after
@@ -69,6 +71,9 @@ func (d *Driver) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 		logger.Error(err, "Prepare failed")
 		err = fmt.Errorf("prepare claim %s/%s: %w", claim.Namespace, claim.Name, err)
 		d.events.prepareFailed(claim, err)
+		if heldByAnother(err) {
+			d.sweeper.suspect()
+		}
 		return kubeletplugin.PrepareResult{Err: err}
 	}
 	if prepared.Record != nil && d.prep.ReportsStatus(prepared.Record) {
@@ -76,6 +81,15 @@ func (d *Driver) prepareClaim(ctx context.Context, claim *resourceapi.ResourceCl
 	}
 	logger.V(2).Info("Prepared", "devices", len(prepared.Devices))
 	return kubeletplugin.PrepareResult{Devices: prepared.Devices}
+}
+
+// heldByAnother reports whether err refuses a claim because of what
+// another claim prepared on this node holds: a device, a shared counter, a
+// channel or daemon.
+func heldByAnother(err error) bool {
+	var conflict *claimstate.ConflictError
+	var refused *preparer.RefusedError
+	return errors.As(err, &conflict) || errors.As(err, &refused)
 }
 
 func (d *Driver) unprepareClaim(ctx context.Context, claim kubeletplugin.NamespacedObject) error {

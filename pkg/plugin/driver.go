@@ -291,7 +291,7 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 		Clock:         cfg.Clock,
 		Faults:        cfg.Faults,
 	})
-	d.sweeper = &sweeper{d: d, goneOnce: map[string]bool{}, adoptNow: make(chan struct{}, 1)}
+	d.sweeper = &sweeper{d: d, goneOnce: map[string]bool{}, present: map[string]recheck{}, adoptNow: make(chan struct{}, 1)}
 
 	// The first discovery happens before registration, so that the kubelet
 	// never calls Prepare on a plugin that does not know its devices yet.

@@ -102,7 +102,7 @@ func (o *KubeletPlugin) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.CDIDir, "cdi-dir", "/var/run/cdi", "directory for the per-claim CDI specs; the container runtime must read it")
 	fs.StringVar(&o.PodUID, "pod-uid", os.Getenv("POD_UID"), "UID of the plugin's pod; enables rolling updates with two instances side by side (env POD_UID)")
 	fs.DurationVar(&o.DiscoveryInterval, "discovery-interval", plugin.DefaultDiscoveryInterval, "how often GPUs are discovered again (sooner while discovery fails)")
-	fs.DurationVar(&o.SweepInterval, "sweep-interval", plugin.DefaultSweepInterval, "how often stale prepared claims and orphaned CDI specs are cleaned up")
+	fs.DurationVar(&o.SweepInterval, "sweep-interval", plugin.DefaultSweepInterval, "how often stale prepared claims and orphaned CDI specs are cleaned up; a claim the API server still has is asked about again after 1, 2, 4 ... up to 16 intervals (at once after a Prepare is refused because another claim holds its devices)")
 	fs.DurationVar(&o.CallTimeout, "kubelet-call-timeout", plugin.DefaultCallTimeout, "the kubelet's timeout for one DRA call; older unfinished preparations are rolled back")
 	fs.StringVar(&o.MIGMode, "mig-mode", string(plugin.MIGModeDynamic), fmt.Sprintf("how GPUs with MIG mode on are offered, one of %v: dynamic publishes every profile at every placement and creates the MIG device at Prepare; static publishes the MIG devices that exist and never creates or destroys one", plugin.MIGModes))
 	fs.StringVar(&o.HTTPEndpoint, "http-endpoint", "", "TCP address of the HTTP server for metrics and probes (e.g. :8080; /livez, /readyz and the metrics at --metrics-path); empty: no server")
