@@ -38,7 +38,7 @@ type sweeper struct {
 	goneOnce map[string]bool
 	present  map[string]recheck
 	// adoptNow wakes the loop when the checkpoint was found unreadable,
-	// or a Prepare failed.
+	// or a Prepare was refused because of what another claim holds.
 	adoptNow chan struct{}
 }
 
@@ -58,9 +58,10 @@ func (w *sweeper) wake() {
 }
 
 // suspect makes the next sweeps ask about every claim again, and sweeps
-// at once: a Prepare failed, perhaps because a claim whose objects are
-// gone still holds its devices (a kubelet that lost its own state never
-// unprepares it), and the scheduler gave them to the claim that failed.
+// at once: a Prepare was refused because another claim holds its devices,
+// perhaps a claim whose objects are gone (a kubelet that lost its own
+// state never unprepares it) and whose devices the scheduler gave to the
+// refused claim.
 func (w *sweeper) suspect() {
 	w.mu.Lock()
 	clear(w.present)
@@ -98,9 +99,9 @@ func (w *sweeper) loop(ctx context.Context) {
 // about every claim it holds, so without it a fleet of 1,000 nodes of 8
 // claims sends the API server 133 GETs a second for claims that are
 // almost always there; with it, about 8. A claim whose objects vanish is
-// released at most that much later, unless a Prepare fails in between
-// (the scheduler gave its devices to another claim, say): that makes the
-// sweep ask about every claim again at once.
+// released at most that much later, unless a Prepare is refused in
+// between because another claim holds its devices (the scheduler gave
+// them to it): that makes the sweep ask about every claim again at once.
 func (d *Driver) Sweep(ctx context.Context) { d.sweeper.sweep(ctx, false) }
 
 func (w *sweeper) sweep(ctx context.Context, backOff bool) {
