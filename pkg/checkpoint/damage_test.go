@@ -40,6 +40,14 @@ var damages = []struct {
 			tb.Fatal(err)
 		}
 	}, true, "is a directory, not a regular file"},
+	{"replaced by a dangling symbolic link", func(tb testing.TB, path string) {
+		if err := os.Remove(path); err != nil {
+			tb.Fatal(err)
+		}
+		if err := os.Symlink(path+".gone", path); err != nil {
+			tb.Fatal(err)
+		}
+	}, true, "symbolic link to a missing file"},
 	{"deleted", func(tb testing.TB, path string) {
 		if err := os.Remove(path); err != nil {
 			tb.Fatal(err)

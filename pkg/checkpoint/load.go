@@ -97,6 +97,8 @@ type loaded struct {
 	corrupt *CorruptFile
 	// nvidia describes the NVIDIA DRA driver checkpoint this load adopted.
 	nvidia *NVIDIAAdoption
+	// missing is set when Open found no checkpoint.json.
+	missing bool
 }
 
 // load reads the adopt-pending marker and checkpoint.json; the caller holds
@@ -144,6 +146,14 @@ func (s *Store) loadFile(lost *lossRecord) (loaded, error) {
 				return loaded{}, fmt.Errorf("%v: %w", reason, err)
 			}
 			l.corrupt = &CorruptFile{Err: reason}
+		}
+		if !s.cur.id.known() {
+			l.missing = true
+			if lost == nil {
+				if err := s.lossIfEvidence(&l); err != nil {
+					return loaded{}, err
+				}
+			}
 		}
 		return l, nil
 	}
@@ -211,6 +221,30 @@ func (s *Store) loadFile(lost *lossRecord) (loaded, error) {
 		}
 	}
 	return l, nil
+}
+
+// lossIfEvidence, for a checkpoint.json missing at Open with no loss
+// pending, asks the WithLossEvidence function whether claims may be
+// prepared on the node all the same; if so it writes the adopt-pending
+// marker before anything else is written, and l records the loss.
+func (s *Store) lossIfEvidence(l *loaded) error {
+	if s.lossEvidence == nil {
+		return nil
+	}
+	found, err := s.lossEvidence()
+	if err != nil {
+		found = fmt.Sprintf("whether claims are prepared on this node cannot be told (%v)", err)
+	}
+	if found == "" {
+		return nil
+	}
+	reason := fmt.Errorf("%s is missing but %s", s.path, found)
+	l.lost = &lossRecord{BootID: s.bootID, Reason: reason.Error(), Since: s.now().UTC()}
+	if err := s.writeMarker(l.lost); err != nil {
+		return fmt.Errorf("%v: %w", reason, err)
+	}
+	l.corrupt = &CorruptFile{Err: reason}
+	return nil
 }
 
 // unreadable moves checkpoint.json, which cannot be read for reason, aside.
@@ -292,12 +326,17 @@ func (e *notRegularError) Error() string { return "is a " + e.kind + ", not a re
 
 // openRegular opens path for reading if it is a regular file (following
 // symlinks), never blocking on a FIFO. Anything else there (a directory, a
-// socket, a device, a symlink loop) gives a *notRegularError; a missing
-// file, or a symlink to one, gives fs.ErrNotExist.
+// socket, a device, a symlink loop, a symlink to a missing file) gives a
+// *notRegularError; a missing file gives fs.ErrNotExist.
 func openRegular(path string) (*os.File, fs.FileInfo, error) {
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
+			if fi, lerr := os.Lstat(path); lerr == nil && fi.Mode()&fs.ModeSymlink != 0 {
+				// A link to nothing is no file gpudra wrote (it renames
+				// regular files into place): the path was replaced.
+				return nil, nil, &notRegularError{kind: "symbolic link to a missing file"}
+			}
 			return nil, nil, err
 		}
 		// A socket cannot be opened at all (ENXIO), nor a symlink loop.

@@ -18,6 +18,7 @@ type options struct {
 	knownRecords []string
 	pool         string
 	driverName   string
+	lossEvidence func() (string, error)
 }
 
 func defaultOptions() options {
@@ -89,4 +90,19 @@ func WithPool(pool string) Option {
 // that belong to this driver.
 func WithDriverName(name string) Option {
 	return func(o *options) { o.driverName = name }
+}
+
+// WithLossEvidence has Open ask evidence, when checkpoint.json is missing
+// (and no loss is pending already), whether claims may be prepared on the
+// node all the same: a non-empty answer, which says what was found (the
+// claims' CDI specs, say), means the file was lost, not that nothing was
+// ever prepared. Open then records the loss in the adopt-pending marker
+// before it writes anything, and the Store needs adoption
+// ([ErrNeedsAdoption]) until [Store.Recover]: a process killed before its
+// owner adopted the claims leaves the marker, never an empty checkpoint the
+// next process would trust. An error counts as evidence: the Store cannot
+// tell that nothing is prepared. Without this option a missing file means
+// no claims.
+func WithLossEvidence(evidence func() (string, error)) Option {
+	return func(o *options) { o.lossEvidence = evidence }
 }

@@ -30,7 +30,7 @@ const (
 var ErrClosed = errors.New("checkpoint store is closed")
 
 // OpenReport tells what Open found on disk and did about it. The zero value
-// means the file was current (or absent) and was used as it was.
+// means the file was current and was used as it was.
 type OpenReport struct {
 	// Migrated is the schema version the file was migrated from (e.g.
 	// "v1"), or "". The file has been rewritten in the current version
@@ -58,6 +58,10 @@ type OpenReport struct {
 	// file requires that this plugin does not know (see WithKnownRecords);
 	// "" when NewerVersion is a newer version.
 	UnknownRecords string
+	// Missing reports that there was no checkpoint.json (nor a link to
+	// one). With WithLossEvidence, a missing file on a node that shows
+	// prepared claims is a loss: Corrupt is set too, with an empty Path.
+	Missing bool
 	// NVIDIA is set when checkpoint.json was NVIDIA's DRA driver's: its
 	// claims were converted into gpudra records (unless BootIDChanged
 	// says they were of a previous boot) and the file was rewritten in
@@ -141,6 +145,8 @@ type Store struct {
 	writes      atomic.Int64 // files written; for metrics, tests and benchmarks
 	writeErrors atomic.Int64 // writes that failed; for metrics
 	onCorrupt   func(CorruptFile)
+	// lossEvidence is WithLossEvidence's; nil when not set.
+	lossEvidence func() (string, error)
 }
 
 // snapshot is the state as of one version of the file and of the
@@ -207,6 +213,8 @@ func Open(ctx context.Context, dir string, opts ...Option) (*Store, OpenReport, 
 		cancel:     cancel,
 		kick:       make(chan struct{}, 1),
 		stopped:    make(chan struct{}),
+
+		lossEvidence: o.lossEvidence,
 	}
 	report, err := s.open(ctx)
 	// Set only now: Open reports what it finds in the OpenReport.
@@ -242,7 +250,7 @@ func (s *Store) open(ctx context.Context) (OpenReport, error) {
 		}
 	}
 	s.pub = s.cur
-	report := OpenReport{Migrated: l.migrated, BootIDChanged: l.bootReset, Corrupt: l.corrupt, NVIDIA: l.nvidia}
+	report := OpenReport{Migrated: l.migrated, BootIDChanged: l.bootReset, Corrupt: l.corrupt, NVIDIA: l.nvidia, Missing: l.missing}
 	if report.Corrupt == nil && l.lost != nil {
 		report.Corrupt = l.lost.corruptFile()
 	}

@@ -18,8 +18,8 @@ import (
 func TestRoundTrip(t *testing.T) {
 	e := newTestEnv(t)
 	s, report := e.open(t)
-	if report != (OpenReport{}) {
-		t.Errorf("report for an empty dir = %+v, want zero", report)
+	if report != (OpenReport{Missing: true}) {
+		t.Errorf("report for an empty dir = %+v, want only Missing", report)
 	}
 	ctx := t.Context()
 	want := claimstate.New()

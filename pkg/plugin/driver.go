@@ -8,9 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -264,18 +261,22 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 	if cfg.BootIDPath != "" {
 		opts = append(opts, checkpoint.WithBootIDPath(cfg.BootIDPath))
 	}
-	_, statErr := os.Lstat(filepath.Join(cfg.PluginDataDir, checkpoint.FileName))
-	checkpointMissing := errors.Is(statErr, fs.ErrNotExist)
+	if d.cdi, err = cdi.NewWriter(cfg.CDIDir, cfg.DriverName); err != nil {
+		return nil, err
+	}
+	// A checkpoint missing beside claims' CDI specs was lost (deleted, or
+	// an older process was killed): the store records that before it
+	// writes anything, so a kill before the adoption below cannot leave
+	// an empty checkpoint that the next process would trust.
+	opts = append(opts, checkpoint.WithLossEvidence(d.cdiSpecsEvidence))
 	store, report, err := checkpoint.Open(ctx, cfg.PluginDataDir, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("open checkpoint: %w", err)
 	}
 	d.store = store
 	d.events.reportCheckpoint(logger, report)
+	checkpointMissing := report.Missing
 
-	if d.cdi, err = cdi.NewWriter(cfg.CDIDir, cfg.DriverName); err != nil {
-		return nil, err
-	}
 	if removed, err := d.cdi.RemoveStaleTemps(); err != nil {
 		logger.Error(err, "Removing CDI spec temp files a killed plugin left behind")
 	} else if len(removed) > 0 {
@@ -392,6 +393,16 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 	}()
 	logger.Info("Kubelet plugin started", "devices", len(d.current().Model.Devices), "pluginDataDir", cfg.PluginDataDir, "cdiDir", cfg.CDIDir)
 	return d, nil
+}
+
+// cdiSpecsEvidence tells the checkpoint, when its file is missing, whether
+// this driver's claims have CDI specs on the node ("" if none).
+func (d *Driver) cdiSpecsEvidence() (string, error) {
+	uids, err := d.cdi.ClaimUIDs()
+	if err != nil || len(uids) == 0 {
+		return "", err
+	}
+	return fmt.Sprintf("%d claims have CDI specs in %s", len(uids), d.cdi.Dir()), nil
 }
 
 // setUpFeatures builds the node's features from the config.
