@@ -247,7 +247,7 @@ func (sc schema) fromNVIDIAv2(v2 *nvSectionV2) (*fileV5, nvidiaDecoded, error) {
 		switch c.CheckpointState {
 		case phaseCompleted:
 			cl.Phase = phaseCompleted
-			devices, err := nvidiaPrepared(c.PreparedDevices, results)
+			devices, err := nvidiaPrepared(c.PreparedDevices, results, sc.driverName)
 			if err != nil {
 				return nil, info, fmt.Errorf("claim %q: %w", uid, err)
 			}
@@ -279,9 +279,17 @@ func (sc schema) fromNVIDIAv2(v2 *nvSectionV2) (*fileV5, nvidiaDecoded, error) {
 }
 
 // nvidiaPrepared converts the prepared devices of a completed claim, in
-// NVIDIA's order (groups, then devices).
-func nvidiaPrepared(groups []*nvGroup, results []nvResult) ([]deviceV5, error) {
+// NVIDIA's order (groups, then devices). What the prepared entries do not
+// say comes from the claim's allocation result for the device: admin
+// access, and the share ID of a share of a device allocated with consumable
+// capacity (NVIDIA's driver prepares such a share without setting
+// kubeletplugin.Device's ShareID, so the allocation is the only place that
+// records it). Without the share, the kubelet's next Prepare of the claim
+// (for gpu-0@<share>) would not match the record (gpu-0), and the share
+// would hold its GPU exclusively.
+func nvidiaPrepared(groups []*nvGroup, results []nvResult, driverName string) ([]deviceV5, error) {
 	var out []deviceV5
+	used := make([]bool, len(results))
 	for gi, g := range groups {
 		if g == nil {
 			return nil, fmt.Errorf("prepared device group %d: null entry", gi)
@@ -320,15 +328,36 @@ func nvidiaPrepared(groups []*nvGroup, results []nvResult) ([]deviceV5, error) {
 			dev.Pool, dev.Name = kd.PoolName, kd.DeviceName
 			dev.ShareID = deref(kd.ShareID)
 			dev.CDIDeviceIDs = append([]string(nil), kd.CDIDeviceIDs...)
-			for _, r := range results {
-				if r.Device == dev.Name && r.Pool == dev.Pool && slices.Contains(dev.Requests, r.Request) {
-					dev.AdminAccess = r.AdminAccess != nil && *r.AdminAccess
+			if i := matchResult(results, used, driverName, dev); i >= 0 {
+				used[i] = true
+				r := results[i]
+				dev.AdminAccess = r.AdminAccess != nil && *r.AdminAccess
+				if dev.ShareID == "" {
+					dev.ShareID = deref(r.ShareID)
 				}
 			}
 			out = append(out, dev)
 		}
 	}
 	return out, nil
+}
+
+// matchResult returns the index of the first allocation result not used
+// yet that is dev's: the same driver, pool, device and request, and the
+// same share where dev names one. Two shares of one device for one request
+// are told apart by order: NVIDIA prepares a request's results in
+// allocation order. It returns -1 when no result matches.
+func matchResult(results []nvResult, used []bool, driverName string, dev deviceV5) int {
+	for i, r := range results {
+		if used[i] || r.Driver != driverName || r.Pool != dev.Pool || r.Device != dev.Name || !slices.Contains(dev.Requests, r.Request) {
+			continue
+		}
+		if dev.ShareID != "" && deref(r.ShareID) != dev.ShareID {
+			continue
+		}
+		return i
+	}
+	return -1
 }
 
 func deref(s *string) string {

@@ -206,7 +206,7 @@ func sealNVIDIA(v1, v2 []byte) []byte {
 // whatever it accepts must be a state gpudra writes and reads back
 // unchanged.
 func FuzzDecodeNVIDIA(f *testing.F) {
-	for _, name := range []string{"v2-gpus.json", "v2-mig.json", "v1-legacy.json"} {
+	for _, name := range []string{"v2-gpus.json", "v2-mig.json", "v1-legacy.json", "v2-shares.json"} {
 		var file struct{ V1, V2 json.RawMessage }
 		data := []byte(readNVIDIAFixture(f, name))
 		if err := json.Unmarshal(data, &file); err != nil {
@@ -248,4 +248,73 @@ func FuzzDecodeNVIDIA(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestAdoptNVIDIAShares opens a file of an NVIDIA release without a
+// top-level version, holding shares of GPUs allocated with consumable
+// capacity, whose share IDs only the allocation results record: each
+// adopted device carries its share, so that the kubelet's next Prepare of
+// the claim matches the record and the shares hold their GPU together,
+// not exclusively.
+func TestAdoptNVIDIAShares(t *testing.T) {
+	e := newTestEnv(t)
+	e.setBootID(t, nvTestBootID)
+	original := readNVIDIAFixture(t, "v2-shares.json")
+	if strings.Contains(original, `"version"`) {
+		t.Fatal("v2-shares.json has a top-level version; NVIDIA's releases before main wrote none")
+	}
+	e.writeCheckpoint(t, original, false)
+	s, report := e.open(t, WithPool(nvNode))
+	if report.Corrupt != nil || report.Migrated != NVIDIAv2 || report.NVIDIA == nil || report.NVIDIA.Claims != 3 {
+		t.Fatalf("report = %+v (NVIDIA %+v), want 3 claims adopted from %s", report, report.NVIDIA, NVIDIAv2)
+	}
+	st := mustRead(t, s)
+	cdiID := func(uid, device string) []string { return []string{"k8s.gpu.nvidia.com/claim=" + uid + "-" + device} }
+	assertDevices(t, st.Claims[nvClaimShareA].Devices, []claimstate.Device{
+		{Requests: []string{"gpu"}, Pool: nvNode, Name: "gpu-0", ShareID: nvShareA, UUID: nvGPU0UUID, CDIDeviceIDs: cdiID(nvClaimShareA, "gpu-0")}})
+	assertDevices(t, st.Claims[nvClaimShareB].Devices, []claimstate.Device{
+		{Requests: []string{"inference"}, Pool: nvNode, Name: "gpu-0", ShareID: nvShareB, UUID: nvGPU0UUID, CDIDeviceIDs: cdiID(nvClaimShareB, "gpu-0")}})
+	assertDevices(t, st.Claims[nvClaimShareStarted].Devices, []claimstate.Device{
+		{Requests: []string{"gpu"}, Pool: nvNode, Name: "gpu-1", ShareID: nvShareStarted}})
+
+	for _, tc := range []struct {
+		name       string
+		in         claimstate.Intent
+		wantAction claimstate.PrepareAction
+		wantErr    string
+	}{
+		{
+			name:       "the kubelet prepares an adopted share again",
+			in:         claimstate.Intent{UID: nvClaimShareA, Devices: []claimstate.Device{{Requests: []string{"gpu"}, Pool: nvNode, Name: "gpu-0", ShareID: nvShareA}}},
+			wantAction: claimstate.ActionReturnRecorded,
+		},
+		{
+			name:       "a new share of the shared GPU",
+			in:         claimstate.Intent{UID: "new-share", Devices: []claimstate.Device{{Requests: []string{"gpu"}, Pool: nvNode, Name: "gpu-0", ShareID: "5a0e3c1f-8b2d-4e6a-9f70-000000000009"}}},
+			wantAction: claimstate.ActionPrepare,
+		},
+		{
+			name:    "the shared GPU whole",
+			in:      claimstate.Intent{UID: "whole", Devices: []claimstate.Device{{Requests: []string{"gpu"}, Pool: nvNode, Name: "gpu-0"}}},
+			wantErr: "already prepared for claim",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var action claimstate.PrepareAction
+			err := s.View(t.Context(), func(st *claimstate.State) error {
+				var err error
+				action, _, err = st.PlanPrepare(tc.in)
+				return err
+			})
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("PlanPrepare: %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || action != tc.wantAction {
+				t.Fatalf("PlanPrepare = %v, %v; want %v", action, err, tc.wantAction)
+			}
+		})
+	}
 }
