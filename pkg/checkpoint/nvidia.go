@@ -9,6 +9,9 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"time"
+
+	"github.com/gpudra/gpudra/pkg/claimstate"
 )
 
 // NVIDIA's DRA driver (kubernetes-sigs/dra-driver-nvidia-gpu) keeps its
@@ -213,6 +216,16 @@ func (sc schema) decodeNVIDIA(data []byte) (decoded, error) {
 	}
 	d.nvidia = &info
 	return d, nil
+}
+
+// stampAdoption makes now, the adoption, the start of every claim adopted
+// from NVIDIA's file, which records no start time. With none, a started
+// claim would look abandoned since year 1, and the first sweep would roll
+// it back before the kubelet's retry that the call timeout leaves it for.
+func stampAdoption(st *claimstate.State, now time.Time) {
+	for _, c := range st.Claims {
+		c.StartedAt = now
+	}
 }
 
 func isSection(raw json.RawMessage) bool {

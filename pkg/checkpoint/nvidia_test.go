@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpudra/gpudra/pkg/claimstate"
 )
@@ -314,6 +315,48 @@ func TestAdoptNVIDIAShares(t *testing.T) {
 			}
 			if err != nil || action != tc.wantAction {
 				t.Fatalf("PlanPrepare = %v, %v; want %v", action, err, tc.wantAction)
+			}
+		})
+	}
+}
+
+// TestNVIDIAStartedClaimGetsRetryWindow: a claim NVIDIA's driver only
+// started is adopted as started at the adoption, so the sweep leaves it to
+// the kubelet's retry for the call timeout and rolls it back only after.
+func TestNVIDIAStartedClaimGetsRetryWindow(t *testing.T) {
+	const callTimeout = 2 * time.Minute
+	adoptedAt := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		file, started string
+	}{
+		{file: "v2-gpus.json", started: nvClaimStarted},
+		{file: "v2-shares.json", started: nvClaimShareStarted},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			e := newTestEnv(t)
+			e.setBootID(t, nvTestBootID)
+			e.writeCheckpoint(t, readNVIDIAFixture(t, tc.file), false)
+			s, report := e.open(t, WithPool(nvNode), WithClock(func() time.Time { return adoptedAt }))
+			if report.NVIDIA == nil || report.NVIDIA.Started != 1 {
+				t.Fatalf("report = %+v (NVIDIA %+v), want one started claim adopted", report, report.NVIDIA)
+			}
+			st := mustRead(t, s)
+			c := st.Claims[tc.started]
+			if c == nil || c.Phase != claimstate.PrepareStarted || !c.StartedAt.Equal(adoptedAt) {
+				t.Fatalf("claim %s = %+v, want started at the adoption, %s", tc.started, c, adoptedAt)
+			}
+			for uid, c := range st.Claims {
+				if !c.StartedAt.Equal(adoptedAt) {
+					t.Errorf("claim %s started at %s, want the adoption", uid, c.StartedAt)
+				}
+			}
+			notGone := func(*claimstate.Claim) bool { return false }
+			if plan := st.PlanSweep(adoptedAt.Add(callTimeout/2), callTimeout, notGone); len(plan.RollBack) != 0 {
+				t.Errorf("a sweep within the call timeout rolls back %d claims, want none", len(plan.RollBack))
+			}
+			plan := st.PlanSweep(adoptedAt.Add(callTimeout+time.Second), callTimeout, notGone)
+			if len(plan.RollBack) != 1 || plan.RollBack[0].UID != tc.started {
+				t.Errorf("a sweep after the call timeout rolls back %+v, want %s", plan.RollBack, tc.started)
 			}
 		})
 	}

@@ -175,3 +175,19 @@ func TestCorruptNVIDIACheckpoint(t *testing.T) {
 	h.restart()
 	h.serves("gpu-3")
 }
+
+// TestNVIDIAStartedClaimSurvivesFirstSweep: the sweep leaves a claim
+// NVIDIA's driver only started to the kubelet's retry for the call
+// timeout from the adoption: it still holds its GPU after a sweep at once.
+func TestNVIDIAStartedClaimSurvivesFirstSweep(t *testing.T) {
+	dir, _ := nvidiaNode(t, "v2-dgx-h100-0.json")
+	h := newHarnessIn(t, dir)
+	h.driver.Sweep(h.ctx)
+	if !strings.Contains(h.checkpoint(), nvStarted) {
+		t.Fatalf("the started claim was rolled back by the first sweep: %s", h.checkpoint())
+	}
+	other := h.claim("gpu-2")
+	if r := h.prepare(other).Claims[string(other.UID)]; r == nil || !strings.Contains(r.Error, nvStarted) {
+		t.Errorf("another claim on gpu-2: %+v, want refused naming %s", r, nvStarted)
+	}
+}
