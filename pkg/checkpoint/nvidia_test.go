@@ -119,6 +119,8 @@ func TestAdoptNVIDIAFormats(t *testing.T) {
 		wantClaims   map[string][]claimstate.Device
 		wantReset    bool
 		wantCorrupt  string
+		// damage, if set, changes the file's content before it is opened.
+		damage func(string) string
 	}{
 		{
 			name: "static MIG, no boot ID recorded", file: "v2-mig.json", bootID: "boot-a", wantFormat: NVIDIAv2,
@@ -135,15 +137,34 @@ func TestAdoptNVIDIAFormats(t *testing.T) {
 		{name: "recorded boot is another", file: "v2-gpus.json", bootID: "boot-b", wantFormat: NVIDIAv2, wantReset: true},
 		{name: "no boot recorded, file older than the boot", file: "v2-mig.json", bootID: "boot-a", previousBoot: true, wantFormat: NVIDIAv2, wantReset: true},
 		{name: "checksum does not hold", file: "v2-bad-checksum.json", bootID: nvTestBootID, wantCorrupt: "NVIDIA DRA driver checkpoint: checksum"},
+		{
+			name: "cut short", file: "v2-gpus.json", bootID: nvTestBootID, damage: func(s string) string { return s[:len(s)/2] },
+			wantCorrupt: "NVIDIA DRA driver checkpoint: not whole JSON (cut short or damaged), so its checksums cannot be verified: unexpected end of JSON input",
+		},
+		{
+			name: "cut short, without a version", file: "v2-shares.json", bootID: nvTestBootID, damage: func(s string) string { return s[:100] },
+			wantCorrupt: "NVIDIA DRA driver checkpoint: not whole JSON",
+		},
+		{
+			name: "damaged", file: "v2-gpus.json", bootID: nvTestBootID, damage: func(s string) string { return strings.Replace(s, `"v2":{`, `"v2":{{`, 1) },
+			wantCorrupt: "NVIDIA DRA driver checkpoint: not whole JSON (cut short or damaged), so its checksums cannot be verified: invalid character",
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newTestEnv(t)
 			e.setBootID(t, tc.bootID)
-			e.writeCheckpoint(t, readNVIDIAFixture(t, tc.file), tc.previousBoot)
+			content := readNVIDIAFixture(t, tc.file)
+			if tc.damage != nil {
+				content = tc.damage(content)
+			}
+			e.writeCheckpoint(t, content, tc.previousBoot)
 			s, report := e.open(t, WithPool(nvNode))
 			if tc.wantCorrupt != "" {
 				if report.Corrupt == nil || !strings.Contains(report.Corrupt.Err.Error(), tc.wantCorrupt) {
 					t.Fatalf("report = %+v, want Corrupt %q", report, tc.wantCorrupt)
+				}
+				if !errors.Is(report.Corrupt.Err, ErrNVIDIACheckpoint) {
+					t.Errorf("Corrupt.Err = %v, does not match ErrNVIDIACheckpoint", report.Corrupt.Err)
 				}
 				if _, err := os.Stat(report.Corrupt.Path); err != nil {
 					t.Errorf("moved-aside file: %v", err)
@@ -357,6 +378,33 @@ func TestNVIDIAStartedClaimGetsRetryWindow(t *testing.T) {
 			plan := st.PlanSweep(adoptedAt.Add(callTimeout+time.Second), callTimeout, notGone)
 			if len(plan.RollBack) != 1 || plan.RollBack[0].UID != tc.started {
 				t.Errorf("a sweep after the call timeout rolls back %+v, want %s", plan.RollBack, tc.started)
+			}
+		})
+	}
+}
+
+// TestTruncatedFileOwner: a file cut short is reported as NVIDIA's only
+// when it starts as NVIDIA's driver writes its file.
+func TestTruncatedFileOwner(t *testing.T) {
+	gpudraV2 := `{"version":"v2","bootID":"boot-a","claims":{"a":{"uid":"a","namespace":"ns","name":"c","phase":"PrepareCompleted"`
+	for _, tc := range []struct {
+		name, data string
+		nvidia     bool
+	}{
+		{"NVIDIA's current layout", readNVIDIAFixture(t, "v2-gpus.json")[:300], true},
+		{"NVIDIA's releases without a version", readNVIDIAFixture(t, "v2-shares.json")[:20], true},
+		{"NVIDIA's v1-only releases", readNVIDIAFixture(t, "v1-legacy.json")[:12], true},
+		{"gpudra v2", gpudraV2, false},
+		{"gpudra v1", readFile(t, filepath.Join("testdata", "v1.json"))[:40], false},
+		{"empty", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := fuzzSchemas[0].decode([]byte(tc.data))
+			if err == nil {
+				t.Fatal("a file cut short was read")
+			}
+			if got := errors.Is(err, ErrNVIDIACheckpoint); got != tc.nvidia {
+				t.Errorf("decode: %v; NVIDIA's: %v, want %v", err, got, tc.nvidia)
 			}
 		})
 	}
