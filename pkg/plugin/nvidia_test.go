@@ -227,3 +227,43 @@ func TestNVIDIAStartedClaimSurvivesFirstSweep(t *testing.T) {
 		t.Errorf("another claim on gpu-2: %+v, want refused naming %s", r, nvStarted)
 	}
 }
+
+// TestNVIDIAClaimsAreNamedBySweep: NVIDIA's checkpoint drops a claim's
+// name once it is prepared. The sweep finds the adopted claim by UID in one
+// list of ResourceClaims and records its name, so that refusals name it
+// and later sweeps GET it instead of listing every claim again.
+func TestNVIDIAClaimsAreNamedBySweep(t *testing.T) {
+	dir, _ := nvidiaNode(t, "v2-dgx-h100-0.json")
+	h := newHarnessIn(t, dir)
+	h.create(&resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "trainer-gpus", UID: nvPrepared}})
+	claimCalls := func(verb string) int {
+		n := 0
+		for _, a := range h.client.Actions() {
+			if a.GetVerb() == verb && a.GetResource().Resource == "resourceclaims" {
+				n++
+			}
+		}
+		return n
+	}
+	for i, want := range []struct{ lists, gets int }{
+		{lists: 1, gets: 1}, // named from the list, then asked about by name
+		{lists: 0, gets: 1},
+		{lists: 0, gets: 1},
+	} {
+		lists, gets := claimCalls("list"), claimCalls("get")
+		h.driver.Sweep(h.ctx)
+		if got := claimCalls("list") - lists; got != want.lists {
+			t.Errorf("sweep %d listed ResourceClaims %d times, want %d", i, got, want.lists)
+		}
+		if got := claimCalls("get") - gets; got < want.gets {
+			t.Errorf("sweep %d got ResourceClaims %d times, want at least %d", i, got, want.gets)
+		}
+	}
+	if cp := h.checkpoint(); !strings.Contains(cp, `"namespace":"default","name":"trainer-gpus"`) {
+		t.Errorf("the adopted claim was not named: %s", cp)
+	}
+	other := h.claim("gpu-1")
+	if r := h.prepare(other).Claims[string(other.UID)]; r == nil || !strings.Contains(r.Error, "default/trainer-gpus (uid "+nvPrepared+")") {
+		t.Errorf("a claim on gpu-1: %+v, want refused naming default/trainer-gpus", r)
+	}
+}
