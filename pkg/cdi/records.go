@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"regexp"
 	"strings"
@@ -67,9 +68,15 @@ type SpecContent struct {
 	Devices []DeviceIdentity
 }
 
-// Read parses a claim's spec file.
+// Read parses a claim's spec file: this driver's, or, when there is none,
+// the YAML one NVIDIA's DRA driver wrote ([Writer.NVIDIAPath]). NVIDIA's
+// names its devices as this driver does (<claim uid>-<device>) and
+// carries neither records nor device identities.
 func (w *Writer) Read(claimUID string) (SpecContent, error) {
 	data, err := os.ReadFile(w.Path(claimUID))
+	if errors.Is(err, fs.ErrNotExist) {
+		data, err = os.ReadFile(w.NVIDIAPath(claimUID))
+	}
 	if err != nil {
 		return SpecContent{}, fmt.Errorf("read CDI spec for claim %s: %w", claimUID, err)
 	}

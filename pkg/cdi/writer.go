@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -275,6 +276,26 @@ func (w *Writer) Remove(claimUID string) error {
 
 // ClaimUIDs lists the claims that have a spec file written by this driver.
 func (w *Writer) ClaimUIDs() ([]string, error) {
+	return w.claimUIDs(".json")
+}
+
+// PreparedClaimUIDs lists the claims that have a spec file on the node:
+// this driver's, or the YAML one NVIDIA's DRA driver wrote, for a claim
+// it prepared before gpudra replaced it. Each is listed once, sorted.
+// [Writer.Read] reads either. Adoption after a lost checkpoint lists them
+// all: each may belong to a running pod, whichever driver prepared it.
+func (w *Writer) PreparedClaimUIDs() ([]string, error) {
+	uids, err := w.claimUIDs(".json", ".yaml")
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(uids)
+	return slices.Compact(uids), nil
+}
+
+// claimUIDs lists the claims with a spec file of this driver's name and
+// one of the extensions.
+func (w *Writer) claimUIDs(exts ...string) ([]string, error) {
 	entries, err := os.ReadDir(w.dir)
 	if err != nil {
 		return nil, fmt.Errorf("list CDI spec directory %s: %w", w.dir, err)
@@ -283,13 +304,15 @@ func (w *Writer) ClaimUIDs() ([]string, error) {
 	var uids []string
 	for _, e := range entries {
 		name := e.Name()
-		if e.IsDir() || !strings.HasPrefix(name, prefix) || !strings.HasSuffix(name, ".json") {
+		if e.IsDir() || !strings.HasPrefix(name, prefix) {
 			continue
 		}
-		// A name with no UID is no spec Write made (claims have UIDs), and
-		// a claim with an empty UID cannot be recorded.
-		if uid := strings.TrimSuffix(strings.TrimPrefix(name, prefix), ".json"); uid != "" {
-			uids = append(uids, uid)
+		for _, ext := range exts {
+			// A name with no UID is no spec Write made (claims have
+			// UIDs), and a claim with an empty UID cannot be recorded.
+			if uid, ok := strings.CutSuffix(strings.TrimPrefix(name, prefix), ext); ok && uid != "" {
+				uids = append(uids, uid)
+			}
 		}
 	}
 	return uids, nil

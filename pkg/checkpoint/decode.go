@@ -64,6 +64,9 @@ func (sc schema) decode(data []byte) (decoded, error) {
 	if looksLikeNVIDIA(data) {
 		return sc.decodeNVIDIA(data)
 	}
+	if err := truncatedNVIDIA(data); err != nil {
+		return decoded{}, err
+	}
 	// v2 (v5 without records) or v5 is the common case: parse once.
 	var f fileV5
 	err := json.Unmarshal(data, &f)

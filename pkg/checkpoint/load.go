@@ -205,6 +205,7 @@ func (s *Store) loadFile(lost *lossRecord) (loaded, error) {
 			}
 			l.nvidia = &NVIDIAAdoption{Format: d.from, KeptAt: kept, Claims: len(d.state.Claims),
 				Started: d.nvidia.started, Skipped: d.nvidia.skipped}
+			stampAdoption(d.state, s.now())
 		}
 		sameBoot := d.bootID == s.bootID
 		if d.bootID == "" {

@@ -7,8 +7,12 @@ import (
 	"fmt"
 	"hash/fnv"
 	"maps"
+	"regexp"
 	"slices"
 	"strconv"
+	"time"
+
+	"github.com/gpudra/gpudra/pkg/claimstate"
 )
 
 // NVIDIA's DRA driver (kubernetes-sigs/dra-driver-nvidia-gpu) keeps its
@@ -32,6 +36,28 @@ const (
 	// top-level "version": "v2"), read in preference to "v1".
 	NVIDIAv2 = "nvidia-v2"
 )
+
+// ErrNVIDIACheckpoint is matched (with errors.Is) by the error that makes
+// a checkpoint of NVIDIA's DRA driver unreadable: one whose checksums do
+// not hold, or that is not whole JSON. Its message starts "NVIDIA DRA
+// driver checkpoint: ". The Store moves such a file aside like an
+// unreadable file of its own ([OpenReport.Corrupt]).
+var ErrNVIDIACheckpoint = errors.New("NVIDIA DRA driver checkpoint is unreadable")
+
+// nvidiaError is an error found in a checkpoint of NVIDIA's DRA driver.
+type nvidiaError struct{ err error }
+
+func (e *nvidiaError) Error() string { return "NVIDIA DRA driver checkpoint: " + e.err.Error() }
+func (e *nvidiaError) Unwrap() error { return e.err }
+
+// Is makes errors.Is(err, ErrNVIDIACheckpoint) hold.
+func (e *nvidiaError) Is(target error) bool { return target == ErrNVIDIACheckpoint }
+
+// nvidiaHead matches the start of a file NVIDIA's DRA driver wrote
+// (json.Marshal of its Checkpoint: an optional "version", then "checksum"
+// first), which no gpudra version writes: it tells a truncated or damaged
+// NVIDIA file, which no longer parses, from one of gpudra's.
+var nvidiaHead = regexp.MustCompile(`^\s*\{("version":"[^"\\]*",)?"checksum":`)
 
 // nvidiaAsideInfix names the copy of an adopted NVIDIA file:
 // checkpoint.json.nvidia-<UTC time>.
@@ -154,13 +180,39 @@ func looksLikeNVIDIA(data []byte) bool {
 	return checksum && (v1 || v2) && !claims && !prepared
 }
 
+// truncatedNVIDIA returns the error of data that starts as a file of
+// NVIDIA's DRA driver but is not whole JSON (cut short, or damaged), nil
+// for anything else.
+func truncatedNVIDIA(data []byte) error {
+	if !nvidiaHead.Match(data) {
+		return nil
+	}
+	var v any
+	err := json.Unmarshal(data, &v)
+	if err == nil {
+		return nil
+	}
+	return &nvidiaError{fmt.Errorf("not whole JSON (cut short or damaged), so its checksums cannot be verified: %w", err)}
+}
+
 // decodeNVIDIA reads a file in NVIDIA's layout into the v5 shape. Its
 // checksums must hold as NVIDIA's checkpoint manager verifies them; a file
 // whose checksums do not hold is unreadable, as it is to NVIDIA's driver.
+// Its errors match [ErrNVIDIACheckpoint], except that of a later NVIDIA
+// format, which is a *newerVersionError.
 func (sc schema) decodeNVIDIA(data []byte) (decoded, error) {
+	d, err := sc.decodeNVIDIAFile(data)
+	var newer *newerVersionError
+	if err != nil && !errors.As(err, &newer) {
+		return decoded{}, &nvidiaError{err}
+	}
+	return d, err
+}
+
+func (sc schema) decodeNVIDIAFile(data []byte) (decoded, error) {
 	var f nvFile
 	if err := json.Unmarshal(data, &f); err != nil {
-		return decoded{}, fmt.Errorf("NVIDIA DRA driver checkpoint: %w", err)
+		return decoded{}, err
 	}
 	switch f.Version {
 	case "", "v2":
@@ -170,10 +222,10 @@ func (sc schema) decodeNVIDIA(data []byte) (decoded, error) {
 		return decoded{}, &newerVersionError{version: "NVIDIA " + f.Version}
 	}
 	if f.Checksum == nil {
-		return decoded{}, errors.New("NVIDIA DRA driver checkpoint: checksum is not a number")
+		return decoded{}, errors.New("checksum is not a number")
 	}
 	if err := verifyNVIDIAChecksums(data, &f); err != nil {
-		return decoded{}, fmt.Errorf("NVIDIA DRA driver checkpoint: %w", err)
+		return decoded{}, err
 	}
 	var (
 		out  *fileV5
@@ -184,19 +236,19 @@ func (sc schema) decodeNVIDIA(data []byte) (decoded, error) {
 	if isSection(f.V2) {
 		var v2 nvSectionV2
 		if err := json.Unmarshal(f.V2, &v2); err != nil {
-			return decoded{}, fmt.Errorf("NVIDIA DRA driver checkpoint: v2: %w", err)
+			return decoded{}, fmt.Errorf("v2: %w", err)
 		}
 		out, info, err = sc.fromNVIDIAv2(&v2)
 		from = NVIDIAv2
 	} else {
 		var v1 nvSectionV1
 		if err := json.Unmarshal(f.V1, &v1); err != nil {
-			return decoded{}, fmt.Errorf("NVIDIA DRA driver checkpoint: v1: %w", err)
+			return decoded{}, fmt.Errorf("v1: %w", err)
 		}
 		v2 := nvSectionV2{PreparedClaims: map[string]*nvPreparedV2{}}
 		for uid, c := range v1.PreparedClaims {
 			if c == nil {
-				return decoded{}, fmt.Errorf("NVIDIA DRA driver checkpoint: v1: claim %q: null entry", uid)
+				return decoded{}, fmt.Errorf("v1: claim %q: null entry", uid)
 			}
 			// NVIDIA's v1 recorded completed preparations only.
 			v2.PreparedClaims[uid] = &nvPreparedV2{CheckpointState: phaseCompleted, Status: c.Status, PreparedDevices: c.PreparedDevices}
@@ -205,14 +257,24 @@ func (sc schema) decodeNVIDIA(data []byte) (decoded, error) {
 		from = NVIDIAv1
 	}
 	if err != nil {
-		return decoded{}, fmt.Errorf("NVIDIA DRA driver checkpoint: %w", err)
+		return decoded{}, err
 	}
 	d, err := sc.fromFile(out, from)
 	if err != nil {
-		return decoded{}, fmt.Errorf("NVIDIA DRA driver checkpoint: %w", err)
+		return decoded{}, err
 	}
 	d.nvidia = &info
 	return d, nil
+}
+
+// stampAdoption makes now, the adoption, the start of every claim adopted
+// from NVIDIA's file, which records no start time. With none, a started
+// claim would look abandoned since year 1, and the first sweep would roll
+// it back before the kubelet's retry that the call timeout leaves it for.
+func stampAdoption(st *claimstate.State, now time.Time) {
+	for _, c := range st.Claims {
+		c.StartedAt = now
+	}
 }
 
 func isSection(raw json.RawMessage) bool {
@@ -247,7 +309,7 @@ func (sc schema) fromNVIDIAv2(v2 *nvSectionV2) (*fileV5, nvidiaDecoded, error) {
 		switch c.CheckpointState {
 		case phaseCompleted:
 			cl.Phase = phaseCompleted
-			devices, err := nvidiaPrepared(c.PreparedDevices, results)
+			devices, err := nvidiaPrepared(c.PreparedDevices, results, sc.driverName)
 			if err != nil {
 				return nil, info, fmt.Errorf("claim %q: %w", uid, err)
 			}
@@ -279,9 +341,17 @@ func (sc schema) fromNVIDIAv2(v2 *nvSectionV2) (*fileV5, nvidiaDecoded, error) {
 }
 
 // nvidiaPrepared converts the prepared devices of a completed claim, in
-// NVIDIA's order (groups, then devices).
-func nvidiaPrepared(groups []*nvGroup, results []nvResult) ([]deviceV5, error) {
+// NVIDIA's order (groups, then devices). What the prepared entries do not
+// say comes from the claim's allocation result for the device: admin
+// access, and the share ID of a share of a device allocated with consumable
+// capacity (NVIDIA's driver prepares such a share without setting
+// kubeletplugin.Device's ShareID, so the allocation is the only place that
+// records it). Without the share, the kubelet's next Prepare of the claim
+// (for gpu-0@<share>) would not match the record (gpu-0), and the share
+// would hold its GPU exclusively.
+func nvidiaPrepared(groups []*nvGroup, results []nvResult, driverName string) ([]deviceV5, error) {
 	var out []deviceV5
+	used := make([]bool, len(results))
 	for gi, g := range groups {
 		if g == nil {
 			return nil, fmt.Errorf("prepared device group %d: null entry", gi)
@@ -320,15 +390,36 @@ func nvidiaPrepared(groups []*nvGroup, results []nvResult) ([]deviceV5, error) {
 			dev.Pool, dev.Name = kd.PoolName, kd.DeviceName
 			dev.ShareID = deref(kd.ShareID)
 			dev.CDIDeviceIDs = append([]string(nil), kd.CDIDeviceIDs...)
-			for _, r := range results {
-				if r.Device == dev.Name && r.Pool == dev.Pool && slices.Contains(dev.Requests, r.Request) {
-					dev.AdminAccess = r.AdminAccess != nil && *r.AdminAccess
+			if i := matchResult(results, used, driverName, dev); i >= 0 {
+				used[i] = true
+				r := results[i]
+				dev.AdminAccess = r.AdminAccess != nil && *r.AdminAccess
+				if dev.ShareID == "" {
+					dev.ShareID = deref(r.ShareID)
 				}
 			}
 			out = append(out, dev)
 		}
 	}
 	return out, nil
+}
+
+// matchResult returns the index of the first allocation result not used
+// yet that is dev's: the same driver, pool, device and request, and the
+// same share where dev names one. Two shares of one device for one request
+// are told apart by order: NVIDIA prepares a request's results in
+// allocation order. It returns -1 when no result matches.
+func matchResult(results []nvResult, used []bool, driverName string, dev deviceV5) int {
+	for i, r := range results {
+		if used[i] || r.Driver != driverName || r.Pool != dev.Pool || r.Device != dev.Name || !slices.Contains(dev.Requests, r.Request) {
+			continue
+		}
+		if dev.ShareID != "" && deref(r.ShareID) != dev.ShareID {
+			continue
+		}
+		return i
+	}
+	return -1
 }
 
 func deref(s *string) string {

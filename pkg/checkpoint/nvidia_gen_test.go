@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 )
 
@@ -110,12 +112,26 @@ type genKubeletDev struct {
 	ShareID      *string  `json:"ShareID,omitempty"`
 }
 
-// marshalNVIDIA writes cp as NVIDIA's current release does: version "v2",
-// a v1 section holding the completed claims, the v1 checksum over the v1
-// view, the v2 checksum over the v2 section. With legacy, as releases
-// before the v2 section: no version, only v1, and the checksum over the
-// whole checkpoint with checksum 0 (the same bytes as the v1 view).
-func marshalNVIDIA(t *testing.T, v2 *genV2, legacy bool) []byte {
+// nvLayout is the layout of one of NVIDIA's releases.
+type nvLayout int
+
+const (
+	// nvCurrent is NVIDIA's main since its Checkpoint got a Version
+	// field: "version":"v2", then the v1 and v2 sections.
+	nvCurrent nvLayout = iota
+	// nvUnversioned is its releases with the v2 section and no version
+	// field (v25.12.0 among them): the same bytes without "version".
+	nvUnversioned
+	// nvLegacy is its releases before the v2 section: only v1.
+	nvLegacy
+)
+
+// marshalNVIDIA writes cp as an NVIDIA release of the layout does: a v1
+// section holding the completed claims, the v1 checksum over the v1 view,
+// the v2 checksum over the v2 section. A legacy release has no v2 and its
+// checksum is over the whole checkpoint with checksum 0 (the same bytes as
+// the v1 view).
+func marshalNVIDIA(t *testing.T, v2 *genV2, layout nvLayout) []byte {
 	t.Helper()
 	v1 := &genV1{PreparedClaims: map[string]genClaimV1{}}
 	for uid, c := range v2.PreparedClaims {
@@ -124,8 +140,11 @@ func marshalNVIDIA(t *testing.T, v2 *genV2, legacy bool) []byte {
 		}
 	}
 	cp := &genCheckpoint{V1: v1}
-	if !legacy {
+	switch layout {
+	case nvCurrent:
 		cp.Version, cp.V2 = "v2", v2
+	case nvUnversioned:
+		cp.V2 = v2
 	}
 	view, err := json.Marshal(struct {
 		Checksum uint64 `json:"checksum"`
@@ -180,6 +199,48 @@ const (
 	nvMIGUUID       = "MIG-44444444-5555-6666-7777-888888888888"
 	nvMIGDeviceName = "gpu-2-mig-1g12gb-19-0"
 )
+
+// UIDs and share IDs of v2-shares.json.
+const (
+	nvClaimShareA       = "a1b2c3d4-0000-4000-8000-000000000005"
+	nvClaimShareB       = "a1b2c3d4-0000-4000-8000-000000000006"
+	nvClaimShareStarted = "a1b2c3d4-0000-4000-8000-000000000007"
+	nvShareA            = "5a0e3c1f-8b2d-4e6a-9f70-000000000001"
+	nvShareB            = "5a0e3c1f-8b2d-4e6a-9f70-000000000002"
+	nvShareStarted      = "5a0e3c1f-8b2d-4e6a-9f70-000000000003"
+)
+
+// nvidiaShares is a node of NVIDIA's driver with its ConsumableShares gate
+// on (GPUs published with allowMultipleAllocations and a memory capacity):
+// two claims prepared, each with a share of gpu-0, and one started with a
+// share of gpu-1. The share ID is in the allocation result only: NVIDIA
+// builds the prepared kubeletplugin.Device from request, pool, device and
+// CDI IDs, so its ShareID is unset (and, omitempty, absent).
+func nvidiaShares(node, bootID string) *genV2 {
+	share := func(request, device, id, memory string) resourceapi.DeviceRequestAllocationResult {
+		return resourceapi.DeviceRequestAllocationResult{Request: request, Device: device, ShareID: ptr.To(types.UID(id)),
+			ConsumedCapacity: map[resourceapi.QualifiedName]resource.Quantity{"memory": resource.MustParse(memory)}}
+	}
+	prepared := func(uid, request string, result resourceapi.DeviceRequestAllocationResult) genClaimV2 {
+		return genClaimV2{
+			CheckpointState: phaseCompleted,
+			Status:          allocated(node, result),
+			PreparedDevices: []*genGroup{{Devices: []genDevice{
+				{Gpu: &genGPU{Info: &genInfo{UUID: nvGPU0UUID}, Device: kdev(node, uid, request, result.Device)}},
+			}}},
+		}
+	}
+	return &genV2{NodeBootID: bootID, PreparedClaims: map[string]genClaimV2{
+		nvClaimShareA: prepared(nvClaimShareA, "gpu", share("gpu", "gpu-0", nvShareA, "20Gi")),
+		nvClaimShareB: prepared(nvClaimShareB, "inference", share("inference", "gpu-0", nvShareB, "40Gi")),
+		nvClaimShareStarted: {
+			CheckpointState: "PrepareStarted",
+			Status:          allocated(node, share("gpu", "gpu-1", nvShareStarted, "10Gi")),
+			Name:            "half-shared",
+			Namespace:       "ml-team",
+		},
+	}}
+}
 
 // nvidiaFixtures are the files in testdata/nvidia.
 func nvidiaFixtures(t *testing.T) map[string][]byte {
@@ -240,10 +301,11 @@ func nvidiaFixtures(t *testing.T) map[string][]byte {
 	legacy := &genV2{PreparedClaims: map[string]genClaimV2{nvClaimGPUs: gpus.PreparedClaims[nvClaimGPUs]}}
 
 	out := map[string][]byte{
-		"v2-gpus.json":       marshalNVIDIA(t, gpus, false),
-		"v2-mig.json":        marshalNVIDIA(t, mig, false),
-		"v1-legacy.json":     marshalNVIDIA(t, legacy, true),
-		"v2-dgx-h100-0.json": marshalNVIDIA(t, plugin, false),
+		"v2-gpus.json":       marshalNVIDIA(t, gpus, nvCurrent),
+		"v2-mig.json":        marshalNVIDIA(t, mig, nvCurrent),
+		"v1-legacy.json":     marshalNVIDIA(t, legacy, nvLegacy),
+		"v2-dgx-h100-0.json": marshalNVIDIA(t, plugin, nvCurrent),
+		"v2-shares.json":     marshalNVIDIA(t, nvidiaShares(nvNode, nvTestBootID), nvUnversioned),
 	}
 	// The same as v2-gpus.json with one device renamed after the
 	// checksums were computed: what NVIDIA's driver refuses as corrupt.

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpudra/gpudra/pkg/claimstate"
 )
@@ -118,6 +119,8 @@ func TestAdoptNVIDIAFormats(t *testing.T) {
 		wantClaims   map[string][]claimstate.Device
 		wantReset    bool
 		wantCorrupt  string
+		// damage, if set, changes the file's content before it is opened.
+		damage func(string) string
 	}{
 		{
 			name: "static MIG, no boot ID recorded", file: "v2-mig.json", bootID: "boot-a", wantFormat: NVIDIAv2,
@@ -134,15 +137,34 @@ func TestAdoptNVIDIAFormats(t *testing.T) {
 		{name: "recorded boot is another", file: "v2-gpus.json", bootID: "boot-b", wantFormat: NVIDIAv2, wantReset: true},
 		{name: "no boot recorded, file older than the boot", file: "v2-mig.json", bootID: "boot-a", previousBoot: true, wantFormat: NVIDIAv2, wantReset: true},
 		{name: "checksum does not hold", file: "v2-bad-checksum.json", bootID: nvTestBootID, wantCorrupt: "NVIDIA DRA driver checkpoint: checksum"},
+		{
+			name: "cut short", file: "v2-gpus.json", bootID: nvTestBootID, damage: func(s string) string { return s[:len(s)/2] },
+			wantCorrupt: "NVIDIA DRA driver checkpoint: not whole JSON (cut short or damaged), so its checksums cannot be verified: unexpected end of JSON input",
+		},
+		{
+			name: "cut short, without a version", file: "v2-shares.json", bootID: nvTestBootID, damage: func(s string) string { return s[:100] },
+			wantCorrupt: "NVIDIA DRA driver checkpoint: not whole JSON",
+		},
+		{
+			name: "damaged", file: "v2-gpus.json", bootID: nvTestBootID, damage: func(s string) string { return strings.Replace(s, `"v2":{`, `"v2":{{`, 1) },
+			wantCorrupt: "NVIDIA DRA driver checkpoint: not whole JSON (cut short or damaged), so its checksums cannot be verified: invalid character",
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newTestEnv(t)
 			e.setBootID(t, tc.bootID)
-			e.writeCheckpoint(t, readNVIDIAFixture(t, tc.file), tc.previousBoot)
+			content := readNVIDIAFixture(t, tc.file)
+			if tc.damage != nil {
+				content = tc.damage(content)
+			}
+			e.writeCheckpoint(t, content, tc.previousBoot)
 			s, report := e.open(t, WithPool(nvNode))
 			if tc.wantCorrupt != "" {
 				if report.Corrupt == nil || !strings.Contains(report.Corrupt.Err.Error(), tc.wantCorrupt) {
 					t.Fatalf("report = %+v, want Corrupt %q", report, tc.wantCorrupt)
+				}
+				if !errors.Is(report.Corrupt.Err, ErrNVIDIACheckpoint) {
+					t.Errorf("Corrupt.Err = %v, does not match ErrNVIDIACheckpoint", report.Corrupt.Err)
 				}
 				if _, err := os.Stat(report.Corrupt.Path); err != nil {
 					t.Errorf("moved-aside file: %v", err)
@@ -206,7 +228,7 @@ func sealNVIDIA(v1, v2 []byte) []byte {
 // whatever it accepts must be a state gpudra writes and reads back
 // unchanged.
 func FuzzDecodeNVIDIA(f *testing.F) {
-	for _, name := range []string{"v2-gpus.json", "v2-mig.json", "v1-legacy.json"} {
+	for _, name := range []string{"v2-gpus.json", "v2-mig.json", "v1-legacy.json", "v2-shares.json"} {
 		var file struct{ V1, V2 json.RawMessage }
 		data := []byte(readNVIDIAFixture(f, name))
 		if err := json.Unmarshal(data, &file); err != nil {
@@ -248,4 +270,142 @@ func FuzzDecodeNVIDIA(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestAdoptNVIDIAShares opens a file of an NVIDIA release without a
+// top-level version, holding shares of GPUs allocated with consumable
+// capacity, whose share IDs only the allocation results record: each
+// adopted device carries its share, so that the kubelet's next Prepare of
+// the claim matches the record and the shares hold their GPU together,
+// not exclusively.
+func TestAdoptNVIDIAShares(t *testing.T) {
+	e := newTestEnv(t)
+	e.setBootID(t, nvTestBootID)
+	original := readNVIDIAFixture(t, "v2-shares.json")
+	if strings.Contains(original, `"version"`) {
+		t.Fatal("v2-shares.json has a top-level version; NVIDIA's releases before main wrote none")
+	}
+	e.writeCheckpoint(t, original, false)
+	s, report := e.open(t, WithPool(nvNode))
+	if report.Corrupt != nil || report.Migrated != NVIDIAv2 || report.NVIDIA == nil || report.NVIDIA.Claims != 3 {
+		t.Fatalf("report = %+v (NVIDIA %+v), want 3 claims adopted from %s", report, report.NVIDIA, NVIDIAv2)
+	}
+	st := mustRead(t, s)
+	cdiID := func(uid, device string) []string { return []string{"k8s.gpu.nvidia.com/claim=" + uid + "-" + device} }
+	assertDevices(t, st.Claims[nvClaimShareA].Devices, []claimstate.Device{
+		{Requests: []string{"gpu"}, Pool: nvNode, Name: "gpu-0", ShareID: nvShareA, UUID: nvGPU0UUID, CDIDeviceIDs: cdiID(nvClaimShareA, "gpu-0")}})
+	assertDevices(t, st.Claims[nvClaimShareB].Devices, []claimstate.Device{
+		{Requests: []string{"inference"}, Pool: nvNode, Name: "gpu-0", ShareID: nvShareB, UUID: nvGPU0UUID, CDIDeviceIDs: cdiID(nvClaimShareB, "gpu-0")}})
+	assertDevices(t, st.Claims[nvClaimShareStarted].Devices, []claimstate.Device{
+		{Requests: []string{"gpu"}, Pool: nvNode, Name: "gpu-1", ShareID: nvShareStarted}})
+
+	for _, tc := range []struct {
+		name       string
+		in         claimstate.Intent
+		wantAction claimstate.PrepareAction
+		wantErr    string
+	}{
+		{
+			name:       "the kubelet prepares an adopted share again",
+			in:         claimstate.Intent{UID: nvClaimShareA, Devices: []claimstate.Device{{Requests: []string{"gpu"}, Pool: nvNode, Name: "gpu-0", ShareID: nvShareA}}},
+			wantAction: claimstate.ActionReturnRecorded,
+		},
+		{
+			name:       "a new share of the shared GPU",
+			in:         claimstate.Intent{UID: "new-share", Devices: []claimstate.Device{{Requests: []string{"gpu"}, Pool: nvNode, Name: "gpu-0", ShareID: "5a0e3c1f-8b2d-4e6a-9f70-000000000009"}}},
+			wantAction: claimstate.ActionPrepare,
+		},
+		{
+			name:    "the shared GPU whole",
+			in:      claimstate.Intent{UID: "whole", Devices: []claimstate.Device{{Requests: []string{"gpu"}, Pool: nvNode, Name: "gpu-0"}}},
+			wantErr: "already prepared for claim",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var action claimstate.PrepareAction
+			err := s.View(t.Context(), func(st *claimstate.State) error {
+				var err error
+				action, _, err = st.PlanPrepare(tc.in)
+				return err
+			})
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("PlanPrepare: %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || action != tc.wantAction {
+				t.Fatalf("PlanPrepare = %v, %v; want %v", action, err, tc.wantAction)
+			}
+		})
+	}
+}
+
+// TestNVIDIAStartedClaimGetsRetryWindow: a claim NVIDIA's driver only
+// started is adopted as started at the adoption, so the sweep leaves it to
+// the kubelet's retry for the call timeout and rolls it back only after.
+func TestNVIDIAStartedClaimGetsRetryWindow(t *testing.T) {
+	const callTimeout = 2 * time.Minute
+	adoptedAt := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		file, started string
+	}{
+		{file: "v2-gpus.json", started: nvClaimStarted},
+		{file: "v2-shares.json", started: nvClaimShareStarted},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			e := newTestEnv(t)
+			e.setBootID(t, nvTestBootID)
+			e.writeCheckpoint(t, readNVIDIAFixture(t, tc.file), false)
+			s, report := e.open(t, WithPool(nvNode), WithClock(func() time.Time { return adoptedAt }))
+			if report.NVIDIA == nil || report.NVIDIA.Started != 1 {
+				t.Fatalf("report = %+v (NVIDIA %+v), want one started claim adopted", report, report.NVIDIA)
+			}
+			st := mustRead(t, s)
+			c := st.Claims[tc.started]
+			if c == nil || c.Phase != claimstate.PrepareStarted || !c.StartedAt.Equal(adoptedAt) {
+				t.Fatalf("claim %s = %+v, want started at the adoption, %s", tc.started, c, adoptedAt)
+			}
+			for uid, c := range st.Claims {
+				if !c.StartedAt.Equal(adoptedAt) {
+					t.Errorf("claim %s started at %s, want the adoption", uid, c.StartedAt)
+				}
+			}
+			notGone := func(*claimstate.Claim) bool { return false }
+			if plan := st.PlanSweep(adoptedAt.Add(callTimeout/2), callTimeout, notGone); len(plan.RollBack) != 0 {
+				t.Errorf("a sweep within the call timeout rolls back %d claims, want none", len(plan.RollBack))
+			}
+			plan := st.PlanSweep(adoptedAt.Add(callTimeout+time.Second), callTimeout, notGone)
+			if len(plan.RollBack) != 1 || plan.RollBack[0].UID != tc.started {
+				t.Errorf("a sweep after the call timeout rolls back %+v, want %s", plan.RollBack, tc.started)
+			}
+		})
+	}
+}
+
+// TestTruncatedFileOwner: a file cut short is reported as NVIDIA's only
+// when it starts as NVIDIA's driver writes its file.
+func TestTruncatedFileOwner(t *testing.T) {
+	gpudraV2 := `{"version":"v2","bootID":"boot-a","claims":{"a":{"uid":"a","namespace":"ns","name":"c","phase":"PrepareCompleted"`
+	for _, tc := range []struct {
+		name, data string
+		nvidia     bool
+	}{
+		{"NVIDIA's current layout", readNVIDIAFixture(t, "v2-gpus.json")[:300], true},
+		{"NVIDIA's releases without a version", readNVIDIAFixture(t, "v2-shares.json")[:20], true},
+		{"NVIDIA's v1-only releases", readNVIDIAFixture(t, "v1-legacy.json")[:12], true},
+		{"gpudra v2", gpudraV2, false},
+		{"gpudra v1", readFile(t, filepath.Join("testdata", "v1.json"))[:40], false},
+		{"empty", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := fuzzSchemas[0].decode([]byte(tc.data))
+			if err == nil {
+				t.Fatal("a file cut short was read")
+			}
+			if got := errors.Is(err, ErrNVIDIACheckpoint); got != tc.nvidia {
+				t.Errorf("decode: %v; NVIDIA's: %v, want %v", err, got, tc.nvidia)
+			}
+		})
+	}
 }

@@ -54,7 +54,7 @@ type ConflictError struct {
 func (e *ConflictError) Error() string {
 	holder := fmt.Sprintf("%s/%s (uid %s)", e.Holder.Namespace, e.Holder.Name, e.Holder.UID)
 	if e.Holder.Name == "" {
-		holder = fmt.Sprintf("uid %s (adopted after the checkpoint was lost; its name is not known yet)", e.Holder.UID)
+		holder = fmt.Sprintf("uid %s (adopted from a lost checkpoint's CDI specs or from NVIDIA's DRA driver; its name is not known until the sweep finds the claim)", e.Holder.UID)
 	}
 	return fmt.Sprintf("device %s is already prepared for claim %s; a device goes to one claim at a time unless allocated with admin access or as a share",
 		e.Device, holder)

@@ -32,7 +32,11 @@ type State struct {
 
 // Claim is the record of one ResourceClaim on this node.
 type Claim struct {
-	UID       string `json:"uid"`
+	UID string `json:"uid"`
+	// Namespace and Name are empty for a claim adopted without them (see
+	// Adopted, and a completed claim of NVIDIA's DRA driver's checkpoint,
+	// which does not record them) until the sweep finds it in the API
+	// server.
 	Namespace string `json:"namespace"`
 	Name      string `json:"name"`
 	Phase     Phase  `json:"phase"`

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"errors"
 	"fmt"
 
 	"k8s.io/client-go/kubernetes"
@@ -77,8 +78,7 @@ func (e *events) prepareFailed(claim *resourceapi.ResourceClaim, err error) {
 // is woken to do it at once.
 func (d *Driver) onCorruptCheckpoint(cf checkpoint.CorruptFile) {
 	d.logger.Error(cf.Err, "Checkpoint became unreadable; moved aside. Claims with a CDI spec on this node are adopted before anything else is prepared", "movedTo", cf.Path)
-	d.Event(corev1.EventTypeWarning, "CheckpointUnreadable",
-		fmt.Sprintf("gpudra checkpoint was unreadable and was moved to %s: %v", cf.Path, cf.Err))
+	d.Event(corev1.EventTypeWarning, "CheckpointUnreadable", unreadableMessage(cf))
 	if d.sweeper != nil {
 		d.sweeper.wake()
 	}
@@ -94,11 +94,14 @@ func (e *events) reportCheckpoint(logger klog.Logger, r checkpoint.OpenReport) {
 		logger.Error(r.Corrupt.Err, "The claims prepared on this node are not all recorded; they are adopted before anything else is prepared")
 		event(corev1.EventTypeWarning, "CheckpointUnreadable",
 			fmt.Sprintf("gpudra checkpoint needs the claims on this node adopted: %v", r.Corrupt.Err))
+	case r.Corrupt != nil && errors.Is(r.Corrupt.Err, checkpoint.ErrNVIDIACheckpoint):
+		logger.Error(r.Corrupt.Err, "Checkpoint of NVIDIA's DRA driver unreadable; moved aside. Claims with a CDI spec on this node, NVIDIA's YAML ones included, are adopted, since they may belong to running pods",
+			"movedTo", r.Corrupt.Path)
+		event(corev1.EventTypeWarning, "CheckpointUnreadable", unreadableMessage(*r.Corrupt))
 	case r.Corrupt != nil:
 		logger.Error(r.Corrupt.Err, "Checkpoint unreadable; moved aside. Claims with a CDI spec on this node are adopted, since they may belong to running pods",
 			"movedTo", r.Corrupt.Path)
-		event(corev1.EventTypeWarning, "CheckpointUnreadable",
-			fmt.Sprintf("gpudra checkpoint was unreadable and was moved to %s: %v", r.Corrupt.Path, r.Corrupt.Err))
+		event(corev1.EventTypeWarning, "CheckpointUnreadable", unreadableMessage(*r.Corrupt))
 	case r.NewerVersion != "":
 		logger.Error(nil, "Checkpoint was written by a newer gpudra and is left untouched; claims cannot be prepared until that version runs again or the file is removed",
 			"version", r.NewerVersion)
@@ -121,4 +124,14 @@ func (e *events) reportCheckpoint(logger klog.Logger, r checkpoint.OpenReport) {
 	case r.Migrated != "":
 		logger.Info("Checkpoint migrated to the current schema", "from", r.Migrated)
 	}
+}
+
+// unreadableMessage is the event message of a checkpoint moved aside
+// because it could not be read: whose file it was, where it went and why.
+func unreadableMessage(cf checkpoint.CorruptFile) string {
+	whose := "gpudra checkpoint"
+	if errors.Is(cf.Err, checkpoint.ErrNVIDIACheckpoint) {
+		whose = "NVIDIA's DRA driver checkpoint, found where gpudra's belongs,"
+	}
+	return fmt.Sprintf("%s was unreadable and was moved to %s; the claims with a CDI spec on this node are adopted: %v", whose, cf.Path, cf.Err)
 }

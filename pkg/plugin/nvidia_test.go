@@ -148,30 +148,122 @@ func TestAdoptNVIDIACheckpoint(t *testing.T) {
 	}
 }
 
-// TestCorruptNVIDIACheckpoint: an NVIDIA checkpoint whose checksum does not
-// hold is moved aside with a message that says so, and the plugin serves.
+// TestCorruptNVIDIACheckpoint: an NVIDIA checkpoint that cannot be read
+// (its checksum does not hold, or it was cut short) is moved aside with a
+// message that names it as NVIDIA's and says why; the claims whose YAML
+// specs NVIDIA's driver left are adopted from them, so their GPUs go to no
+// other claim and the kubelet's next Prepare gets NVIDIA's CDI IDs; the
+// plugin serves the rest.
 func TestCorruptNVIDIACheckpoint(t *testing.T) {
-	dir := shortTempDir(t)
-	data, err := os.ReadFile(filepath.Join("..", "checkpoint", "testdata", "nvidia", "v2-dgx-h100-0.json"))
-	if err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		name    string
+		damage  func(string) string
+		wantErr string
+	}{
+		{
+			name:    "checksum does not hold",
+			damage:  func(s string) string { return strings.Replace(s, `"DeviceName":"gpu-1"`, `"DeviceName":"gpu-3"`, 1) },
+			wantErr: "NVIDIA DRA driver checkpoint: checksum",
+		},
+		{
+			name:    "cut short",
+			damage:  func(s string) string { return s[:len(s)/3] },
+			wantErr: "NVIDIA DRA driver checkpoint: not whole JSON (cut short or damaged)",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, original := nvidiaNode(t, "v2-dgx-h100-0.json")
+			if err := os.WriteFile(filepath.Join(dir, "plugin", "checkpoint.json"), []byte(tc.damage(original)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			h := newHarnessIn(t, dir)
+			msg, err := h.waitForEvent("CheckpointUnreadable")
+			if err != nil || !strings.HasPrefix(msg, "NVIDIA's DRA driver checkpoint") || !strings.Contains(msg, tc.wantErr) {
+				t.Errorf("event: %q, %v; want NVIDIA's checkpoint named, and %q", msg, err, tc.wantErr)
+			}
+			if strings.Contains(msg, "gpudra checkpoint") {
+				t.Errorf("event: %q calls NVIDIA's file gpudra's", msg)
+			}
+			if moved := movedAsideCheckpoints(t, h); len(moved) != 1 {
+				t.Errorf("moved aside: %v, want one file", moved)
+			}
+
+			other := h.claim("gpu-1")
+			if r := h.prepare(other).Claims[string(other.UID)]; r == nil || !strings.Contains(r.Error, nvPrepared) {
+				t.Errorf("a claim on gpu-1 of NVIDIA's YAML spec: %+v, want refused naming %s", r, nvPrepared)
+			}
+			prepared := h.claimFor("trainer-gpus", nvPrepared, "gpu-0", "gpu-1")
+			r := h.mustPrepare(prepared)
+			var ids []string
+			for _, d := range r.Devices {
+				ids = append(ids, d.CdiDeviceIds...)
+			}
+			want := []string{"k8s.gpu.nvidia.com/claim=" + nvPrepared + "-gpu-0", "k8s.gpu.nvidia.com/claim=" + nvPrepared + "-gpu-1"}
+			if !slices.Equal(ids, want) {
+				t.Errorf("CDI IDs of the claim adopted from NVIDIA's spec = %v, want NVIDIA's %v", ids, want)
+			}
+			if files := h.specFiles(); slices.Contains(files, "k8s.gpu.nvidia.com-claim_"+nvPrepared+".json") {
+				t.Errorf("gpudra wrote a spec beside NVIDIA's: %v", files)
+			}
+			h.serves("gpu-3")
+			h.restart()
+			h.serves("gpu-4")
+		})
 	}
-	data = []byte(strings.Replace(string(data), `"DeviceName":"gpu-1"`, `"DeviceName":"gpu-3"`, 1))
-	if err := os.MkdirAll(filepath.Join(dir, "plugin"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "plugin", "checkpoint.json"), data, 0o600); err != nil {
-		t.Fatal(err)
-	}
+}
+
+// TestNVIDIAStartedClaimSurvivesFirstSweep: the sweep leaves a claim
+// NVIDIA's driver only started to the kubelet's retry for the call
+// timeout from the adoption: it still holds its GPU after a sweep at once.
+func TestNVIDIAStartedClaimSurvivesFirstSweep(t *testing.T) {
+	dir, _ := nvidiaNode(t, "v2-dgx-h100-0.json")
 	h := newHarnessIn(t, dir)
-	msg, err := h.waitForEvent("CheckpointUnreadable")
-	if err != nil || !strings.Contains(msg, "NVIDIA DRA driver checkpoint: checksum") {
-		t.Errorf("event: %q, %v; want the NVIDIA checksum named", msg, err)
+	h.driver.Sweep(h.ctx)
+	if !strings.Contains(h.checkpoint(), nvStarted) {
+		t.Fatalf("the started claim was rolled back by the first sweep: %s", h.checkpoint())
 	}
-	if moved := movedAsideCheckpoints(t, h); len(moved) != 1 {
-		t.Errorf("moved aside: %v, want one file", moved)
+	other := h.claim("gpu-2")
+	if r := h.prepare(other).Claims[string(other.UID)]; r == nil || !strings.Contains(r.Error, nvStarted) {
+		t.Errorf("another claim on gpu-2: %+v, want refused naming %s", r, nvStarted)
 	}
-	h.serves("gpu-3")
-	h.restart()
-	h.serves("gpu-3")
+}
+
+// TestNVIDIAClaimsAreNamedBySweep: NVIDIA's checkpoint drops a claim's
+// name once it is prepared. The sweep finds the adopted claim by UID in one
+// list of ResourceClaims and records its name, so that refusals name it
+// and later sweeps GET it instead of listing every claim again.
+func TestNVIDIAClaimsAreNamedBySweep(t *testing.T) {
+	dir, _ := nvidiaNode(t, "v2-dgx-h100-0.json")
+	h := newHarnessIn(t, dir)
+	h.create(&resourceapi.ResourceClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "trainer-gpus", UID: nvPrepared}})
+	claimCalls := func(verb string) int {
+		n := 0
+		for _, a := range h.client.Actions() {
+			if a.GetVerb() == verb && a.GetResource().Resource == "resourceclaims" {
+				n++
+			}
+		}
+		return n
+	}
+	for i, want := range []struct{ lists, gets int }{
+		{lists: 1, gets: 1}, // named from the list, then asked about by name
+		{lists: 0, gets: 1},
+		{lists: 0, gets: 1},
+	} {
+		lists, gets := claimCalls("list"), claimCalls("get")
+		h.driver.Sweep(h.ctx)
+		if got := claimCalls("list") - lists; got != want.lists {
+			t.Errorf("sweep %d listed ResourceClaims %d times, want %d", i, got, want.lists)
+		}
+		if got := claimCalls("get") - gets; got < want.gets {
+			t.Errorf("sweep %d got ResourceClaims %d times, want at least %d", i, got, want.gets)
+		}
+	}
+	if cp := h.checkpoint(); !strings.Contains(cp, `"namespace":"default","name":"trainer-gpus"`) {
+		t.Errorf("the adopted claim was not named: %s", cp)
+	}
+	other := h.claim("gpu-1")
+	if r := h.prepare(other).Claims[string(other.UID)]; r == nil || !strings.Contains(r.Error, "default/trainer-gpus (uid "+nvPrepared+")") {
+		t.Errorf("a claim on gpu-1: %+v, want refused naming default/trainer-gpus", r)
+	}
 }

@@ -122,7 +122,7 @@ func (w *sweeper) sweep(ctx context.Context, backOff bool) {
 		return
 	}
 	lookup := &apiLookup{d: d}
-	w.nameAdopted(ctx, state, lookup)
+	w.nameUnnamed(ctx, state, lookup)
 	now := d.cfg.Clock()
 	for uid := range w.present {
 		if state.Claims[uid] == nil {
@@ -178,12 +178,17 @@ func (w *sweeper) goneTwice(uid string, gone bool) bool {
 	return false
 }
 
-// nameAdopted fills in the namespace, name and consumers of adopted claims
-// that the API server still has, so that the usual rules apply to them.
-func (w *sweeper) nameAdopted(ctx context.Context, state *claimstate.State, lookup *apiLookup) {
+// nameUnnamed fills in the namespace, name and consumers of the recorded
+// claims whose name is not known, and that the API server still has, so
+// that the usual rules apply to them: refusals name them, and later sweeps
+// GET them instead of listing every ResourceClaim. Such claims were
+// adopted: from their CDI specs after the checkpoint was lost, or from
+// NVIDIA's DRA driver's checkpoint, which drops a claim's name once it is
+// prepared.
+func (w *sweeper) nameUnnamed(ctx context.Context, state *claimstate.State, lookup *apiLookup) {
 	d := w.d
 	for uid, c := range state.Claims {
-		if !c.Adopted || c.Name != "" {
+		if c.Name != "" {
 			continue
 		}
 		claim, ok := lookup.claimByUID(ctx, uid)
@@ -192,7 +197,7 @@ func (w *sweeper) nameAdopted(ctx context.Context, state *claimstate.State, look
 		}
 		consumers := preparer.ConsumersOf(claim)
 		err := d.store.Update(ctx, func(s *claimstate.State) error {
-			if rec := s.Claims[uid]; rec != nil && rec.Adopted && rec.Name == "" {
+			if rec := s.Claims[uid]; rec != nil && rec.Name == "" {
 				named := rec.Clone()
 				named.Namespace, named.Name, named.Consumers = claim.Namespace, claim.Name, consumers
 				s.Claims[uid] = named

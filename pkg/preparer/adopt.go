@@ -80,7 +80,7 @@ func (p *Preparer) adopt(ctx context.Context, inv *hardware.Inventory) error {
 	if inv == nil {
 		inv = p.cfg.Node.Inventory()
 	}
-	uids, err := p.cfg.CDI.ClaimUIDs()
+	uids, err := p.cfg.CDI.PreparedClaimUIDs()
 	if err != nil {
 		return err
 	}
