@@ -239,6 +239,11 @@ func TestMessageIsThePluginsAtPrepare(t *testing.T) {
 	for _, params := range []string{misspelt, wrongKind, badVFIO, notObject,
 		`{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultActiveThreadPercentage":"50"}}}`,
 		`{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS","strategy":"TimeSlicing"}}`,
+		// Once admitted, and refused only by the MPS configurator.
+		`{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultActiveThreadPercentage":0}}}`,
+		// Once admitted, and cut to 1 MiB at Prepare.
+		`{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultPinnedDeviceMemoryLimit":"1.5Mi"}}}`,
+		`{"apiVersion":"resource.nvidia.com/v1beta1","kind":"MigDeviceConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultPerDevicePinnedMemoryLimit":{"0":"1048576.5"}}}}`,
 	} {
 		c := claim(opaque(gpuDriver, params))
 		resp := h.Admit(context.Background(), request(t, v1Kind("ResourceClaim"), admissionv1.Create, c, nil))

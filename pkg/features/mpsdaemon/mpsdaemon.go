@@ -149,10 +149,8 @@ func (c *Configurator) planOf(cl *preparer.Claim) (*plan, error) {
 			}
 		}
 	}
-	if p != nil && p.config != nil && p.config.DefaultActiveThreadPercentage != nil && *p.config.DefaultActiveThreadPercentage == 0 {
-		return nil, fmt.Errorf("%s: %s: 0 would leave the clients no threads; MPS takes 1 to 100",
-			p.origin, mpsField.Child("defaultActiveThreadPercentage"))
-	}
+	// Config values (a thread percentage of 0, a limit that is no whole
+	// MiB) were refused by config.Resolve, with the webhook's rule.
 	return p, nil
 }
 
