@@ -107,7 +107,7 @@ func validateMpsConfig(c *MpsConfig, path *field.Path) field.ErrorList {
 	limitsPath := path.Child("defaultPerDevicePinnedMemoryLimit")
 	for _, key := range slices.Sorted(maps.Keys(c.DefaultPerDevicePinnedMemoryLimit)) {
 		if !isDeviceSelector(key) {
-			errs = append(errs, field.Invalid(limitsPath.Key(key), key, "must be a device index (0, 1, ...) or a device UUID (GPU-... or MIG-...)"))
+			errs = append(errs, field.Invalid(limitsPath.Key(key), key, "must be a device index (0, 1, ..., no sign or leading zero) or a device UUID (GPU-... or MIG-...)"))
 		}
 		errs = append(errs, validatePinnedMemoryLimit(c.DefaultPerDevicePinnedMemoryLimit[key], limitsPath.Key(key))...)
 	}
@@ -141,7 +141,9 @@ func validatePinnedMemoryLimit(q resource.Quantity, path *field.Path) field.Erro
 // daemon setup resolves it: a non-negative index or a GPU or MIG UUID.
 func isDeviceSelector(key string) bool {
 	if i, err := strconv.Atoi(key); err == nil {
-		return i >= 0
+		// One form per index: "00" or "+0" would name device 0 a second
+		// time beside "0", and one of the two limits would be dropped.
+		return i >= 0 && strconv.Itoa(i) == key
 	}
 	return (strings.HasPrefix(key, "GPU-") || strings.HasPrefix(key, "MIG-")) && len(key) > len("GPU-")
 }

@@ -318,15 +318,21 @@ func TestValidate(t *testing.T) {
 			features: allFeatures,
 			want:     `sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "10e18": ` + pinnedRange,
 		},
+		"per-device index written twice": {
+			config:   mps(MpsConfig{DefaultPerDevicePinnedMemoryLimit: limits("0", "1Gi", "00", "2Gi", "+1", "1Gi")}),
+			features: allFeatures,
+			want: `[sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[+1]: Invalid value: "+1": must be a device index (0, 1, ..., no sign or leading zero) or a device UUID (GPU-... or MIG-...), ` +
+				`sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[00]: Invalid value: "00": must be a device index (0, 1, ..., no sign or leading zero) or a device UUID (GPU-... or MIG-...)]`,
+		},
 		"per-device key neither index nor UUID": {
 			config:   mps(MpsConfig{DefaultPerDevicePinnedMemoryLimit: limits("gpu0", "1Gi")}),
 			features: allFeatures,
-			want:     `sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[gpu0]: Invalid value: "gpu0": must be a device index (0, 1, ...) or a device UUID (GPU-... or MIG-...)`,
+			want:     `sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[gpu0]: Invalid value: "gpu0": must be a device index (0, 1, ..., no sign or leading zero) or a device UUID (GPU-... or MIG-...)`,
 		},
 		"per-device negative index and low limit": {
 			config:   mps(MpsConfig{DefaultPerDevicePinnedMemoryLimit: limits("-1", "1Gi", "1", "-5Gi")}),
 			features: allFeatures,
-			want: `[sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[-1]: Invalid value: "-1": must be a device index (0, 1, ...) or a device UUID (GPU-... or MIG-...), ` +
+			want: `[sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[-1]: Invalid value: "-1": must be a device index (0, 1, ..., no sign or leading zero) or a device UUID (GPU-... or MIG-...), ` +
 				`sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[1]: Invalid value: "-5Gi": ` + pinnedRange + `]`,
 		},
 		"every problem at once, feature off": {
