@@ -39,7 +39,7 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 	if err := logsapi.ValidateAndApply(o.Logging, nil); err != nil {
 		return err
 	}
-	if err := o.Validate(); err != nil {
+	if err := o.Check(cmd.Flags()); err != nil {
 		return err
 	}
 	if sock := nodemode.DevicePluginListening(o.DevicePluginDir); sock != "" {

@@ -73,7 +73,9 @@ func TestUnsatisfiableClaimStaysPending(t *testing.T) {
 
 // TestPrepareErrorIsTheReason: a claim the scheduler can allocate but the
 // plugin refuses to prepare leaves the pod Pending with the plugin's
-// message, delivered through the kubelet's DRA manager.
+// message, delivered through the kubelet's DRA manager. The config passes
+// the webhook: a per-device limit for device index 3 is only wrong once
+// the claim turns out to get one GPU.
 func TestPrepareErrorIsTheReason(t *testing.T) {
 	ctx := testContext(t, time.Minute)
 	apply(t, ctx, `apiVersion: v1
@@ -94,7 +96,7 @@ spec:
         parameters:
           apiVersion: resource.nvidia.com/v1beta1
           kind: GpuConfig
-          sharing: {strategy: MPS, mpsConfig: {defaultActiveThreadPercentage: 0}}
+          sharing: {strategy: MPS, mpsConfig: {defaultPerDevicePinnedMemoryLimit: {"3": 1Gi}}}
 ---
 apiVersion: v1
 kind: Pod
@@ -113,12 +115,12 @@ spec:
 	if pod.Status.Phase != corev1.PodPending || pod.Spec.NodeName == "" {
 		t.Fatalf("pod is %s on %q, want Pending on a node", pod.Status.Phase, pod.Spec.NodeName)
 	}
-	if r := reasonOf(pod); !strings.Contains(r, "sharing.mpsConfig.defaultActiveThreadPercentage") || !strings.Contains(r, "1 to 100") {
+	if r := reasonOf(pod); !strings.Contains(r, "sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[3]") || !strings.Contains(r, "allowed: 0 to 0") {
 		t.Errorf("reason %q is not the plugin's refusal of the MPS setting", r)
 	}
 	// `kubectl logs` says the same.
 	err := podLogsError(ctx, "prepare-error", "pod", &corev1.PodLogOptions{})
-	if !strings.Contains(err.Error(), "waiting to start") || !strings.Contains(err.Error(), "defaultActiveThreadPercentage") {
+	if !strings.Contains(err.Error(), "waiting to start") || !strings.Contains(err.Error(), "defaultPerDevicePinnedMemoryLimit") {
 		t.Errorf("logs of a pod whose claim the plugin refused: %v; want it waiting to start, with the plugin's message", err)
 	}
 	if err := demo.Client().CoreV1().Pods("prepare-error").Delete(ctx, "pod", metav1.DeleteOptions{}); err != nil {

@@ -71,13 +71,7 @@ func TestKubeletPluginValuesReachFlags(t *testing.T) {
 	}
 
 	t.Run("every flag value is covered", func(t *testing.T) {
-		// Values of the kubelet plugin that are not flags: where and how
-		// the pod runs.
-		notFlags := []string{
-			"kubeletPlugin.checkDriverRoot.enabled", "kubeletPlugin.probes.enabled",
-			"kubeletPlugin.priorityClassName", "kubeletPlugin.nodeSelector", "kubeletPlugin.affinity", "kubeletPlugin.tolerations",
-			"kubeletPlugin.podAnnotations", "kubeletPlugin.resources", "kubeletPlugin.hostNetwork", "kubeletPlugin.env",
-		}
+		notFlags := kubeletPluginNonFlagValues
 		var covered []string
 		for _, tc := range cases {
 			covered = append(covered, tc.value)
@@ -92,6 +86,14 @@ func TestKubeletPluginValuesReachFlags(t *testing.T) {
 			t.Errorf("values.yaml has kubeletPlugin values this test does not map to a flag: %v", missing)
 		}
 	})
+}
+
+// kubeletPluginNonFlagValues are the values of the kubelet plugin that are
+// not flags: where and how the pod runs.
+var kubeletPluginNonFlagValues = []string{
+	"kubeletPlugin.checkDriverRoot.enabled", "kubeletPlugin.probes.enabled",
+	"kubeletPlugin.priorityClassName", "kubeletPlugin.nodeSelector", "kubeletPlugin.affinity", "kubeletPlugin.tolerations",
+	"kubeletPlugin.podAnnotations", "kubeletPlugin.resources", "kubeletPlugin.hostNetwork", "kubeletPlugin.env",
 }
 
 // leaves lists the dotted paths of m's non-map values; a map that is

@@ -18,7 +18,7 @@ func TestSchemaRefuses(t *testing.T) {
 		{"verbosity negative", values("kubeletPlugin.logVerbosity", -1), "/kubeletPlugin/logVerbosity"},
 		{"QPS as a string", values("kubeletPlugin.kubeAPIQPS", "fast"), "/kubeletPlugin/kubeAPIQPS"},
 		{"unknown MIG mode", values("kubeletPlugin.migMode", "auto"), "/kubeletPlugin/migMode"},
-		{"one share", values("kubeletPlugin.sharing", "shares=1"), "/kubeletPlugin/sharing"},
+		{"more shares than the plugin takes", values("kubeletPlugin.sharing", "shares=101"), "/kubeletPlugin/sharing"},
 		{"NVIDIA's sharing spelling", values("kubeletPlugin.sharing", "memory"), "/kubeletPlugin/sharing"},
 		{"VFIO as a bool", values("kubeletPlugin.vfio", true), "/kubeletPlugin/vfio"},
 		{"GPU minors as a string", values("kubeletPlugin.vfioGPUs", "0,1"), "/kubeletPlugin/vfioGPUs"},

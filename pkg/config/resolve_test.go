@@ -280,8 +280,8 @@ func TestResolveErrors(t *testing.T) {
 		},
 		"invalid MPS settings": {
 			configs: configs{claimCfg(doc("MigDeviceConfig", `"sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 150, "defaultPinnedDeviceMemoryLimit": "512Ki"}}`))},
-			want: `claim config #0 (all requests): [sharing.mpsConfig.defaultActiveThreadPercentage: Invalid value: 150: must be between 0 and 100, inclusive, ` +
-				`sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "512Ki": must be from 1Mi to 9223372036854775806 bytes]`,
+			want: `claim config #0 (all requests): [sharing.mpsConfig.defaultActiveThreadPercentage: Invalid value: 150: must be from 1 to 100: the MPS daemon takes 1 to 100, and 0 would leave the clients no threads, ` +
+				`sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "512Ki": must be a whole number of MiB (a multiple of 1Mi, 1048576 bytes) from 1Mi to 8796093022207Mi]`,
 		},
 		"strategy behind a disabled feature gate": {
 			configs:  configs{claimCfg(gpuMPS, "gpu")},

@@ -10,8 +10,10 @@ import (
 
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/kubernetes"
 	logsapi "k8s.io/component-base/logs/api/v1"
+	_ "k8s.io/component-base/logs/json/register" // --logging-format=json
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/gpudra/gpudra/pkg/cdi"
@@ -134,10 +136,51 @@ func (o *KubeletPlugin) Validate() error {
 	if !strings.HasPrefix(o.MetricsPath, "/") {
 		return fmt.Errorf("--metrics-path %q: must start with /", o.MetricsPath)
 	}
+	if err := ValidateDriverName("driver-name", o.DriverName); err != nil {
+		return err
+	}
+	if err := ValidateHTTPEndpoint("http-endpoint", o.HTTPEndpoint); err != nil {
+		return err
+	}
+	if err := validateClientLimits(o.KubeAPIQPS, o.KubeAPIBurst); err != nil {
+		return err
+	}
+	for _, d := range []struct {
+		name  string
+		value time.Duration
+	}{{"discovery-interval", o.DiscoveryInterval}, {"sweep-interval", o.SweepInterval}, {"kubelet-call-timeout", o.CallTimeout}} {
+		if d.value < 0 {
+			return fmt.Errorf("--%s %v: must be 0 (the default) or more", d.name, d.value)
+		}
+	}
 	if o.PluginDataDir == "" {
 		o.PluginDataDir = filepath.Join(kubeletplugin.KubeletPluginsDir, o.DriverName)
 	}
-	return nil
+	return AbsolutePaths([]PathFlag{{"plugin-data-dir", &o.PluginDataDir}, {"registrar-dir", &o.RegistrarDir}, {"cdi-dir", &o.CDIDir}})
+}
+
+// Check runs every check of the flags that needs no I/O, as `gpudra
+// kubelet-plugin` does before it touches the node: what it refuses, the
+// plugin exits on at start. The Helm chart's values schema is tested
+// against it.
+func (o *KubeletPlugin) Check(fs *pflag.FlagSet) error {
+	if errs := logsapi.Validate(o.Logging, nil, field.NewPath("logging")); len(errs) > 0 {
+		return errs.ToAggregate()
+	}
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	return o.GPUSharing.Validate(fs)
+}
+
+// CheckKubeletPlugin parses args (the flags after `gpudra kubelet-plugin`)
+// and checks them with [KubeletPlugin.Check].
+func CheckKubeletPlugin(args []string) error {
+	o, fs, err := ParseKubeletPlugin(args)
+	if err != nil {
+		return err
+	}
+	return o.Check(fs)
 }
 
 // Host is what a node gives its plugin besides the flags: the GPUs and

@@ -48,7 +48,16 @@ func (f *Sharing) Validate() error {
 	if !filepath.IsAbs(f.mpsRoot) {
 		return fmt.Errorf("--mps-root %q: must be an absolute path", f.mpsRoot)
 	}
-	return nil
+	// Paths of tools: empty ones mean "under the driver root" or, for
+	// nsenter, "on the host itself"; a relative one would depend on the
+	// working directory.
+	paths := []PathFlag{{"systemd-run-path", &f.systemdRunPath}}
+	for _, p := range []PathFlag{{"nvidia-smi-path", &f.nvidiaSMI}, {"mps-control-binary", &f.mpsControl}, {"nsenter-path", &f.nsenterPath}} {
+		if *p.Value != "" {
+			paths = append(paths, p)
+		}
+	}
+	return AbsolutePaths(paths)
 }
 
 // TimeSlicer returns the setter for time slices, or nil when nvidia-smi is
@@ -120,6 +129,13 @@ func (f *GPUSharing) AddFlags(fs *pflag.FlagSet, help string) {
 	fs.Var(&f.sharing, "sharing", help)
 	fs.StringVar(&f.consumableShares, "consumable-shares", "", "--sharing under the name and values of NVIDIA's driver, so that its DaemonSet arguments carry over: disabled, memory (memory-compute), <N> (shares=<N>) or unlimited")
 	fs.StringVar(&f.sharingDefault, "sharing-default", devicemodel.SharingDefaultWhole, fmt.Sprintf("what a claim that asks for no capacity gets on a shared GPU: %s (the whole GPU, uncapped) or %s (one share with shares=<N>, no memory with unlimited, as NVIDIA's driver gives)", devicemodel.SharingDefaultWhole, devicemodel.SharingDefaultShare))
+}
+
+// Validate checks the syntax of the flags Resolve reads, without a
+// simulated node: what a node cannot change.
+func (f *GPUSharing) Validate(fs *pflag.FlagSet) error {
+	_, err := f.Resolve(fs, nil)
+	return err
 }
 
 // Resolve returns the sharing the flags set, with what a simulated node

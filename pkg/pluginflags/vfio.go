@@ -41,6 +41,14 @@ func (f *VFIO) Validate() error {
 	if f.driver != vfio.VFIOPCI && f.driver != vfio.NVGraceGPUVFIOPCI {
 		return fmt.Errorf("--vfio-driver %q: must be one of [%s %s]", f.driver, vfio.VFIOPCI, vfio.NVGraceGPUVFIOPCI)
 	}
+	for i, minor := range f.gpus {
+		if minor < 0 {
+			return fmt.Errorf("--vfio-gpus %v: %d is no GPU minor (0 or more)", f.gpus, minor)
+		}
+		if slices.Contains(f.gpus[:i], minor) {
+			return fmt.Errorf("--vfio-gpus %v: GPU minor %d is named twice", f.gpus, minor)
+		}
+	}
 	return nil
 }
 

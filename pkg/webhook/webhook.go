@@ -11,9 +11,14 @@
 //
 //	spec.devices.config[0].opaque.parameters: unknown field "sharing.timeSlicingConfig.intervall"
 //
-// What the webhook cannot know at admission it leaves to the plugin: which
-// device a config will meet (a MigDeviceConfig for a claim that gets a full
-// GPU is refused at Prepare), and whether the node can carry a setting out.
+// A claim's config whose kind cannot fit the devices its requests' classes
+// select is refused too ([config.CheckFit]): gpudra's DeviceClasses
+// (gpu.nvidia.com, mig.nvidia.com and mig-<profile>.nvidia.com,
+// vfio.gpu.nvidia.com) each select one kind of device, so a MigDeviceConfig
+// for a request of class gpu.nvidia.com is refused at creation. What the
+// webhook cannot know at admission it leaves to the plugin: the device a
+// request of another class, or a firstAvailable request, will get, and
+// whether the node can carry a setting out.
 //
 // The handler reads resource.k8s.io/v1 objects only. It is registered with
 // matchPolicy Equivalent and rules for v1, so the API server converts
@@ -235,6 +240,11 @@ func (h *Handler) Admit(ctx context.Context, req *admissionv1.AdmissionRequest) 
 		}
 	}
 	errs := h.v.validateConfigs(rk.path, configs)
+	if decode := claimSpecs[req.Kind.Kind]; decode != nil && len(errs) == 0 {
+		if spec, err := decode(req.Object.Raw); err == nil {
+			errs = h.v.validateFit(rk.path, spec)
+		}
+	}
 	if len(errs) == 0 {
 		logger.V(5).Info("Admitted")
 		return allowed

@@ -50,6 +50,17 @@ func claim(configs ...resourceapi.DeviceConfiguration) *resourceapi.ResourceClai
 	return c
 }
 
+// withRequests replaces c's requests with exactly-requests given as name,
+// class pairs.
+func withRequests(c *resourceapi.ResourceClaim, nameClass ...string) *resourceapi.ResourceClaim {
+	c.Spec.Devices.Requests = nil
+	for i := 0; i < len(nameClass); i += 2 {
+		c.Spec.Devices.Requests = append(c.Spec.Devices.Requests, resourceapi.DeviceRequest{
+			Name: nameClass[i], Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: nameClass[i+1]}})
+	}
+	return c
+}
+
 func template(configs ...resourceapi.DeviceConfiguration) *resourceapi.ResourceClaimTemplate {
 	return &resourceapi.ResourceClaimTemplate{ObjectMeta: metav1.ObjectMeta{Name: "t", Namespace: "ns"}, Spec: resourceapi.ResourceClaimTemplateSpec{Spec: claim(configs...).Spec}}
 }
@@ -140,7 +151,8 @@ func TestAdmit(t *testing.T) {
 			req: request(t, v1Kind("ResourceClaim"), admissionv1.Create, claim(opaque(gpuDriver, goodGPU)), nil),
 		},
 		"good MigDeviceConfig and VfioDeviceConfig": {
-			req: request(t, v1Kind("ResourceClaim"), admissionv1.Create, claim(opaque(gpuDriver, goodMIG), opaque(gpuDriver, goodVFIO)), nil),
+			req: request(t, v1Kind("ResourceClaim"), admissionv1.Create, withRequests(claim(opaque(gpuDriver, goodMIG), opaque(gpuDriver, goodVFIO)),
+				"mig", "mig-1g.10gb.nvidia.com", "vfio", "vfio.gpu.nvidia.com"), nil),
 		},
 		"misspelt field": {
 			req:  request(t, v1Kind("ResourceClaim"), admissionv1.Create, claim(opaque(gpuDriver, misspelt)), nil),
@@ -239,6 +251,11 @@ func TestMessageIsThePluginsAtPrepare(t *testing.T) {
 	for _, params := range []string{misspelt, wrongKind, badVFIO, notObject,
 		`{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultActiveThreadPercentage":"50"}}}`,
 		`{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS","strategy":"TimeSlicing"}}`,
+		// Once admitted, and refused only by the MPS configurator.
+		`{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultActiveThreadPercentage":0}}}`,
+		// Once admitted, and cut to 1 MiB at Prepare.
+		`{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultPinnedDeviceMemoryLimit":"1.5Mi"}}}`,
+		`{"apiVersion":"resource.nvidia.com/v1beta1","kind":"MigDeviceConfig","sharing":{"strategy":"MPS","mpsConfig":{"defaultPerDevicePinnedMemoryLimit":{"0":"1048576.5"}}}}`,
 	} {
 		c := claim(opaque(gpuDriver, params))
 		resp := h.Admit(context.Background(), request(t, v1Kind("ResourceClaim"), admissionv1.Create, c, nil))

@@ -40,21 +40,26 @@ func (f Features) allows(s SharingStrategy) bool {
 	return false
 }
 
-// minPinnedMemoryLimit is the smallest MPS pinned memory limit: the MPS
-// daemon takes limits in whole megabytes (MiB), so anything smaller would be
-// rounded to 0, which means no limit.
-var minPinnedMemoryLimit = resource.MustParse("1Mi")
+// mib is the unit of MPS pinned memory limits: the control daemon takes
+// them in whole megabytes (set_default_device_pinned_mem_limit <uuid> <n>M),
+// so a limit that is no whole number of MiB would be cut to one.
+const mib = 1 << 20
 
-// maxPinnedMemoryLimit is the largest MPS pinned memory limit. The plugin
-// hands limits to the daemon setup as int64 byte counts (Quantity.Value),
-// which overflows silently above math.MaxInt64 (1e19 becomes 0, 2^63
-// becomes negative). The quantity parser clamps binary-suffixed values of
-// 8Ei and more ("9999Ei") to exactly math.MaxInt64, so that value cannot be
-// told from an overflow and is refused as well.
-var maxPinnedMemoryLimit = *resource.NewQuantity(math.MaxInt64-1, resource.BinarySI)
+// minPinnedMemoryLimit is the smallest MPS pinned memory limit, 1 MiB: 0
+// means no limit to the daemon.
+var minPinnedMemoryLimit = *resource.NewQuantity(mib, resource.BinarySI)
 
-// pinnedMemoryRange is the allowed range, as error messages give it.
-var pinnedMemoryRange = fmt.Sprintf("must be from %s to %d bytes", minPinnedMemoryLimit.String(), maxPinnedMemoryLimit.Value())
+// maxPinnedMemoryLimit is the largest MPS pinned memory limit, the largest
+// whole number of MiB below 2^63 bytes. The plugin hands limits to the
+// daemon setup as int64 byte counts (Quantity.Value), which overflows
+// silently above math.MaxInt64 (1e19 becomes 0, 2^63 becomes negative); the
+// quantity parser clamps binary-suffixed values of 8Ei and more ("9999Ei")
+// to exactly math.MaxInt64, which this bound refuses as well.
+var maxPinnedMemoryLimit = *resource.NewQuantity(math.MaxInt64/mib*mib, resource.BinarySI)
+
+// pinnedMemoryRange is the allowed values, as error messages give them.
+var pinnedMemoryRange = fmt.Sprintf("must be a whole number of MiB (a multiple of 1Mi, %d bytes) from %s to %s", mib,
+	minPinnedMemoryLimit.String(), maxPinnedMemoryLimit.String())
 
 // validateStrategy reports whether s is a known strategy the caller serves.
 // It returns false when the rest of the sharing setting should not be
@@ -78,13 +83,23 @@ func validateTimeSlicingConfig(c *TimeSlicingConfig, path *field.Path) field.Err
 	return field.ErrorList{field.NotSupported(path.Child("interval"), *c.Interval, TimeSliceIntervals)}
 }
 
+// The MPS control daemon takes a default active thread percentage from 1
+// to 100: 0 would leave the clients no threads.
+const (
+	minActiveThreadPercentage = 1
+	maxActiveThreadPercentage = 100
+)
+
+// activeThreadRange is the allowed values, as error messages give them.
+var activeThreadRange = fmt.Sprintf("must be from %d to %d: the MPS daemon takes 1 to 100, and 0 would leave the clients no threads", minActiveThreadPercentage, maxActiveThreadPercentage)
+
 func validateMpsConfig(c *MpsConfig, path *field.Path) field.ErrorList {
 	if c == nil {
 		return nil
 	}
 	var errs field.ErrorList
-	if p := c.DefaultActiveThreadPercentage; p != nil && (*p < 0 || *p > 100) {
-		errs = append(errs, field.Invalid(path.Child("defaultActiveThreadPercentage"), *p, "must be between 0 and 100, inclusive"))
+	if p := c.DefaultActiveThreadPercentage; p != nil && (*p < minActiveThreadPercentage || *p > maxActiveThreadPercentage) {
+		errs = append(errs, field.Invalid(path.Child("defaultActiveThreadPercentage"), *p, activeThreadRange))
 	}
 	if q := c.DefaultPinnedDeviceMemoryLimit; q != nil {
 		errs = append(errs, validatePinnedMemoryLimit(*q, path.Child("defaultPinnedDeviceMemoryLimit"))...)
@@ -92,7 +107,7 @@ func validateMpsConfig(c *MpsConfig, path *field.Path) field.ErrorList {
 	limitsPath := path.Child("defaultPerDevicePinnedMemoryLimit")
 	for _, key := range slices.Sorted(maps.Keys(c.DefaultPerDevicePinnedMemoryLimit)) {
 		if !isDeviceSelector(key) {
-			errs = append(errs, field.Invalid(limitsPath.Key(key), key, "must be a device index (0, 1, ...) or a device UUID (GPU-... or MIG-...)"))
+			errs = append(errs, field.Invalid(limitsPath.Key(key), key, "must be a device index (0, 1, ..., no sign or leading zero) or a device UUID (GPU-... or MIG-...)"))
 		}
 		errs = append(errs, validatePinnedMemoryLimit(c.DefaultPerDevicePinnedMemoryLimit[key], limitsPath.Key(key))...)
 	}
@@ -100,11 +115,14 @@ func validateMpsConfig(c *MpsConfig, path *field.Path) field.ErrorList {
 }
 
 // validatePinnedMemoryLimit refuses a limit outside
-// [minPinnedMemoryLimit, maxPinnedMemoryLimit], so that every accepted limit
-// is an exact int64 byte count downstream. A fractional byte count is
-// accepted: Quantity.Value rounds it up, and the daemon takes whole MiB.
+// [minPinnedMemoryLimit, maxPinnedMemoryLimit] or not a whole number of
+// MiB, so that every accepted limit reaches the daemon exactly: an int64
+// byte count downstream, and a whole number of the daemon's unit. A limit
+// is never rounded.
 func validatePinnedMemoryLimit(q resource.Quantity, path *field.Path) field.ErrorList {
-	switch {
+	// Value rounds a fraction of a byte up; the comparison tells.
+	bytes := q.Value()
+	switch exact := q.Cmp(*resource.NewQuantity(bytes, resource.BinarySI)) == 0; {
 	case q.Cmp(minPinnedMemoryLimit) < 0:
 		return field.ErrorList{field.Invalid(path, q.String(), pinnedMemoryRange)}
 	case q.Cmp(maxPinnedMemoryLimit) > 0:
@@ -113,6 +131,8 @@ func validatePinnedMemoryLimit(q resource.Quantity, path *field.Path) field.Erro
 			msg += fmt.Sprintf(" (quantities of 8Ei and more are read as %d)", int64(math.MaxInt64))
 		}
 		return field.ErrorList{field.Invalid(path, q.String(), msg)}
+	case !exact || bytes%mib != 0:
+		return field.ErrorList{field.Invalid(path, q.String(), pinnedMemoryRange)}
 	}
 	return nil
 }
@@ -121,7 +141,9 @@ func validatePinnedMemoryLimit(q resource.Quantity, path *field.Path) field.Erro
 // daemon setup resolves it: a non-negative index or a GPU or MIG UUID.
 func isDeviceSelector(key string) bool {
 	if i, err := strconv.Atoi(key); err == nil {
-		return i >= 0
+		// One form per index: "00" or "+0" would name device 0 a second
+		// time beside "0", and one of the two limits would be dropped.
+		return i >= 0 && strconv.Itoa(i) == key
 	}
 	return (strings.HasPrefix(key, "GPU-") || strings.HasPrefix(key, "MIG-")) && len(key) > len("GPU-")
 }

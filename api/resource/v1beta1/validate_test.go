@@ -156,8 +156,9 @@ func TestNormalize(t *testing.T) {
 // The allowed range of a pinned memory limit, as errors give it, and the
 // note on a value the parser clamped.
 const (
-	pinnedRange = `must be from 1Mi to 9223372036854775806 bytes`
+	pinnedRange = `must be a whole number of MiB (a multiple of 1Mi, 1048576 bytes) from 1Mi to 8796093022207Mi`
 	clampNote   = ` (quantities of 8Ei and more are read as 9223372036854775807)`
+	threadRange = `must be from 1 to 100: the MPS daemon takes 1 to 100, and 0 would leave the clients no threads`
 )
 
 func TestValidate(t *testing.T) {
@@ -231,20 +232,33 @@ func TestValidate(t *testing.T) {
 			features: allFeatures,
 			want:     `sharing.timeSlicingConfig: Forbidden: may only be set with strategy "TimeSlicing"`,
 		},
+		"thread percentage 0, which leaves no threads": {
+			config:   mps(MpsConfig{DefaultActiveThreadPercentage: ptr.To(0)}),
+			features: allFeatures,
+			want:     `sharing.mpsConfig.defaultActiveThreadPercentage: Invalid value: 0: ` + threadRange,
+		},
+		"thread percentage 1": {
+			config:   mps(MpsConfig{DefaultActiveThreadPercentage: ptr.To(1)}),
+			features: allFeatures,
+		},
+		"thread percentage 100": {
+			config:   mps(MpsConfig{DefaultActiveThreadPercentage: ptr.To(100)}),
+			features: allFeatures,
+		},
 		"thread percentage negative": {
 			config:   mps(MpsConfig{DefaultActiveThreadPercentage: ptr.To(-1)}),
 			features: allFeatures,
-			want:     `sharing.mpsConfig.defaultActiveThreadPercentage: Invalid value: -1: must be between 0 and 100, inclusive`,
+			want:     `sharing.mpsConfig.defaultActiveThreadPercentage: Invalid value: -1: ` + threadRange,
 		},
 		"thread percentage above 100": {
 			config:   mps(MpsConfig{DefaultActiveThreadPercentage: ptr.To(101)}),
 			features: allFeatures,
-			want:     `sharing.mpsConfig.defaultActiveThreadPercentage: Invalid value: 101: must be between 0 and 100, inclusive`,
+			want:     `sharing.mpsConfig.defaultActiveThreadPercentage: Invalid value: 101: ` + threadRange,
 		},
 		"pinned memory below 1Mi": {
 			config:   mps(MpsConfig{DefaultPinnedDeviceMemoryLimit: ptr.To(resource.MustParse("1M"))}),
 			features: allFeatures,
-			want:     `sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "1M": must be from 1Mi to 9223372036854775806 bytes`,
+			want:     `sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "1M": ` + pinnedRange,
 		},
 		"pinned memory 1e19 overflows int64": {
 			config:   mps(MpsConfig{DefaultPinnedDeviceMemoryLimit: ptr.To(resource.MustParse("1e19"))}),
@@ -267,15 +281,30 @@ func TestValidate(t *testing.T) {
 			want:     `sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "9223372036854775807": ` + pinnedRange + clampNote,
 		},
 		"pinned memory at the maximum": {
-			config:   mps(MpsConfig{DefaultPinnedDeviceMemoryLimit: ptr.To(resource.MustParse("9223372036854775806"))}),
+			config:   mps(MpsConfig{DefaultPinnedDeviceMemoryLimit: ptr.To(resource.MustParse("8796093022207Mi"))}),
 			features: allFeatures,
 		},
-		"pinned memory 7Ei and fractions": {
+		"pinned memory past the last whole MiB below 2^63": {
+			config:   mps(MpsConfig{DefaultPinnedDeviceMemoryLimit: ptr.To(resource.MustParse("9223372036854775806"))}),
+			features: allFeatures,
+			want:     `sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "9223372036854775806": ` + pinnedRange,
+		},
+		"pinned memory 7Ei and fractions of whole MiB": {
 			config: mps(MpsConfig{
 				DefaultPinnedDeviceMemoryLimit:    ptr.To(resource.MustParse("7Ei")),
-				DefaultPerDevicePinnedMemoryLimit: limits("0", "1.5Gi", "1", "0.1Gi", "2", "1048576.5"),
+				DefaultPerDevicePinnedMemoryLimit: limits("0", "1.5Gi", "1", "0.5Gi", "2", "1048576"),
 			}),
 			features: allFeatures,
+		},
+		"pinned memory no whole MiB, never rounded": {
+			config: mps(MpsConfig{
+				DefaultPinnedDeviceMemoryLimit:    ptr.To(resource.MustParse("1.5Mi")),
+				DefaultPerDevicePinnedMemoryLimit: limits("0", "0.1Gi", "1", "1048576.5"),
+			}),
+			features: allFeatures,
+			want: `[sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "1536Ki": ` + pinnedRange + `, ` +
+				`sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[0]: Invalid value: "107374182400m": ` + pinnedRange + `, ` +
+				`sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[1]: Invalid value: "1048576500m": ` + pinnedRange + `]`,
 		},
 		"per-device pinned memory overflows, each named": {
 			config:   mps(MpsConfig{DefaultPerDevicePinnedMemoryLimit: limits("0", "20E", "GPU-0a1b", "8Ei", "1", "2Gi")}),
@@ -289,22 +318,28 @@ func TestValidate(t *testing.T) {
 			features: allFeatures,
 			want:     `sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "10e18": ` + pinnedRange,
 		},
+		"per-device index written twice": {
+			config:   mps(MpsConfig{DefaultPerDevicePinnedMemoryLimit: limits("0", "1Gi", "00", "2Gi", "+1", "1Gi")}),
+			features: allFeatures,
+			want: `[sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[+1]: Invalid value: "+1": must be a device index (0, 1, ..., no sign or leading zero) or a device UUID (GPU-... or MIG-...), ` +
+				`sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[00]: Invalid value: "00": must be a device index (0, 1, ..., no sign or leading zero) or a device UUID (GPU-... or MIG-...)]`,
+		},
 		"per-device key neither index nor UUID": {
 			config:   mps(MpsConfig{DefaultPerDevicePinnedMemoryLimit: limits("gpu0", "1Gi")}),
 			features: allFeatures,
-			want:     `sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[gpu0]: Invalid value: "gpu0": must be a device index (0, 1, ...) or a device UUID (GPU-... or MIG-...)`,
+			want:     `sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[gpu0]: Invalid value: "gpu0": must be a device index (0, 1, ..., no sign or leading zero) or a device UUID (GPU-... or MIG-...)`,
 		},
 		"per-device negative index and low limit": {
 			config:   mps(MpsConfig{DefaultPerDevicePinnedMemoryLimit: limits("-1", "1Gi", "1", "-5Gi")}),
 			features: allFeatures,
-			want: `[sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[-1]: Invalid value: "-1": must be a device index (0, 1, ...) or a device UUID (GPU-... or MIG-...), ` +
-				`sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[1]: Invalid value: "-5Gi": must be from 1Mi to 9223372036854775806 bytes]`,
+			want: `[sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[-1]: Invalid value: "-1": must be a device index (0, 1, ..., no sign or leading zero) or a device UUID (GPU-... or MIG-...), ` +
+				`sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[1]: Invalid value: "-5Gi": ` + pinnedRange + `]`,
 		},
 		"every problem at once, feature off": {
 			config: gpuSharing(&GpuSharing{Strategy: MpsStrategy, TimeSlicingConfig: &TimeSlicingConfig{},
 				MpsConfig: &MpsConfig{DefaultActiveThreadPercentage: ptr.To(200)}}),
 			want: `[sharing.strategy: Forbidden: strategy "MPS" requires the MPSSupport feature gate, which is disabled, ` +
-				`sharing.mpsConfig.defaultActiveThreadPercentage: Invalid value: 200: must be between 0 and 100, inclusive, ` +
+				`sharing.mpsConfig.defaultActiveThreadPercentage: Invalid value: 200: ` + threadRange + `, ` +
 				`sharing.timeSlicingConfig: Forbidden: may only be set with strategy "TimeSlicing"]`,
 		},
 		"mig exclusive, no features": {config: migSharing(nil)},
@@ -345,7 +380,7 @@ func TestValidate(t *testing.T) {
 		"mig MPS bad config": {
 			config:   migSharing(&MigDeviceSharing{Strategy: MpsStrategy, MpsConfig: &MpsConfig{DefaultPinnedDeviceMemoryLimit: ptr.To(resource.MustParse("0"))}}),
 			features: allFeatures,
-			want:     `sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "0": must be from 1Mi to 9223372036854775806 bytes`,
+			want:     `sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: Invalid value: "0": ` + pinnedRange,
 		},
 	}
 	for name, tc := range tests {
@@ -464,22 +499,31 @@ func assertEveryFieldSet(t *testing.T, v reflect.Value, path string) {
 }
 
 // TestPinnedMemoryLimitValue checks what the plugin relies on: every limit
-// validation accepts becomes, through Quantity.Value, the byte count it
-// says (rounded up), at least 1 MiB; every limit that would not is refused.
+// validation accepts becomes, through Quantity.Value, exactly the byte count
+// it says, a whole number of MiB of at least 1 MiB, which the MPS daemon
+// takes without rounding; every limit that would not is refused.
 func TestPinnedMemoryLimitValue(t *testing.T) {
 	tests := []struct {
 		in    string
 		valid bool
 	}{
 		{"1Mi", true},
-		{"1048576.5", true},
-		{"0.1Gi", true},
+		{"1.5Gi", true},
+		{"1048576", true},
 		{"10Gi", true},
 		{"7Ei", true},
-		{"9e18", true},
-		{"9223372036854775806", true},
+		{"8796093022207Mi", true},
+		{"9223372036853727232", true},
+		{"1.5Mi", false},
+		{"1048577", false},
+		{"1048576.5", false},
+		{"0.1Gi", false},
+		{"1M", false},
+		{"9e18", false},
+		{"9223372036854775806", false},
 		{"9223372036854775807", false},
 		{"9223372036854775808", false},
+		{"8796093022208Mi", false},
 		{"9.3e18", false},
 		{"1e19", false},
 		{"20E", false},
@@ -510,8 +554,8 @@ func TestPinnedMemoryLimitValue(t *testing.T) {
 				}
 				return
 			}
-			if v := q.Value(); v < 1<<20 || big.NewInt(v).Cmp(exact) != 0 {
-				t.Errorf("Value() = %d, want %s", v, exact)
+			if v := q.Value(); v < 1<<20 || v%(1<<20) != 0 || big.NewInt(v).Cmp(exact) != 0 {
+				t.Errorf("Value() = %d, want %s, a whole number of MiB", v, exact)
 			}
 		})
 	}

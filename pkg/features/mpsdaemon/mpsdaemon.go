@@ -149,10 +149,8 @@ func (c *Configurator) planOf(cl *preparer.Claim) (*plan, error) {
 			}
 		}
 	}
-	if p != nil && p.config != nil && p.config.DefaultActiveThreadPercentage != nil && *p.config.DefaultActiveThreadPercentage == 0 {
-		return nil, fmt.Errorf("%s: %s: 0 would leave the clients no threads; MPS takes 1 to 100",
-			p.origin, mpsField.Child("defaultActiveThreadPercentage"))
-	}
+	// Config values (a thread percentage of 0, a limit that is no whole
+	// MiB) were refused by config.Resolve, with the webhook's rule.
 	return p, nil
 }
 
@@ -353,7 +351,8 @@ func specOf(p *plan, cl *preparer.Claim) (mps.Spec, error) {
 		}
 	}
 	// Keys are a device's index among the devices the config applies to,
-	// or its UUID.
+	// or its UUID. A device named by both would get one of two limits.
+	keyOf := map[string]string{}
 	for _, key := range slices.Sorted(maps.Keys(mc.DefaultPerDevicePinnedMemoryLimit)) {
 		q := mc.DefaultPerDevicePinnedMemoryLimit[key]
 		uuid := key
@@ -367,6 +366,11 @@ func specOf(p *plan, cl *preparer.Claim) (mps.Spec, error) {
 			return mps.Spec{}, fmt.Errorf("%s: %s: not the UUID of a device the config applies to (allowed: %v, or an index 0 to %d)",
 				p.origin, mpsField.Child("defaultPerDevicePinnedMemoryLimit").Key(key), spec.DeviceUUIDs, len(spec.DeviceUUIDs)-1)
 		}
+		if other, named := keyOf[uuid]; named {
+			return mps.Spec{}, fmt.Errorf("%s: %s and %s name the same device %s: give it one limit",
+				p.origin, mpsField.Child("defaultPerDevicePinnedMemoryLimit").Key(other), mpsField.Child("defaultPerDevicePinnedMemoryLimit").Key(key), uuid)
+		}
+		keyOf[uuid] = key
 		limits[uuid] = q.Value()
 	}
 	// A config's limits can lower a share's caps, never raise them.
