@@ -398,7 +398,7 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 // cdiSpecsEvidence tells the checkpoint, when its file is missing, whether
 // this driver's claims have CDI specs on the node ("" if none).
 func (d *Driver) cdiSpecsEvidence() (string, error) {
-	uids, err := d.cdi.ClaimUIDs()
+	uids, err := d.cdi.PreparedClaimUIDs() // NVIDIA's specs too: adopted alike
 	if err != nil || len(uids) == 0 {
 		return "", err
 	}
