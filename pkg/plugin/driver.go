@@ -255,6 +255,7 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 	opts := []checkpoint.Option{
 		checkpoint.WithCorruptHandler(d.onCorruptCheckpoint),
 		checkpoint.WithPool(cfg.NodeName),
+		checkpoint.WithClock(cfg.Clock), // adoption times, as the sweep reads them
 		checkpoint.WithDriverName(cfg.DriverName),
 		checkpoint.WithKnownRecords(preparer.RecordNames(d.features.Configurators)...),
 	}
