@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/plugin"
 )
@@ -138,4 +140,95 @@ func TestDanglingCheckpointLinkKeepsClaims(t *testing.T) {
 	h.mustPrepare(running)
 	h.mustUnprepare(running)
 	h.mustPrepare(h.claim("gpu-3"))
+}
+
+// Crash campaign, defect 3: after a checkpoint loss, dynamic MIG's
+// adoption from the API server's allocations made a claim allocated to a
+// running claim's MIG device a second owner of its instance. (a) With the
+// holder running, the other claim's Unprepare destroyed the instance in
+// use. (b) With the holder force-deleted, the sweep destroyed the
+// instance and the other claim's Prepare succeeded anyway, its CDI spec
+// naming a MIG device that no longer existed.
+func TestMIGInstanceHasOneOwnerAfterCheckpointLoss(t *testing.T) {
+	for _, holderDeleted := range []bool{false, true} {
+		name := "holder running"
+		if holderDeleted {
+			name = "holder force-deleted"
+		}
+		t.Run(name, func(t *testing.T) {
+			h := newMIGHarness(t)
+			dev := h.migName(0, "1g.10gb", 0)
+			holder := h.claim(dev)
+			h.mustPrepare(holder)
+			instance := h.migDevices(0)[0]
+			h.stop()
+			if err := os.Remove(filepath.Join(h.cfg.PluginDataDir, "checkpoint.json")); err != nil {
+				t.Fatal(err)
+			}
+			stale := h.claim(dev) // the API server allocated the device again
+			h.start()
+
+			if !holderDeleted {
+				h.mustPrepare(holder) // the kubelet asks again: still its instance
+				if msg := prepareError(h, stale); msg == "" {
+					t.Fatalf("claim allocated to a running claim's MIG device was prepared")
+				}
+				h.mustUnprepare(stale)
+				if migs := h.migDevices(0); len(migs) != 1 || migs[0].UUID != instance.UUID {
+					t.Fatalf("after unprepare of the other claim: %+v, want the holder's %s untouched", migs, instance.UUID)
+				}
+				h.mustUnprepare(holder)
+				if migs := h.migDevices(0); len(migs) != 0 {
+					t.Errorf("holder's instance survived its unprepare: %+v", migs)
+				}
+				return
+			}
+			if err := h.client.ResourceV1().ResourceClaims(holder.Namespace).Delete(context.Background(), holder.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			for range 3 {
+				h.driver.Sweep(h.ctx)
+			}
+			resp := h.mustPrepare(stale)
+			migs := h.migDevices(0)
+			if len(migs) != 1 {
+				t.Fatalf("MIG devices after the other claim's prepare: %+v, want the one created for it", migs)
+			}
+			spec := h.specContent(stale)
+			if !strings.Contains(spec, migs[0].UUID) {
+				t.Errorf("prepared claim's CDI spec does not name the MIG device that exists (%s): %s (devices %v)", migs[0].UUID, spec, resp.Devices)
+			}
+		})
+	}
+}
+
+// A claim adopted after a checkpoint loss whose MIG instance is gone
+// (destroyed while nothing recorded it) is prepared again, not completed
+// with a CDI spec that names a device that no longer exists.
+func TestAdoptedClaimWhoseInstanceIsGoneIsPreparedAgain(t *testing.T) {
+	h := newMIGHarness(t)
+	claim := h.claim(h.migName(0, "1g.10gb", 0))
+	h.mustPrepare(claim)
+	old := h.migDevices(0)[0]
+	h.stop()
+	if err := os.Remove(filepath.Join(h.cfg.PluginDataDir, "checkpoint.json")); err != nil {
+		t.Fatal(err)
+	}
+	h.start()
+	p := hardware.MIGPlacement{ParentUUID: h.inventory().GPUs[0].UUID, ProfileID: old.ProfileID, Start: old.PlacementStart}
+	if err := h.cfg.Hardware.(hardware.MIGManager).DestroyMIGDevice(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	h.mustPrepare(claim)
+	migs := h.migDevices(0)
+	if len(migs) != 1 || migs[0].UUID == old.UUID {
+		t.Fatalf("MIG devices after re-prepare: %+v, want a new instance in place of %s", migs, old.UUID)
+	}
+	if spec := h.specContent(claim); !strings.Contains(spec, migs[0].UUID) || strings.Contains(spec, old.UUID) {
+		t.Errorf("CDI spec after re-prepare names %s? %v; the destroyed %s? %v", migs[0].UUID, strings.Contains(spec, migs[0].UUID), old.UUID, strings.Contains(spec, old.UUID))
+	}
+	h.mustUnprepare(claim)
+	if migs := h.migDevices(0); len(migs) != 0 {
+		t.Errorf("instance left after unprepare: %+v", migs)
+	}
 }

@@ -132,6 +132,12 @@ func (n *node) Inventory() *hardware.Inventory {
 	return nil
 }
 
+// Discover implements [preparer.Discoverer]: the hardware as it is now,
+// without publishing it.
+func (n *node) Discover(ctx context.Context) (*hardware.Inventory, error) {
+	return n.d.cfg.Hardware.Discover(ctx)
+}
+
 // Model implements [preparer.Node].
 func (n *node) Model() *devicemodel.Model {
 	if s := n.d.state.Load(); s != nil {

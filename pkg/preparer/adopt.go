@@ -192,3 +192,30 @@ func (p *Preparer) completeAdopted(ctx context.Context, claim *resourceapi.Resou
 	}
 	return rec, nil
 }
+
+// adoptedSetupGone asks the configurators that can tell ([Checker])
+// whether what an adopted claim's records name still exists, and returns
+// the records that name something gone, with why.
+func (p *Preparer) adoptedSetupGone(ctx context.Context, c *claimstate.Claim) map[string]error {
+	inv := p.cfg.Node.Inventory()
+	if d, ok := p.cfg.Node.(Discoverer); ok {
+		if fresh, err := d.Discover(ctx); err == nil {
+			inv = fresh
+		}
+	}
+	if inv == nil {
+		return nil
+	}
+	gone := map[string]error{}
+	for _, conf := range p.cfg.Configurators {
+		ch, ok := conf.(Checker)
+		rec := c.Records[conf.Name()]
+		if !ok || rec == nil {
+			continue
+		}
+		if err := ch.Check(ctx, rec, inv); err != nil {
+			gone[conf.Name()] = err
+		}
+	}
+	return gone
+}

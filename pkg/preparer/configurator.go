@@ -89,6 +89,24 @@ type Adopter interface {
 	Adopt(ctx context.Context, in *Adoption) error
 }
 
+// Checker is implemented by configurators whose setup can vanish while
+// the checkpoint does not know it: after a lost checkpoint, what an
+// adopted claim's record names may have been taken down since (a MIG
+// device destroyed when another claim that named it was undone). Check
+// returns an error naming what is gone when the completed record rec
+// describes setup that inv no longer has. An adopted claim whose record
+// fails Check is prepared again, not completed with a CDI spec naming a
+// device that does not exist.
+type Checker interface {
+	Check(ctx context.Context, rec json.RawMessage, inv *hardware.Inventory) error
+}
+
+// Discoverer is implemented by a [Node] that can read the hardware afresh;
+// [Checker]s then see the node as it is, not as last discovered.
+type Discoverer interface {
+	Discover(ctx context.Context) (*hardware.Inventory, error)
+}
+
 // StatusReporter is implemented by configurators whose devices get an
 // identity only at Prepare (a device created on demand): claims that
 // hold their records get status.devices entries (KEP-4817) naming it.

@@ -162,7 +162,20 @@ func (p *Preparer) prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 	}
 	switch {
 	case existing != nil && existing.Adopted:
-		return p.completeAdopted(ctx, claim, intent, existing)
+		gone := p.adoptedSetupGone(ctx, existing)
+		if len(gone) == 0 {
+			return p.completeAdopted(ctx, claim, intent, existing)
+		}
+		// Prepared again from scratch: what is gone is not undone (its
+		// place may be another's by now), the rest is.
+		klog.FromContext(ctx).Info("A claim adopted after the checkpoint was lost holds setup that no longer exists; preparing it again", "gone", gone)
+		rest := existing.Clone()
+		for name := range gone {
+			delete(rest.Records, name)
+		}
+		if err := p.RollBack(ctx, rest, true); err != nil {
+			return nil, err
+		}
 	case action == claimstate.ActionReturnRecorded:
 		if err := p.repairSpec(ctx, claim, existing); err != nil {
 			return nil, err

@@ -76,6 +76,7 @@ var (
 	_ preparer.Editor         = &Configurator{}
 	_ preparer.Adopter        = &Configurator{}
 	_ preparer.StatusReporter = &Configurator{}
+	_ preparer.Checker        = &Configurator{}
 )
 
 // New returns the configurator; mig nil means the hardware cannot create
@@ -227,7 +228,8 @@ func (c *Configurator) Undo(ctx context.Context, _ string, raw json.RawMessage) 
 // at exactly its profile and placement: a claim adopted from its CDI spec
 // without this configurator's record (a spec of an older plugin), or a
 // claim the API server allocated from this node. The claim then holds
-// the instance. Anything else stays unknown: kept, and its GPU left out.
+// the instance, unless another claim's record owns it already. Anything
+// else stays unknown: kept, and its GPU left out.
 func (c *Configurator) Adopt(_ context.Context, a *preparer.Adoption) error {
 	if a.Inventory == nil || c.mig == nil || !c.dynamic() {
 		return nil
@@ -235,6 +237,25 @@ func (c *Configurator) Adopt(_ context.Context, a *preparer.Adoption) error {
 	full, err := devicemodel.Build(a.Inventory, devicemodel.WithDynamicMIG())
 	if err != nil {
 		return fmt.Errorf("build device model: %w", err)
+	}
+	// An instance has at most one owner. What the node itself recorded
+	// (the records the claims' CDI specs carry) comes first; a claim that
+	// names an instance someone already owns, such as one the scheduler
+	// allocated the device to again after the checkpoint was lost, does
+	// not become its second owner: its Unprepare would destroy the
+	// instance in use.
+	var owned []Instance
+	for _, uid := range slices.Sorted(maps.Keys(a.Claims)) {
+		if raw := a.Claims[uid].Records[Name]; raw != nil {
+			rec, err := preparer.Record[Record](Name, raw)
+			if err != nil {
+				return fmt.Errorf("claim %s: %w", uid, err)
+			}
+			owned = append(owned, rec.Devices...)
+		}
+	}
+	taken := func(in *Instance) bool {
+		return slices.ContainsFunc(owned, func(o Instance) bool { return o.overlaps(in) })
 	}
 	instances := func(devices []claimstate.Device) []Instance {
 		var out []Instance
@@ -246,16 +267,18 @@ func (c *Configurator) Adopt(_ context.Context, a *preparer.Adoption) error {
 			in := Instance{Device: dev.Name(), ParentUUID: dev.GPU.UUID, Profile: dev.Placement.Profile.Name,
 				ProfileID: dev.Placement.Profile.ProfileID, Start: dev.Placement.Start, Size: dev.Placement.Profile.PlacementSize}
 			m := instanceAt(a.Inventory, in.placement())
-			if m == nil || slices.ContainsFunc(out, func(o Instance) bool { return o.Device == in.Device }) {
+			if m == nil || taken(&in) || slices.ContainsFunc(out, func(o Instance) bool { return o.Device == in.Device }) {
 				continue
 			}
 			in.UUID, in.GIID, in.CIID = m.UUID, m.GIID, m.CIID
 			devices[i].UUID, devices[i].ParentUUID = m.UUID, in.ParentUUID
 			out = append(out, in)
 		}
+		owned = append(owned, out...)
 		return out
 	}
-	for _, cl := range a.Claims {
+	for _, uid := range slices.Sorted(maps.Keys(a.Claims)) {
+		cl := a.Claims[uid]
 		if cl.Records[Name] != nil {
 			continue
 		}
@@ -281,6 +304,23 @@ func (c *Configurator) Adopt(_ context.Context, a *preparer.Adoption) error {
 			return err
 		}
 		a.Claims[uid] = cl
+	}
+	return nil
+}
+
+// Check implements [preparer.Checker]: every instance the record names
+// still exists. One destroyed while the checkpoint was lost (the sweep
+// undid another owner) makes the adopted claim be prepared again.
+func (c *Configurator) Check(_ context.Context, raw json.RawMessage, inv *hardware.Inventory) error {
+	rec, err := preparer.Record[Record](Name, raw)
+	if err != nil {
+		return err
+	}
+	for i := range rec.Devices {
+		in := &rec.Devices[i]
+		if in.UUID == "" || findByUUID(inv, in.UUID) == nil {
+			return fmt.Errorf("MIG device %s (UUID %q) no longer exists", in, in.UUID)
+		}
 	}
 	return nil
 }
