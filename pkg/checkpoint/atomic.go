@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -26,6 +28,33 @@ func WriteFileAtomic(path string, data []byte) error {
 		_ = f.Close()
 	}
 	return err
+}
+
+// RemoveStaleTemps removes the temp files that WriteFileAtomic calls for
+// path left behind when their process was killed (<path>.tmp-<random>),
+// and returns the ones it removed. The caller must hold whatever lock
+// serialises the writers of path: a live writer's temp file looks the same.
+// Every file written with WriteFileAtomic is cleaned this way at start.
+func RemoveStaleTemps(path string) ([]string, error) {
+	dir, prefix := filepath.Dir(path), filepath.Base(path)+tempInfix
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("list %s for stale temp files: %w", dir, err)
+	}
+	var removed []string
+	var errs []error
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), prefix) {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove stale temp file: %w", err))
+			continue
+		}
+		removed = append(removed, p)
+	}
+	return removed, errors.Join(errs...)
 }
 
 // writeAtomic is WriteFileAtomic handing back the new file, still open,

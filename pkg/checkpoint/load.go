@@ -6,7 +6,6 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -373,25 +372,17 @@ func kindOf(m fs.FileMode) string {
 	return "special file"
 }
 
-// removeStaleTemps deletes temp files that a crashed writer left behind;
-// the caller holds the flock, so no write is in progress.
+// removeStaleTemps deletes the temp files of the checkpoint and of the
+// marker that a crashed writer left behind; the caller holds the flock, so
+// no write is in progress.
 func (s *Store) removeStaleTemps() {
-	dir := filepath.Dir(s.path)
-	prefixes := []string{filepath.Base(s.path) + tempInfix, filepath.Base(s.markerPath) + tempInfix}
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		s.logger.Error(err, "Cannot list checkpoint directory for stale temp files", "dir", dir)
-		return
-	}
-	for _, e := range entries {
-		if !strings.HasPrefix(e.Name(), prefixes[0]) && !strings.HasPrefix(e.Name(), prefixes[1]) {
-			continue
+	for _, path := range []string{s.path, s.markerPath} {
+		removed, err := RemoveStaleTemps(path)
+		if err != nil {
+			s.logger.Error(err, "Cannot remove stale checkpoint temp files", "path", path)
 		}
-		p := filepath.Join(dir, e.Name())
-		if err := os.Remove(p); err != nil {
-			s.logger.Error(err, "Cannot remove stale checkpoint temp file", "path", p)
-		} else {
-			s.logger.Info("Removed stale checkpoint temp file", "path", p)
+		if len(removed) > 0 {
+			s.logger.Info("Removed stale checkpoint temp files", "files", removed)
 		}
 	}
 }

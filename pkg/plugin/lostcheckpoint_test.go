@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/plugin"
+	"github.com/gpudra/gpudra/pkg/timeslice"
 )
 
 // gatedHardware holds the plugin's first discovery until released: the
@@ -230,5 +231,27 @@ func TestAdoptedClaimWhoseInstanceIsGoneIsPreparedAgain(t *testing.T) {
 	h.mustUnprepare(claim)
 	if migs := h.migDevices(0); len(migs) != 0 {
 		t.Errorf("instance left after unprepare: %+v", migs)
+	}
+}
+
+// Crash campaign, defect 4: timeslice-released.json.tmp-* left by a kill
+// was never removed. Every file gpudra writes atomically is cleaned at
+// start.
+func TestStartRemovesTempFilesOfKilledWrites(t *testing.T) {
+	h := newHarness(t, withUnlimitedSharing(t), func(c *plugin.Config) { c.TimeSlicer = &timeslice.Memory{} })
+	h.stop()
+	var left []string
+	for _, name := range []string{"timeslice-released.json.tmp-1", "checkpoint.json.tmp-2", "checkpoint.adopt-pending.tmp-3"} {
+		path := filepath.Join(h.cfg.PluginDataDir, name)
+		if err := os.WriteFile(path, []byte("{"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		left = append(left, path)
+	}
+	h.start()
+	for _, path := range left {
+		if _, err := os.Stat(path); err == nil {
+			t.Errorf("%s still there after start", filepath.Base(path))
+		}
 	}
 }

@@ -79,6 +79,14 @@ type Restorer interface {
 	Restore(ctx context.Context, claims []*claimstate.Claim) error
 }
 
+// Cleaner is implemented by configurators that keep files of their own.
+// CleanUp runs once at start, before Restore, and removes what a killed
+// plugin left half-done (the temp files of atomic writes), under the
+// configurator's own lock.
+type Cleaner interface {
+	CleanUp(ctx context.Context) error
+}
+
 // Adopter is implemented by configurators that can find their work on the
 // node after the checkpoint was lost. Adopt gets the claims adopted so far
 // (from their CDI specs, with the records the specs carried) by UID; it may

@@ -499,15 +499,23 @@ func (p *Preparer) ReportsStatus(c *claimstate.Claim) bool {
 	return false
 }
 
-// Restore runs the configurators' restores over the completed claims at
-// start. Failures are returned together; the records stay, so Prepare,
-// Unprepare and the configurators' own supervision try again.
+// Restore runs the configurators' clean-ups ([Cleaner]) and then their
+// restores over the completed claims at start. Failures are returned
+// together; the records stay, so Prepare, Unprepare and the
+// configurators' own supervision try again.
 func (p *Preparer) Restore(ctx context.Context) error {
+	var errs []error
+	for _, conf := range p.cfg.Configurators {
+		if c, ok := conf.(Cleaner); ok {
+			if err := c.CleanUp(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("%s: clean up: %w", conf.Name(), err))
+			}
+		}
+	}
 	state, err := p.cfg.Store.Read(ctx)
 	if err != nil {
-		return err
+		return errors.Join(append(errs, err)...)
 	}
-	var errs []error
 	for _, conf := range p.cfg.Configurators {
 		r, ok := conf.(Restorer)
 		if !ok {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/gofrs/flock"
+	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/checkpoint"
@@ -79,6 +80,7 @@ type Configurator struct {
 }
 
 var (
+	_ preparer.Cleaner      = &Configurator{}
 	_ preparer.Configurator = &Configurator{}
 	_ preparer.Guard        = &Configurator{}
 	_ preparer.Restorer     = &Configurator{}
@@ -301,6 +303,21 @@ func (c *Configurator) Restore(ctx context.Context, claims []*claimstate.Claim) 
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// CleanUp implements [preparer.Cleaner]: the temp files of the released
+// claims' file that a killed plugin left.
+func (c *Configurator) CleanUp(ctx context.Context) error {
+	release, err := c.acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
+	removed, err := checkpoint.RemoveStaleTemps(c.released)
+	if len(removed) > 0 {
+		klog.FromContext(ctx).Info("Removed temp files a killed plugin left", "files", removed)
+	}
+	return err
 }
 
 // acquire takes the time-slice lock, in process and across processes.

@@ -3,6 +3,10 @@ package timeslicing_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -169,5 +173,29 @@ func TestLastTwoHoldersUnpreparedAtOnce(t *testing.T) {
 				t.Errorf("a holder prepared again after its rollback was counted as released: GPU at %q, want Medium", got)
 			}
 		})
+	}
+}
+
+// Crash campaign, defect 4: the temp file of a released-claims write that
+// a kill interrupted was never removed; only the checkpoint's own were.
+func TestCleanUpRemovesTempFilesOfKilledWrites(t *testing.T) {
+	dir := t.TempDir()
+	st := &sharedState{s: claimstate.New()}
+	c := timeslicing.New(&timeslice.Memory{}, dir, st.read, false)
+	released := filepath.Join(dir, timeslicing.ReleasedFileName)
+	left := released + ".tmp-12345"
+	for path, content := range map[string]string{left: `["a"`, released: `["b"]`} {
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.CleanUp(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(left); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("temp file of a killed write still there (stat: %v)", err)
+	}
+	if data, err := os.ReadFile(released); err != nil || string(data) != `["b"]` {
+		t.Errorf("released file after clean-up: %q, %v; want it untouched", data, err)
 	}
 }
