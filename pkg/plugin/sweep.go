@@ -211,7 +211,12 @@ func (w *sweeper) nameAdopted(ctx context.Context, state *claimstate.State, look
 // the sweep saw: a Prepare or Unprepare may have won the race.
 func (w *sweeper) sweepClaim(ctx context.Context, logger klog.Logger, c *claimstate.Claim, phase claimstate.Phase, msg string) {
 	d := w.d
-	defer d.prep.LockClaim(c.UID)()
+	unlock, err := d.prep.LockClaim(ctx, c.UID)
+	if err != nil {
+		logger.Error(err, "Sweeping claim", "claim", klog.KRef(c.Namespace, c.Name), "claimUID", c.UID)
+		return
+	}
+	defer unlock()
 	state, err := d.store.Read(ctx)
 	if err != nil {
 		logger.Error(err, "Reading checkpoint")
@@ -322,7 +327,11 @@ func (w *sweeper) removeOrphanSpecs(ctx context.Context) {
 		if state.Claims[uid] != nil {
 			continue
 		}
-		unlock := d.prep.LockClaim(uid)
+		unlock, err := d.prep.LockClaim(ctx, uid)
+		if err != nil {
+			logger.Error(err, "Removing orphaned CDI spec", "claimUID", uid)
+			continue
+		}
 		removed, err := d.cdi.RemoveIfOlder(uid, d.cfg.Clock().Add(-d.cfg.CallTimeout))
 		unlock()
 		if err != nil {
