@@ -358,6 +358,7 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 		d.healthMon.debouncer = d.healthMon.newDebouncer()
 		d.healthMon.watching.Store(true)
 	}
+	removeStaleSockets(logger, cfg)
 	if d.helper, err = kubeletplugin.Start(ctx, d, helperOpts...); err != nil {
 		return nil, fmt.Errorf("start kubelet plugin helper: %w", err)
 	}
