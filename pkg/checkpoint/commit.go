@@ -274,6 +274,11 @@ func (s *Store) useLoaded(l loaded) {
 		s.logger.Info("Discarding checkpoint of a previous boot", "claims", l.discardedClaims, "bootID", s.bootID)
 	}
 	switch {
+	case l.corrupt != nil && l.corrupt.Path == "":
+		s.logger.Error(l.corrupt.Err, "Checkpoint disappeared; no prepared claims until the claims on the node are adopted")
+		if s.onCorrupt != nil {
+			s.onCorrupt(*l.corrupt)
+		}
 	case l.corrupt != nil:
 		s.logger.Error(l.corrupt.Err, "Unreadable checkpoint moved aside; no prepared claims until the claims on the node are adopted", "movedTo", l.corrupt.Path)
 		if s.onCorrupt != nil {

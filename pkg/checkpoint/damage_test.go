@@ -100,6 +100,9 @@ func TestDamageWhileRunning(t *testing.T) {
 				if len(files) != 1 || !strings.Contains(files[0].Err.Error(), d.wantErr) {
 					t.Fatalf("corrupt handler got %+v, want one call with %q", files, d.wantErr)
 				}
+				if disappeared := errors.Is(files[0].Err, ErrDisappeared); disappeared == d.movedAside {
+					t.Errorf("corrupt handler's error %v: errors.Is(ErrDisappeared) = %v, want %v", files[0].Err, disappeared, !d.movedAside)
+				}
 				if kept := movedAside(t, e.dir); d.movedAside != (len(kept) == 1 && files[0].Path == kept[0]) {
 					t.Errorf("moved-aside files %v, handler told %q", kept, files[0].Path)
 				}

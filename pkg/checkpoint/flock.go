@@ -157,22 +157,8 @@ func (l *fileLock) wait(fd int) {
 	first <- lockResult{fd: fd, err: err}
 }
 
-// open opens the lock file, creating it if needed. A raw descriptor, not an
-// os.File: os.OpenFile would spend five more system calls trying to
-// register a regular file with the network poller.
-func (l *fileLock) open() (int, error) {
-	var fd int
-	err := retryEINTR(func() error {
-		var oerr error
-		// O_CLOEXEC: child processes never inherit the lock.
-		fd, oerr = unix.Open(l.path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
-		return oerr
-	})
-	if err != nil {
-		return -1, fmt.Errorf("open lock file: %w", err)
-	}
-	return fd, nil
-}
+// open opens the lock file, creating it if needed.
+func (l *fileLock) open() (int, error) { return openLockFile(l.path) }
 
 // flock calls flock(2), retrying when a signal interrupts it.
 func flock(fd, how int) error {

@@ -127,6 +127,11 @@ func (s *Store) load() (loaded, error) {
 	return l, nil
 }
 
+// ErrDisappeared is the error of a CorruptFile (with no Path) when the
+// checkpoint vanished under a running Store: deleted, or moved aside by
+// an older plugin. Nothing was left to move aside.
+var ErrDisappeared = errors.New("disappeared while in use")
+
 // loadFile reads checkpoint.json. lost is the pending loss the marker
 // records, if any: a file moved aside while there is none gets a marker
 // first.
@@ -139,7 +144,7 @@ func (s *Store) loadFile(lost *lossRecord) (loaded, error) {
 			// Store removes one without the marker: someone deleted it,
 			// or an older plugin moved it aside. Its claims are lost all
 			// the same.
-			reason := fmt.Errorf("%s disappeared while in use", s.path)
+			reason := fmt.Errorf("%s %w", s.path, ErrDisappeared)
 			l.lost = &lossRecord{BootID: s.bootID, Reason: reason.Error(), Since: s.now().UTC()}
 			if err := s.writeMarker(l.lost); err != nil {
 				return loaded{}, fmt.Errorf("%v: %w", reason, err)

@@ -317,6 +317,30 @@ func TestCheckpointDamagedWhileRunning(t *testing.T) {
 	}
 }
 
+// TestCheckpointDeletedWhileRunning: a checkpoint deleted under a running
+// plugin leaves nothing to move aside; the Node event says it disappeared
+// (it once said "moved to : ...") and the claims are adopted.
+func TestCheckpointDeletedWhileRunning(t *testing.T) {
+	h := newHarness(t)
+	claim := h.claim("gpu-3")
+	h.mustPrepare(claim)
+	if err := os.Remove(filepath.Join(h.cfg.PluginDataDir, "checkpoint.json")); err != nil {
+		t.Fatal(err)
+	}
+	h.driver.Sweep(h.ctx) // finds the loss
+	msg, err := h.waitForEvent("CheckpointUnreadable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(msg, "checkpoint disappeared") || strings.Contains(msg, "moved to") {
+		t.Errorf("event %q does not say the checkpoint disappeared", msg)
+	}
+	h.driver.Sweep(h.ctx) // adopts
+	if len(h.specFiles()) != 1 || !strings.Contains(h.checkpoint(), string(claim.UID)) {
+		t.Errorf("claim not adopted after the checkpoint disappeared: specs %v, checkpoint %s", h.specFiles(), h.checkpoint())
+	}
+}
+
 func (h *harness) createPod(name string, uid any) {
 	h.tb.Helper()
 	pod := podObject(name, fmt.Sprint(uid))

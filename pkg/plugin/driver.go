@@ -341,9 +341,9 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 		kubeletplugin.KubeClient(cfg.KubeClient),
 		kubeletplugin.PluginDataDirectoryPath(cfg.PluginDataDir),
 		kubeletplugin.RegistrarDirectoryPath(cfg.RegistrarDir),
-		// gpudra guards its own state: per-claim locks in process and the
-		// checkpoint's flock across processes. The helper's global lock
-		// would serialize the 32 claims of a node's pods for nothing.
+		// gpudra guards its own state: per-claim locks, in process and
+		// across processes, and the checkpoint's flock. The helper's global
+		// lock would serialize the 32 claims of a node's pods for nothing.
 		kubeletplugin.Serialize(false),
 		// The kubelet learns the devices' health (WatchHealthStatus)
 		// where the hardware reports it; elsewhere it is not offered, so
@@ -360,6 +360,7 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 		d.healthMon.debouncer = d.healthMon.newDebouncer()
 		d.healthMon.watching.Store(true)
 	}
+	removeStaleSockets(logger, cfg)
 	if d.helper, err = kubeletplugin.Start(ctx, d, helperOpts...); err != nil {
 		return nil, fmt.Errorf("start kubelet plugin helper: %w", err)
 	}

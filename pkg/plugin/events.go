@@ -77,10 +77,28 @@ func (e *events) prepareFailed(claim *resourceapi.ResourceClaim, err error) {
 // adopted: the next Prepare or Unprepare adopts them first, and the sweep
 // is woken to do it at once.
 func (d *Driver) onCorruptCheckpoint(cf checkpoint.CorruptFile) {
-	d.logger.Error(cf.Err, "Checkpoint became unreadable; moved aside. Claims with a CDI spec on this node are adopted before anything else is prepared", "movedTo", cf.Path)
-	d.Event(corev1.EventTypeWarning, "CheckpointUnreadable", unreadableMessage(cf))
+	if cf.Path == "" {
+		d.logger.Error(cf.Err, "Checkpoint lost, with nothing left to move aside. Claims with a CDI spec on this node are adopted before anything else is prepared")
+	} else {
+		d.logger.Error(cf.Err, "Checkpoint became unreadable; moved aside. Claims with a CDI spec on this node are adopted before anything else is prepared", "movedTo", cf.Path)
+	}
+	d.Event(corev1.EventTypeWarning, "CheckpointUnreadable", lostCheckpointMessage(cf))
 	if d.sweeper != nil {
 		d.sweeper.wake()
+	}
+}
+
+// lostCheckpointMessage is the Node event's message for a checkpoint lost
+// while the plugin runs or found lost at start: where it was moved, or, when
+// nothing was left to move aside (Path ""), that it disappeared.
+func lostCheckpointMessage(cf checkpoint.CorruptFile) string {
+	switch {
+	case cf.Path != "":
+		return unreadableMessage(cf)
+	case errors.Is(cf.Err, checkpoint.ErrDisappeared):
+		return fmt.Sprintf("gpudra checkpoint disappeared (%v): it was deleted or moved aside by another program, so the claims prepared on this node are adopted before anything else is prepared", cf.Err)
+	default:
+		return fmt.Sprintf("gpudra checkpoint was lost, with nothing left to move aside, so the claims prepared on this node are adopted before anything else is prepared: %v", cf.Err)
 	}
 }
 
@@ -101,7 +119,7 @@ func (e *events) reportCheckpoint(logger klog.Logger, r checkpoint.OpenReport) {
 	case r.Corrupt != nil:
 		logger.Error(r.Corrupt.Err, "Checkpoint unreadable; moved aside. Claims with a CDI spec on this node are adopted, since they may belong to running pods",
 			"movedTo", r.Corrupt.Path)
-		event(corev1.EventTypeWarning, "CheckpointUnreadable", unreadableMessage(*r.Corrupt))
+		event(corev1.EventTypeWarning, "CheckpointUnreadable", lostCheckpointMessage(*r.Corrupt))
 	case r.NewerVersion != "":
 		logger.Error(nil, "Checkpoint was written by a newer gpudra and is left untouched; claims cannot be prepared until that version runs again or the file is removed",
 			"version", r.NewerVersion)

@@ -2,6 +2,10 @@ package plugin_test
 
 import (
 	"context"
+	"errors"
+	"io/fs"
+	"net"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -130,4 +134,71 @@ func TestRollingUpdate(t *testing.T) {
 	if strings.Contains(old.checkpoint(), string(claim.UID)) {
 		t.Errorf("record left: %s", old.checkpoint())
 	}
+}
+
+// deadSocket leaves a Unix socket at path that no process serves, as an
+// instance killed by SIGKILL leaves its sockets.
+func deadSocket(t *testing.T, path string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetUnlinkOnClose(false)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStaleSocketsRemoved: the sockets of a rolling-update instance killed
+// by SIGKILL (its DRA socket and registration socket) are removed by the
+// next instance on the node; the sockets of a live instance, another
+// driver's and files that are not sockets are left alone.
+func TestStaleSocketsRemoved(t *testing.T) {
+	dir := shortTempDir(t)
+	live := newHarnessIn(t, dir, func(cfg *plugin.Config) { cfg.RollingUpdateUID = "pod-live" })
+	registry, data := live.cfg.RegistrarDir, live.cfg.PluginDataDir
+	killed := []string{
+		filepath.Join(data, "dra-pod-killed.sock"),
+		filepath.Join(registry, kubeletplugin.RollingUpdateRegistrarSocketFile(registry, driverName, "pod-killed")),
+		filepath.Join(registry, driverName+"-reg.sock"), // an instance without rolling updates
+	}
+	for _, path := range killed {
+		deadSocket(t, path)
+	}
+	othersDead := filepath.Join(registry, "other.example.com-pod-killed-reg.sock")
+	deadSocket(t, othersDead)
+	notSocket := filepath.Join(data, "dra-notes.sock")
+	if err := os.WriteFile(notSocket, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	liveReg := filepath.Join(registry, kubeletplugin.RollingUpdateRegistrarSocketFile(registry, driverName, "pod-live"))
+
+	next := newHarnessIn(t, dir, func(cfg *plugin.Config) {
+		cfg.RollingUpdateUID = "pod-next"
+		cfg.KubeClient = live.client
+	})
+	for _, path := range killed {
+		if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("stale socket %s left behind (%v)", filepath.Base(path), err)
+		}
+	}
+	for _, path := range []string{othersDead, notSocket, liveReg, live.draSocket()} {
+		if _, err := os.Lstat(path); err != nil {
+			t.Errorf("%s removed: %v", filepath.Base(path), err)
+		}
+	}
+	// Both instances still serve.
+	for _, h := range []*harness{live, next} {
+		socket := filepath.Join(registry, kubeletplugin.RollingUpdateRegistrarSocketFile(registry, driverName, h.cfg.RollingUpdateUID))
+		if info := getInfo(t, socket); info.Endpoint != h.draSocket() {
+			t.Errorf("%s registers endpoint %s, want %s", h.cfg.RollingUpdateUID, info.Endpoint, h.draSocket())
+		}
+	}
+	claim := live.claim("gpu-2")
+	live.mustPrepare(claim)
+	next.mustUnprepare(claim)
 }

@@ -2,6 +2,10 @@ package plugin
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
 	"sync"
 	"time"
 
@@ -40,6 +44,52 @@ type sweeper struct {
 	// adoptNow wakes the loop when the checkpoint was found unreadable,
 	// or a Prepare was refused because of what another claim holds.
 	adoptNow chan struct{}
+	// startedAges and specAges age started records and orphaned CDI
+	// specs whose time stamps lie in the future.
+	startedAges, specAges futureStamps
+}
+
+// futureStamps ages things by a wall-clock time stamp that may lie in the
+// future: the clock was stepped back since it was taken (NTP after a boot
+// with a wrong RTC, an operator). Such a stamp counts as taken when the
+// sweep first saw it, and its age is measured from then on the monotonic
+// clock (times from Config.Clock, time.Now by default, carry its
+// reading), so what it stamps is not kept until the clock catches up.
+// A plugin that restarts starts counting again.
+type futureStamps struct {
+	mu   sync.Mutex
+	seen map[string]stampSeen
+}
+
+type stampSeen struct{ stamp, at time.Time }
+
+// age returns how old the stamp of key is at now.
+func (f *futureStamps) age(key string, stamp, now time.Time) time.Duration {
+	if !stamp.After(now) {
+		return now.Sub(stamp)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, ok := f.seen[key]
+	if !ok || !s.stamp.Equal(stamp) {
+		if f.seen == nil {
+			f.seen = map[string]stampSeen{}
+		}
+		s = stampSeen{stamp: stamp, at: now}
+		f.seen[key] = s
+	}
+	return max(now.Sub(s.at), 0)
+}
+
+// keepOnly forgets the stamps of every key not in keep.
+func (f *futureStamps) keepOnly(keep map[string]bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for key := range f.seen {
+		if !keep[key] {
+			delete(f.seen, key)
+		}
+	}
 }
 
 // recheck is when the periodic sweep next asks the API server about a
@@ -129,6 +179,17 @@ func (w *sweeper) sweep(ctx context.Context, backOff bool) {
 			delete(w.present, uid)
 		}
 	}
+	// A start stamped in the future counts as now for PlanSweep, from
+	// when the sweep first saw it; the plan gets the recorded stamp back,
+	// which sweepClaim compares.
+	future := map[string]time.Time{}
+	for uid, c := range state.Claims {
+		if c.Phase == claimstate.PrepareStarted && c.StartedAt.After(now) {
+			future[uid] = c.StartedAt
+			c.StartedAt = now.Add(-w.startedAges.age(uid, c.StartedAt, now))
+		}
+	}
+	w.startedAges.keepOnly(keysOf(future))
 	plan := state.PlanSweep(now, d.cfg.CallTimeout, func(c *claimstate.Claim) bool {
 		if r, ok := w.present[c.UID]; backOff && ok && now.Before(r.at) {
 			return false
@@ -142,6 +203,9 @@ func (w *sweeper) sweep(ctx context.Context, backOff bool) {
 		return w.goneTwice(c.UID, gone)
 	})
 	for _, c := range plan.RollBack {
+		if stamp, ok := future[c.UID]; ok {
+			c.StartedAt = stamp
+		}
 		w.sweepClaim(ctx, logger, c, claimstate.PrepareStarted, "Rolled back a preparation the kubelet gave up on")
 	}
 	for _, c := range plan.Release {
@@ -216,7 +280,12 @@ func (w *sweeper) nameUnnamed(ctx context.Context, state *claimstate.State, look
 // the sweep saw: a Prepare or Unprepare may have won the race.
 func (w *sweeper) sweepClaim(ctx context.Context, logger klog.Logger, c *claimstate.Claim, phase claimstate.Phase, msg string) {
 	d := w.d
-	defer d.prep.LockClaim(c.UID)()
+	unlock, err := d.prep.LockClaim(ctx, c.UID)
+	if err != nil {
+		logger.Error(err, "Sweeping claim", "claim", klog.KRef(c.Namespace, c.Name), "claimUID", c.UID)
+		return
+	}
+	defer unlock()
 	state, err := d.store.Read(ctx)
 	if err != nil {
 		logger.Error(err, "Reading checkpoint")
@@ -306,7 +375,9 @@ func (l *apiLookup) claimByUID(ctx context.Context, uid string) (*resourceapi.Re
 
 // removeOrphanSpecs removes CDI specs of this driver that no claim record
 // owns and that are older than the kubelet's call timeout (a younger one may
-// belong to a preparation in flight in a second plugin instance).
+// belong to a preparation in flight in a second plugin instance). A spec
+// modified in the future counts as modified when first seen
+// (futureStamps).
 func (w *sweeper) removeOrphanSpecs(ctx context.Context) {
 	d := w.d
 	logger := klog.FromContext(ctx)
@@ -323,12 +394,18 @@ func (w *sweeper) removeOrphanSpecs(ctx context.Context) {
 		logger.Error(err, "Reading checkpoint")
 		return
 	}
+	future := map[string]bool{}
+	defer func() { w.specAges.keepOnly(future) }()
 	for _, uid := range uids {
 		if state.Claims[uid] != nil {
 			continue
 		}
-		unlock := d.prep.LockClaim(uid)
-		removed, err := d.cdi.RemoveIfOlder(uid, d.cfg.Clock().Add(-d.cfg.CallTimeout))
+		unlock, err := d.prep.LockClaim(ctx, uid)
+		if err != nil {
+			logger.Error(err, "Removing orphaned CDI spec", "claimUID", uid)
+			continue
+		}
+		removed, err := w.removeOrphanSpec(uid, future)
 		unlock()
 		if err != nil {
 			logger.Error(err, "Removing orphaned CDI spec", "claimUID", uid)
@@ -336,4 +413,35 @@ func (w *sweeper) removeOrphanSpecs(ctx context.Context) {
 			logger.Info("Removed orphaned CDI spec", "claimUID", uid)
 		}
 	}
+}
+
+// removeOrphanSpec removes a claim's spec if it is older than the call
+// timeout; future collects the claims whose specs are modified in the
+// future. The caller holds the claim's lock.
+func (w *sweeper) removeOrphanSpec(uid string, future map[string]bool) (bool, error) {
+	d := w.d
+	fi, err := os.Stat(d.cdi.Path(uid))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("stat CDI spec for claim %s: %w", uid, err)
+	}
+	now, mtime := d.cfg.Clock(), fi.ModTime()
+	if mtime.After(now) {
+		future[uid] = true
+	}
+	if w.specAges.age(uid, mtime, now) <= d.cfg.CallTimeout {
+		return false, nil
+	}
+	// Only the spec just looked at: one written since is younger.
+	return d.cdi.RemoveIfOlder(uid, mtime.Add(time.Nanosecond))
+}
+
+func keysOf[V any](m map[string]V) map[string]bool {
+	keys := make(map[string]bool, len(m))
+	for k := range m {
+		keys[k] = true
+	}
+	return keys
 }

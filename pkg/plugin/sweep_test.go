@@ -1,6 +1,10 @@
 package plugin_test
 
 import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -77,4 +81,48 @@ func TestPeriodicSweepBacksOffFromPresentClaims(t *testing.T) {
 	if claimGets() == before {
 		t.Error("the refusal did not make the sweep ask about the holder")
 	}
+}
+
+// TestSweepAfterClockSteppedBack: a started record or an orphaned CDI
+// spec stamped in the future (the clock was stepped back since) counts as
+// stamped when the sweep first sees it. It once stayed until the clock
+// caught up, an hour here; now it goes one call timeout later, measured
+// on the monotonic clock.
+func TestSweepAfterClockSteppedBack(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	shortCalls := func(cfg *plugin.Config) { cfg.CallTimeout = timeout }
+	future := time.Now().Add(time.Hour)
+	t.Run("started record", func(t *testing.T) {
+		dir := shortTempDir(t)
+		uid := startedCheckpoint(t, dir, future)
+		h := newHarnessIn(t, dir, shortCalls)
+		h.driver.Sweep(h.ctx)
+		if !strings.Contains(h.checkpoint(), uid) || len(h.specFiles()) != 1 {
+			t.Fatalf("rolled back before a call timeout passed: specs %v, checkpoint %s", h.specFiles(), h.checkpoint())
+		}
+		time.Sleep(timeout + 100*time.Millisecond)
+		h.driver.Sweep(h.ctx)
+		if strings.Contains(h.checkpoint(), uid) || len(h.specFiles()) != 0 {
+			t.Errorf("not rolled back a call timeout after it was first seen: specs %v, checkpoint %s", h.specFiles(), h.checkpoint())
+		}
+	})
+	t.Run("orphaned spec", func(t *testing.T) {
+		h := newHarness(t, shortCalls)
+		orphan := filepath.Join(h.cfg.CDIDir, "k8s.gpu.nvidia.com-claim_dead-beef.json")
+		if err := os.WriteFile(orphan, []byte(`{"cdiVersion":"0.5.0","kind":"k8s.gpu.nvidia.com/claim","devices":[]}`), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(orphan, future, future); err != nil {
+			t.Fatal(err)
+		}
+		h.driver.Sweep(h.ctx)
+		if _, err := os.Stat(orphan); err != nil {
+			t.Fatalf("removed before a call timeout passed: %v", err)
+		}
+		time.Sleep(timeout + 100*time.Millisecond)
+		h.driver.Sweep(h.ctx)
+		if _, err := os.Stat(orphan); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("not removed a call timeout after it was first seen: %v", err)
+		}
+	})
 }

@@ -13,7 +13,6 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/klog/v2"
-	"k8s.io/utils/keymutex"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpudra/gpudra/pkg/cdi"
@@ -32,12 +31,6 @@ const (
 	StepWriteCDISpec    Step = "WriteCDISpec"
 	StepRecordCompleted Step = "RecordCompleted"
 )
-
-// claimLockBuckets is the number of per-claim locks. The default of
-// keymutex (one per CPU) would let only two claims of a 2-core node prepare
-// at once and defeat the checkpoint's group commit; with 4096 buckets two
-// concurrent claims get one lock rarely, and then only wait for each other.
-const claimLockBuckets = 4096
 
 // Node is what the preparer needs of the node's published devices; the
 // kubelet-plugin shell implements it.
@@ -77,7 +70,7 @@ type Config struct {
 // methods are safe for concurrent use; calls for one claim are serialized.
 type Preparer struct {
 	cfg        Config
-	claimLocks keymutex.KeyMutex
+	claimLocks claimLocks
 	// adoptMu serializes adoptions.
 	adoptMu sync.Mutex
 }
@@ -87,7 +80,7 @@ func New(cfg Config) *Preparer {
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
-	return &Preparer{cfg: cfg, claimLocks: keymutex.NewHashed(claimLockBuckets)}
+	return &Preparer{cfg: cfg}
 }
 
 // RecordNames are the names of the records the configurators own: what a
@@ -100,11 +93,25 @@ func RecordNames(cs []Configurator) []string {
 	return names
 }
 
-// LockClaim takes the lock of one claim; the returned function releases
-// it. The sweep takes it before it undoes a claim.
-func (p *Preparer) LockClaim(uid string) func() {
-	p.claimLocks.LockKey(uid)
-	return func() { _ = p.claimLocks.UnlockKey(uid) }
+// LockClaim takes the lock of one claim, in this process and then in the
+// checkpoint's directory ([checkpoint.Store.LockClaim]): Prepare,
+// Unprepare and the sweep's undo of a claim exclude each other also when
+// two plugin instances share the directory (a rolling update). It waits
+// until ctx ends; the returned function releases the lock.
+func (p *Preparer) LockClaim(ctx context.Context, uid string) (func(), error) {
+	unlock, err := p.claimLocks.lock(ctx, uid)
+	if err != nil {
+		return nil, fmt.Errorf("wait for the lock of claim %s: %w", uid, err)
+	}
+	unlockDir, err := p.cfg.Store.LockClaim(ctx, uid)
+	if err != nil {
+		unlock()
+		return nil, fmt.Errorf("wait for the lock of claim %s (another plugin instance may hold it): %w", uid, err)
+	}
+	return func() {
+		unlockDir()
+		unlock()
+	}, nil
 }
 
 // Prepared is the outcome of a Prepare.
@@ -139,7 +146,10 @@ func (p *Preparer) prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 	if len(intent.Devices) == 0 {
 		return nil, nil
 	}
-	unlock := p.LockClaim(intent.UID)
+	unlock, err := p.LockClaim(ctx, intent.UID)
+	if err != nil {
+		return nil, err
+	}
 	defer unlock()
 	defer func() {
 		if finalErr != nil {
@@ -460,10 +470,13 @@ func (p *Preparer) undo(ctx context.Context, c *claimstate.Claim) error {
 func (p *Preparer) Unprepare(ctx context.Context, claim kubeletplugin.NamespacedObject) (reported bool, _ error) {
 	uid := string(claim.UID)
 	logger := klog.FromContext(ctx)
-	unlock := p.LockClaim(uid)
+	unlock, err := p.LockClaim(ctx, uid)
+	if err != nil {
+		return false, fmt.Errorf("unprepare claim %s: %w", claim.NamespacedName, err)
+	}
 	defer unlock()
 	var record *claimstate.Claim
-	err := p.view(ctx, func(s *claimstate.State) error {
+	err = p.view(ctx, func(s *claimstate.State) error {
 		if c := s.Claims[uid]; c != nil {
 			record = c.Clone()
 		}
