@@ -149,6 +149,7 @@ type buildOptions struct {
 	vfioInfo     VFIOInfoFunc
 	sharing      Sharing
 	taints       func(gpuUUID string) []resourceapi.DeviceTaint
+	foreignMIG   func(gpu *hardware.GPU, mig *hardware.MIGDevice) bool
 }
 
 // WithTaints puts the taints taints returns for a GPU (KEP-5055) on every
@@ -184,6 +185,20 @@ func WithDynamicMIG() Option {
 // consumes all of them.
 func WithMIGModeSwitching(can func(hardware.GPU) bool) Option {
 	return func(o *buildOptions) { o.modeSwitchOK = can }
+}
+
+// WithForeignMIGDevices, next to [WithDynamicMIG], names the existing MIG
+// devices that are not gpudra's to create or destroy (an operator's layout
+// on a node migrated from another driver): foreign returns true for them.
+// They are published exactly as without dynamic MIG (static MIG devices,
+// with their uuid, consuming no counters), and Prepare uses them as they
+// are. The GPU's dynamic placements are then only those that overlap no
+// foreign device, its counter set holds what the foreign devices leave
+// (their memory, engines and memory slices taken out), and its full GPU is
+// not offered, since switching MIG mode off would destroy them. Without
+// this option every existing MIG device counts as gpudra's.
+func WithForeignMIGDevices(foreign func(gpu *hardware.GPU, mig *hardware.MIGDevice) bool) Option {
+	return func(o *buildOptions) { o.foreignMIG = foreign }
 }
 
 // Build derives the devices of a node from its inventory. A GPU with MIG
@@ -225,7 +240,7 @@ func Build(inv *hardware.Inventory, opts ...Option) (*Model, error) {
 		}
 		switch {
 		case o.dynamicMIG && isDynamicMIGCapable(&gpu):
-			err = m.addDynamicMIGGPU(gpu, gpuAttrs, switchable)
+			err = m.addDynamicMIGGPU(gpu, gpuAttrs, switchable, o.foreignMIG)
 		case !gpu.MIGEnabled:
 			err = m.add(Device{Kind: KindGPU, API: fullGPUDevice(&gpu, gpuAttrs), GPU: gpu})
 		default:
@@ -280,18 +295,22 @@ func fullGPUDevice(gpu *hardware.GPU, gpuAttrs map[resourceapi.QualifiedName]res
 // addStaticMIGDevices publishes the MIG devices that exist on gpu.
 func (m *Model) addStaticMIGDevices(gpu hardware.GPU, gpuAttrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute) error {
 	for i := range gpu.MIGDevices {
-		mig := gpu.MIGDevices[i]
-		api := resourceapi.Device{
-			Name:       MIGName(gpu.Minor, mig.Profile, mig.ProfileID, mig.PlacementStart),
-			Attributes: migAttributes(&gpu, mig.Profile, gpuAttrs),
-			Capacity:   migCapacity(deviceResources(&mig), mig.PlacementStart, mig.PlacementSize),
-		}
-		api.Attributes[AttrUUID] = str(mig.UUID)
-		if err := m.add(Device{Kind: KindMIG, API: api, GPU: gpu, MIG: &mig}); err != nil {
+		if err := m.addStaticMIGDevice(&gpu, gpu.MIGDevices[i], gpuAttrs); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// addStaticMIGDevice publishes one existing MIG device of gpu as it is.
+func (m *Model) addStaticMIGDevice(gpu *hardware.GPU, mig hardware.MIGDevice, gpuAttrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute) error {
+	api := resourceapi.Device{
+		Name:       MIGName(gpu.Minor, mig.Profile, mig.ProfileID, mig.PlacementStart),
+		Attributes: migAttributes(gpu, mig.Profile, gpuAttrs),
+		Capacity:   migCapacity(deviceResources(&mig), mig.PlacementStart, mig.PlacementSize),
+	}
+	api.Attributes[AttrUUID] = str(mig.UUID)
+	return m.add(Device{Kind: KindMIG, API: api, GPU: *gpu, MIG: &mig})
 }
 
 // migAttributes are a MIG device's attributes less its own uuid: those of

@@ -45,8 +45,11 @@ func isDynamicMIGCapable(gpu *hardware.GPU) bool {
 
 // addDynamicMIGGPU publishes gpu's counter set, and either its full GPU
 // (MIG mode off) or one MIG device per profile and placement (MIG mode
-// on), or, when its mode may be switched, both.
-func (m *Model) addDynamicMIGGPU(gpu hardware.GPU, gpuAttrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, switchable bool) error {
+// on), or, when its mode may be switched, both. The MIG devices foreign
+// says are not gpudra's (see [WithForeignMIGDevices]) are published as
+// they are instead, and take what they occupy out of the counter set.
+func (m *Model) addDynamicMIGGPU(gpu hardware.GPU, gpuAttrs map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, switchable bool,
+	foreign func(*hardware.GPU, *hardware.MIGDevice) bool) error {
 	fail := func(format string, args ...any) error {
 		return fmt.Errorf("GPU %d (%s): dynamic MIG: "+format, append([]any{gpu.Index, gpu.UUID}, args...)...)
 	}
@@ -63,11 +66,24 @@ func (m *Model) addDynamicMIGGPU(gpu hardware.GPU, gpuAttrs map[resourceapi.Qual
 	if !ok {
 		return fail("no MIG profile spans all %d memory slices, so the GPU's engine totals are unknown", gpu.MIGMemorySlices)
 	}
+	var others []hardware.MIGDevice
+	for i := range gpu.MIGDevices {
+		if foreign != nil && foreign(&gpu, &gpu.MIGDevices[i]) {
+			others = append(others, gpu.MIGDevices[i])
+		}
+	}
 	total := profileResources(whole)
 	total.memoryBytes = gpu.MemoryBytes // a little more than the whole-GPU instance has
 	set := resourceapi.CounterSet{
 		Name:     CounterSetName(gpu.Minor),
-		Counters: counters(total, 0, gpu.MIGMemorySlices, true),
+		Counters: counters(total.less(others), 0, gpu.MIGMemorySlices, true),
+	}
+	for i := range others {
+		for s := others[i].PlacementStart; s < others[i].PlacementStart+others[i].PlacementSize; s++ {
+			if _, ok := set.Counters[MemorySliceCounter(s)]; ok {
+				set.Counters[MemorySliceCounter(s)] = resourceapi.Counter{Value: *resource.NewQuantity(0, resource.DecimalSI)}
+			}
+		}
 	}
 	for _, existing := range m.CounterSets {
 		if existing.Name == set.Name {
@@ -76,20 +92,32 @@ func (m *Model) addDynamicMIGGPU(gpu hardware.GPU, gpuAttrs map[resourceapi.Qual
 	}
 	m.CounterSets = append(m.CounterSets, set)
 
-	if !gpu.MIGEnabled || switchable {
+	// A GPU holding foreign MIG devices is never offered whole: switching
+	// MIG mode off would destroy them.
+	if (!gpu.MIGEnabled || switchable) && len(others) == 0 {
 		api := fullGPUDevice(&gpu, gpuAttrs)
 		api.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: set.Name, Counters: nonZero(set.Counters)}}
 		if err := m.add(Device{Kind: KindGPU, API: api, GPU: gpu}); err != nil || !switchable {
 			return err
 		}
 	}
+	if !gpu.MIGEnabled && !switchable {
+		return nil
+	}
+	for _, mig := range others {
+		if err := m.addStaticMIGDevice(&gpu, mig, gpuAttrs); err != nil {
+			return err
+		}
+	}
 
-	// Existing MIG devices are the placements they occupy: Prepare uses
-	// them as they are.
+	// gpudra's existing MIG devices are the placements they occupy:
+	// Prepare uses them as they are.
 	type place struct{ profileID, start int }
 	existing := make(map[place]int, len(gpu.MIGDevices))
 	for i, mig := range gpu.MIGDevices {
-		existing[place{mig.ProfileID, mig.PlacementStart}] = i
+		if !slices.ContainsFunc(others, func(o hardware.MIGDevice) bool { return o.UUID == mig.UUID }) {
+			existing[place{mig.ProfileID, mig.PlacementStart}] = i
+		}
 	}
 	for _, profile := range gpu.MIGProfiles {
 		r := profileResources(&profile)
@@ -97,6 +125,11 @@ func (m *Model) addDynamicMIGGPU(gpu hardware.GPU, gpuAttrs map[resourceapi.Qual
 		// fits, so small instances fill a GPU from the top and leave the
 		// low starts, the only ones 4g and 7g instances have, free longest.
 		for _, start := range slices.Backward(profile.PlacementStarts) {
+			if slices.ContainsFunc(others, func(o hardware.MIGDevice) bool {
+				return start < o.PlacementStart+o.PlacementSize && o.PlacementStart < start+profile.PlacementSize
+			}) {
+				continue
+			}
 			api := resourceapi.Device{
 				Name: MIGName(gpu.Minor, profile.Name, profile.ProfileID, start),
 				// No uuid: a MIG device has none before it is created, and
@@ -121,9 +154,10 @@ func (m *Model) addDynamicMIGGPU(gpu hardware.GPU, gpuAttrs map[resourceapi.Qual
 		}
 	}
 	for _, mig := range gpu.MIGDevices {
-		if _, unplaced := existing[place{mig.ProfileID, mig.PlacementStart}]; unplaced {
-			return fail("MIG device %s (%s, profile ID %d at %d) is at no placement of the GPU's profiles", mig.UUID, mig.Profile, mig.ProfileID, mig.PlacementStart)
+		if _, unplaced := existing[place{mig.ProfileID, mig.PlacementStart}]; !unplaced {
+			continue
 		}
+		return fail("MIG device %s (%s, profile ID %d at %d) is at no placement of the GPU's profiles", mig.UUID, mig.Profile, mig.ProfileID, mig.PlacementStart)
 	}
 	return nil
 }
@@ -159,6 +193,26 @@ func wholeGPUProfile(gpu *hardware.GPU) (*hardware.MIGProfile, bool) {
 // profileResources are the memory and engines of one instance of p.
 func profileResources(p *hardware.MIGProfile) migResources {
 	return migResources{p.MemoryBytes, p.Multiprocessors, p.CopyEngines, p.Decoders, p.Encoders, p.JPEGEngines, p.OFAEngines}
+}
+
+// less is r less what the MIG devices ms occupy, never below zero.
+func (r migResources) less(ms []hardware.MIGDevice) migResources {
+	sub := func(n, m int) int { return max(n-m, 0) }
+	for i := range ms {
+		o := deviceResources(&ms[i])
+		if o.memoryBytes > r.memoryBytes {
+			r.memoryBytes = 0
+		} else {
+			r.memoryBytes -= o.memoryBytes
+		}
+		r.multiprocessors = sub(r.multiprocessors, o.multiprocessors)
+		r.copyEngines = sub(r.copyEngines, o.copyEngines)
+		r.decoders = sub(r.decoders, o.decoders)
+		r.encoders = sub(r.encoders, o.encoders)
+		r.jpegEngines = sub(r.jpegEngines, o.jpegEngines)
+		r.ofaEngines = sub(r.ofaEngines, o.ofaEngines)
+	}
+	return r
 }
 
 // counters are the counters of r and of the memory slices start to
