@@ -184,30 +184,36 @@ func TestUnknownRecordLeavesCheckpointAlone(t *testing.T) {
 
 // In static MIG mode the MIG devices are an operator's, named like dynamic
 // ones: adoption after a lost checkpoint must never take one for gpudra's,
-// or Unprepare would destroy it.
+// or Unprepare would destroy it. In dynamic mode an operator's MIG device
+// (a node migrated from another driver) is published as the same static
+// device, and the same holds.
 func TestStaticMIGInstanceSurvivesAdoption(t *testing.T) {
-	h := newMIGHarness(t, func(cfg *plugin.Config) { cfg.MIGMode = plugin.MIGModeStatic })
-	m := h.operatorInstance(0, "1g.10gb", 0)
-	h.restart() // publish the operator's instance
-	var name string
-	for _, d := range h.driver.Devices() {
-		if d.Attributes["uuid"].StringValue != nil && *d.Attributes["uuid"].StringValue == m.UUID {
-			name = d.Name
-		}
-	}
-	if name == "" {
-		t.Fatalf("static MIG device %s not published", m.UUID)
-	}
-	claim := h.claim(name)
-	h.mustPrepare(claim)
-	h.stop()
-	if err := os.Remove(filepath.Join(h.cfg.PluginDataDir, "checkpoint.json")); err != nil {
-		t.Fatal(err)
-	}
-	h.start()
-	h.mustUnprepare(claim)
-	if migs := h.migDevices(0); len(migs) != 1 || migs[0].UUID != m.UUID {
-		t.Errorf("the operator's MIG device was destroyed by the unprepare of an adopted claim: %+v", migs)
+	for _, mode := range []plugin.MIGMode{plugin.MIGModeStatic, plugin.MIGModeDynamic} {
+		t.Run(string(mode), func(t *testing.T) {
+			h := newMIGHarness(t, func(cfg *plugin.Config) { cfg.MIGMode = mode })
+			m := h.operatorInstance(0, "1g.10gb", 0)
+			h.restart() // publish the operator's instance
+			var name string
+			for _, d := range h.driver.Devices() {
+				if d.Attributes["uuid"].StringValue != nil && *d.Attributes["uuid"].StringValue == m.UUID {
+					name = d.Name
+				}
+			}
+			if name == "" {
+				t.Fatalf("static MIG device %s not published", m.UUID)
+			}
+			claim := h.claim(name)
+			h.mustPrepare(claim)
+			h.stop()
+			if err := os.Remove(filepath.Join(h.cfg.PluginDataDir, "checkpoint.json")); err != nil {
+				t.Fatal(err)
+			}
+			h.start()
+			h.mustUnprepare(claim)
+			if migs := h.migDevices(0); len(migs) != 1 || migs[0].UUID != m.UUID {
+				t.Errorf("the operator's MIG device was destroyed by the unprepare of an adopted claim: %+v", migs)
+			}
+		})
 	}
 }
 

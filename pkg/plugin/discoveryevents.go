@@ -23,7 +23,7 @@ func (e *events) reportNotices(ctx context.Context, before, now []preparer.Notic
 		logger.Info("Devices left out by an earlier publication are back", "reasons", len(before))
 	}
 	for _, n := range now {
-		logger.Error(nil, "Devices left out of the publication", "reason", n.Reason, "detail", n.Message)
+		logger.Error(nil, "Devices left out of or changed in the publication", "reason", n.Reason, "detail", n.Message)
 		if !slices.Contains(before, n) {
 			e.node(corev1.EventTypeWarning, n.Reason, n.Message)
 		}

@@ -296,12 +296,18 @@ func TestMIGOwnershipRebuiltAfterCheckpointLoss(t *testing.T) {
 			if migs := h.migDevices(1); len(migs) != 1 || migs[0].UUID != foreign.UUID {
 				t.Errorf("GPU 1 MIG devices after restart = %+v, want the operator's %s", migs, foreign.UUID)
 			}
-			// GPU 0 is ours again; GPU 1 is left out, with an event.
+			// GPU 0 is ours again; GPU 1 offers its unknown instance as a
+			// static MIG device and only the placements that miss it,
+			// with an event.
 			if !h.published(h.migName(0, "1g.10gb", 5)) {
 				t.Errorf("GPU 0 not offered after its instance was adopted")
 			}
-			if h.published(h.migName(1, "1g.10gb", 0)) {
-				t.Errorf("GPU 1, holding an instance of unknown ownership, is still offered")
+			if d := h.device(h.migName(1, "1g.10gb", 3)); d.Attributes["uuid"].StringValue == nil || *d.Attributes["uuid"].StringValue != foreign.UUID {
+				t.Errorf("GPU 1's instance of unknown ownership is not published as the static MIG device it is: %+v", d.Attributes)
+			}
+			if h.published(h.migName(1, "7g.80gb", 0)) || !h.published(h.migName(1, "1g.10gb", 0)) {
+				t.Errorf("GPU 1 offers 7g.80gb@0 (%v), overlapping the unknown instance, or not 1g.10gb@0 (%v), missing it",
+					h.published(h.migName(1, "7g.80gb", 0)), h.published(h.migName(1, "1g.10gb", 0)))
 			}
 			msg, err := h.waitForEvent("MIGOwnershipUnknown")
 			if err != nil || !strings.Contains(msg, foreign.UUID) {
@@ -471,4 +477,41 @@ func TestDynamicMIGCrashBeforeCompletion(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A node migrated from NVIDIA's device plugin or static-MIG driver keeps
+// its operator's MIG layout under the default dynamic mode: the existing
+// MIG devices are published as static ones, used as they are and never
+// destroyed; dynamic claims get the placements that miss them.
+func TestMigratedMIGLayoutStaysUsable(t *testing.T) {
+	h := newMIGHarness(t)
+	small := h.operatorInstance(0, "1g.10gb", 0)
+	big := h.operatorInstance(0, "3g.40gb", 4)
+	h.restart() // as a plugin started on the migrated node
+	layout := func(t *testing.T, want int) {
+		t.Helper()
+		migs := h.migDevices(0)
+		if len(migs) != want || !slices.ContainsFunc(migs, func(m hardware.MIGDevice) bool { return m.UUID == small.UUID }) ||
+			!slices.ContainsFunc(migs, func(m hardware.MIGDevice) bool { return m.UUID == big.UUID }) {
+			t.Fatalf("GPU 0 MIG devices %+v, want %d with the operator's %s and %s", migs, want, small.UUID, big.UUID)
+		}
+	}
+	existing := h.migName(0, "1g.10gb", 0)
+	if d := h.device(existing); d.Attributes["uuid"].StringValue == nil || *d.Attributes["uuid"].StringValue != small.UUID || len(d.ConsumesCounters) != 0 {
+		t.Fatalf("%s is not published as the static MIG device %s: %+v", existing, small.UUID, d)
+	}
+	for _, overlapping := range []string{h.migName(0, "7g.80gb", 0), h.migName(0, "4g.40gb", 0), h.migName(0, "1g.10gb", 5)} {
+		if h.published(overlapping) {
+			t.Errorf("placement %s, overlapping the operator's layout, is offered", overlapping)
+		}
+	}
+	static := h.claim(existing)
+	h.mustPrepare(static)
+	layout(t, 2)
+	dynamic := h.claim(h.migName(0, "1g.10gb", 2))
+	h.mustPrepare(dynamic)
+	layout(t, 3)
+	h.mustUnprepare(static)
+	h.mustUnprepare(dynamic)
+	layout(t, 2)
 }

@@ -15,8 +15,11 @@ import (
 	"maps"
 	"slices"
 
+	resourceapi "k8s.io/api/resource/v1"
+
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/devicestatus"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/preparer"
 )
@@ -225,11 +228,18 @@ func (c *Configurator) Undo(ctx context.Context, _ string, raw json.RawMessage) 
 
 // Adopt implements [preparer.Adopter]. After the checkpoint was lost, an
 // existing instance is gpudra's when a claim names the dynamic MIG device
-// at exactly its profile and placement: a claim adopted from its CDI spec
-// without this configurator's record (a spec of an older plugin), or a
-// claim the API server allocated from this node. The claim then holds
-// the instance, unless another claim's record owns it already. Anything
-// else stays unknown: kept, and its GPU left out.
+// at exactly its profile and placement and says it was created for it: a
+// claim adopted from the CDI spec of an older plugin (one without device
+// identities or records, written when GPUs holding foreign instances were
+// not published), or a claim the API server allocated from this node
+// whose status.devices names the instance's UUID (written only for MIG
+// devices created on demand). The claim then holds the instance, unless
+// another claim's record owns it already. Since an operator's MIG device
+// is published under the very name of the placement it occupies, a claim
+// merely naming the device proves nothing: a newer spec without this
+// configurator's record, or an allocated claim without that status, used
+// the instance as a static MIG device. Anything else stays unknown: kept,
+// never destroyed, and published as a static MIG device.
 func (c *Configurator) Adopt(_ context.Context, a *preparer.Adoption) error {
 	if a.Inventory == nil || c.mig == nil || !c.dynamic() {
 		return nil
@@ -257,7 +267,9 @@ func (c *Configurator) Adopt(_ context.Context, a *preparer.Adoption) error {
 	taken := func(in *Instance) bool {
 		return slices.ContainsFunc(owned, func(o Instance) bool { return o.overlaps(in) })
 	}
-	instances := func(devices []claimstate.Device) []Instance {
+	// created says whether the claim's evidence names instance m as
+	// created for device i.
+	instances := func(devices []claimstate.Device, created func(i int, m *hardware.MIGDevice) bool) []Instance {
 		var out []Instance
 		for i := range devices {
 			dev, ok := full.Lookup(devices[i].Name)
@@ -267,7 +279,7 @@ func (c *Configurator) Adopt(_ context.Context, a *preparer.Adoption) error {
 			in := Instance{Device: dev.Name(), ParentUUID: dev.GPU.UUID, Profile: dev.Placement.Profile.Name,
 				ProfileID: dev.Placement.Profile.ProfileID, Start: dev.Placement.Start, Size: dev.Placement.Profile.PlacementSize}
 			m := instanceAt(a.Inventory, in.placement())
-			if m == nil || taken(&in) || slices.ContainsFunc(out, func(o Instance) bool { return o.Device == in.Device }) {
+			if m == nil || !created(i, m) || taken(&in) || slices.ContainsFunc(out, func(o Instance) bool { return o.Device == in.Device }) {
 				continue
 			}
 			in.UUID, in.GIID, in.CIID = m.UUID, m.GIID, m.CIID
@@ -282,7 +294,10 @@ func (c *Configurator) Adopt(_ context.Context, a *preparer.Adoption) error {
 		if cl.Records[Name] != nil {
 			continue
 		}
-		if found := instances(cl.Devices); len(found) > 0 {
+		// A spec that names its devices' identities was written by a
+		// plugin that records its instances in the spec.
+		olderSpec := func(i int, _ *hardware.MIGDevice) bool { return cl.Devices[i].UUID == "" }
+		if found := instances(cl.Devices, olderSpec); len(found) > 0 {
 			if err := setRecord(cl, found); err != nil {
 				return err
 			}
@@ -294,7 +309,7 @@ func (c *Configurator) Adopt(_ context.Context, a *preparer.Adoption) error {
 			continue
 		}
 		devices := slices.Clone(alloc.Intent.Devices)
-		found := instances(devices)
+		found := instances(devices, func(i int, m *hardware.MIGDevice) bool { return reportedCreated(alloc.Claim, &devices[i], m) })
 		if len(found) == 0 {
 			continue
 		}
@@ -323,6 +338,25 @@ func (c *Configurator) Check(_ context.Context, raw json.RawMessage, inv *hardwa
 		}
 	}
 	return nil
+}
+
+// reportedCreated says whether the claim's status.devices reports MIG
+// device m as device d of the claim: gpudra writes such an entry only for
+// a MIG device it created for the claim.
+func reportedCreated(claim *resourceapi.ResourceClaim, d *claimstate.Device, m *hardware.MIGDevice) bool {
+	if claim == nil {
+		return false
+	}
+	for i := range claim.Status.Devices {
+		e := &claim.Status.Devices[i]
+		if e.Pool != d.Pool || e.Device != d.Name || e.Data == nil {
+			continue
+		}
+		if data, err := devicestatus.DecodeData(e.Data); err == nil && data.UUID == m.UUID {
+			return true
+		}
+	}
+	return false
 }
 
 func setRecord(cl *claimstate.Claim, found []Instance) error {

@@ -40,15 +40,19 @@ func NewPublisher(dynamic bool, switchable func(hardware.GPU) bool) *Publisher {
 // Dynamic reports whether dynamic MIG devices are published now.
 func (p *Publisher) Dynamic() bool { return p.on.Load() }
 
-// Publish implements [preparer.Publisher]. In dynamic mode a GPU holding
-// MIG instances whose ownership gpudra does not know is left out: gpudra
-// must not destroy an instance it did not create, nor offer placements
-// that overlap it. MIG devices discovery could not read (split compute
-// instances, say) are unknown too: they occupy memory slices the counters
-// would otherwise call free. When the checkpoint cannot be read (a newer
-// plugin wrote it), ownership cannot be told either way; the instances are
-// then taken as gpudra's, since every Prepare fails until that is fixed
-// and leaving the GPUs out would say something false.
+// Publish implements [preparer.Publisher]. In dynamic mode, MIG instances
+// whose ownership gpudra does not know (an operator's layout on a node
+// migrated from another driver, or instances whose records were lost) are
+// published as the static MIG devices they are: Prepare uses them and
+// Unprepare never destroys them. The GPU then offers only the placements
+// that overlap none of them, and its shared counters hold only what they
+// leave, so that the scheduler can never hand out a placement that would
+// collide with them. A GPU holding MIG devices discovery could not read
+// (split compute instances, say) offers no placement at all: where those
+// lie is unknown. When the checkpoint cannot be read (a newer plugin
+// wrote it), ownership cannot be told either way; the instances are then
+// taken as gpudra's, since every Prepare fails until that is fixed and
+// calling them foreign would say something false.
 func (p *Publisher) Publish(in *preparer.PublishInput) {
 	if !p.on.Load() {
 		return
@@ -60,29 +64,59 @@ func (p *Publisher) Publish(in *preparer.PublishInput) {
 	if in.State == nil {
 		return
 	}
-	unknown := unknownInstances(in.Inventory, owned(in.State))
-	if len(unknown) == 0 {
-		return
-	}
-	out := *in.Inventory
-	out.GPUs = nil
-	for _, g := range in.Inventory.GPUs {
-		if _, ok := unknown[g.UUID]; !ok {
-			out.GPUs = append(out.GPUs, g)
+	mine := owned(in.State)
+	in.Options = append(in.Options, devicemodel.WithForeignMIGDevices(func(gpu *hardware.GPU, m *hardware.MIGDevice) bool {
+		return !mine[hardware.MIGPlacement{ParentUUID: gpu.UUID, ProfileID: m.ProfileID, Start: m.PlacementStart}]
+	}))
+	foreign, unreadable := unknownInstances(in.Inventory, mine)
+	if len(unreadable) > 0 {
+		// Without profiles the device model publishes the GPU as static
+		// MIG does: the MIG devices that could be read, and no placement.
+		out := *in.Inventory
+		out.GPUs = slices.Clone(in.Inventory.GPUs)
+		for i := range out.GPUs {
+			if _, ok := unreadable[out.GPUs[i].UUID]; ok {
+				out.GPUs[i].MIGProfiles = nil
+			}
 		}
+		in.Inventory = &out
+		in.Notices = append(in.Notices, preparer.Notice{
+			Reason: ReasonUnreadableMIG,
+			Message: fmt.Sprintf("%d GPU(s) offer no dynamic MIG placement because they hold MIG devices discovery cannot read, whose memory slices are unknown (kept, never destroyed; the readable ones are published as static MIG devices): %s. "+
+				"Destroy them (nvidia-smi mig -dci; nvidia-smi mig -dgi) to offer the placements again", len(unreadable), list(unreadable)),
+		})
 	}
-	in.Inventory = &out
-	uuids := slices.Sorted(maps.Keys(unknown))
+	if len(foreign) > 0 {
+		in.Notices = append(in.Notices, preparer.Notice{
+			Reason: ReasonForeignMIG,
+			Message: fmt.Sprintf("%d GPU(s) hold MIG devices gpudra did not create: they are published as static MIG devices (used as they are, never destroyed), "+
+				"and only the dynamic MIG placements that overlap none of them are offered: %s. "+
+				"Destroy them (nvidia-smi mig -dci; nvidia-smi mig -dgi) once no pod uses them to hand the whole GPU over to dynamic MIG",
+				len(foreign), list(foreign)),
+		})
+	}
+}
+
+// Reasons of the notices (Node events) of GPUs whose MIG devices gpudra
+// did not create.
+const (
+	// ReasonForeignMIG: the GPU holds MIG devices no record owns; they
+	// are published as static MIG devices, and the placements that
+	// overlap them are not offered.
+	ReasonForeignMIG = "MIGOwnershipUnknown"
+	// ReasonUnreadableMIG: the GPU holds MIG devices discovery cannot
+	// read; it offers no placement.
+	ReasonUnreadableMIG = "MIGDevicesUnreadable"
+)
+
+// list renders instances per GPU UUID.
+func list(byGPU map[string][]string) string {
+	uuids := slices.Sorted(maps.Keys(byGPU))
 	msgs := make([]string, 0, len(uuids))
 	for _, uuid := range uuids {
-		msgs = append(msgs, fmt.Sprintf("%s: %s", uuid, strings.Join(unknown[uuid], ", ")))
+		msgs = append(msgs, fmt.Sprintf("%s: %s", uuid, strings.Join(byGPU[uuid], ", ")))
 	}
-	in.Notices = append(in.Notices, preparer.Notice{
-		Reason: "MIGOwnershipUnknown",
-		Message: fmt.Sprintf("%d GPU(s) left out of the dynamic MIG devices because they hold MIG instances gpudra did not create (kept, never destroyed): %s. "+
-			"Destroy them (nvidia-smi mig -dci; nvidia-smi mig -dgi) to offer the GPU again, or run the node with --mig-mode=static to publish the existing layout",
-			len(unknown), strings.Join(msgs, "; ")),
-	})
+	return strings.Join(msgs, "; ")
 }
 
 // Fallbacks implements [preparer.FallbackProvider].
@@ -114,13 +148,14 @@ func owned(s *claimstate.State) map[hardware.MIGPlacement]bool {
 	return out
 }
 
-// unknownInstances returns, per GPU UUID, the MIG devices on GPUs with MIG
-// mode on whose ownership gpudra does not know.
-func unknownInstances(inv *hardware.Inventory, owned map[hardware.MIGPlacement]bool) map[string][]string {
-	unknown := map[string][]string{}
+// unknownInstances returns, per GPU UUID, the MIG devices on GPUs with
+// MIG mode on whose ownership gpudra does not know (foreign), and those
+// discovery could not read (unreadable).
+func unknownInstances(inv *hardware.Inventory, owned map[hardware.MIGPlacement]bool) (foreign, unreadable map[string][]string) {
+	foreign, unreadable = map[string][]string{}, map[string][]string{}
 	for _, p := range inv.Problems {
 		if p.MIGDevice != "" && p.UUID != "" {
-			unknown[p.UUID] = append(unknown[p.UUID], fmt.Sprintf("%s (unreadable: %s)", p.MIGDevice, p.Err))
+			unreadable[p.UUID] = append(unreadable[p.UUID], fmt.Sprintf("%s (unreadable: %s)", p.MIGDevice, p.Err))
 		}
 	}
 	for gi := range inv.GPUs {
@@ -131,9 +166,9 @@ func unknownInstances(inv *hardware.Inventory, owned map[hardware.MIGPlacement]b
 		for mi := range gpu.MIGDevices {
 			m := &gpu.MIGDevices[mi]
 			if !owned[hardware.MIGPlacement{ParentUUID: gpu.UUID, ProfileID: m.ProfileID, Start: m.PlacementStart}] {
-				unknown[gpu.UUID] = append(unknown[gpu.UUID], fmt.Sprintf("%s at %d (%s)", m.Profile, m.PlacementStart, m.UUID))
+				foreign[gpu.UUID] = append(foreign[gpu.UUID], fmt.Sprintf("%s at %d (%s)", m.Profile, m.PlacementStart, m.UUID))
 			}
 		}
 	}
-	return unknown
+	return foreign, unreadable
 }
