@@ -9,6 +9,8 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
+	"github.com/gpudra/gpudra/pkg/checkpoint"
+	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/features"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
@@ -58,8 +60,8 @@ starts.`,
 	fs.StringVar(&o.driverName, "driver-name", "gpu.nvidia.com", "DRA driver name")
 	o.vfio.AddFlags(fs)
 	o.sharing.AddFlags(fs, "as for kubelet-plugin: none, memory-compute, shares=<N> or unlimited (a simulated fleet's node may set its own)")
-	fs.StringVar(&o.pluginDir, "plugin-data-dir", "", "the kubelet plugin's directory on this node (default /var/lib/kubelet/plugins/<driver-name>): -o yaml and -o json are refused while a plugin listens there, since its slices already publish this node's pool")
-	fs.StringVar(&o.migMode, "mig-mode", string(plugin.MIGModeDynamic), fmt.Sprintf("as for kubelet-plugin, one of %v (a simulated fleet's node may set its own); inspect does not read the plugin's checkpoint, so it shows dynamic MIG devices even on GPUs the plugin would leave out for MIG instances it did not create", plugin.MIGModes))
+	fs.StringVar(&o.pluginDir, "plugin-data-dir", "", "the kubelet plugin's directory on this node (default /var/lib/kubelet/plugins/<driver-name>): its checkpoint says which MIG instances are gpudra's, and -o yaml and -o json are refused while a plugin listens there, since its slices already publish this node's pool")
+	fs.StringVar(&o.migMode, "mig-mode", string(plugin.MIGModeDynamic), fmt.Sprintf("as for kubelet-plugin, one of %v (a simulated fleet's node may set its own) (MIG instances that no claim in the plugin's checkpoint under --plugin-data-dir owns, which it reads without changing it, are shown as the static MIG devices the plugin publishes them as; a simulated fleet without --plugin-data-dir has no claims)", plugin.MIGModes))
 	return cmd
 }
 
@@ -109,14 +111,21 @@ func (o *inspectOptions) run(cmd *cobra.Command) error {
 		if err != nil {
 			return err
 		}
-		// The plugin's own publishing rules, without its checkpoint: MIG
-		// instances count as gpudra's, as the plugin counts them when it
-		// cannot read its records.
-		pub, err := preparer.Publish(set.Build, inv, nil, nil, set.Publishers)
+		// The plugin's own publishing rules, fed the prepared claims its
+		// checkpoint records: which MIG instances are gpudra's decides
+		// what a GPU holding them offers.
+		state, stateNote := o.preparedClaims(name, set)
+		pub, err := preparer.Publish(set.Build, inv, nil, state, set.Publishers)
 		if err != nil {
 			return fmt.Errorf("node %s: %w", name, err)
 		}
 		node := inspect.Node{Name: name, Inventory: pub.Inventory, Model: pub.Model}
+		if stateNote != "" {
+			node.Notes = append(node.Notes, stateNote)
+		}
+		for _, n := range pub.Notices {
+			node.Notes = append(node.Notes, n.Reason+": "+n.Message)
+		}
 		if checker, ok := hw.(hardware.HealthChecker); ok && o.output == "table" {
 			node.Health, node.HealthErr = checker.CheckHealth(cmd.Context())
 			if node.HealthErr == nil && node.Health == nil {
@@ -148,6 +157,28 @@ func (o *inspectOptions) features(cmd *cobra.Command, node, migMode string, hw h
 		return nil, err
 	}
 	return features.New(fo)
+}
+
+// preparedClaims reads the prepared claims from the plugin's checkpoint,
+// read-only, as the plugin would find them. A simulated node without
+// --plugin-data-dir is a node the plugin has not run on: no claims, so
+// every existing MIG instance is an operator's. When the checkpoint
+// cannot be read, the claims are unknown (nil), as the plugin takes them
+// then, and the note says so.
+func (o *inspectOptions) preparedClaims(node string, set *features.Set) (*claimstate.State, string) {
+	if o.hw.Simulated() && o.pluginDir == "" {
+		return claimstate.New(), ""
+	}
+	dir := o.pluginDir
+	if dir == "" {
+		dir = filepath.Join(kubeletplugin.KubeletPluginsDir, o.driverName)
+	}
+	state, err := checkpoint.Peek(dir, checkpoint.WithPool(node), checkpoint.WithDriverName(o.driverName),
+		checkpoint.WithKnownRecords(preparer.RecordNames(set.Configurators)...))
+	if err != nil {
+		return nil, fmt.Sprintf("checkpoint: %v; MIG instances are taken as gpudra's, as the plugin takes them while it cannot read its records", err)
+	}
+	return state, ""
 }
 
 func (o *inspectOptions) nodeNames() ([]string, error) {

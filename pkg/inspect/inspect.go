@@ -32,6 +32,9 @@ type Node struct {
 	// cannot tell); HealthErr says why it could not be read.
 	Health    []hardware.GPUCondition
 	HealthErr error
+	// Notes say what the publication left out or changed and why (the
+	// notices the plugin records as Node events), one line each.
+	Notes []string
 }
 
 // health is the condition of the GPU with the given UUID, as the HEALTH
@@ -169,6 +172,9 @@ func WriteTable(w io.Writer, nodes []Node) error {
 			n.Name, len(inv.GPUs), len(n.Model.Devices), inv.DriverVersion, inv.CUDADriverVersion, len(n.Model.Slices()), sharingSummary(n.Model))
 		for _, line := range healthNotes(n) {
 			fmt.Fprintf(w, "  %s\n", line)
+		}
+		for _, line := range n.Notes {
+			fmt.Fprintf(w, "  publish: %s\n", line)
 		}
 	}
 	return nil
