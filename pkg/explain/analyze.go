@@ -52,7 +52,7 @@ type analyzer struct {
 // Analyze explains the input: it needs no API server, so tests and other
 // tools can feed it objects of their own.
 func Analyze(ctx context.Context, in *Input) (*Report, error) {
-	rep := &Report{Kind: in.Target.Kind, Namespace: in.Target.Namespace, Name: in.Target.Name, Warnings: slices.Clone(in.Warnings)}
+	rep := &Report{Kind: in.Target.Kind, Namespace: in.Target.Namespace, Name: in.Target.Name, Warnings: slices.Clone(in.Warnings), Notices: slices.Clone(in.Notices)}
 	if pod := in.Pod; pod != nil {
 		rep.Phase, rep.NodeName = string(pod.Status.Phase), pod.Spec.NodeName
 		for _, c := range pod.Status.Conditions {

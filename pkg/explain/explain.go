@@ -10,7 +10,7 @@
 // node, a selector nothing passes, capacity, devices in use, a constraint),
 // and the nearest device when a selector matches nothing.
 //
-// It only reads: get and list of pods, resourceclaims,
+// It only reads: get and list of pods, resourceclaims, events (optional),
 // resourceclaimtemplates, resourceslices, deviceclasses and nodes.
 package explain
 

@@ -1,9 +1,12 @@
 package explain
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -31,7 +34,23 @@ type Input struct {
 	// Warnings are problems met while loading that do not stop the
 	// explanation.
 	Warnings []string
+	// Notices are what the nodes' kubelet plugins left out of or changed
+	// in their publications, as their Node events say.
+	Notices []NodeNotice
 }
+
+// NodeNotice is a kubelet plugin's Node event saying why a GPU or some of
+// its devices (MIG placements) are not offered.
+type NodeNotice struct {
+	Node    string `json:"node"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+}
+
+// NoticeReasons are the reasons of the Node events in which gpudra's
+// kubelet plugin says what its publication leaves out or changes (see
+// pkg/features/dynamicmig).
+var NoticeReasons = []string{"MIGOwnershipUnknown", "MIGDevicesUnreadable"}
 
 // Claim is one claim of the target.
 type Claim struct {
@@ -110,7 +129,46 @@ func Load(ctx context.Context, client kubernetes.Interface, target Target) (*Inp
 			in.Nodes = append(in.Nodes, &nodes.Items[i])
 		}
 	}
+	in.Notices, in.Warnings = nodeNotices(ctx, client, in.Warnings)
 	return in, nil
+}
+
+// nodeNotices returns the latest Node event of each node and notice
+// reason. Events are optional: when they cannot be listed, a warning says
+// so.
+func nodeNotices(ctx context.Context, client kubernetes.Interface, warnings []string) ([]NodeNotice, []string) {
+	events, err := client.CoreV1().Events(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Node"})
+	if err != nil {
+		return nil, append(warnings, fmt.Sprintf("Node events cannot be listed (%v): why a node's kubelet plugin offers fewer devices (MIG layouts it did not create) is not shown", err))
+	}
+	type key struct{ node, reason string }
+	latest := map[key]*corev1.Event{}
+	for i := range events.Items {
+		e := &events.Items[i]
+		if e.InvolvedObject.Kind != "Node" || !slices.Contains(NoticeReasons, e.Reason) {
+			continue
+		}
+		k := key{e.InvolvedObject.Name, e.Reason}
+		if prev := latest[k]; prev == nil || eventTime(prev).Before(eventTime(e)) {
+			latest[k] = e
+		}
+	}
+	var out []NodeNotice
+	for k, e := range latest {
+		out = append(out, NodeNotice{Node: k.node, Reason: k.reason, Message: e.Message})
+	}
+	slices.SortFunc(out, func(a, b NodeNotice) int { return cmp.Or(cmp.Compare(a.Node, b.Node), cmp.Compare(a.Reason, b.Reason)) })
+	return out, warnings
+}
+
+func eventTime(e *corev1.Event) time.Time {
+	switch {
+	case !e.LastTimestamp.IsZero():
+		return e.LastTimestamp.Time
+	case !e.EventTime.IsZero():
+		return e.EventTime.Time
+	}
+	return e.CreationTimestamp.Time
 }
 
 // podClaims returns the pod's claims: those created, and for templates

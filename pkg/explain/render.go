@@ -44,6 +44,9 @@ func Text(rep *Report) string {
 	for _, w := range rep.Warnings {
 		fmt.Fprintf(&b, "  warning: %s\n", w)
 	}
+	for _, n := range rep.Notices {
+		fmt.Fprintf(&b, "  node %s offers fewer devices (%s): %s\n", n.Node, n.Reason, n.Message)
+	}
 	for _, p := range rep.Placement {
 		fmt.Fprintf(&b, "  would allocate: claim %s request %s -> %s\n", p.Claim, p.Request, p.where())
 	}

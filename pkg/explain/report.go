@@ -44,8 +44,11 @@ type Report struct {
 	Problems []string `json:"problems,omitempty"`
 	// Warnings are things that may skew the answer (incomplete pools,
 	// nodes that could not be listed).
-	Warnings []string      `json:"warnings,omitempty"`
-	Claims   []ClaimReport `json:"claims"`
+	Warnings []string `json:"warnings,omitempty"`
+	// Notices say why nodes' kubelet plugins offer fewer devices than
+	// their GPUs hold (their Node events).
+	Notices []NodeNotice  `json:"notices,omitempty"`
+	Claims  []ClaimReport `json:"claims"`
 }
 
 // NodeExclusion is a node the pod cannot use whatever its devices.
