@@ -7,10 +7,13 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
 GO ?= go
 
-# What `gpudra version` reports (pkg/version). A release sets VERSION
-# (make image VERSION=v0.1.0); otherwise the nearest tag, or "devel".
-VERSION ?= $(shell git describe --tags --dirty 2>/dev/null || echo devel)
-COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+# What `gpudra version` reports (pkg/version) and the image's tag: the file
+# VERSION, which is also the Helm chart's appVersion, so that the chart's
+# default image is the one `make image` builds (localcluster/helmchart's
+# TestOneVersion checks that they agree). The commit says which build of
+# that version a binary is.
+VERSION ?= $(shell cat VERSION)
+COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)$(shell git diff --quiet HEAD -- 2>/dev/null; [ $$? -ne 1 ] || echo -dirty)
 VERSION_PKG := github.com/gpudra/gpudra/pkg/version
 LDFLAGS := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).commit=$(COMMIT)
 # The image's name, and its creation time: the commit's, so that one commit
@@ -66,8 +69,8 @@ build:
 # gpudra plus the loader, libraries and nsenter of this machine's Debian,
 # configured as deployments/container/Dockerfile configures its image.
 # Writes _output/image (an OCI image layout) and _output/gpudra-image.tar
-# (for docker load, kind load image-archive, ctr image import). A release:
-# make image VERSION=v0.1.0.
+# (for docker load, kind load image-archive, ctr image import), tagged
+# $(IMAGE); IMAGE=<registry>/gpudra:$(VERSION) names it for your registry.
 image:
 	$(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o _output/gpudra ./cmd/gpudra
 	cd deployments/container && $(GO) run ./cmd/build-image \

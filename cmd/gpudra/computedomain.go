@@ -48,7 +48,10 @@ multi-node NVLink fabric. It is the same plugin shell as kubelet-plugin
 (checkpoint, sweep, adoption, publishing) with the ComputeDomain features:
 it publishes channel-0 and daemon-0, and prepares a channel claim by giving
 its containers the channel its ComputeDomain holds (status.channel, which
-compute-domain-controller assigns). See docs/computedomain.md.`,
+compute-domain-controller assigns). A node with no GPU in a multi-node
+NVLink clique cannot join a domain: it publishes an empty pool, logs why,
+and publishes its devices once discovery finds the fabric. See
+docs/computedomain.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runComputeDomainPlugin(cmd, o)

@@ -87,6 +87,7 @@ func TestTemplateRefusals(t *testing.T) {
 		{"create the release's namespace", "gpudra", values("namespace.create", true), "--create-namespace"},
 		{"create it by name", "gpudra", values("namespace.create", true, "namespace.name", "gpudra"), "--create-namespace"},
 		{"Secret without a name", "", values("webhook.tls.mode", "secret"), "webhook.tls.secretName"},
+		{"self-signed webhook replicas", "", values("webhook.replicas", 2), "webhook.tls.mode=secret"},
 		{"VFIO only without GPUs", "", values("kubeletPlugin.vfio", "only"), "kubeletPlugin.vfioGPUs"},
 		{"simulated state without a fleet", "", values("simulation.stateDir", "/var/lib/gpudra-sim"), "simulation.fleet"},
 	} {

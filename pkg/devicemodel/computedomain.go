@@ -21,7 +21,7 @@ const (
 
 // AttrID is the "id" attribute of channel and daemon devices (int), and
 // AttrCliqueID gpudra's "cliqueID" (string, "<cluster UUID>.<clique ID>")
-// on both when the node is in an NVLink clique; NVIDIA's driver labels the
+// on both (only nodes in an NVLink clique publish them); NVIDIA's driver labels the
 // node with its clique instead (nvidia.com/gpu.clique), which CEL cannot
 // read.
 const (
@@ -48,11 +48,16 @@ type ComputeDomainOptions struct {
 
 // BuildComputeDomain derives the devices of driver
 // compute-domain.nvidia.com on a node: channel-0, which NVIDIA's
-// compute-domain-default-channel.nvidia.com class selects, and daemon-0.
-// A node with no IMEX channel major (a driver without IMEX) publishes
-// nothing. The clique, from [hardware.Inventory.CliqueID], is carried as
-// an attribute; a node whose GPUs disagree about it publishes nothing and
-// the error says why.
+// compute-domain-default-channel.nvidia.com class selects, and daemon-0,
+// both carrying the node's clique from [hardware.Inventory.CliqueID].
+//
+// Only a node that can join an IMEX domain publishes them: a node with no
+// IMEX channel major (a driver without IMEX) or with no GPU in a
+// multi-node NVLink clique (no fabric, or a fabric without a cluster UUID,
+// such as a single HGX board) publishes nothing, since a channel allocated
+// there could never be prepared. A node whose GPUs disagree about their
+// clique, or whose fabric registration is unfinished or failed, publishes
+// nothing and the error says why.
 func BuildComputeDomain(inv *hardware.Inventory, o ComputeDomainOptions) (*Model, error) {
 	m := &Model{byName: map[string]int{}}
 	if inv == nil || inv.Majors.IMEXChannels == 0 {
@@ -62,15 +67,15 @@ func BuildComputeDomain(inv *hardware.Inventory, o ComputeDomainOptions) (*Model
 	if err != nil {
 		return m, fmt.Errorf("NVLink clique: %w", err)
 	}
+	if clique == "" {
+		return m, nil
+	}
 	attrs := func(kind Kind) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
-		a := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-			AttrType: {StringValue: ptr.To(string(kind))},
-			AttrID:   {IntValue: ptr.To(int64(0))},
+		return map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+			AttrType:     {StringValue: ptr.To(string(kind))},
+			AttrID:       {IntValue: ptr.To(int64(0))},
+			AttrCliqueID: {StringValue: ptr.To(clique)},
 		}
-		if clique != "" {
-			a[AttrCliqueID] = resourceapi.DeviceAttribute{StringValue: ptr.To(clique)}
-		}
-		return a
 	}
 	channel := Device{Kind: KindChannel, API: resourceapi.Device{Name: ChannelName(0), Attributes: attrs(KindChannel)}}
 	if o.SharedChannel {

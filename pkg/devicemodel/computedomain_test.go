@@ -42,8 +42,30 @@ func TestBuildComputeDomain(t *testing.T) {
 		}
 	}
 
-	// A driver without IMEX channels publishes nothing; GPUs in two
-	// cliques publish nothing and say why.
+	// A driver without IMEX channels, or a node in no multi-node NVLink
+	// clique (an H100 node, NVLink without a cluster UUID), publishes
+	// nothing: it cannot join a domain. GPUs in two cliques publish
+	// nothing and say why.
+	h100, err := sim.Load("dgx-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h100Inv, err := h100.Nodes[0].Hardware().Discover(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	noUUID := *inv
+	noUUID.GPUs = append([]hardware.GPU(nil), inv.GPUs...)
+	for i := range noUUID.GPUs {
+		f := *noUUID.GPUs[i].Fabric
+		f.ClusterUUID = ""
+		noUUID.GPUs[i].Fabric = &f
+	}
+	for name, inv := range map[string]*hardware.Inventory{"H100 without a fabric": h100Inv, "no cluster UUID": &noUUID} {
+		if m, err := devicemodel.BuildComputeDomain(inv, devicemodel.ComputeDomainOptions{SharedChannel: true}); err != nil || len(m.Devices) != 0 {
+			t.Errorf("%s: %d devices, %v; want none", name, len(m.Devices), err)
+		}
+	}
 	noIMEX := *inv
 	noIMEX.Majors.IMEXChannels = 0
 	if m, err := devicemodel.BuildComputeDomain(&noIMEX, devicemodel.ComputeDomainOptions{}); err != nil || len(m.Devices) != 0 {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/computedomain"
 	"github.com/gpudra/gpudra/pkg/features"
+	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
@@ -39,20 +41,27 @@ type cdHarness struct {
 
 func newCDHarness(t *testing.T, domains ...*v1beta1.ComputeDomain) *cdHarness {
 	t.Helper()
+	return newCDHarnessWith(t, domains)
+}
+
+// newCDHarnessWith is newCDHarness with more changes to the plugin's
+// configuration, applied after the fleet's.
+func newCDHarnessWith(t *testing.T, domains []*v1beta1.ComputeDomain, mutate ...func(*plugin.Config)) *cdHarness {
+	t.Helper()
 	var objs []runtime.Object
 	for _, d := range domains {
 		objs = append(objs, domainObject(t, d))
 	}
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
 		map[schema.GroupVersionResource]string{computedomain.GVR: "ComputeDomainList"}, objs...)
-	h := newHarness(t, withFleet(t, "gb200-nvl72", "gb200-nvl72-00"), func(cfg *plugin.Config) {
+	h := newHarness(t, append([]func(*plugin.Config){withFleet(t, "gb200-nvl72", "gb200-nvl72-00"), func(cfg *plugin.Config) {
 		cfg.DriverName = cdDriverName
 		cfg.Features = func(plugin.FeatureEnv) (*features.Set, error) {
 			return features.NewComputeDomain(features.ComputeDomainOptions{
 				Channels: &computedomain.APIChannels{Client: dyn}, SharedChannel: true,
 			}), nil
 		}
-	})
+	}}, mutate...)...)
 	return &cdHarness{harness: h, domains: dyn}
 }
 
@@ -152,6 +161,70 @@ func TestComputeDomainPublishesChannelAndDaemon(t *testing.T) {
 	if err != nil || len(list.Items) != 1 || list.Items[0].Spec.Driver != cdDriverName || len(list.Items[0].Spec.Devices) != 2 {
 		t.Fatalf("ResourceSlices: %v %+v", err, list)
 	}
+}
+
+// fabricSwitch is a node's hardware whose GPUs report no NVLink fabric
+// until the fabric is switched on, as on a node whose fabric manager
+// starts after the plugin.
+type fabricSwitch struct {
+	hardware.Hardware
+	on atomic.Bool
+}
+
+// Discover implements [hardware.Hardware].
+func (f *fabricSwitch) Discover(ctx context.Context) (*hardware.Inventory, error) {
+	inv, err := f.Hardware.Discover(ctx)
+	if err != nil || f.on.Load() {
+		return inv, err
+	}
+	inv.GPUs = slices.Clone(inv.GPUs)
+	for i := range inv.GPUs {
+		inv.GPUs[i].Fabric = nil
+	}
+	return inv, nil
+}
+
+// TestComputeDomainNoFabricPublishesNothing: a node that cannot join a
+// domain offers no channel (a pod allocated one there would be stuck in
+// ContainerCreating) and logs why; once discovery finds the fabric the
+// node offers its channel and daemon.
+func TestComputeDomainNoFabricPublishesNothing(t *testing.T) {
+	var hw *fabricSwitch
+	h := newCDHarnessWith(t, nil, func(cfg *plugin.Config) {
+		hw = &fabricSwitch{Hardware: cfg.Hardware}
+		cfg.Hardware = hw
+		cfg.DiscoveryInterval = 20 * time.Millisecond
+	})
+	published := func(want int) {
+		t.Helper()
+		var devices []string
+		err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+			list, err := h.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return false, err
+			}
+			devices = nil
+			for _, s := range list.Items {
+				for _, d := range s.Spec.Devices {
+					devices = append(devices, d.Name)
+				}
+			}
+			return len(list.Items) > 0 && len(devices) == want, nil
+		})
+		if err != nil {
+			t.Fatalf("published devices %v, want %d: %v", devices, want, err)
+		}
+	}
+	published(0)
+	if n := len(h.driver.Devices()); n != 0 {
+		t.Errorf("%d devices without a fabric, want none", n)
+	}
+	if logs := h.logs(); !strings.Contains(logs, "NoNVLinkFabric") || !strings.Contains(logs, "cannot join a ComputeDomain") {
+		t.Errorf("the plugin does not log why it offers no channel:\n%s", logs)
+	}
+
+	hw.on.Store(true)
+	published(2)
 }
 
 func TestComputeDomainPrepare(t *testing.T) {

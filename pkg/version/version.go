@@ -7,7 +7,9 @@
 //	go build -ldflags "-X github.com/gpudra/gpudra/pkg/version.version=v0.1.0 \
 //	    -X github.com/gpudra/gpudra/pkg/version.commit=$(git rev-parse HEAD)" ./cmd/gpudra
 //
-// `make build`, `make image` and the Dockerfile do this. A binary built
+// `make build` and `make image` do this with the repository's VERSION file
+// (also the Helm chart's appVersion), and the Dockerfile with its VERSION
+// build argument. A binary built
 // otherwise (`go install ...@v0.1.0`, `go run`) falls back to the build info:
 // the module version, and vcs.revision when the toolchain stamped it (not
 // with -buildvcs=false, nor when building from a module archive).

@@ -1,6 +1,7 @@
 package imexchannel
 
 import (
+	"fmt"
 	"sync/atomic"
 
 	"github.com/gpudra/gpudra/pkg/devicemodel"
@@ -30,25 +31,36 @@ func NewPublisher(shared bool) *Publisher {
 	return p
 }
 
-// Publish implements [preparer.Publisher]: a node whose GPUs disagree
-// about their NVLink clique, or are not registered with the fabric,
-// publishes no channel, and the operator hears why.
+// Publish implements [preparer.Publisher]: only a node that can join an
+// IMEX domain publishes channel and daemon devices (see
+// [devicemodel.BuildComputeDomain]). Any other node publishes an empty
+// pool, and the operator hears why: without IMEX channels in the GPU
+// driver, without a GPU in a multi-node NVLink clique, or with GPUs that
+// disagree about their clique or are not registered with the fabric. A
+// node whose fabric comes up later publishes its devices at the next
+// discovery.
 func (p *Publisher) Publish(in *preparer.PublishInput) {
 	if in.Inventory == nil || in.Inventory.Majors.IMEXChannels == 0 {
 		in.Notices = append(in.Notices, preparer.Notice{
 			Reason:  "IMEXChannelsUnavailable",
-			Message: "no nvidia-caps-imex-channels in /proc/devices: the GPU driver offers no IMEX channels, so this node publishes no channel devices",
+			Message: "no nvidia-caps-imex-channels in /proc/devices: the GPU driver offers no IMEX channels, so this node publishes no channel or daemon devices",
 		})
 		return
 	}
-	if _, err := in.Inventory.CliqueID(); err != nil {
-		in.Notices = append(in.Notices, preparer.Notice{Reason: "NVLinkCliqueUnknown", Message: "no channel devices published: NVLink clique: " + err.Error()})
+	clique, err := in.Inventory.CliqueID()
+	switch {
+	case err != nil:
+		in.Notices = append(in.Notices, preparer.Notice{Reason: "NVLinkCliqueUnknown", Message: "no channel or daemon devices published: NVLink clique: " + err.Error()})
+	case clique == "":
+		in.Notices = append(in.Notices, preparer.Notice{
+			Reason:  "NoNVLinkFabric",
+			Message: fmt.Sprintf("no channel or daemon devices published: none of the node's %d GPUs is in a multi-node NVLink clique (no fabric cluster UUID), so the node cannot join a ComputeDomain", len(in.Inventory.GPUs)),
+		})
 	}
 }
 
-// Build builds the channel driver's devices. A node without channels, or
-// whose clique is unknown, publishes none (Publish says why) rather than
-// failing discovery.
+// Build builds the channel driver's devices. A node that cannot join a
+// domain publishes none (Publish says why) rather than failing discovery.
 func (p *Publisher) Build(inv *hardware.Inventory, _ ...devicemodel.Option) (*devicemodel.Model, error) {
 	m, err := devicemodel.BuildComputeDomain(inv, devicemodel.ComputeDomainOptions{SharedChannel: p.shared.Load()})
 	if err != nil {

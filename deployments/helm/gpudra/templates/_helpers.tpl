@@ -142,6 +142,29 @@ modes read the files below; in selfSigned mode the webhook first makes them
 in an emptyDir, for the Service's names, and keeps its CA in the
 ValidatingWebhookConfiguration's caBundle.
 */}}
+{{/*
+The CEL expression of the webhook's match condition: the object (a
+ResourceClaim, ResourceClaimTemplate or DeviceClass) has an opaque config
+whose driver is one of the drivers the webhook checks, the GPU driver's and,
+with computeDomains.enabled, the ComputeDomain driver's.
+*/}}
+{{- define "gpudra.webhook.matchExpression" -}}
+{{- $drivers := list .Values.driverName -}}
+{{- if .Values.computeDomains.enabled }}{{ $drivers = append $drivers .Values.computeDomains.driverName }}{{ end -}}
+{{- $in := printf "exists(c, has(c.opaque) && has(c.opaque.driver) && c.opaque.driver in [%s])" (include "gpudra.quoteCEL" $drivers) -}}
+has(object.spec) && (
+(has(object.spec.devices) && has(object.spec.devices.config) && object.spec.devices.config.{{ $in }}) ||
+(has(object.spec.spec) && has(object.spec.spec.devices) && has(object.spec.spec.devices.config) && object.spec.spec.devices.config.{{ $in }}) ||
+(has(object.spec.config) && object.spec.config.{{ $in }}))
+{{- end -}}
+
+{{/* Strings as CEL string literals, comma-separated. */}}
+{{- define "gpudra.quoteCEL" -}}
+{{- $out := list -}}
+{{- range . }}{{ $out = append $out (printf "'%s'" .) }}{{ end -}}
+{{- join ", " $out -}}
+{{- end -}}
+
 {{- define "gpudra.webhook.args" -}}
 {{- $w := .Values.webhook -}}
 {{- $svc := include "gpudra.webhook.name" . -}}
