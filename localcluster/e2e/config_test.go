@@ -5,14 +5,17 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
+	"github.com/gpudra/gpudra/localcluster/manifests"
 )
 
-// TestConfigOfTheWrongKindIsRefused: a MigDeviceConfig for a claim that got
-// a full GPU is refused at Prepare, naming both, whether it names the
-// request (which the allocator turns into "all requests", since it is the
-// claim's only one) or names none; never silently ignored. The refusal is
-// an event on the pod and on the claim.
+// TestConfigOfTheWrongKindIsRefused: a MigDeviceConfig for a request whose
+// DeviceClass gives a full GPU is refused when the template is created,
+// naming both, whether it names the request or names none (for all
+// requests, of which this is the only one): the webhook refuses what
+// Prepare would refuse whatever the allocator picks. Prepare's own refusal
+// of the same config is tested in the driver module (pkg/config,
+// pkg/webhook), where the webhook cannot decide (another class,
+// firstAvailable alternatives).
 func TestConfigOfTheWrongKindIsRefused(t *testing.T) {
 	ctx := testContext(t, 2*time.Minute)
 	config := func(requests string) string {
@@ -25,24 +28,32 @@ func TestConfigOfTheWrongKindIsRefused(t *testing.T) {
             sharing: {strategy: MPS}
 `
 	}
-	// The refused pods' claims stay allocated, holding two GPUs, until
-	// their namespaces go.
 	t.Cleanup(func() { deleteNamespacesNamed(t, "wrong-kind-named", "wrong-kind-all") })
 	for ns, cfg := range map[string]string{
 		"wrong-kind-named": config("requests: [dev]\n        "),
 		"wrong-kind-all":   config(""),
 	} {
-		apply(t, ctx, podWithTemplate(ns, "        exactly:\n          deviceClassName: gpu.nvidia.com\n"+cfg, "", "pod"))
-		pod := waitForPod(t, ctx, ns, "pod", "refused", func(p *corev1.Pod) bool { return reasonOf(p) != "" })
-		reason := reasonOf(pod)
-		if pod.Status.Phase != corev1.PodPending || pod.Spec.NodeName == "" {
-			t.Errorf("%s: pod %s on %q, want Pending on a node", ns, pod.Status.Phase, pod.Spec.NodeName)
+		objs, err := manifests.Parse([]byte(podWithTemplate(ns, "        exactly:\n          deviceClassName: gpu.nvidia.com\n"+cfg, "", "pod")), t.Name())
+		if err != nil {
+			t.Fatal(err)
 		}
-		for _, want := range []string{"MigDeviceConfig", "full GPU", "GpuConfig"} {
-			if !strings.Contains(reason, want) {
-				t.Errorf("%s: reason %q does not name %q", ns, reason, want)
+		refused, err := demo.Apply(ctx, objs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var reason string
+		for _, r := range refused {
+			if r.Kind == "ResourceClaimTemplate" {
+				reason = r.Reason
 			}
 		}
-		waitForEvent(t, ctx, ns, "Pod", "pod", "PrepareFailed", "MigDeviceConfig")
+		if !strings.Contains(reason, "denied the request") {
+			t.Fatalf("%s: template not refused at admission (refused: %v)", ns, refused)
+		}
+		for _, want := range []string{"MigDeviceConfig", "GpuConfig"} {
+			if !strings.Contains(reason, want) {
+				t.Errorf("%s: refusal %q does not name %q", ns, reason, want)
+			}
+		}
 	}
 }
