@@ -140,6 +140,30 @@ func scrape(t *testing.T, c *cluster.Cluster, node string) string {
 	return string(body)
 }
 
+// TestPluginProbes gets each path docs/metrics.md lists for the plugin's
+// HTTP endpoint from every simulated node: the metrics and the probes a
+// real node's kubelet and Prometheus use. A node of gpudra's device
+// plugin serves none.
+func TestPluginProbes(t *testing.T) {
+	for _, n := range demo.Nodes() {
+		if n.HTTPEndpoint() == "" {
+			continue
+		}
+		for path, want := range map[string]string{"/livez": "ok\n", "/healthz": "ok\n", "/readyz": "ok\n", "/metrics": "gpudra_published_devices"} {
+			url := n.HTTPEndpoint() + path
+			resp, err := http.Get(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			if err != nil || resp.StatusCode != http.StatusOK || !strings.Contains(string(body), want) {
+				t.Errorf("GET %s (node %s): %s %v, body %.200q; want 200 with %q", url, n.Name(), resp.Status, err, body, want)
+			}
+		}
+	}
+}
+
 // metricValue returns the value of the sample with exactly this name and
 // labels, and false if the scrape has none.
 func metricValue(text, sample string) (float64, bool) {
