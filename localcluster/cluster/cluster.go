@@ -115,8 +115,10 @@ type Cluster struct {
 	kubeletVersion string
 	// chartValues are the values the chart was installed with.
 	chartValues map[string]any
-	// real are the real nodes, the fleet's first.
-	real []*node.Node
+	// real are the real nodes, the fleet's first; realEndpoints their
+	// plugins' HTTP endpoints by node name.
+	real          []*node.Node
+	realEndpoints map[string]string
 }
 
 // Start brings the cluster up: control plane, DeviceClasses, then all

@@ -182,9 +182,16 @@ func (c *Cluster) realNodeDaemonSet(rn *node.Node, fn sim.Node, own bool) (*apps
 			plugin[value] = set
 		}
 	}
-	if plugin["httpPort"], err = freePort(); err != nil {
+	port, err := freePort()
+	if err != nil {
 		return nil, fmt.Errorf("real node %s: %w", rn.Name(), err)
 	}
+	plugin["httpPort"] = port
+	if c.realEndpoints == nil {
+		c.realEndpoints = map[string]string{}
+	}
+	// The pod runs in the machine's network, listening on every address.
+	c.realEndpoints[rn.Name()] = fmt.Sprintf("http://127.0.0.1:%d", port)
 	if own {
 		plugin["nodeSelector"] = map[string]any{node.Label: "true", corev1.LabelHostname: rn.Name()}
 	}

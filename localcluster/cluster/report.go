@@ -47,10 +47,18 @@ type ComputeDomainReport struct {
 	Nodes    []string `json:"nodes"`
 }
 
-// NodeReport is what a node's ResourceSlices say about its devices'
-// health: their device taints.
+// NodeReport is one node: what its ResourceSlices say about its devices'
+// health (their device taints), and where its plugin serves metrics and
+// probes.
 type NodeReport struct {
-	Name         string              `json:"name"`
+	Name string `json:"name"`
+	// Real is set on a real node (the real kubelet, containerd and runc).
+	Real bool `json:"real,omitempty"`
+	// HTTPEndpoint is the base URL of gpudra's kubelet plugin's HTTP
+	// endpoint on the node (metrics at /metrics, probes at /livez,
+	// /healthz and /readyz); "" on a node of gpudra's device plugin,
+	// which serves none.
+	HTTPEndpoint string              `json:"httpEndpoint,omitempty"`
 	DeviceTaints []DeviceTaintReport `json:"deviceTaints"`
 }
 
@@ -156,7 +164,7 @@ func (c *Cluster) Report(ctx context.Context) (*Report, error) {
 }
 
 // nodeReports lists each node's device taints from its ResourceSlices,
-// nodes in fleet order, devices by name.
+// nodes in fleet order (the real ones first), devices by name.
 func (c *Cluster) nodeReports(ctx context.Context) ([]NodeReport, error) {
 	list, err := c.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -174,13 +182,19 @@ func (c *Cluster) nodeReports(ctx context.Context) ([]NodeReport, error) {
 		}
 	}
 	out := []NodeReport{}
+	for _, rn := range c.real {
+		out = append(out, NodeReport{Name: rn.Name(), Real: true, HTTPEndpoint: c.realEndpoints[rn.Name()]})
+	}
 	for _, n := range c.nodes {
-		ts := taints[n.Name()]
+		out = append(out, NodeReport{Name: n.Name(), HTTPEndpoint: n.HTTPEndpoint()})
+	}
+	for i := range out {
+		ts := taints[out[i].Name]
 		slices.SortStableFunc(ts, func(a, b DeviceTaintReport) int { return strings.Compare(a.Device, b.Device) })
 		if ts == nil {
 			ts = []DeviceTaintReport{}
 		}
-		out = append(out, NodeReport{Name: n.Name(), DeviceTaints: ts})
+		out[i].DeviceTaints = ts
 	}
 	return out, nil
 }

@@ -355,6 +355,16 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 	report.Refused = append(report.Refused, refused...)
 	fmt.Fprintln(stdout)
 	printTable(stdout, report)
+	more := "--report FILE lists every node's (nodes[].httpEndpoint)"
+	if o.report != "" {
+		more = "nodes[].httpEndpoint in " + o.report
+	}
+	if lines := cluster.PluginEndpointLines(report.Nodes, 3, more); len(lines) > 0 {
+		fmt.Fprintln(stdout)
+		for _, l := range lines {
+			fmt.Fprintln(stdout, l)
+		}
+	}
 	if o.report != "" {
 		data, err := json.MarshalIndent(report, "", "  ")
 		if err != nil {
