@@ -119,6 +119,8 @@ type Cluster struct {
 	// plugins' HTTP endpoints by node name.
 	real          []*node.Node
 	realEndpoints map[string]string
+	// evictions keeps the pods controllers evicted, for the report.
+	evictions *evictions
 }
 
 // Start brings the cluster up: control plane, DeviceClasses, then all
@@ -197,6 +199,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, finalErr error) {
 		return nil, err
 	}
 	c.mapper = restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc))
+	if err := c.startEvictions(ctx); err != nil {
+		return nil, err
+	}
 
 	if err := c.installChart(ctx, progress); err != nil {
 		return nil, err
@@ -445,6 +450,10 @@ func (c *Cluster) Stop() error {
 	wg.Wait()
 	c.nodes = nil
 	errs = append(errs, c.stopRealNodes(context.Background()))
+	if c.evictions != nil {
+		c.evictions.stop()
+		c.evictions = nil
+	}
 	if c.webhook != nil {
 		errs = append(errs, c.webhook.stop())
 		c.webhook = nil

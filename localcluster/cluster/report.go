@@ -11,6 +11,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpudra/gpudra/localcluster/manifests"
@@ -81,6 +82,10 @@ type PodReport struct {
 	Reason     string            `json:"reason"`
 	Claims     []ClaimReport     `json:"claims"`
 	Containers []ContainerReport `json:"containers"`
+	// Evicted is set on a pod a controller marked for deletion (the
+	// device taint eviction controller, for a device with a NoExecute
+	// taint); once it is deleted, the report keeps it as it was then.
+	Evicted *EvictionReport `json:"evicted,omitempty"`
 }
 
 // ClaimReport is one of a pod's ResourceClaims and its allocation.
@@ -140,6 +145,12 @@ func (c *Cluster) Report(ctx context.Context) (*Report, error) {
 	if r.Workloads == nil {
 		r.Workloads = []WorkloadReport{}
 	}
+	var evicted map[types.UID]*EvictionReport
+	if c.evictions != nil {
+		var gone []PodReport
+		evicted, gone = c.evictions.report()
+		r.Pods = append(r.Pods, gone...)
+	}
 	for i := range pods.Items {
 		pod := &pods.Items[i]
 		if systemNamespace(pod.Namespace) {
@@ -148,6 +159,9 @@ func (c *Cluster) Report(ctx context.Context) (*Report, error) {
 		pr, err := c.podReport(ctx, pod)
 		if err != nil {
 			return nil, err
+		}
+		if ev := evicted[pod.UID]; ev != nil && !ev.Deleted {
+			pr.Evicted = ev
 		}
 		r.Pods = append(r.Pods, pr)
 	}

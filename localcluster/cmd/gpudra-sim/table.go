@@ -37,7 +37,7 @@ func printTable(w io.Writer, r *cluster.Report) {
 		if n := len(p.Namespace) + 1 + len(p.Name); n <= maxPodColumn {
 			podCol = max(podCol, n)
 		}
-		phaseCol, nodeCol = max(phaseCol, len(p.Phase)), max(nodeCol, len(p.Node))
+		phaseCol, nodeCol = max(phaseCol, len(phase(p))), max(nodeCol, len(p.Node))
 	}
 	row := func(pod, phase, node string) string {
 		return fmt.Sprintf("%-*s  %-*s  %-*s  ", podCol, pod, phaseCol, phase, nodeCol, node)
@@ -62,7 +62,7 @@ func printTable(w io.Writer, r *cluster.Report) {
 			t.wrap("", "", []string{pod})
 			pod = ""
 		}
-		t.wrap(row(pod, p.Phase, node), "", devices)
+		t.wrap(row(pod, phase(p), node), "", devices)
 		t.containers(p.Containers)
 		if p.Reason != "" {
 			t.wrap("  reason: ", "", strings.Fields(p.Reason))
@@ -104,6 +104,15 @@ func printTable(w io.Writer, r *cluster.Report) {
 			t.wrap("  ", "", strings.Fields(ref.Reason))
 		}
 	}
+}
+
+// phase is the pod's phase, or Evicted for a pod a controller evicted
+// and deleted.
+func phase(p cluster.PodReport) string {
+	if p.Evicted != nil && p.Evicted.Deleted {
+		return "Evicted"
+	}
+	return p.Phase
 }
 
 // computeDomains prints each ComputeDomain's status, channel and nodes
