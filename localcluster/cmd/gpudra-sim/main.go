@@ -386,7 +386,7 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 	}
 	errs = append(errs, eventErrs...)
 	if o.keepRunning {
-		if err := keepRunning(ctx, c, o, stdout); err != nil {
+		if err := keepRunning(ctx, c, report, o, stdout); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -394,7 +394,7 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 }
 
 // keepRunning writes a kubeconfig and waits for an interrupt.
-func keepRunning(ctx context.Context, c *cluster.Cluster, o options, stdout io.Writer) error {
+func keepRunning(ctx context.Context, c *cluster.Cluster, report *cluster.Report, o options, stdout io.Writer) error {
 	path, err := filepath.Abs(o.kubeconfig)
 	if err != nil {
 		return err
@@ -409,11 +409,13 @@ The cluster keeps running until you press Ctrl-C. To use it:
   kubectl get nodes
   kubectl get resourceslices
   kubectl get pods,resourceclaims -A
-  kubectl logs -n NAMESPACE POD [-c CONTAINER]   # what the container was given
-
-Nothing runs in the pods: exec, attach and port-forward are refused.
+  kubectl logs -n NAMESPACE POD [-c CONTAINER]
 
 `, path)
+	for _, l := range cluster.ContainerAccessLines(report.Nodes) {
+		fmt.Fprintln(stdout, l)
+	}
+	fmt.Fprintln(stdout)
 	<-ctx.Done()
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err

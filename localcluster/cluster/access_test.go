@@ -42,3 +42,24 @@ func TestPluginEndpointLines(t *testing.T) {
 		})
 	}
 }
+
+func TestContainerAccessLines(t *testing.T) {
+	const sim = "Simulated nodes run nothing in the pods: kubectl logs shows what each container was given; exec, attach and port-forward are refused."
+	for _, tc := range []struct {
+		name  string
+		nodes []NodeReport
+		want  []string
+	}{
+		{name: "simulated only", nodes: []NodeReport{{Name: "a"}, {Name: "b"}}, want: []string{sim}},
+		{name: "real and simulated", nodes: []NodeReport{{Name: "r", Real: true}, {Name: "a"}, {Name: "b"}}, want: []string{
+			"The 2 simulated nodes run nothing in the pods: kubectl logs shows what each container was given; exec, attach and port-forward are refused.",
+			"Real nodes (r) run the containers (containerd, runc): kubectl logs, exec and attach reach the real kubelet there, e.g. kubectl logs -n real-node probe-r.",
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := ContainerAccessLines(tc.nodes); !slices.Equal(got, tc.want) {
+				t.Errorf("got\n%q\nwant\n%q", got, tc.want)
+			}
+		})
+	}
+}

@@ -38,3 +38,32 @@ func PluginEndpointLines(nodes []NodeReport, show int, more string) []string {
 	}
 	return lines
 }
+
+// ContainerAccessLines says for people what kubectl logs, exec, attach and
+// port-forward do on the nodes: a simulated node runs no containers (its
+// kubelet API answers logs with what each container was given and refuses
+// the rest); a real node runs them, and its kubelet serves them.
+func ContainerAccessLines(nodes []NodeReport) []string {
+	var real []string
+	simulated := 0
+	for _, n := range nodes {
+		if n.Real {
+			real = append(real, n.Name)
+		} else {
+			simulated++
+		}
+	}
+	var lines []string
+	if simulated > 0 {
+		what := "Simulated nodes run nothing in the pods"
+		if len(real) > 0 {
+			what = fmt.Sprintf("The %d simulated nodes run nothing in the pods", simulated)
+		}
+		lines = append(lines, what+": kubectl logs shows what each container was given; exec, attach and port-forward are refused.")
+	}
+	if len(real) > 0 {
+		lines = append(lines, fmt.Sprintf("Real nodes (%s) run the containers (containerd, runc): kubectl logs, exec and attach reach the real kubelet there, e.g. kubectl logs -n %s probe-%s.",
+			strings.Join(real, ", "), RealNodeProbeNamespace, real[0]))
+	}
+	return lines
+}
