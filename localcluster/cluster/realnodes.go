@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,6 +27,7 @@ import (
 	"github.com/gpudra/gpudra/localcluster/install"
 	"github.com/gpudra/gpudra/localcluster/manifests"
 	"github.com/gpudra/gpudra/localcluster/realnode/containerruntime"
+	"github.com/gpudra/gpudra/localcluster/realnode/kubelet"
 	"github.com/gpudra/gpudra/localcluster/realnode/node"
 	"github.com/gpudra/gpudra/localcluster/realnode/probe"
 )
@@ -143,6 +145,10 @@ func (c *Cluster) startRealNodes(ctx context.Context, progress func(string)) err
 		daemonSets = append(daemonSets, ds)
 	}
 	progress(fmt.Sprintf("%-24s ready in %v", fmt.Sprintf("%d real node(s) (kubelet)", n), time.Since(start).Round(time.Millisecond)))
+	if changed := kubelet.ChangedSysctls(); len(changed) > 0 {
+		// The machine is a developer's: say so, as the kubelet does not.
+		progress(fmt.Sprintf("real nodes: the kubelet changed this machine's sysctls %s; they are written back when the cluster stops (not if the process is killed)", strings.Join(changed, ", ")))
+	}
 	// The DaemonSets as the chart rendered them, with the real nodes'
 	// values; the DaemonSet controller makes their pods.
 	for _, ds := range daemonSets {
