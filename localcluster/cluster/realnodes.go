@@ -89,6 +89,8 @@ func (c *Cluster) startRealNodes(ctx context.Context, progress func(string)) err
 	if err := os.MkdirAll(imagesDir, 0o755); err != nil {
 		return err
 	}
+	// The go build of gpudra is seconds when cached, minutes when not.
+	progress("real nodes: building gpudra and its image from this checkout (minutes when Go's build cache is cold)")
 	testImage, err := containerruntime.WriteTestImage(imagesDir)
 	if err != nil {
 		return fmt.Errorf("real nodes: %w", err)

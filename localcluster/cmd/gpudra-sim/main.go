@@ -169,7 +169,7 @@ func setUpLogging(o options) (func(), error) {
 
 // stderr is where progress goes: the original standard error, which
 // quietStderr leaves alone.
-var stderr = os.Stderr
+var stderr io.Writer = os.Stderr
 
 // quietStderr runs f with file descriptor 2 pointing to /dev/null. The
 // API server's etcd client logs through a zap logger bound to fd 2 at
@@ -283,10 +283,15 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 	}
 	defer func() {
 		progress("stopping the local cluster")
+		stopping := time.Now()
 		var err error
 		quietStderr(func() { err = c.Stop() })
 		if err != nil && finalErr == nil {
 			finalErr = fmt.Errorf("stop the local cluster: %w", err)
+		}
+		progress("stopped in %v", time.Since(stopping).Round(time.Millisecond))
+		if !o.keepRunning && ctx.Err() == nil {
+			progress("next: --keep-running keeps the cluster up for kubectl; --events FILE injects GPU faults; --report FILE writes the report as JSON (gpudra-sim -h)")
 		}
 	}()
 	progress("cluster ready in %v", time.Since(start).Round(time.Millisecond))
@@ -332,18 +337,26 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 	// Pods: Running, Succeeded, or Pending with a reason; workloads: their
 	// controllers made the pods they will make.
 	progress("waiting for the pods and workloads to settle")
+	settling := time.Now()
 	settleCtx, cancel := context.WithTimeout(ctx, o.settle)
 	settleErr := c.WaitSettled(settleCtx, 2*time.Second)
 	cancel()
+	if settleErr == nil {
+		progress("settled in %v", time.Since(settling).Round(time.Millisecond))
+	}
 	if len(events) > 0 {
 		// The report is of the cluster after the last event, settled
 		// again (the plugin republishes taints within about a second;
 		// settling waits 2 s of quiet).
 		<-eventsDone
 		progress("all %d health events applied; waiting for the cluster to settle again", len(events))
+		settling := time.Now()
 		settleCtx, cancel := context.WithTimeout(ctx, o.settle)
 		settleErr = c.WaitSettled(settleCtx, 2*time.Second)
 		cancel()
+		if settleErr == nil {
+			progress("settled in %v", time.Since(settling).Round(time.Millisecond))
+		}
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()

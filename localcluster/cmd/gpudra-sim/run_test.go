@@ -247,11 +247,24 @@ func TestRunReportsEvictedPod(t *testing.T) {
 	reportFile := filepath.Join(dir, "report.json")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	var stdout strings.Builder
+	var stdout, progressOut strings.Builder
+	stderr = &progressOut
+	defer func() { stderr = os.Stderr }()
 	if err := run(ctx, options{fleet: fleet, manifests: manifests, events: events, report: reportFile, settle: 2 * time.Minute}, &stdout); err != nil {
 		t.Fatalf("run: %v\n%s", err, stdout.String())
 	}
-	t.Logf("table:\n%s", stdout.String())
+	t.Logf("progress:\n%stable:\n%s", progressOut.String(), stdout.String())
+	// Every long step ends with how long it took, and the last line says
+	// what to try next.
+	progressLines := strings.Split(strings.TrimSpace(progressOut.String()), "\n")
+	for _, want := range []string{"  cluster ready in ", "  settled in ", "  stopped in "} {
+		if !strings.Contains(progressOut.String(), want) {
+			t.Errorf("no progress line with %q", want)
+		}
+	}
+	if last := progressLines[len(progressLines)-1]; !strings.Contains(last, "next: --keep-running") {
+		t.Errorf("last progress line %q; want what to try next", last)
+	}
 	data, err := os.ReadFile(reportFile)
 	if err != nil {
 		t.Fatal(err)
