@@ -46,6 +46,10 @@ type ComputeDomainReport struct {
 	// NumNodes is spec.numNodes; Nodes the nodes in its status, by index.
 	NumNodes int      `json:"numNodes"`
 	Nodes    []string `json:"nodes"`
+	// Reason says why a NotReady domain is not ready: its conditions'
+	// reasons and messages (a field of its spec at fault), else how many
+	// of its nodes are ready.
+	Reason string `json:"reason,omitempty"`
 }
 
 // NodeReport is one node: what its ResourceSlices say about its devices'
