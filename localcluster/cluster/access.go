@@ -62,7 +62,7 @@ func ContainerAccessLines(nodes []NodeReport) []string {
 		lines = append(lines, what+": kubectl logs shows what each container was given; exec, attach and port-forward are refused.")
 	}
 	if len(real) > 0 {
-		lines = append(lines, fmt.Sprintf("Real nodes (%s) run the containers (containerd, runc): kubectl logs, exec and attach reach the real kubelet there, e.g. kubectl logs -n %s probe-%s.",
+		lines = append(lines, fmt.Sprintf("Real nodes (%s) run the containers (containerd, runc): kubectl logs and exec reach the real kubelet there, e.g. kubectl logs -n %s probe-%s.",
 			strings.Join(real, ", "), RealNodeProbeNamespace, real[0]))
 	}
 	return lines

@@ -53,7 +53,7 @@ func TestContainerAccessLines(t *testing.T) {
 		{name: "simulated only", nodes: []NodeReport{{Name: "a"}, {Name: "b"}}, want: []string{sim}},
 		{name: "real and simulated", nodes: []NodeReport{{Name: "r", Real: true}, {Name: "a"}, {Name: "b"}}, want: []string{
 			"The 2 simulated nodes run nothing in the pods: kubectl logs shows what each container was given; exec, attach and port-forward are refused.",
-			"Real nodes (r) run the containers (containerd, runc): kubectl logs, exec and attach reach the real kubelet there, e.g. kubectl logs -n real-node probe-r.",
+			"Real nodes (r) run the containers (containerd, runc): kubectl logs and exec reach the real kubelet there, e.g. kubectl logs -n real-node probe-r.",
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
