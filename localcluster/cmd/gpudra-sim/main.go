@@ -18,6 +18,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -291,7 +292,14 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 		}
 		progress("stopped in %v", time.Since(stopping).Round(time.Millisecond))
 		if !o.keepRunning && ctx.Err() == nil {
-			progress("next: --keep-running keeps the cluster up for kubectl; --events FILE injects GPU faults; --report FILE writes the report as JSON (gpudra-sim -h)")
+			next := []string{"--keep-running keeps the cluster up for kubectl"}
+			if o.events == "" {
+				next = append(next, "--events FILE injects GPU faults")
+			}
+			if o.report == "" {
+				next = append(next, "--report FILE writes the report as JSON")
+			}
+			progress("next: %s (gpudra-sim -h)", strings.Join(next, "; "))
 		}
 	}()
 	progress("cluster ready in %v", time.Since(start).Round(time.Millisecond))
