@@ -35,6 +35,7 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 # node out.
 DEMO_REAL_NODES ?= 1
 demo:
+	@echo "make demo: compiling gpudra-sim (the first time about 15 minutes on 2 cores, silent; later runs seconds)"
 	cd localcluster && $(GO) run ./cmd/gpudra-sim --real-nodes $(DEMO_REAL_NODES)
 
 # What the kubelet plugin would publish on a simulated DGX H100.

@@ -115,8 +115,12 @@ type Cluster struct {
 	kubeletVersion string
 	// chartValues are the values the chart was installed with.
 	chartValues map[string]any
-	// real are the real nodes, the fleet's first.
-	real []*node.Node
+	// real are the real nodes, the fleet's first; realEndpoints their
+	// plugins' HTTP endpoints by node name.
+	real          []*node.Node
+	realEndpoints map[string]string
+	// evictions keeps the pods controllers evicted, for the report.
+	evictions *evictions
 }
 
 // Start brings the cluster up: control plane, DeviceClasses, then all
@@ -195,6 +199,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, finalErr error) {
 		return nil, err
 	}
 	c.mapper = restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc))
+	if err := c.startEvictions(ctx); err != nil {
+		return nil, err
+	}
 
 	if err := c.installChart(ctx, progress); err != nil {
 		return nil, err
@@ -443,6 +450,10 @@ func (c *Cluster) Stop() error {
 	wg.Wait()
 	c.nodes = nil
 	errs = append(errs, c.stopRealNodes(context.Background()))
+	if c.evictions != nil {
+		c.evictions.stop()
+		c.evictions = nil
+	}
 	if c.webhook != nil {
 		errs = append(errs, c.webhook.stop())
 		c.webhook = nil

@@ -311,6 +311,7 @@ func (c *Cluster) computeDomainReports(ctx context.Context) ([]ComputeDomainRepo
 		for _, n := range nodes {
 			r.Nodes = append(r.Nodes, n.Name)
 		}
+		r.Reason = notReadyReason(cd)
 		out = append(out, r)
 	}
 	slices.SortFunc(out, func(a, b ComputeDomainReport) int {
@@ -370,4 +371,32 @@ func FakeIMEX() (binary string, remove func(), err error) {
 		_ = fakeprog.Kill(fakeprog.Procs(dir))
 		_ = os.RemoveAll(dir)
 	}, nil
+}
+
+// notReadyReason says why a domain is NotReady: its false conditions'
+// reasons and messages, else how many of its nodes are ready. "" for a
+// domain that is not NotReady.
+func notReadyReason(cd *v1beta1.ComputeDomain) string {
+	if cd.Status.Status != v1beta1.ComputeDomainStatusNotReady {
+		return ""
+	}
+	var parts []string
+	for _, cond := range cd.Status.Conditions {
+		if cond.Status == metav1.ConditionFalse {
+			parts = append(parts, strings.TrimSuffix(cond.Reason+": "+cond.Message, ": "))
+		}
+	}
+	if len(parts) > 0 {
+		return strings.Join(parts, "; ")
+	}
+	ready := 0
+	for _, n := range cd.Status.Nodes {
+		if n.Status == v1beta1.ComputeDomainStatusReady {
+			ready++
+		}
+	}
+	if cd.Spec.NumNodes > 0 {
+		return fmt.Sprintf("%d of %d nodes ready", ready, cd.Spec.NumNodes)
+	}
+	return fmt.Sprintf("%d of %d nodes ready", ready, len(cd.Status.Nodes))
 }

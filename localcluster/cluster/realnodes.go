@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,6 +27,7 @@ import (
 	"github.com/gpudra/gpudra/localcluster/install"
 	"github.com/gpudra/gpudra/localcluster/manifests"
 	"github.com/gpudra/gpudra/localcluster/realnode/containerruntime"
+	"github.com/gpudra/gpudra/localcluster/realnode/kubelet"
 	"github.com/gpudra/gpudra/localcluster/realnode/node"
 	"github.com/gpudra/gpudra/localcluster/realnode/probe"
 )
@@ -87,6 +89,8 @@ func (c *Cluster) startRealNodes(ctx context.Context, progress func(string)) err
 	if err := os.MkdirAll(imagesDir, 0o755); err != nil {
 		return err
 	}
+	// The go build of gpudra is seconds when cached, minutes when not.
+	progress("real nodes: building gpudra and its image from this checkout (minutes when Go's build cache is cold)")
 	testImage, err := containerruntime.WriteTestImage(imagesDir)
 	if err != nil {
 		return fmt.Errorf("real nodes: %w", err)
@@ -143,6 +147,10 @@ func (c *Cluster) startRealNodes(ctx context.Context, progress func(string)) err
 		daemonSets = append(daemonSets, ds)
 	}
 	progress(fmt.Sprintf("%-24s ready in %v", fmt.Sprintf("%d real node(s) (kubelet)", n), time.Since(start).Round(time.Millisecond)))
+	if changed := kubelet.ChangedSysctls(); len(changed) > 0 {
+		// The machine is a developer's: say so, as the kubelet does not.
+		progress(fmt.Sprintf("real nodes: the kubelet changed this machine's sysctls %s; they are written back when the cluster stops (not if the process is killed)", strings.Join(changed, ", ")))
+	}
 	// The DaemonSets as the chart rendered them, with the real nodes'
 	// values; the DaemonSet controller makes their pods.
 	for _, ds := range daemonSets {
@@ -182,9 +190,16 @@ func (c *Cluster) realNodeDaemonSet(rn *node.Node, fn sim.Node, own bool) (*apps
 			plugin[value] = set
 		}
 	}
-	if plugin["httpPort"], err = freePort(); err != nil {
+	port, err := freePort()
+	if err != nil {
 		return nil, fmt.Errorf("real node %s: %w", rn.Name(), err)
 	}
+	plugin["httpPort"] = port
+	if c.realEndpoints == nil {
+		c.realEndpoints = map[string]string{}
+	}
+	// The pod runs in the machine's network, listening on every address.
+	c.realEndpoints[rn.Name()] = fmt.Sprintf("http://127.0.0.1:%d", port)
 	if own {
 		plugin["nodeSelector"] = map[string]any{node.Label: "true", corev1.LabelHostname: rn.Name()}
 	}

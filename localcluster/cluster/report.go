@@ -11,6 +11,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpudra/gpudra/localcluster/manifests"
@@ -45,12 +46,24 @@ type ComputeDomainReport struct {
 	// NumNodes is spec.numNodes; Nodes the nodes in its status, by index.
 	NumNodes int      `json:"numNodes"`
 	Nodes    []string `json:"nodes"`
+	// Reason says why a NotReady domain is not ready: its conditions'
+	// reasons and messages (a field of its spec at fault), else how many
+	// of its nodes are ready.
+	Reason string `json:"reason,omitempty"`
 }
 
-// NodeReport is what a node's ResourceSlices say about its devices'
-// health: their device taints.
+// NodeReport is one node: what its ResourceSlices say about its devices'
+// health (their device taints), and where its plugin serves metrics and
+// probes.
 type NodeReport struct {
-	Name         string              `json:"name"`
+	Name string `json:"name"`
+	// Real is set on a real node (the real kubelet, containerd and runc).
+	Real bool `json:"real,omitempty"`
+	// HTTPEndpoint is the base URL of gpudra's kubelet plugin's HTTP
+	// endpoint on the node (metrics at /metrics, probes at /livez,
+	// /healthz and /readyz); "" on a node of gpudra's device plugin,
+	// which serves none.
+	HTTPEndpoint string              `json:"httpEndpoint,omitempty"`
 	DeviceTaints []DeviceTaintReport `json:"deviceTaints"`
 }
 
@@ -73,6 +86,10 @@ type PodReport struct {
 	Reason     string            `json:"reason"`
 	Claims     []ClaimReport     `json:"claims"`
 	Containers []ContainerReport `json:"containers"`
+	// Evicted is set on a pod a controller marked for deletion (the
+	// device taint eviction controller, for a device with a NoExecute
+	// taint); once it is deleted, the report keeps it as it was then.
+	Evicted *EvictionReport `json:"evicted,omitempty"`
 }
 
 // ClaimReport is one of a pod's ResourceClaims and its allocation.
@@ -132,6 +149,12 @@ func (c *Cluster) Report(ctx context.Context) (*Report, error) {
 	if r.Workloads == nil {
 		r.Workloads = []WorkloadReport{}
 	}
+	var evicted map[types.UID]*EvictionReport
+	if c.evictions != nil {
+		var gone []PodReport
+		evicted, gone = c.evictions.report()
+		r.Pods = append(r.Pods, gone...)
+	}
 	for i := range pods.Items {
 		pod := &pods.Items[i]
 		if systemNamespace(pod.Namespace) {
@@ -140,6 +163,9 @@ func (c *Cluster) Report(ctx context.Context) (*Report, error) {
 		pr, err := c.podReport(ctx, pod)
 		if err != nil {
 			return nil, err
+		}
+		if ev := evicted[pod.UID]; ev != nil && !ev.Deleted {
+			pr.Evicted = ev
 		}
 		r.Pods = append(r.Pods, pr)
 	}
@@ -156,7 +182,7 @@ func (c *Cluster) Report(ctx context.Context) (*Report, error) {
 }
 
 // nodeReports lists each node's device taints from its ResourceSlices,
-// nodes in fleet order, devices by name.
+// nodes in fleet order (the real ones first), devices by name.
 func (c *Cluster) nodeReports(ctx context.Context) ([]NodeReport, error) {
 	list, err := c.client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -174,13 +200,19 @@ func (c *Cluster) nodeReports(ctx context.Context) ([]NodeReport, error) {
 		}
 	}
 	out := []NodeReport{}
+	for _, rn := range c.real {
+		out = append(out, NodeReport{Name: rn.Name(), Real: true, HTTPEndpoint: c.realEndpoints[rn.Name()]})
+	}
 	for _, n := range c.nodes {
-		ts := taints[n.Name()]
+		out = append(out, NodeReport{Name: n.Name(), HTTPEndpoint: n.HTTPEndpoint()})
+	}
+	for i := range out {
+		ts := taints[out[i].Name]
 		slices.SortStableFunc(ts, func(a, b DeviceTaintReport) int { return strings.Compare(a.Device, b.Device) })
 		if ts == nil {
 			ts = []DeviceTaintReport{}
 		}
-		out = append(out, NodeReport{Name: n.Name(), DeviceTaints: ts})
+		out[i].DeviceTaints = ts
 	}
 	return out, nil
 }

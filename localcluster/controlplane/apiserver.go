@@ -147,6 +147,8 @@ func startAPIServer(ctx context.Context, dir, etcdURL string, authzModes []strin
 		ln.Close()
 		return nil, err
 	}
+	// The real nodes' kubelets listen on loopback (see dialKubelet).
+	config.KubeAPIs.Extra.KubeletClientConfig.Lookup = kubeletLookup
 	// Every request passes the aggregator's handler chain first; the
 	// counter goes innermost in it, where the verb, resource and user
 	// are known.

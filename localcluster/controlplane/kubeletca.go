@@ -118,10 +118,13 @@ func pemBlock(typ string, der []byte) []byte {
 
 // WriteKubeletServingCert writes a serving certificate and its key for a
 // real kubelet's API on 127.0.0.1 (its tlsCertFile and tlsPrivateKeyFile),
-// for 127.0.0.1 and the node's name, signed by the authority
-// kube-apiserver trusts, as KubeletServerTLS does for a simulated node.
+// signed by the authority kube-apiserver trusts, as KubeletServerTLS does
+// for a simulated node: for 127.0.0.1, the node's name and the machine's
+// addresses, one of which the kubelet reports as the Node's and
+// kube-apiserver verifies (it dials it on 127.0.0.1, see dialKubelet).
 func (c *ControlPlane) WriteKubeletServingCert(nodeName, certFile, keyFile string) error {
-	serving, err := c.api.kubeletCA.issue(nodeName, []net.IP{net.IPv4(127, 0, 0, 1)}, []string{nodeName}, x509.ExtKeyUsageServerAuth)
+	ips := append([]net.IP{net.IPv4(127, 0, 0, 1)}, machineIPs()...)
+	serving, err := c.api.kubeletCA.issue(nodeName, ips, []string{nodeName}, x509.ExtKeyUsageServerAuth)
 	if err != nil {
 		return err
 	}

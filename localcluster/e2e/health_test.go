@@ -140,6 +140,40 @@ func scrape(t *testing.T, c *cluster.Cluster, node string) string {
 	return string(body)
 }
 
+// TestPluginProbes gets each path docs/metrics.md lists for the plugin's
+// HTTP endpoint from every simulated node: the metrics and the probes a
+// real node's kubelet and Prometheus use, at the endpoint the report
+// gives. A node of gpudra's device plugin serves none.
+func TestPluginProbes(t *testing.T) {
+	report, err := demo.Report(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(report.Nodes) != len(demo.Nodes()) {
+		t.Fatalf("report has %d nodes, the cluster %d", len(report.Nodes), len(demo.Nodes()))
+	}
+	for _, n := range report.Nodes {
+		if want := demo.Node(n.Name).HTTPEndpoint(); n.HTTPEndpoint != want {
+			t.Errorf("node %s: report's endpoint %q, the node's %q", n.Name, n.HTTPEndpoint, want)
+		}
+		if n.HTTPEndpoint == "" {
+			continue
+		}
+		for path, want := range map[string]string{"/livez": "ok\n", "/healthz": "ok\n", "/readyz": "ok\n", "/metrics": "gpudra_published_devices"} {
+			url := n.HTTPEndpoint + path
+			resp, err := http.Get(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			if err != nil || resp.StatusCode != http.StatusOK || !strings.Contains(string(body), want) {
+				t.Errorf("GET %s (node %s): %s %v, body %.200q; want 200 with %q", url, n.Name, resp.Status, err, body, want)
+			}
+		}
+	}
+}
+
 // metricValue returns the value of the sample with exactly this name and
 // labels, and false if the scrape has none.
 func metricValue(text, sample string) (float64, bool) {

@@ -4,16 +4,22 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/gpudra/gpudra/pkg/metrics"
 	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
-// metricsServer serves the node's plugin's metrics (pkg/metrics) and its
-// readiness over HTTP on 127.0.0.1, as `gpudra kubelet-plugin
-// --http-endpoint` does on a real node. It outlives plugin restarts: each
-// request goes to the plugin running then.
+// metricsPath is where the node serves its plugin's metrics: the
+// chart's default (kubeletPlugin.metricsPath).
+const metricsPath = "/metrics"
+
+// metricsServer serves what `gpudra kubelet-plugin --http-endpoint` serves
+// on a real node (metrics.Handler: the metrics, /livez, /healthz, /readyz)
+// on 127.0.0.1. It outlives plugin restarts: each request goes to the
+// plugin running then, and while none runs every path answers 503, as a
+// real node's endpoint would not answer at all.
 type metricsServer struct {
 	ln   net.Listener
 	srv  *http.Server
@@ -25,33 +31,28 @@ func startMetricsServer(n *Node) (*metricsServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	current := func(w http.ResponseWriter) *plugin.Driver {
+	var (
+		mu      sync.Mutex
+		served  *plugin.Driver
+		handler http.Handler
+	)
+	current := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n.pluginMu.Lock()
 		d := n.plugin
 		n.pluginMu.Unlock()
 		if d == nil {
 			http.Error(w, "the node's plugin is not running", http.StatusServiceUnavailable)
-		}
-		return d
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
-		if d := current(w); d != nil {
-			d.Metrics().Handler().ServeHTTP(w, r)
-		}
-	})
-	mux.HandleFunc(metrics.ReadyzPath, func(w http.ResponseWriter, _ *http.Request) {
-		d := current(w)
-		if d == nil {
 			return
 		}
-		if err := d.Ready(); err != nil {
-			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-			return
+		mu.Lock()
+		if served != d {
+			served, handler = d, metrics.Handler(d.Metrics(), metricsPath, d.Ready)
 		}
-		_, _ = w.Write([]byte("ok\n"))
+		h := handler
+		mu.Unlock()
+		h.ServeHTTP(w, r)
 	})
-	s := &metricsServer{ln: ln, srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, done: make(chan struct{})}
+	s := &metricsServer{ln: ln, srv: &http.Server{Handler: current, ReadHeaderTimeout: 10 * time.Second}, done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
 		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -67,8 +68,23 @@ func (s *metricsServer) stop() {
 }
 
 // MetricsURL is where the node serves its plugin's metrics in the
-// Prometheus text format (http://127.0.0.1:<port>/metrics); /readyz
-// beside it answers the plugin's readiness.
+// Prometheus text format (http://127.0.0.1:<port>/metrics); the probes
+// (/livez, /healthz, /readyz) are beside it, at [Node.HTTPEndpoint]. ""
+// on a node in sim.ModeDevicePlugin.
 func (n *Node) MetricsURL() string {
-	return "http://" + n.metrics.ln.Addr().String() + "/metrics"
+	if n.metrics == nil {
+		return ""
+	}
+	return n.HTTPEndpoint() + metricsPath
+}
+
+// HTTPEndpoint is the base URL of the node's DRA plugin's HTTP endpoint
+// (http://127.0.0.1:<port>), as the chart's kubeletPlugin.httpPort is on a
+// real node: metrics and probes. "" on a node in sim.ModeDevicePlugin:
+// gpudra's device plugin serves none.
+func (n *Node) HTTPEndpoint() string {
+	if n.metrics == nil {
+		return ""
+	}
+	return "http://" + n.metrics.ln.Addr().String()
 }

@@ -242,8 +242,12 @@ func Start(ctx context.Context, cfg Config) (_ *Node, finalErr error) {
 		n.api, port = api, api.port()
 	}
 	var err error
-	if n.metrics, err = startMetricsServer(n); err != nil {
-		return nil, fmt.Errorf("node %s: metrics: %w", cfg.Name, err)
+	// gpudra's device plugin serves no HTTP endpoint; its DRA plugin
+	// does (metrics and probes).
+	if cfg.Mode != sim.ModeDevicePlugin {
+		if n.metrics, err = startMetricsServer(n); err != nil {
+			return nil, fmt.Errorf("node %s: metrics: %w", cfg.Name, err)
+		}
 	}
 	if n.node, err = registerNode(ctx, cfg, port); err != nil {
 		return nil, err

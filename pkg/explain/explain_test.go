@@ -551,3 +551,20 @@ func TestClaimsOnDifferentNodes(t *testing.T) {
 	}
 	mustContain(t, Text(rep), "  problem: "+problem+"\n", "  claim both-gpu (from template both-tmpl, not created yet): fits by itself on dgx-h100-0\n")
 }
+
+// TestTextCollapsesExcludedNodes: the nodes excluded for one reason take
+// one line (they once took one each: a thousand on a fleet).
+func TestTextCollapsesExcludedNodes(t *testing.T) {
+	const selector = "the pod's node selector or required node affinity does not match"
+	rep := &Report{Kind: "Pod", Namespace: "default", Name: "p", Summary: "pending"}
+	for i := range 8 {
+		rep.ExcludedNodes = append(rep.ExcludedNodes, NodeExclusion{Node: fmt.Sprintf("n-%d", i), Reason: selector})
+	}
+	rep.ExcludedNodes = append(rep.ExcludedNodes, NodeExclusion{Node: "cordoned", Reason: "the node is unschedulable"})
+	text := Text(rep)
+	mustContain(t, text, "  8 nodes not considered (n-0, n-1, n-2, n-3, n-4 and 3 more): "+selector+"\n")
+	mustContain(t, text, "  node cordoned not considered: the node is unschedulable\n")
+	if n := strings.Count(text, "not considered"); n != 2 {
+		t.Errorf("%d lines of excluded nodes, want 2:\n%s", n, text)
+	}
+}

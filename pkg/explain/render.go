@@ -38,9 +38,7 @@ func Text(rep *Report) string {
 	if rep.SchedulerMessage != "" {
 		fmt.Fprintf(&b, "  scheduler says: %s\n", rep.SchedulerMessage)
 	}
-	for _, x := range rep.ExcludedNodes {
-		fmt.Fprintf(&b, "  node %s not considered: %s\n", x.Node, x.Reason)
-	}
+	writeExcluded(&b, rep.ExcludedNodes)
 	for _, w := range rep.Warnings {
 		fmt.Fprintf(&b, "  warning: %s\n", w)
 	}
@@ -57,6 +55,36 @@ func Text(rep *Report) string {
 		writeClaim(&b, &rep.Claims[i], rep.Verdict)
 	}
 	return b.String()
+}
+
+// maxExcludedNames is how many excluded nodes a line names before it
+// counts the rest.
+const maxExcludedNames = 5
+
+// writeExcluded writes one line per reason nodes were not considered for,
+// in the order the reasons first appear: on a fleet, a pod's node
+// selector excludes most nodes for the same reason.
+func writeExcluded(b *strings.Builder, excluded []NodeExclusion) {
+	var reasons []string
+	nodes := map[string][]string{}
+	for _, x := range excluded {
+		if _, ok := nodes[x.Reason]; !ok {
+			reasons = append(reasons, x.Reason)
+		}
+		nodes[x.Reason] = append(nodes[x.Reason], x.Node)
+	}
+	for _, reason := range reasons {
+		names := nodes[reason]
+		if len(names) == 1 {
+			fmt.Fprintf(b, "  node %s not considered: %s\n", names[0], reason)
+			continue
+		}
+		list := strings.Join(names[:min(len(names), maxExcludedNames)], ", ")
+		if len(names) > maxExcludedNames {
+			list += fmt.Sprintf(" and %d more", len(names)-maxExcludedNames)
+		}
+		fmt.Fprintf(b, "  %d nodes not considered (%s): %s\n", len(names), list, reason)
+	}
 }
 
 func (p PlacedDevice) where() string {

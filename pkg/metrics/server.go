@@ -26,8 +26,16 @@ type Server struct {
 }
 
 // NewServer returns a server of p's metrics at metricsPath, with ready as
-// the readiness check.
+// the readiness check: what [Handler] serves.
 func NewServer(p *Plugin, metricsPath string, ready func() error) *Server {
+	return &Server{srv: &http.Server{Handler: Handler(p, metricsPath, ready), ReadHeaderTimeout: 10 * time.Second}}
+}
+
+// Handler serves what [Server] serves: p's metrics at metricsPath, /livez
+// and /healthz, and /readyz answering ready. Anything else serving the
+// plugin's HTTP endpoint (the local cluster's simulated nodes) uses it, so
+// that its paths are the real ones.
+func Handler(p *Plugin, metricsPath string, ready func() error) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(metricsPath, p.Handler())
 	ok := func(w http.ResponseWriter, _ *http.Request) { _, _ = fmt.Fprintln(w, "ok") }
@@ -40,7 +48,7 @@ func NewServer(p *Plugin, metricsPath string, ready func() error) *Server {
 		}
 		ok(w, nil)
 	})
-	return &Server{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}}
+	return mux
 }
 
 // Serve serves on ln until ctx ends, then shuts down, giving requests in

@@ -18,6 +18,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -169,7 +170,7 @@ func setUpLogging(o options) (func(), error) {
 
 // stderr is where progress goes: the original standard error, which
 // quietStderr leaves alone.
-var stderr = os.Stderr
+var stderr io.Writer = os.Stderr
 
 // quietStderr runs f with file descriptor 2 pointing to /dev/null. The
 // API server's etcd client logs through a zap logger bound to fd 2 at
@@ -283,10 +284,22 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 	}
 	defer func() {
 		progress("stopping the local cluster")
+		stopping := time.Now()
 		var err error
 		quietStderr(func() { err = c.Stop() })
 		if err != nil && finalErr == nil {
 			finalErr = fmt.Errorf("stop the local cluster: %w", err)
+		}
+		progress("stopped in %v", time.Since(stopping).Round(time.Millisecond))
+		if !o.keepRunning && ctx.Err() == nil {
+			next := []string{"--keep-running keeps the cluster up for kubectl"}
+			if o.events == "" {
+				next = append(next, "--events FILE injects GPU faults")
+			}
+			if o.report == "" {
+				next = append(next, "--report FILE writes the report as JSON")
+			}
+			progress("next: %s (gpudra-sim -h)", strings.Join(next, "; "))
 		}
 	}()
 	progress("cluster ready in %v", time.Since(start).Round(time.Millisecond))
@@ -332,18 +345,26 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 	// Pods: Running, Succeeded, or Pending with a reason; workloads: their
 	// controllers made the pods they will make.
 	progress("waiting for the pods and workloads to settle")
+	settling := time.Now()
 	settleCtx, cancel := context.WithTimeout(ctx, o.settle)
 	settleErr := c.WaitSettled(settleCtx, 2*time.Second)
 	cancel()
+	if settleErr == nil {
+		progress("settled in %v", time.Since(settling).Round(time.Millisecond))
+	}
 	if len(events) > 0 {
 		// The report is of the cluster after the last event, settled
 		// again (the plugin republishes taints within about a second;
 		// settling waits 2 s of quiet).
 		<-eventsDone
 		progress("all %d health events applied; waiting for the cluster to settle again", len(events))
+		settling := time.Now()
 		settleCtx, cancel := context.WithTimeout(ctx, o.settle)
 		settleErr = c.WaitSettled(settleCtx, 2*time.Second)
 		cancel()
+		if settleErr == nil {
+			progress("settled in %v", time.Since(settling).Round(time.Millisecond))
+		}
 	}
 	if ctx.Err() != nil {
 		return ctx.Err()
@@ -355,6 +376,16 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 	report.Refused = append(report.Refused, refused...)
 	fmt.Fprintln(stdout)
 	printTable(stdout, report)
+	more := "--report FILE lists every node's (nodes[].httpEndpoint)"
+	if o.report != "" {
+		more = "nodes[].httpEndpoint in " + o.report
+	}
+	if lines := cluster.PluginEndpointLines(report.Nodes, 3, more); len(lines) > 0 {
+		fmt.Fprintln(stdout)
+		for _, l := range lines {
+			fmt.Fprintln(stdout, l)
+		}
+	}
 	if o.report != "" {
 		data, err := json.MarshalIndent(report, "", "  ")
 		if err != nil {
@@ -376,7 +407,7 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 	}
 	errs = append(errs, eventErrs...)
 	if o.keepRunning {
-		if err := keepRunning(ctx, c, o, stdout); err != nil {
+		if err := keepRunning(ctx, c, report, o, stdout); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -384,7 +415,7 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 }
 
 // keepRunning writes a kubeconfig and waits for an interrupt.
-func keepRunning(ctx context.Context, c *cluster.Cluster, o options, stdout io.Writer) error {
+func keepRunning(ctx context.Context, c *cluster.Cluster, report *cluster.Report, o options, stdout io.Writer) error {
 	path, err := filepath.Abs(o.kubeconfig)
 	if err != nil {
 		return err
@@ -399,11 +430,13 @@ The cluster keeps running until you press Ctrl-C. To use it:
   kubectl get nodes
   kubectl get resourceslices
   kubectl get pods,resourceclaims -A
-  kubectl logs -n NAMESPACE POD [-c CONTAINER]   # what the container was given
-
-Nothing runs in the pods: exec, attach and port-forward are refused.
+  kubectl logs -n NAMESPACE POD [-c CONTAINER]
 
 `, path)
+	for _, l := range cluster.ContainerAccessLines(report.Nodes) {
+		fmt.Fprintln(stdout, l)
+	}
+	fmt.Fprintln(stdout)
 	<-ctx.Done()
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err

@@ -36,9 +36,8 @@ func prepareRealNodes(ctx context.Context, o options, fleet *sim.Fleet, progress
 		progress("real nodes: none (%v); the cluster runs with simulated nodes only", err)
 		return nil, nil
 	}
-	progress("real nodes: building the kubelet and containerd (cached; the first build takes minutes)")
 	start := time.Now()
-	b, err := node.BuildBinaries(ctx)
+	b, err := node.BuildBinaries(ctx, node.WithProgress(func(msg string) { progress("real nodes: %s", msg) }))
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

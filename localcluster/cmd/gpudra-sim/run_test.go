@@ -123,22 +123,11 @@ data: {key: value}
 	}
 }
 
-// TestRunWithHealthEvents: a one-GPU node whose GPU gets an application
-// XID (nothing happens) and then a fatal one while a pod runs on it: the
-// report and the table show the pod's container with the GPU Unhealthy
-// and the node's device taint. A bad events file fails the run before the
-// cluster starts, naming the line and field.
-func TestRunWithHealthEvents(t *testing.T) {
-	dir := t.TempDir()
-	write := func(name, text string) string {
-		path := filepath.Join(dir, name)
-		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return path
-	}
-	fleet := write("fleet.yaml", "nodes:\n- name: one-gpu\n  gpus: [{model: H100-SXM5-80GB}]\n")
-	manifests := write("pod.yaml", `apiVersion: resource.k8s.io/v1
+// oneGPUFleet is a fleet of one node with one GPU; trainPod a pod with a
+// claim for one GPU, which its container "ctr" uses (request "gpu").
+const (
+	oneGPUFleet = "nodes:\n- name: one-gpu\n  gpus: [{model: H100-SXM5-80GB}]\n"
+	trainPod    = `apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
 metadata: {name: gpu}
 spec:
@@ -155,7 +144,25 @@ spec:
   - {name: ctr, image: ubuntu:24.04, resources: {claims: [{name: gpu, request: gpu}]}}
   resourceClaims:
   - {name: gpu, resourceClaimTemplateName: gpu}
-`)
+`
+)
+
+// TestRunWithHealthEvents: a one-GPU node whose GPU gets an application
+// XID (nothing happens) and then a fatal one while a pod runs on it: the
+// report and the table show the pod's container with the GPU Unhealthy
+// and the node's device taint. A bad events file fails the run before the
+// cluster starts, naming the line and field.
+func TestRunWithHealthEvents(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	fleet := write("fleet.yaml", oneGPUFleet)
+	manifests := write("pod.yaml", trainPod)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
@@ -216,6 +223,68 @@ spec:
 		t.Errorf("nodes %+v; want one-gpu with %+v", report.Nodes, wantTaint)
 	}
 	for _, want := range []string{"health  claim:gpu/gpu=Unhealthy", "(k8s.gpu.nvidia.com/claim=", "DEVICE TAINTS", "gpu-0 gpu.nvidia.com/xid=79:NoSchedule"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("the table lacks %q", want)
+		}
+	}
+}
+
+// TestRunReportsEvictedPod: the GPU of a running pod falls off the bus;
+// its NoExecute taint has the device taint eviction controller delete the
+// pod. The pod once vanished from the report; now the report and the
+// table show it evicted, with the taint.
+func TestRunReportsEvictedPod(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	fleet, manifests := write("fleet.yaml", oneGPUFleet), write("pod.yaml", trainPod)
+	events := write("events.yaml", "- {after: 1s, node: one-gpu, gpu: 0, event: gpu-lost}\n")
+	reportFile := filepath.Join(dir, "report.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var stdout, progressOut strings.Builder
+	stderr = &progressOut
+	defer func() { stderr = os.Stderr }()
+	if err := run(ctx, options{fleet: fleet, manifests: manifests, events: events, report: reportFile, settle: 2 * time.Minute}, &stdout); err != nil {
+		t.Fatalf("run: %v\n%s", err, stdout.String())
+	}
+	t.Logf("progress:\n%stable:\n%s", progressOut.String(), stdout.String())
+	// Every long step ends with how long it took, and the last line says
+	// what to try next.
+	progressLines := strings.Split(strings.TrimSpace(progressOut.String()), "\n")
+	for _, want := range []string{"  cluster ready in ", "  settled in ", "  stopped in "} {
+		if !strings.Contains(progressOut.String(), want) {
+			t.Errorf("no progress line with %q", want)
+		}
+	}
+	if last := progressLines[len(progressLines)-1]; !strings.Contains(last, "next: --keep-running") {
+		t.Errorf("last progress line %q; want what to try next", last)
+	}
+	data, err := os.ReadFile(reportFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var report cluster.Report
+	if err := json.Unmarshal(data, &report); err != nil {
+		t.Fatal(err)
+	}
+	if len(report.Pods) != 1 || report.Pods[0].Name != "train" || report.Pods[0].Evicted == nil {
+		t.Fatalf("pods %+v; want train, evicted", report.Pods)
+	}
+	p := report.Pods[0]
+	wantTaint := cluster.DeviceTaintReport{Device: "gpu-0", Key: "gpu.nvidia.com/gpu-lost", Effect: "NoExecute"}
+	if ev := p.Evicted; !ev.Deleted || ev.Reason != "DeletionByDeviceTaintManager" || !slices.Equal(ev.Taints, []cluster.DeviceTaintReport{wantTaint}) {
+		t.Errorf("evicted %+v; want deleted by DeletionByDeviceTaintManager for %+v", ev, wantTaint)
+	}
+	if len(p.Claims) != 1 || len(p.Claims[0].Results) != 1 || p.Claims[0].Results[0].Device != "gpu-0" {
+		t.Errorf("claims %+v; want the one with gpu-0 the pod had", p.Claims)
+	}
+	for _, want := range []string{"default/train  Evicted  one-gpu", "DeletionByDeviceTaintManager", "gpu-0 gpu.nvidia.com/gpu-lost=:NoExecute"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("the table lacks %q", want)
 		}

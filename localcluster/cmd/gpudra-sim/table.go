@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/simnode"
 )
@@ -37,7 +39,7 @@ func printTable(w io.Writer, r *cluster.Report) {
 		if n := len(p.Namespace) + 1 + len(p.Name); n <= maxPodColumn {
 			podCol = max(podCol, n)
 		}
-		phaseCol, nodeCol = max(phaseCol, len(p.Phase)), max(nodeCol, len(p.Node))
+		phaseCol, nodeCol = max(phaseCol, len(phase(p))), max(nodeCol, len(p.Node))
 	}
 	row := func(pod, phase, node string) string {
 		return fmt.Sprintf("%-*s  %-*s  %-*s  ", podCol, pod, phaseCol, phase, nodeCol, node)
@@ -62,7 +64,7 @@ func printTable(w io.Writer, r *cluster.Report) {
 			t.wrap("", "", []string{pod})
 			pod = ""
 		}
-		t.wrap(row(pod, p.Phase, node), "", devices)
+		t.wrap(row(pod, phase(p), node), "", devices)
 		t.containers(p.Containers)
 		if p.Reason != "" {
 			t.wrap("  reason: ", "", strings.Fields(p.Reason))
@@ -106,6 +108,15 @@ func printTable(w io.Writer, r *cluster.Report) {
 	}
 }
 
+// phase is the pod's phase, or Evicted for a pod a controller evicted
+// and deleted.
+func phase(p cluster.PodReport) string {
+	if p.Evicted != nil && p.Evicted.Deleted {
+		return "Evicted"
+	}
+	return p.Phase
+}
+
 // computeDomains prints each ComputeDomain's status, channel and nodes
 // (by IMEX index), wrapped like the pods' devices.
 func (t *table) computeDomains(cds []cluster.ComputeDomainReport) {
@@ -137,6 +148,9 @@ func (t *table) computeDomains(cds []cluster.ComputeDomainReport) {
 		}
 		nodes = append(nodes, cd.Nodes...)
 		t.wrap(fmt.Sprintf("%-*s  %-8s  %-7s  ", nameCol, name, status, channel), "", nodes)
+		if cd.Reason != "" {
+			t.wrap("  reason: ", "", strings.Fields(cd.Reason))
+		}
 	}
 }
 
@@ -167,7 +181,13 @@ func (t *table) containers(ctrs []cluster.ContainerReport) {
 		var health []string
 		for _, rs := range c.AllocatedResourcesStatus {
 			for _, h := range rs.Resources {
-				health = append(health, fmt.Sprintf("%s=%s", rs.Name, h.Health), "("+string(h.ResourceID)+")")
+				value := string(h.Health)
+				if h.Health == corev1.ResourceHealthStatusUnknown {
+					// What the kubelet says of a device whose driver
+					// reports no health (the simulated NIC driver's).
+					value += " (not reported)"
+				}
+				health = append(health, fmt.Sprintf("%s=%s", rs.Name, value), "("+string(h.ResourceID)+")")
 			}
 		}
 		// What a real node's container printed itself: its device nodes
@@ -239,7 +259,9 @@ func (t *table) line(s string) { fmt.Fprintln(t.w, strings.TrimRight(s, " ")) }
 // wrap writes the words after prefix, separated by spaces, as many to a
 // line as fit; continuation lines are indented to the prefix's width (or
 // by indent, if given, or by 4 when the prefix leaves less than 30
-// columns). A word longer than a whole line is cut.
+// columns). A word that does not fit there but would on a line of its
+// own, indented by 4, gets one (a CDI ID is never cut); a word longer
+// than that is cut.
 func (t *table) wrap(prefix, indent string, words []string) {
 	if len(prefix) > tableWidth-20 {
 		// Columns this wide (very long names) leave no room: wrap them
@@ -256,6 +278,9 @@ func (t *table) wrap(prefix, indent string, words []string) {
 	var b strings.Builder
 	b.WriteString(prefix)
 	n, empty := len(prefix), true
+	// ownLine: the last word went on a line of its own, and nothing
+	// waits to be written.
+	ownLine := false
 	flush := func() {
 		t.line(b.String())
 		b.Reset()
@@ -271,6 +296,17 @@ func (t *table) wrap(prefix, indent string, words []string) {
 			flush()
 			sep = 0
 		}
+		if n+sep+len(word) > tableWidth && len(word) <= tableWidth-4 {
+			// A word (a CDI ID) that fits on a line of its own, less
+			// indented, is not cut.
+			if strings.TrimSpace(b.String()) != "" {
+				flush()
+			}
+			t.line(strings.Repeat(" ", 4) + word)
+			ownLine = true
+			continue
+		}
+		ownLine = false
 		for n+sep+len(word) > tableWidth {
 			if !empty || n+sep >= tableWidth {
 				flush()
@@ -285,5 +321,7 @@ func (t *table) wrap(prefix, indent string, words []string) {
 		n += sep + len(word)
 		empty = false
 	}
-	t.line(b.String())
+	if !ownLine {
+		t.line(b.String())
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
@@ -20,7 +21,7 @@ import (
 func tableReport() *cluster.Report {
 	const claimUID = "80b4e677-b963-48d9-9464-ceac601830b7"
 	mig := cluster.PodReport{Namespace: "allocation-mode-all", Name: "pod", Phase: "Running", Node: "dgx-a100-0"}
-	migCtr := cluster.ContainerReport{Name: "ctr", Env: map[string]string{"NVIDIA_VISIBLE_DEVICES": "void"}}
+	migCtr := cluster.ContainerReport{Name: "training-job", Env: map[string]string{"NVIDIA_VISIBLE_DEVICES": "void"}}
 	var results []cluster.DeviceResult
 	for i := range 7 {
 		dev := fmt.Sprintf("gpu-0-mig-1g5gb-19-%d", i)
@@ -29,6 +30,13 @@ func tableReport() *cluster.Report {
 		migCtr.DeviceNodes = append(migCtr.DeviceNodes, fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", 12+2*i), fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", 13+2*i))
 	}
 	migCtr.DeviceNodes = append(migCtr.DeviceNodes, "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0", "/dev/nvidiactl")
+	// The health of the last MIG device, named by its CDI ID in
+	// parentheses: too long to follow the label on one line. And a NIC's,
+	// whose driver reports none.
+	migCtr.AllocatedResourcesStatus = []corev1.ResourceStatus{
+		{Name: "claim:pod-mig-x7k2p/mig", Resources: []corev1.ResourceHealth{{ResourceID: corev1.ResourceID(migCtr.CDIDevices[6]), Health: corev1.ResourceHealthStatusHealthy}}},
+		{Name: "claim:nic/nic", Resources: []corev1.ResourceHealth{{ResourceID: "nic.sim.gpudra.io/nic=nic-0", Health: corev1.ResourceHealthStatusUnknown}}},
+	}
 	mig.Claims = []cluster.ClaimReport{{Name: "pod-mig-x7k2p", Results: results}}
 	mig.Containers = []cluster.ContainerReport{migCtr}
 
@@ -77,6 +85,7 @@ func tableReport() *cluster.Report {
 		ComputeDomains: []cluster.ComputeDomainReport{
 			{Namespace: "compute-domain", Name: "nvl-domain", Status: "Ready", Channel: 0, NumNodes: 4, Nodes: []string{"gb200-0", "gb200-1", "gb200-2", "gb200-3"}},
 			{Namespace: "other", Name: "new-domain", Channel: -1},
+			{Namespace: "other", Name: "waiting", Status: "NotReady", Channel: 1, NumNodes: 2, Nodes: []string{"gb200-0"}, Reason: "1 of 2 nodes ready"},
 		},
 	}
 }
@@ -122,6 +131,9 @@ func TestPrintTable(t *testing.T) {
 		"compute-domain/nvl-domain Ready 0 4 of 4: gb200-0 gb200-1 gb200-2 gb200-3",
 		"other/new-domain - - 0:",
 		"probe saw /dev/nvidia-uvm /dev/nvidia-uvm-tools /dev/nvidia4 /dev/nvidiactl saw NVIDIA_VISIBLE_DEVICES=void",
+		"health claim:pod-mig-x7k2p/mig=Healthy (k8s.gpu.nvidia.com/claim=80b4e677-b963-48d9-9464-ceac601830b7-gpu-0-mig-1g5gb-19-6)", // whole, not cut
+		"claim:nic/nic=Unknown (not reported) (nic.sim.gpudra.io/nic=nic-0)",
+		"other/waiting NotReady 1 1 of 2: gb200-0 reason: 1 of 2 nodes ready",
 	} {
 		if !strings.Contains(flat, want) {
 			t.Errorf("the table does not show %q", want)

@@ -116,6 +116,20 @@ func BuildBinaries(ctx context.Context, dir string) (Binaries, error) {
 	return b, nil
 }
 
+// BinariesBuilt reports whether BuildBinaries(ctx, dir) would find its
+// programs built already, and take no time.
+func BinariesBuilt(dir string) bool {
+	src, err := sourceDir()
+	if err != nil {
+		return false
+	}
+	key, err := sourceKey(src)
+	if err != nil {
+		return false
+	}
+	return complete(Binaries{Dir: filepath.Join(dir, key)})
+}
+
 func complete(b Binaries) bool {
 	for _, name := range binaryNames {
 		if _, err := os.Stat(b.path(name)); err != nil {

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/remotecommand"
 	"sigs.k8s.io/yaml"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
@@ -48,6 +51,28 @@ func TestRealNode(t *testing.T) {
 	t.Run("one GPU", func(t *testing.T) {
 		pod, claim, seen := runProbe(t, ctx, c, gpu, "one-gpu")
 		checkGPUClaim(t, rn, claim, seen)
+		// kubectl logs: kube-apiserver reaches the kubelet's API, which
+		// listens on loopback, and the kubelet reads the same file.
+		want, err := rn.ContainerLog(pod, "ctr")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := client.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: "ctr"}).DoRaw(ctx)
+		if err != nil || string(got) != want {
+			t.Errorf("logs through the API server: %q, %v; want what the container wrote, %q", got, err, want)
+		}
+		// kubectl exec, over WebSocket as kubectl does: the container's
+		// busybox answers.
+		execURL := client.CoreV1().RESTClient().Post().Namespace(pod.Namespace).Resource("pods").Name(pod.Name).SubResource("exec").
+			VersionedParams(&corev1.PodExecOptions{Container: "ctr", Command: []string{"echo", "exec works"}, Stdout: true, Stderr: true}, scheme.ParameterCodec).URL()
+		exec, err := remotecommand.NewWebSocketExecutor(c.ControlPlane().RESTConfig("realnode-e2e", 10, 20), "GET", execURL.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		if err := exec.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &out, Stderr: &out}); err != nil || out.String() != "exec works\n" {
+			t.Errorf("exec through the API server: %q, %v; want the container's echo", out.String(), err)
+		}
 		deletePod(t, ctx, c, pod)
 		waitFor(t, ctx, "claim unprepared", func() bool {
 			return len(specFiles(t, rn, claim)) == 0 && !checkpointHas(t, rn, driver, claim)

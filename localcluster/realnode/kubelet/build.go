@@ -52,6 +52,13 @@ func BinaryPath(cacheDir, version string) string {
 	return filepath.Join(cacheDir, "kubelet-"+version)
 }
 
+// Built reports whether Build finds the kubelet of version in cacheDir,
+// and takes no time.
+func Built(cacheDir, version string) bool {
+	fi, err := os.Stat(BinaryPath(cacheDir, version))
+	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
+}
+
 // Build returns the kubelet of the given Kubernetes version ("v1.37.1",
 // the module version of k8s.io/kubernetes in BuildModuleDir) in cacheDir,
 // building it with `go build` when it is not there yet. The build stamps
@@ -62,7 +69,7 @@ func BinaryPath(cacheDir, version string) string {
 // the go command's output.
 func Build(ctx context.Context, cacheDir, version string, output *bytes.Buffer) (string, error) {
 	bin := BinaryPath(cacheDir, version)
-	if fi, err := os.Stat(bin); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+	if Built(cacheDir, version) {
 		return bin, nil
 	}
 	major, minor, ok := majorMinor(version)

@@ -3,6 +3,7 @@ package kubelet
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -143,7 +144,14 @@ func TestTunablesRestored(t *testing.T) {
 	if err := saveTunables(); err != nil {
 		t.Fatal(err)
 	}
+	if got := ChangedSysctls(); len(got) != 0 {
+		t.Errorf("ChangedSysctls before any change: %q", got)
+	}
 	write("vm/overcommit_memory", "1") // what the kubelet does
+	write("kernel/panic", "10")
+	if got, want := ChangedSysctls(), []string{"vm.overcommit_memory=1 (was 0)", "kernel.panic=10 (was 0)"}; !slices.Equal(got, want) {
+		t.Errorf("ChangedSysctls: %q, want %q", got, want)
+	}
 	if err := restoreTunables(); err != nil {
 		t.Fatal(err)
 	}
@@ -155,5 +163,8 @@ func TestTunablesRestored(t *testing.T) {
 	}
 	if got := read("vm/overcommit_memory"); got != "0" {
 		t.Errorf("vm/overcommit_memory %s after the last kubelet stopped, want the machine's 0", got)
+	}
+	if got := ChangedSysctls(); len(got) != 0 {
+		t.Errorf("ChangedSysctls after the last kubelet stopped: %q", got)
 	}
 }

@@ -13,11 +13,10 @@ import (
 
 // ContainerLog returns what a container of pod wrote (stdout and stderr,
 // in order), from the newest of its log files under PodLogsDir: the files
-// the kubelet's own pods/log endpoint reads. The local cluster reads them
-// directly because kube-apiserver cannot reach this kubelet's API: it
-// listens on 127.0.0.1 (anonymous and AlwaysAllow, see configuration),
-// while the kubelet refuses a loopback node IP and reports the machine's
-// own address as the Node's InternalIP.
+// the kubelet's own pods/log endpoint reads, without a round trip through
+// kube-apiserver. (kube-apiserver reaches this kubelet's API, on 127.0.0.1
+// only, although the Node's InternalIP is the machine's address: the
+// kubelet refuses a loopback node IP; see controlplane's dialKubelet.)
 func (k *Kubelet) ContainerLog(pod *corev1.Pod, container string) (string, error) {
 	dir := filepath.Join(k.cfg.PodLogsDir, fmt.Sprintf("%s_%s_%s", pod.Namespace, pod.Name, pod.UID), container)
 	entries, err := os.ReadDir(dir)

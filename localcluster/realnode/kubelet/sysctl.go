@@ -82,3 +82,27 @@ func restoreTunables() error {
 	t.saved = nil
 	return errors.Join(errs...)
 }
+
+// ChangedSysctls lists the machine's sysctls the running kubelets have
+// changed, as "name=now (was before)" in dotted form (kernel.panic=10 (was
+// 0)): for people, who did not ask for their machine's settings to
+// change. The values are written back when the last kubelet stops (not if
+// the process is killed).
+func ChangedSysctls() []string {
+	t := &machineTunables
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []string
+	for _, name := range kernelTunables {
+		was, ok := t.saved[name]
+		if !ok {
+			continue
+		}
+		now, err := os.ReadFile(filepath.Join(procSys, name))
+		if err != nil || strings.TrimSpace(string(now)) == was {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s=%s (was %s)", strings.ReplaceAll(name, "/", "."), strings.TrimSpace(string(now)), was))
+	}
+	return out
+}

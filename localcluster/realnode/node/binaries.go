@@ -28,11 +28,29 @@ type Binaries struct {
 	FakeMPS string
 }
 
+// BuildOption configures BuildBinaries.
+type BuildOption func(*buildOptions)
+
+type buildOptions struct {
+	progress func(string)
+}
+
+// WithProgress has BuildBinaries say what it builds: a line before each
+// build that is not cached (minutes) and one after it with how long it
+// took. What is cached gets no line.
+func WithProgress(progress func(string)) BuildOption {
+	return func(o *buildOptions) { o.progress = progress }
+}
+
 // BuildBinaries builds what is missing of the kubelet (package kubelet)
 // and the runtime's programs (package containerruntime) into
 // kubelet.DefaultCacheDir, and returns them. A cold build takes minutes; a
 // cached one nothing.
-func BuildBinaries(ctx context.Context) (Binaries, error) {
+func BuildBinaries(ctx context.Context, opts ...BuildOption) (Binaries, error) {
+	o := buildOptions{progress: func(string) {}}
+	for _, opt := range opts {
+		opt(&o)
+	}
 	version, err := controlplane.KubernetesVersion()
 	if err != nil {
 		return Binaries{}, err
@@ -41,11 +59,32 @@ func BuildBinaries(ctx context.Context) (Binaries, error) {
 	if err != nil {
 		return Binaries{}, err
 	}
-	k, err := kubelet.Build(ctx, cache, version, nil)
+	// timed runs a build, saying so where it is not cached.
+	timed := func(what string, cached bool, build func() error) error {
+		if cached {
+			return build()
+		}
+		start := time.Now()
+		o.progress(fmt.Sprintf("building %s into %s (not cached: minutes on 2 cores)", what, cache))
+		if err := build(); err != nil {
+			return err
+		}
+		o.progress(fmt.Sprintf("built %s in %v", what, time.Since(start).Round(time.Second)))
+		return nil
+	}
+	var k string
+	err = timed("the kubelet "+version, kubelet.Built(cache, version), func() (err error) {
+		k, err = kubelet.Build(ctx, cache, version, nil)
+		return err
+	})
 	if err != nil {
 		return Binaries{}, err
 	}
-	rt, err := containerruntime.BuildBinaries(ctx, cache)
+	var rt containerruntime.Binaries
+	err = timed("containerd", containerruntime.BinariesBuilt(cache), func() (err error) {
+		rt, err = containerruntime.BuildBinaries(ctx, cache)
+		return err
+	})
 	if err != nil {
 		return Binaries{}, err
 	}
