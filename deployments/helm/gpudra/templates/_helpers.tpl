@@ -43,15 +43,15 @@ files the local cluster installs too).
 {{- define "gpudra.computeDomains.leaseName" -}}gpudra-compute-domain-controller{{- end -}}
 
 {{/*
-A file of deployments/deviceclasses or deployments/rbac (through the
-chart's files/ links), parsed, with the chart's labels added and the
+A file of deployments/deviceclasses or deployments/rbac (the chart's files/
+holds copies of them: make chart-files), parsed, with the chart's labels added and the
 driver name substituted. Call with (list $ "files/....yaml"); returns YAML.
 */}}
 {{- define "gpudra.sourceObject" -}}
 {{- $root := index . 0 -}}
 {{- $path := index . 1 -}}
 {{- $text := $root.Files.Get $path -}}
-{{- if not $text }}{{ fail (printf "chart file %s is missing or empty: files/deviceclasses and files/rbac must link to deployments/deviceclasses and deployments/rbac" $path) }}{{ end -}}
+{{- if not $text }}{{ fail (printf "chart file %s is missing or empty: files/deviceclasses and files/rbac must hold copies of deployments/deviceclasses and deployments/rbac (make chart-files)" $path) }}{{ end -}}
 {{- $text = replace "'gpu.nvidia.com'" (printf "'%s'" $root.Values.driverName) $text -}}
 {{- $text = replace "'compute-domain.nvidia.com'" (printf "'%s'" $root.Values.computeDomains.driverName) $text -}}
 {{- $obj := fromYaml $text -}}
