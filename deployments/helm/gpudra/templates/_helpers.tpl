@@ -132,6 +132,27 @@ simulation.fleet is empty.
 {{- end }}
 {{- end -}}
 
+{{/*
+A fleet file (simulation.fleet an absolute path) is the host's file,
+mounted read-only at the same path into each container that simulates
+it; a built-in fleet's name needs no mount. Each returns YAML, or nothing.
+*/}}
+{{- define "gpudra.simulation.fleetFileMount" -}}
+{{- if hasPrefix "/" .Values.simulation.fleet }}
+- name: sim-fleet
+  mountPath: {{ .Values.simulation.fleet }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+{{- define "gpudra.simulation.fleetFileVolume" -}}
+{{- if hasPrefix "/" .Values.simulation.fleet }}
+- name: sim-fleet
+  hostPath:
+    path: {{ .Values.simulation.fleet }}
+    type: File
+{{- end }}
+{{- end -}}
+
 {{- define "gpudra.kubeletPlugin.dataDir" -}}
 {{- printf "%s/%s" (trimSuffix "/" .Values.kubeletPlugin.kubeletPluginsDir) .Values.driverName -}}
 {{- end -}}
