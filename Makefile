@@ -21,7 +21,7 @@ LDFLAGS := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).commit=$(COMMI
 IMAGE ?= ghcr.io/gpudra/gpudra:$(VERSION)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
-.PHONY: demo inspect test test-race-e2e test-real-node build image bench bench-prepare fuzz load chaos chaos-real
+.PHONY: demo inspect test test-race-e2e test-real-node build image bench bench-prepare fuzz load chaos chaos-real chart-files
 
 # The local cluster: a real control plane with simulated GPU nodes, running
 # every example, and the fleet's first node real where the machine allows
@@ -62,6 +62,22 @@ test-race-e2e:
 # the CRI. Needs root, runc, busybox-static and overlayfs; not in `make test`.
 test-real-node:
 	cd localcluster && GPUDRA_REAL_NODE=1 $(GO) test -count=1 -v ./realnode/...
+
+# The Helm chart's files/ (deployments/helm/gpudra/files): copies of the
+# YAML of deployments/crds, deployments/deviceclasses and deployments/rbac,
+# the one source of those objects. Copies rather than links, which helm
+# warns about at every command; localcluster/helmchart's
+# TestChartFilesAreCopiesOfTheirSources fails until this is run after a
+# change there.
+CHART_FILES := deployments/helm/gpudra/files
+chart-files:
+	@set -e; for d in crds deviceclasses rbac; do \
+		rm -rf $(CHART_FILES)/$$d; \
+		(cd deployments/$$d && find . -name '*.yaml') | while read -r f; do \
+			mkdir -p "$(CHART_FILES)/$$d/$$(dirname "$$f")"; \
+			cp "deployments/$$d/$$f" "$(CHART_FILES)/$$d/$$f"; \
+		done; \
+	done
 
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/gpudra ./cmd/gpudra

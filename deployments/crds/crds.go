@@ -1,8 +1,8 @@
 // Package crds holds gpudra's CustomResourceDefinitions, the ComputeDomain
 // CRDs of NVIDIA's DRA driver (resource.nvidia.com/v1beta1). The YAML files
 // in this directory are the one source of truth: embedded here for the
-// local cluster and the tests, and linked into the Helm chart as
-// deployments/helm/gpudra/files/crds.
+// local cluster and the tests, and copied into the Helm chart as
+// deployments/helm/gpudra/files/crds (make chart-files).
 package crds
 
 import (

@@ -1,6 +1,6 @@
 // Package deviceclasses holds gpudra's DeviceClasses: the YAML files in
 // this directory are the one source of truth, embedded here for the local
-// cluster and the tests, and read by the Helm chart through its link
+// cluster and the tests, and copied into the Helm chart as
 // deployments/helm/gpudra/files/deviceclasses (the chart substitutes the
 // driver name and can drop extendedResourceName; see its values.yaml).
 //

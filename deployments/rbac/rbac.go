@@ -2,8 +2,8 @@
 // ServiceAccount, a ClusterRole with every permission the plugin uses, and
 // the ClusterRoleBinding between them. The YAML files in this directory are
 // the one source of truth, embedded here for the local cluster and the
-// tests, and read by the Helm chart through its link
-// deployments/helm/gpudra/files/rbac.
+// tests, and copied into the Helm chart as
+// deployments/helm/gpudra/files/rbac (make chart-files).
 //
 // The files name the defaults: namespace gpudra and driver name
 // gpu.nvidia.com. Those two values are templates; [KubeletPlugin] replaces

@@ -41,8 +41,9 @@ type RealNodes struct {
 	// host paths of its own: with more than one, each gets its own copy
 	// of the chart's DaemonSet (see realNodeDaemonSet).
 	Count int
-	// FleetName is the plugin's --fleet inside gpudra's container: a
-	// built-in fleet (the same as Options.Fleet).
+	// FleetName is the fleet Options.Fleet was loaded from: a built-in
+	// fleet's name, or a fleet file, which gpudra's container gets a copy
+	// of (see [RealNodes.containerFleet]).
 	FleetName string
 	// Binaries are the real node's programs (node.BuildBinaries).
 	Binaries node.Binaries
@@ -57,8 +58,8 @@ func (r *RealNodes) validate(fleet *sim.Fleet) error {
 		return fmt.Errorf("real nodes: %d; want 0 or more", r.Count)
 	case r.Count > len(fleet.Nodes):
 		return fmt.Errorf("real nodes: %d, but the fleet has %d nodes", r.Count, len(fleet.Nodes))
-	case !slices.Contains(sim.BuiltinNames(), r.FleetName):
-		return fmt.Errorf("real nodes: fleet %q: gpudra's container simulates a built-in fleet (%v), not a file", r.FleetName, sim.BuiltinNames())
+	case r.FleetName == "":
+		return errors.New("real nodes: no fleet name: a built-in fleet or the fleet file the cluster's fleet came from")
 	}
 	for i := range r.Count {
 		if fleet.Nodes[i].Mode == sim.ModeDevicePlugin {
@@ -66,6 +67,32 @@ func (r *RealNodes) validate(fleet *sim.Fleet) error {
 		}
 	}
 	return nil
+}
+
+// containerFleet returns the --fleet of gpudra's container on the real
+// nodes: a built-in fleet by name, or a copy of the fleet file in dir (the
+// cluster's directory), by its absolute path. The chart mounts a fleet
+// file from the host at the same path (simulation.fleet), and the real
+// nodes share this machine's filesystem, so the container simulates the
+// very nodes the cluster does; the copy keeps them the same if the user's
+// file changes while the cluster runs.
+func (r *RealNodes) containerFleet(dir string) (string, error) {
+	if slices.Contains(sim.BuiltinNames(), r.FleetName) {
+		return r.FleetName, nil
+	}
+	data, err := os.ReadFile(r.FleetName)
+	if err != nil {
+		return "", fmt.Errorf("real nodes: fleet file: %w", err)
+	}
+	path, err := filepath.Abs(filepath.Join(dir, "fleet.yaml"))
+	if err != nil {
+		return "", err
+	}
+	// Readable by gpudra's container, which runs as root anyway.
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		return "", fmt.Errorf("real nodes: copy the fleet file: %w", err)
+	}
+	return path, nil
 }
 
 // realNodeCount is how many of the fleet's first nodes are real.
@@ -100,6 +127,10 @@ func (c *Cluster) startRealNodes(ctx context.Context, progress func(string)) err
 		return fmt.Errorf("real nodes: %w", err)
 	}
 	progress(fmt.Sprintf("%-24s ready in %v", "images for real nodes", time.Since(start).Round(time.Millisecond)))
+	fleet, err := c.opts.RealNodes.containerFleet(c.dir)
+	if err != nil {
+		return err
+	}
 
 	var daemonSets []*appsv1.DaemonSet
 	for i := range n {
@@ -140,7 +171,7 @@ func (c *Cluster) startRealNodes(ctx context.Context, progress func(string)) err
 		if err != nil {
 			return err
 		}
-		ds, err := c.realNodeDaemonSet(rn, fn, n > 1)
+		ds, err := c.realNodeDaemonSet(rn, fn, fleet, n > 1)
 		if err != nil {
 			return err
 		}
@@ -179,10 +210,27 @@ func (c *Cluster) startRealNodes(ctx context.Context, progress func(string)) err
 // and its name and selector gain the node's name (label NodeNameLabel),
 // so that the DaemonSets of several real nodes neither share a name nor
 // select each other's pods.
-func (c *Cluster) realNodeDaemonSet(rn *node.Node, fn sim.Node, own bool) (*appsv1.DaemonSet, error) {
-	over, err := node.ChartValues(rn.Layout(), c.opts.RealNodes.FleetName, c.cp.RESTConfig("real-node", 1, 1).Host)
+func (c *Cluster) realNodeDaemonSet(rn *node.Node, fn sim.Node, fleet string, own bool) (*appsv1.DaemonSet, error) {
+	ds, port, err := realNodeDaemonSet(c.chartValues, c.opts.ChartNamespace, rn.Name(), rn.Layout(), fn, fleet, c.cp.RESTConfig("real-node", 1, 1).Host, own)
 	if err != nil {
 		return nil, err
+	}
+	if c.realEndpoints == nil {
+		c.realEndpoints = map[string]string{}
+	}
+	// The pod runs in the machine's network, listening on every address.
+	c.realEndpoints[rn.Name()] = fmt.Sprintf("http://127.0.0.1:%d", port)
+	return ds, nil
+}
+
+// realNodeDaemonSet is [Cluster.realNodeDaemonSet] on its inputs: the
+// cluster's chart values and namespace, the node's name and layout, its
+// fleet node, the container's --fleet and the API server's URL. It also
+// returns the plugin's HTTP port.
+func realNodeDaemonSet(chartValues map[string]any, namespace, name string, layout node.Layout, fn sim.Node, fleet, apiServer string, own bool) (*appsv1.DaemonSet, int, error) {
+	over, err := node.ChartValues(layout, fleet, apiServer)
+	if err != nil {
+		return nil, 0, err
 	}
 	plugin := over["kubeletPlugin"].(map[string]any)
 	for value, set := range map[string]string{"migMode": fn.MIGMode, "sharing": fn.Sharing, "sharingDefault": fn.SharingDefault} {
@@ -192,35 +240,36 @@ func (c *Cluster) realNodeDaemonSet(rn *node.Node, fn sim.Node, own bool) (*apps
 	}
 	port, err := freePort()
 	if err != nil {
-		return nil, fmt.Errorf("real node %s: %w", rn.Name(), err)
+		return nil, 0, fmt.Errorf("real node %s: %w", name, err)
 	}
 	plugin["httpPort"] = port
-	if c.realEndpoints == nil {
-		c.realEndpoints = map[string]string{}
-	}
-	// The pod runs in the machine's network, listening on every address.
-	c.realEndpoints[rn.Name()] = fmt.Sprintf("http://127.0.0.1:%d", port)
 	if own {
-		plugin["nodeSelector"] = map[string]any{node.Label: "true", corev1.LabelHostname: rn.Name()}
+		plugin["nodeSelector"] = map[string]any{node.Label: "true", corev1.LabelHostname: name}
 	}
-	r, err := install.Render(install.Options{Values: node.MergeValues(c.chartValues, over), Namespace: c.opts.ChartNamespace})
+	r, err := install.Render(install.Options{Values: node.MergeValues(chartValues, over), Namespace: namespace})
 	if err != nil {
-		return nil, fmt.Errorf("real node %s: %w", rn.Name(), err)
+		return nil, 0, fmt.Errorf("real node %s: %w", name, err)
 	}
 	for _, o := range r.Objects {
+		// The kubelet plugin's; the chart's device-plugin DaemonSet
+		// (devicePlugin.enabled) is not for a real node.
 		ds, ok := o.Object.(*appsv1.DaemonSet)
-		if !ok {
+		if !ok || ds.Name != kubeletPluginDaemonSet {
 			continue
 		}
 		if own {
-			ds.Name += "-" + rn.Name()
-			ds.Spec.Selector.MatchLabels[NodeNameLabel] = rn.Name()
-			ds.Spec.Template.Labels[NodeNameLabel] = rn.Name()
+			ds.Name += "-" + name
+			ds.Spec.Selector.MatchLabels[NodeNameLabel] = name
+			ds.Spec.Template.Labels[NodeNameLabel] = name
 		}
-		return ds, nil
+		return ds, port, nil
 	}
-	return nil, fmt.Errorf("real node %s: %s renders no DaemonSet", rn.Name(), install.ChartPath)
+	return nil, 0, fmt.Errorf("real node %s: %s renders no DaemonSet %s", name, install.ChartPath, kubeletPluginDaemonSet)
 }
+
+// kubeletPluginDaemonSet is the name of the chart's kubelet plugin
+// DaemonSet.
+const kubeletPluginDaemonSet = "gpudra-kubelet-plugin"
 
 // NodeNameLabel tells apart the DaemonSets (and their pods) of several
 // real nodes: the node's name.

@@ -24,7 +24,8 @@ func TestRealNodesValidate(t *testing.T) {
 		{"one", RealNodes{Count: 1, FleetName: "dgx-a100-mig"}, fleet, ""},
 		{"more than the fleet has", RealNodes{Count: 2, FleetName: "dgx-a100-mig"}, fleet, "the fleet has 1"},
 		{"negative", RealNodes{Count: -1, FleetName: "dgx-a100-mig"}, fleet, "0 or more"},
-		{"a fleet file", RealNodes{Count: 1, FleetName: "fleet.yaml"}, fleet, "built-in fleet"},
+		{"a fleet file", RealNodes{Count: 1, FleetName: "fleet.yaml"}, fleet, ""},
+		{"no fleet name", RealNodes{Count: 1}, fleet, "no fleet name"},
 		{"a device plugin node", RealNodes{Count: 1, FleetName: "dgx-a100-mig"}, devicePlugin, "device plugin"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -37,8 +37,7 @@ func Dir() string {
 	return filepath.Join(filepath.Dir(file), "..", "..", "deployments", "helm", "gpudra")
 }
 
-// Load loads the chart from dir, following its links to
-// deployments/deviceclasses and deployments/rbac as helm does.
+// Load loads the chart from dir as helm does.
 func Load(dir string) (*chart.Chart, error) {
 	c, err := loader.Load(dir)
 	if err != nil {

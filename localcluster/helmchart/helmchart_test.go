@@ -589,8 +589,8 @@ func allClasses(t *testing.T) []*resourceapi.DeviceClass {
 
 // TestDeviceClassesOneSource checks that the chart installs exactly the
 // DeviceClasses of deployments/deviceclasses, which the local cluster
-// installs: the chart reads those files through its files/deviceclasses
-// link.
+// installs: the chart reads copies of those files in files/deviceclasses
+// (TestChartFilesAreCopiesOfTheirSources).
 func TestDeviceClassesOneSource(t *testing.T) {
 	want := allClasses(t)
 	got := all[*resourceapi.DeviceClass](render(t, Options{}))

@@ -11,13 +11,16 @@ import (
 // install the chart with (docs/real-node.md): simulation.fleet and
 // stateDir reach the plugin's and the init container's command lines,
 // the state directory is mounted at its own path, /sys is left out, and
-// hostNetwork and env reach the pod; the defaults leave all of it out.
+// hostNetwork and env reach the pod; a fleet file is the host's, mounted
+// read-only at its own path into both containers; the defaults leave all
+// of it out.
 func TestSimulationValues(t *testing.T) {
 	env := []any{map[string]any{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}}
 	for _, tc := range []struct {
 		name        string
 		values      map[string]any
 		fleet       string
+		fleetFile   bool
 		stateDir    string
 		sysfs       bool
 		hostNetwork bool
@@ -25,6 +28,7 @@ func TestSimulationValues(t *testing.T) {
 	}{
 		{name: "defaults", values: nil, sysfs: true},
 		{name: "fleet", values: values("simulation.fleet", "dgx-h100"), fleet: "dgx-h100"},
+		{name: "fleet file", values: values("simulation.fleet", "/n/fleet.yaml"), fleet: "/n/fleet.yaml", fleetFile: true},
 		{name: "fleet and state", values: values("simulation.fleet", "dgx-h100", "simulation.stateDir", "/n/0/sim"), fleet: "dgx-h100", stateDir: "/n/0/sim"},
 		{name: "host network and env", values: values("kubeletPlugin.hostNetwork", true, "kubeletPlugin.env", env), sysfs: true, hostNetwork: true, env: true},
 	} {
@@ -47,6 +51,20 @@ func TestSimulationValues(t *testing.T) {
 			}
 			hasMount := func(name, path string) bool {
 				return slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == name && (path == "" || m.MountPath == path) })
+			}
+			fileVolume := slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool {
+				return v.Name == "sim-fleet" && v.HostPath != nil && v.HostPath.Path == tc.fleet && v.HostPath.Type != nil && *v.HostPath.Type == corev1.HostPathFile
+			})
+			if fileVolume != tc.fleetFile {
+				t.Errorf("the host's fleet file %q as a volume: %v, want %v", tc.fleet, fileVolume, tc.fleetFile)
+			}
+			for _, container := range []corev1.Container{c, spec.InitContainers[0]} {
+				mounted := slices.ContainsFunc(container.VolumeMounts, func(m corev1.VolumeMount) bool {
+					return m.Name == "sim-fleet" && m.MountPath == tc.fleet && m.ReadOnly
+				})
+				if mounted != tc.fleetFile {
+					t.Errorf("container %s: fleet file mounted read-only at %q: %v, want %v", container.Name, tc.fleet, mounted, tc.fleetFile)
+				}
 			}
 			if hasVolume("sysfs") != tc.sysfs || hasMount("sysfs", "") != tc.sysfs {
 				t.Errorf("sysfs volume %v, mount %v, want %v", hasVolume("sysfs"), hasMount("sysfs", ""), tc.sysfs)

@@ -47,3 +47,17 @@ func listening(pattern string) string {
 	}
 	return ""
 }
+
+// Label is the node label that says which mode a node runs in; the Helm
+// chart's DaemonSets select on it, so that no node runs both. A node
+// without it runs the DRA plugin.
+const Label = "gpudra.io/mode"
+
+// The values of [Label].
+const (
+	// ModeDRA: gpudra's DRA kubelet plugin (also a node without the label).
+	ModeDRA = "dra"
+	// ModeDevicePlugin: a device plugin for nvidia.com/gpu, gpudra's
+	// (`gpudra device-plugin`) or NVIDIA's.
+	ModeDevicePlugin = "device-plugin"
+)

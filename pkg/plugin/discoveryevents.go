@@ -16,15 +16,30 @@ import (
 )
 
 // reportNotices logs what the features left out at every publication, and
-// records a Node event when it changes.
+// records a Node event when it changes. A problem is an error and a Warning
+// event; an expected absence ([preparer.Notice].Expected) is an Info line
+// when it appears, a V(2) line while it lasts, and a Normal event.
 func (e *events) reportNotices(ctx context.Context, before, now []preparer.Notice) {
 	logger := klog.FromContext(ctx)
 	if len(now) == 0 && len(before) > 0 {
 		logger.Info("Devices left out by an earlier publication are back", "reasons", len(before))
 	}
 	for _, n := range now {
-		logger.Error(nil, "Devices left out of or changed in the publication", "reason", n.Reason, "detail", n.Message)
-		if !slices.Contains(before, n) {
+		changed := !slices.Contains(before, n)
+		switch {
+		case !n.Expected:
+			logger.Error(nil, "Devices left out of or changed in the publication", "reason", n.Reason, "detail", n.Message)
+		case changed:
+			logger.Info("Devices not published on this node, as expected of its hardware", "reason", n.Reason, "detail", n.Message)
+		default:
+			logger.V(2).Info("Devices not published on this node, as expected of its hardware", "reason", n.Reason, "detail", n.Message)
+		}
+		if !changed {
+			continue
+		}
+		if n.Expected {
+			e.node(corev1.EventTypeNormal, n.Reason, n.Message)
+		} else {
 			e.node(corev1.EventTypeWarning, n.Reason, n.Message)
 		}
 	}

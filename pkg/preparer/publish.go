@@ -33,11 +33,18 @@ type PublishInput struct {
 }
 
 // Notice is something a publication left out or changed that an operator
-// should hear about: logged at every publication, recorded as a Node event
-// when it changes.
+// should hear about. A problem is logged as an error at every publication
+// and recorded as a Warning Node event when it appears; an expected
+// absence is logged at Info when it appears (V(2) while it lasts) and
+// recorded as a Normal event.
 type Notice struct {
 	Reason  string
 	Message string
+	// Expected marks an absence the node's hardware implies, not a
+	// problem: a node without a multi-node NVLink fabric (every H100 node)
+	// cannot join a ComputeDomain, and a cluster of such nodes should not
+	// see an error for each of them every discovery interval.
+	Expected bool
 }
 
 // Fallback is a publishing choice that needs an API feature: when the API

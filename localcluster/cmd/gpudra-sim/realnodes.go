@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"slices"
 	"time"
 
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
@@ -20,7 +19,7 @@ import (
 // --real-nodes asks for and builds their programs (cached after the first
 // run). Where the machine cannot, it says what is missing and returns nil:
 // the cluster runs with simulated nodes only. A count the fleet cannot
-// give, or a fleet file, is an error.
+// give is an error.
 func prepareRealNodes(ctx context.Context, o options, fleet *sim.Fleet, progress func(string, ...any)) (*cluster.RealNodes, error) {
 	switch {
 	case o.realNodes == 0:
@@ -29,8 +28,6 @@ func prepareRealNodes(ctx context.Context, o options, fleet *sim.Fleet, progress
 		return nil, fmt.Errorf("--real-nodes %d: want 0 or more", o.realNodes)
 	case o.realNodes > len(fleet.Nodes):
 		return nil, fmt.Errorf("--real-nodes %d: fleet %s has %d nodes", o.realNodes, o.fleet, len(fleet.Nodes))
-	case !slices.Contains(sim.BuiltinNames(), o.fleet):
-		return nil, fmt.Errorf("--real-nodes with --fleet %s: gpudra's container simulates a built-in fleet (%v), not a file", o.fleet, sim.BuiltinNames())
 	}
 	if err := realNodeMachine(); err != nil {
 		progress("real nodes: none (%v); the cluster runs with simulated nodes only", err)

@@ -19,7 +19,6 @@ func TestPrepareRealNodesRefuses(t *testing.T) {
 		{"none", options{fleet: "demo"}, ""},
 		{"negative", options{fleet: "demo", realNodes: -1}, "0 or more"},
 		{"more than the fleet has", options{fleet: "dgx-a100-mig", realNodes: 2}, "has 1 nodes"},
-		{"fleet file", options{fleet: "fleet.yaml", realNodes: 1}, "built-in fleet"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fleet, err := sim.Load("dgx-a100-mig")

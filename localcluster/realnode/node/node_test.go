@@ -10,6 +10,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/gpudra/gpudra/pkg/nodemode"
+
 	"github.com/gpudra/gpudra/localcluster/install"
 )
 
@@ -82,8 +84,15 @@ func TestChartValuesRender(t *testing.T) {
 			t.Errorf("plugin args lack %s: %s", want, args)
 		}
 	}
-	if !spec.HostNetwork || spec.NodeSelector[Label] != "true" || spec.Affinity != nil {
-		t.Errorf("hostNetwork %v, nodeSelector %v, affinity %v", spec.HostNetwork, spec.NodeSelector, spec.Affinity)
+	// The chart's default affinity (NVIDIA's feature labels) is gone; what
+	// is left is the chart's own node mode requirement, which an
+	// unlabelled real node meets.
+	onlyMode := []corev1.NodeSelectorRequirement{{Key: nodemode.Label, Operator: corev1.NodeSelectorOpNotIn, Values: []string{nodemode.ModeDevicePlugin}}}
+	a := spec.Affinity
+	if !spec.HostNetwork || spec.NodeSelector[Label] != "true" || a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil ||
+		len(a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms) != 1 ||
+		!reflect.DeepEqual(a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions, onlyMode) {
+		t.Errorf("hostNetwork %v, nodeSelector %v, affinity %v; want the node mode requirement alone", spec.HostNetwork, spec.NodeSelector, spec.Affinity)
 	}
 	if !slices.ContainsFunc(spec.Tolerations, func(tl corev1.Toleration) bool { return tl == Toleration }) {
 		t.Errorf("tolerations %v do not tolerate %v", spec.Tolerations, Taint)

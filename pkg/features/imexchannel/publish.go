@@ -53,8 +53,9 @@ func (p *Publisher) Publish(in *preparer.PublishInput) {
 		in.Notices = append(in.Notices, preparer.Notice{Reason: "NVLinkCliqueUnknown", Message: "no channel or daemon devices published: NVLink clique: " + err.Error()})
 	case clique == "":
 		in.Notices = append(in.Notices, preparer.Notice{
-			Reason:  "NoNVLinkFabric",
-			Message: fmt.Sprintf("no channel or daemon devices published: none of the node's %d GPUs is in a multi-node NVLink clique (no fabric cluster UUID), so the node cannot join a ComputeDomain", len(in.Inventory.GPUs)),
+			Reason:   "NoNVLinkFabric",
+			Message:  fmt.Sprintf("no channel or daemon devices published: none of the node's %d GPUs is in a multi-node NVLink clique (no fabric cluster UUID), so the node cannot join a ComputeDomain", len(in.Inventory.GPUs)),
+			Expected: true,
 		})
 	}
 }

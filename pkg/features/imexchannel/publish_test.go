@@ -60,14 +60,16 @@ func TestPublishOnlyWhereNodeCanJoinDomain(t *testing.T) {
 		devices    []string
 		reason     string
 		mentioning string
+		// expected: the notice is what the hardware implies, no problem.
+		expected bool
 	}{
 		{name: "GB200 tray in a clique", inv: gb200, devices: []string{"channel-0", "daemon-0"}},
-		{name: "H100 without a fabric", inv: h100, reason: "NoNVLinkFabric", mentioning: "cannot join a ComputeDomain"},
+		{name: "H100 without a fabric", inv: h100, reason: "NoNVLinkFabric", mentioning: "cannot join a ComputeDomain", expected: true},
 		{name: "NVLink without a cluster UUID", inv: withFabric(gb200, func(int) *hardware.Fabric {
 			f := attached
 			f.ClusterUUID = ""
 			return &f
-		}), reason: "NoNVLinkFabric", mentioning: "no fabric cluster UUID"},
+		}), reason: "NoNVLinkFabric", mentioning: "no fabric cluster UUID", expected: true},
 		{name: "one GPU in the clique, the others without fabric", inv: withFabric(gb200, func(i int) *hardware.Fabric {
 			if i == 0 {
 				return &attached
@@ -107,6 +109,9 @@ func TestPublishOnlyWhereNodeCanJoinDomain(t *testing.T) {
 			}
 			if len(pub.Notices) != 1 || pub.Notices[0].Reason != tc.reason || !strings.Contains(pub.Notices[0].Message, tc.mentioning) {
 				t.Errorf("notices %+v, want one %s mentioning %q", pub.Notices, tc.reason, tc.mentioning)
+			}
+			if len(pub.Notices) == 1 && pub.Notices[0].Expected != tc.expected {
+				t.Errorf("notice %s: Expected is %v, want %v", tc.reason, pub.Notices[0].Expected, tc.expected)
 			}
 		})
 	}

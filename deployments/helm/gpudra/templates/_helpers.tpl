@@ -35,6 +35,7 @@ Names of the objects. The kubelet plugin's come from deployments/rbac (the
 files the local cluster installs too).
 */}}
 {{- define "gpudra.kubeletPlugin.name" -}}gpudra-kubelet-plugin{{- end -}}
+{{- define "gpudra.devicePlugin.name" -}}gpudra-device-plugin{{- end -}}
 {{- define "gpudra.webhook.name" -}}gpudra-webhook{{- end -}}
 {{- define "gpudra.resourceSlicePolicy.name" -}}gpudra-resourceslices-own-node{{- end -}}
 {{- define "gpudra.computeDomains.controller.name" -}}gpudra-compute-domain-controller{{- end -}}
@@ -43,15 +44,15 @@ files the local cluster installs too).
 {{- define "gpudra.computeDomains.leaseName" -}}gpudra-compute-domain-controller{{- end -}}
 
 {{/*
-A file of deployments/deviceclasses or deployments/rbac (through the
-chart's files/ links), parsed, with the chart's labels added and the
+A file of deployments/deviceclasses or deployments/rbac (the chart's files/
+holds copies of them: make chart-files), parsed, with the chart's labels added and the
 driver name substituted. Call with (list $ "files/....yaml"); returns YAML.
 */}}
 {{- define "gpudra.sourceObject" -}}
 {{- $root := index . 0 -}}
 {{- $path := index . 1 -}}
 {{- $text := $root.Files.Get $path -}}
-{{- if not $text }}{{ fail (printf "chart file %s is missing or empty: files/deviceclasses and files/rbac must link to deployments/deviceclasses and deployments/rbac" $path) }}{{ end -}}
+{{- if not $text }}{{ fail (printf "chart file %s is missing or empty: files/deviceclasses and files/rbac must hold copies of deployments/deviceclasses and deployments/rbac (make chart-files)" $path) }}{{ end -}}
 {{- $text = replace "'gpu.nvidia.com'" (printf "'%s'" $root.Values.driverName) $text -}}
 {{- $text = replace "'compute-domain.nvidia.com'" (printf "'%s'" $root.Values.computeDomains.driverName) $text -}}
 {{- $obj := fromYaml $text -}}
@@ -128,6 +129,27 @@ simulation.fleet is empty.
 {{- with $.Values.simulation.stateDir }}
 - --sim-state-dir={{ . }}
 {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+A fleet file (simulation.fleet an absolute path) is the host's file,
+mounted read-only at the same path into each container that simulates
+it; a built-in fleet's name needs no mount. Each returns YAML, or nothing.
+*/}}
+{{- define "gpudra.simulation.fleetFileMount" -}}
+{{- if hasPrefix "/" .Values.simulation.fleet }}
+- name: sim-fleet
+  mountPath: {{ .Values.simulation.fleet }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+{{- define "gpudra.simulation.fleetFileVolume" -}}
+{{- if hasPrefix "/" .Values.simulation.fleet }}
+- name: sim-fleet
+  hostPath:
+    path: {{ .Values.simulation.fleet }}
+    type: File
 {{- end }}
 {{- end -}}
 
@@ -284,3 +306,91 @@ NetworkPolicy egress every component needs: the API server and DNS.
   - port: 53
     protocol: TCP
 {{- end -}}
+
+{{/*
+The node mode label (pkg/nodemode.Label): a node runs gpudra's DRA kubelet
+plugin or a device plugin, never both. A node labelled
+gpudra.io/mode=device-plugin runs the device-plugin DaemonSet; any other
+node (unlabelled, or gpudra.io/mode=dra) runs the DRA one.
+*/}}
+{{- define "gpudra.modeLabel" -}}gpudra.io/mode{{- end -}}
+
+{{/*
+An affinity with the node mode requirement added to each of its required
+node selector terms (the terms are ORed, so every one needs it), or to a
+term of its own when it has none. Call with (list $affinity $operator):
+In for the device plugin, NotIn for the DRA plugin; returns YAML. Whatever
+the user's affinity, no node can match both DaemonSets.
+*/}}
+{{- define "gpudra.modeAffinity" -}}
+{{- $affinity := deepCopy (index . 0 | default dict) -}}
+{{- $requirement := dict "key" (include "gpudra.modeLabel" .) "operator" (index . 1) "values" (list "device-plugin") -}}
+{{- $nodeAffinity := $affinity.nodeAffinity | default dict -}}
+{{- $required := $nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution | default dict -}}
+{{- $terms := list -}}
+{{- range ($required.nodeSelectorTerms | default (list dict)) -}}
+{{- $term := deepCopy . -}}
+{{- $_ := set $term "matchExpressions" (append ($term.matchExpressions | default list) $requirement) -}}
+{{- $terms = append $terms $term -}}
+{{- end -}}
+{{- $_ := set $required "nodeSelectorTerms" $terms -}}
+{{- $_ := set $nodeAffinity "requiredDuringSchedulingIgnoredDuringExecution" $required -}}
+{{- $_ := set $affinity "nodeAffinity" $nodeAffinity -}}
+{{- toYaml $affinity -}}
+{{- end -}}
+
+{{/*
+The arguments of `gpudra device-plugin`: every value under devicePlugin
+that names a flag, and the node's paths from kubeletPlugin. The flags that
+NVIDIA's config file has too are passed only when set, so that the config
+file's flags apply otherwise. The render
+tests check them against the binary's own flag parsing.
+*/}}
+{{- define "gpudra.devicePlugin.args" -}}
+{{- $d := .Values.devicePlugin -}}
+{{- $p := .Values.kubeletPlugin -}}
+- device-plugin
+- --driver-name={{ .Values.driverName }}
+- --node-name=$(NODE_NAME)
+- --driver-root={{ $p.driverRoot }}
+- --container-driver-root={{ $p.containerDriverRoot }}
+{{- with $p.devRoot }}
+- --dev-root={{ . }}
+{{- end }}
+- --sysfs-root={{ $p.sysfsRoot }}
+- --proc-root={{ $p.procRoot }}
+{{- with $d.migStrategy }}
+- --mig-strategy={{ . }}
+{{- end }}
+{{- with $d.deviceListStrategy }}
+- --device-list-strategy={{ join "," . }}
+{{- end }}
+{{- with $d.deviceIDStrategy }}
+- --device-id-strategy={{ . }}
+{{- end }}
+{{- if not (kindIs "invalid" $d.passDeviceSpecs) }}
+- --pass-device-specs={{ $d.passDeviceSpecs }}
+{{- end }}
+{{- with $d.cdiAnnotationPrefix }}
+- --cdi-annotation-prefix={{ . }}
+{{- end }}
+- --health-ignore-xids={{ $d.healthIgnoreXIDs }}
+- --v={{ $d.logVerbosity }}
+- --logging-format={{ $d.logFormat }}
+- --device-plugin-dir={{ $d.devicePluginDir }}
+- --dra-plugin-data-dir={{ include "gpudra.kubeletPlugin.dataDir" . }}
+- --cdi-dir={{ $p.cdiDir }}
+- --nvidia-cdi-hook-path={{ $p.nvidiaCDIHookPath }}
+- --mps-root={{ $p.mps.root }}
+- --mps-launcher={{ $p.mps.launcher }}
+- --nsenter-path={{ $p.mps.nsenterPath }}
+- --systemd-run-path={{ $p.mps.systemdRunPath }}
+{{- with $p.mps.controlBinary }}
+- --mps-control-binary={{ . }}
+{{- end }}
+{{- if $d.config }}
+- --config-file={{ include "gpudra.devicePlugin.configDir" . }}/config.yaml
+{{- end }}
+{{- include "gpudra.simulation.args" . }}
+{{- end -}}
+{{- define "gpudra.devicePlugin.configDir" -}}/etc/gpudra/device-plugin{{- end -}}
