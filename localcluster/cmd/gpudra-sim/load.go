@@ -90,7 +90,7 @@ func runLoad(ctx context.Context, o options) error {
 	}
 	defer os.RemoveAll(dir)
 	cpOpts := controlplane.Options{}
-	opts := cluster.Options{Fleet: fleet, Dir: dir, ControlPlane: cpOpts, Baseline: o.loadBaseline, Progress: func(msg string) { progress("%s", msg) }}
+	opts := cluster.Options{Fleet: fleet, Dir: dir, ControlPlane: cpOpts, Baseline: o.loadBaseline, NoDaemons: true, Progress: func(msg string) { progress("%s", msg) }}
 	progress("starting the local cluster: %d nodes of 8 H100 (--load-mix %s), state in %s", o.loadNodes, mix, dir)
 	start := time.Now()
 	c, err := cluster.Start(ctx, opts)

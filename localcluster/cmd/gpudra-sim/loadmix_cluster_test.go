@@ -27,7 +27,7 @@ func TestMixedLoadRound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, Baseline: defaultBaselineDriver})
+	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, Baseline: defaultBaselineDriver, NoDaemons: true})
 	if err != nil {
 		t.Fatal(err)
 	}

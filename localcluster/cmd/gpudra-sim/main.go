@@ -17,7 +17,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"syscall"
 	"time"
 
@@ -70,14 +69,10 @@ type options struct {
 }
 
 func main() {
-	// Started as nvidia-cuda-mps-control (a symlink to this program, see
-	// cluster.FakeMPS): run as the simulated MPS control daemon.
-	if code, ok := mpsfake.Main(); ok {
-		os.Exit(code)
-	}
-	// Started as nvidia-imex or nvidia-imex-ctl (cluster.FakeIMEX): the
-	// simulated nodes' IMEX daemons.
-	if code, ok := imexfake.Main(); ok {
+	// Started as nvidia-cuda-mps-control, nvidia-imex or nvidia-imex-ctl
+	// (links to this program that cluster.Start installs): run as the
+	// simulated nodes' daemon.
+	if code, ok := cluster.Main(); ok {
 		os.Exit(code)
 	}
 	var o options
@@ -236,15 +231,11 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 		}
 	}
 
-	mpsControl, removeMPS, err := cluster.FakeMPS()
-	if err != nil {
-		return fmt.Errorf("simulated MPS control binary: %w", err)
-	}
-	defer removeMPS()
 	// The simulated daemons live as long as their claims (they are stopped
-	// when their claims are unprepared, and killed by removeMPS), not the
-	// fake's default bound.
+	// when their claims are unprepared, and killed when the cluster
+	// stops), not the fakes' default bound.
 	_ = os.Setenv(mpsfake.EnvMaxLifetime, "0")
+	_ = os.Setenv(imexfake.EnvMaxLifetime, "0")
 
 	values, err := readChartValues(o.chartValues)
 	if err != nil {
@@ -259,17 +250,11 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 	}
 	progress("starting the local cluster: fleet %s, %d nodes", o.fleet, len(fleet.Nodes))
 	start := time.Now()
-	imexBinary, removeIMEX, err := fakeIMEX(fleet)
-	if err != nil {
-		return err
-	}
-	// Deferred before the cluster's stop, so it runs after it.
-	defer removeIMEX()
 	realNodes, err := prepareRealNodes(ctx, o, fleet, progress)
 	if err != nil {
 		return err
 	}
-	clusterOpts := cluster.Options{Fleet: fleet, MPSControlBinary: mpsControl, IMEXBinary: imexBinary, ChartValues: values, RealNodes: realNodes, Progress: func(msg string) { progress("%s", msg) }}
+	clusterOpts := cluster.Options{Fleet: fleet, ChartValues: values, RealNodes: realNodes, Progress: func(msg string) { progress("%s", msg) }}
 	c, err := cluster.Start(ctx, clusterOpts)
 	if err != nil && realNodes != nil && ctx.Err() == nil {
 		// A real node depends on the machine in more ways than
@@ -437,21 +422,4 @@ func readChartValues(path string) (map[string]any, error) {
 		return nil, fmt.Errorf("--chart-values %s: %w", path, err)
 	}
 	return values, nil
-}
-
-// fakeIMEX returns the fake nvidia-imex the nodes' channel plugins
-// supervise on a fleet with NVLink fabric nodes, and the function that
-// removes it (and kills the daemons left); empty on other fleets.
-func fakeIMEX(fleet *sim.Fleet) (binary string, remove func(), err error) {
-	if !slices.ContainsFunc(fleet.Nodes, func(n sim.Node) bool { return n.Fabric != nil }) {
-		return "", func() {}, nil
-	}
-	bin, remove, err := cluster.FakeIMEX()
-	if err != nil {
-		return "", nil, fmt.Errorf("simulated IMEX daemon: %w", err)
-	}
-	// The daemons live while channel claims hold them (then remove kills
-	// what is left), not the fake's default bound.
-	_ = os.Setenv(imexfake.EnvMaxLifetime, "0")
-	return bin, remove, nil
 }
