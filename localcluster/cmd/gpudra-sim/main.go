@@ -28,6 +28,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/imex/imexfake"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
+	"github.com/gpudra/gpudra/localcluster/loadrun"
 	"github.com/gpudra/gpudra/localcluster/manifests"
 	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
@@ -52,7 +53,7 @@ type options struct {
 	loadDir string
 	// loadRoundTimeout bounds each load round, and the deletion after it.
 	loadRoundTimeout time.Duration
-	// loadMix is what the load run's pods ask for (loadmix.go).
+	// loadMix is what the load run's pods ask for (loadrun.Options.Mix).
 	loadMix string
 	// loadRounds is how many rounds of each driver the load run makes.
 	loadRounds int
@@ -108,12 +109,12 @@ Flags:
 	fs.IntVar(&o.verbosity, "v", 0, "log verbosity of the components (with --log-file)")
 	fs.DurationVar(&o.settle, "settle-timeout", 3*time.Minute, "how long to wait for the pods to settle")
 	fs.IntVar(&o.load, "load", 0, "instead of the manifests: a load run with this many pods (see --load-nodes); not for CI")
-	fs.IntVar(&o.loadNodes, "load-nodes", 100, "with --load: number of simulated 8-GPU nodes")
+	fs.IntVar(&o.loadNodes, "load-nodes", loadrun.DefaultNodes, "with --load: number of simulated 8-GPU nodes")
 	fs.StringVar(&o.cpuProfile, "cpu-profile", "", "with --load: write a CPU profile of gpudra's last round to this file")
-	fs.DurationVar(&o.loadRoundTimeout, "load-round-timeout", 10*time.Minute, "with --load: how long each round may take to have every pod Running, and its pods to be deleted")
-	fs.IntVar(&o.loadRounds, "load-rounds", defaultLoadRounds, "with --load: how many rounds of each driver, alternating (the baseline's first)")
-	fs.StringVar(&o.loadMix, "load-mix", string(mixGPU), "with --load: what the pods ask for: gpu (one whole GPU each) or mixed (a third a 1g.10gb dynamic MIG device, a tenth a share of a GPU, the rest a whole GPU)")
-	fs.StringVar(&o.loadBaseline, "load-baseline-driver", defaultBaselineDriver, "with --load: the baseline driver's name; the scheduler searches a node's devices in the order of their drivers' names, so one that sorts after gpu.nvidia.com (e.g. sim.baseline.gpudra) puts the baseline's devices after gpudra's")
+	fs.DurationVar(&o.loadRoundTimeout, "load-round-timeout", loadrun.DefaultRoundTimeout, "with --load: how long each round may take to have every pod Running, and its pods to be deleted")
+	fs.IntVar(&o.loadRounds, "load-rounds", loadrun.DefaultRounds, "with --load: how many rounds of each driver, alternating (the baseline's first)")
+	fs.StringVar(&o.loadMix, "load-mix", string(loadrun.MixGPU), "with --load: what the pods ask for: gpu (one whole GPU each) or mixed (a third a 1g.10gb dynamic MIG device, a tenth a share of a GPU, the rest a whole GPU)")
+	fs.StringVar(&o.loadBaseline, "load-baseline-driver", loadrun.DefaultBaselineDriver, "with --load: the baseline driver's name; the scheduler searches a node's devices in the order of their drivers' names, so one that sorts after gpu.nvidia.com (e.g. sim.baseline.gpudra) puts the baseline's devices after gpudra's")
 	fs.StringVar(&o.loadDir, "load-dir", "", "with --load: directory for the cluster's state (default: /dev/shm if writable, else the temporary directory)")
 	fs.IntVar(&o.realNodes, "real-nodes", 0, "make the fleet's first N nodes real: the real kubelet, containerd and runc, gpudra installed from the chart as a container of its image, and a probe pod whose container prints what it sees (docs/real-node.md); where the machine cannot run one, say what is missing and run without it")
 	fs.StringVar(&o.fleetView, "fleet-view", "", "serve the fleet view page (as gpudra fleet-view) of the local cluster on this address, e.g. 127.0.0.1:8090, while the cluster runs (with --keep-running until interrupted)")
