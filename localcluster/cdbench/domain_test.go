@@ -92,11 +92,6 @@ func BenchmarkComputeDomain18Nodes(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	bin, removeIMEX, err := cluster.FakeIMEX()
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer removeIMEX()
 	// A short directory: the channel driver's registration socket path
 	// must fit in 108 bytes.
 	dir, err := os.MkdirTemp("", "cdb")
@@ -104,9 +99,10 @@ func BenchmarkComputeDomain18Nodes(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	// The chart's ComputeDomain driver runs with the fake daemon; a daemon
-	// no claim holds stops after 2 s, so that every run starts cold.
-	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, Dir: dir, IMEXBinary: bin,
+	// The chart's ComputeDomain driver runs with the cluster's fake daemon;
+	// a daemon no claim holds stops after 2 s, so that every run starts
+	// cold.
+	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, Dir: dir,
 		ChartValues: map[string]any{"computeDomains": map[string]any{"kubeletPlugin": map[string]any{"imex": map[string]any{"idleStop": "2s"}}}}})
 	if err != nil {
 		b.Fatal(err)

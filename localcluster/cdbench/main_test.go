@@ -8,12 +8,13 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/gpudra/gpudra/pkg/imex/imexfake"
+	"github.com/gpudra/gpudra/localcluster/cluster"
 )
 
 func TestMain(m *testing.M) {
-	// Started as nvidia-imex or nvidia-imex-ctl (cluster.FakeIMEX).
-	if code, ok := imexfake.Main(); ok {
+	// Started as one of the nodes' fake daemons (cluster.Start installs
+	// them).
+	if code, ok := cluster.Main(); ok {
 		os.Exit(code)
 	}
 	klog.InitFlags(nil)

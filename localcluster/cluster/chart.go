@@ -43,7 +43,7 @@ func (c *Cluster) installChart(ctx context.Context, progress func(string)) error
 		if cd == nil {
 			cd = map[string]any{}
 		}
-		cd["enabled"] = c.opts.ComputeDomains || fleetHasClique(c.opts.Fleet)
+		cd["enabled"] = c.computeDomainsEnabled()
 		values["computeDomains"] = cd
 	}
 	values = c.imexChartValues(values)
@@ -246,4 +246,16 @@ func (w *webhookPod) stop() error {
 	w.unroute()
 	w.cancel()
 	return <-w.done
+}
+
+// computeDomainsEnabled reports whether the chart's ComputeDomain driver
+// runs: as the chart values' computeDomains.enabled says, or, where they do
+// not set it, when a node of the fleet is in a clique or the options ask
+// for it.
+func (c *Cluster) computeDomainsEnabled() bool {
+	if cd, _ := c.opts.ChartValues["computeDomains"].(map[string]any); cd != nil && cd["enabled"] != nil {
+		enabled, _ := cd["enabled"].(bool)
+		return enabled
+	}
+	return c.opts.ComputeDomains || fleetHasClique(c.opts.Fleet)
 }

@@ -61,15 +61,24 @@ type Options struct {
 	NodeWorkers int
 	// Progress, if set, gets one line per step of the start.
 	Progress func(msg string)
-	// MPSControlBinary, if set, is the (fake) nvidia-cuda-mps-control the
-	// nodes run MPS daemons with; without it nodes refuse MPS claims.
+	// MPSControlBinary is the nvidia-cuda-mps-control the nodes run MPS
+	// daemons with. Empty: a fake (package mpsfake) that Start installs
+	// as links to the running program, which must call [Main] first, and
+	// Stop removes, killing the daemons left. A test that checks what is
+	// left after the stop installs its own ([FakeMPS]).
 	MPSControlBinary string
-	// IMEXBinary, if set, is the (fake, see [FakeIMEX]) nvidia-imex, with
-	// nvidia-imex-ctl beside it, that every node's channel plugin must
-	// supervise: the chart's computeDomains.kubeletPlugin.imex daemon,
-	// binary and ctl values, where ChartValues do not set them. Without
-	// it the plugins find no daemon binary and serve channels only.
+	// IMEXBinary is the nvidia-imex, with nvidia-imex-ctl beside it, that
+	// every node's channel plugin must supervise: the chart's
+	// computeDomains.kubeletPlugin.imex daemon, binary and ctl values,
+	// where ChartValues do not set them. Empty: where the chart's
+	// ComputeDomain driver runs, a fake (package imexfake) that Start
+	// installs and Stop removes as it does the MPS fake ([FakeIMEX]).
 	IMEXBinary string
+	// NoDaemons leaves the daemon binaries above empty when they are:
+	// the nodes then refuse MPS claims and the channel plugins, finding
+	// no daemon binary, serve channels only. The load run measures the
+	// drivers so, without a program to start per MPS claim.
+	NoDaemons bool
 	// ChartValues are the values gpudra's Helm chart is installed with
 	// (helm install -f), over the chart's values.yaml; driverName is
 	// DriverName unless they set it.
@@ -121,11 +130,14 @@ type Cluster struct {
 	realEndpoints map[string]string
 	// evictions keeps the pods controllers evicted, for the report.
 	evictions *evictions
+	// removeFakes remove the fake daemons Start installed.
+	removeFakes []func()
 }
 
-// Start brings the cluster up: control plane, DeviceClasses, then all
-// nodes in parallel. It returns once every node's plugin is registered
-// and its ResourceSlices published.
+// Start brings the cluster up: the fake MPS and IMEX daemons the options
+// leave to it, control plane, gpudra's chart, then all nodes in parallel.
+// It returns once every node's plugin is registered and its
+// ResourceSlices published. On an error it stops what it started.
 func Start(ctx context.Context, opts Options) (_ *Cluster, finalErr error) {
 	if opts.Fleet == nil || len(opts.Fleet.Nodes) == 0 {
 		return nil, errors.New("local cluster: a fleet with at least one node is required")
@@ -162,6 +174,10 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, finalErr error) {
 			_ = c.Stop()
 		}
 	}()
+
+	if err := c.setUpDaemons(); err != nil {
+		return nil, err
+	}
 
 	cpOpts := opts.ControlPlane
 	cpOpts.Dir = filepath.Join(c.dir, "cp")
@@ -436,7 +452,8 @@ func (c *Cluster) Apply(ctx context.Context, objs []manifests.Object) ([]manifes
 }
 
 // Stop stops the ComputeDomain driver, the nodes, then the control
-// plane, and removes the directory if Start made it.
+// plane, removes the fake daemons Start installed (killing those still
+// running), and removes the directory if Start made it.
 func (c *Cluster) Stop() error {
 	var errs []error
 	if c.computeDomains != nil {
@@ -462,6 +479,7 @@ func (c *Cluster) Stop() error {
 		errs = append(errs, c.cp.Stop())
 		c.cp = nil
 	}
+	c.removeDaemons()
 	if c.ownDir {
 		errs = append(errs, os.RemoveAll(c.dir))
 		c.ownDir = false

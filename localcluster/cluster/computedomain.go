@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"maps"
 	"net"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -25,10 +24,8 @@ import (
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/computedomain"
-	"github.com/gpudra/gpudra/pkg/fakeprog"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/imex"
-	"github.com/gpudra/gpudra/pkg/imex/imexfake"
 	"github.com/gpudra/gpudra/pkg/plugin"
 
 	"github.com/gpudra/gpudra/localcluster/install"
@@ -350,27 +347,6 @@ func freePorts(ip string, n int) ([]int, error) {
 		out = append(out, port)
 	}
 	return out, nil
-}
-
-// FakeIMEX makes the running program the nvidia-imex and nvidia-imex-ctl
-// of the simulated nodes, as [FakeMPS] does for MPS: symlinks to the
-// program's executable in a new temporary directory. It returns the
-// daemon's path, for Options.IMEXBinary, and a function that kills every
-// fake daemon still running from the directory and removes it. The
-// program must call imexfake.Main first thing in main (or TestMain).
-func FakeIMEX() (binary string, remove func(), err error) {
-	dir, err := os.MkdirTemp("", "gpudra-imexbin-")
-	if err != nil {
-		return "", nil, err
-	}
-	if err := imexfake.Install(dir); err != nil {
-		_ = os.RemoveAll(dir)
-		return "", nil, err
-	}
-	return filepath.Join(dir, imex.DaemonName), func() {
-		_ = fakeprog.Kill(fakeprog.Procs(dir))
-		_ = os.RemoveAll(dir)
-	}, nil
 }
 
 // notReadyReason says why a domain is NotReady: its false conditions'

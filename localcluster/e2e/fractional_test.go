@@ -60,7 +60,7 @@ func TestFractionalGPUs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, MPSControlBinary: mpsControl})
+	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet})
 	if err != nil {
 		t.Fatal(err)
 	}

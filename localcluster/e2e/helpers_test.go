@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -143,15 +142,15 @@ func specFilesFor(t *testing.T, node, claimUID string) []string {
 	return out
 }
 
-// checkpointHas reports whether the node's plugin checkpoint mentions the
+// checkpointHas reports whether the node's plugin checkpoint holds the
 // claim.
 func checkpointHas(t *testing.T, node, claimUID string) bool {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(demo.Node(node).PluginDataDir(), "checkpoint.json"))
+	st, err := demo.Node(node).Checkpoint()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return strings.Contains(string(data), claimUID)
+	return st.Claims[claimUID] != nil
 }
 
 // asksForExtendedGPUs reports whether a container asks for GPUs as an

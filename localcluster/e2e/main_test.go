@@ -18,8 +18,6 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
-	"github.com/gpudra/gpudra/pkg/imex/imexfake"
-	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 )
@@ -28,9 +26,6 @@ import (
 // applied.
 var demo *cluster.Cluster
 
-// mpsControl is the fake nvidia-cuda-mps-control the clusters' nodes run.
-var mpsControl string
-
 // examplesDir is the repository's examples directory.
 func examplesDir() string {
 	_, file, _, _ := runtime.Caller(0)
@@ -38,12 +33,9 @@ func examplesDir() string {
 }
 
 func TestMain(m *testing.M) {
-	// Started as nvidia-cuda-mps-control: the nodes' simulated MPS daemons.
-	if code, ok := mpsfake.Main(); ok {
-		os.Exit(code)
-	}
-	// Started as nvidia-imex or nvidia-imex-ctl (cluster.FakeIMEX).
-	if code, ok := imexfake.Main(); ok {
+	// Started as nvidia-cuda-mps-control, nvidia-imex or nvidia-imex-ctl:
+	// the nodes' simulated daemons (cluster.Start installs them).
+	if code, ok := cluster.Main(); ok {
 		os.Exit(code)
 	}
 	klog.InitFlags(nil)
@@ -88,24 +80,11 @@ func run(m *testing.M) int {
 		return 1
 	}
 	start := time.Now()
-	var removeMPS func()
-	mpsControl, removeMPS, err = cluster.FakeMPS()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
 	// The demo fleet's GB200 trays run examples/compute-domain with fake
-	// IMEX daemons.
-	imexBinary, removeIMEX, err := cluster.FakeIMEX()
+	// IMEX daemons, which the cluster installs, as it does the fake MPS
+	// control binary.
+	demo, err = cluster.Start(ctx, cluster.Options{Fleet: fleet})
 	if err != nil {
-		removeMPS()
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	demo, err = cluster.Start(ctx, cluster.Options{Fleet: fleet, MPSControlBinary: mpsControl, IMEXBinary: imexBinary})
-	if err != nil {
-		removeIMEX()
-		removeMPS()
 		fmt.Fprintln(os.Stderr, "start local cluster:", err)
 		return 1
 	}
@@ -115,8 +94,6 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "stop local cluster:", err)
 		code = 1
 	}
-	removeIMEX()
-	removeMPS()
 	if left := newEntries(tmpBefore, tempEntries()); len(left) != 0 {
 		fmt.Fprintf(os.Stderr, "left in %s after the local cluster stopped: %v\n", os.TempDir(), left)
 		code = 1

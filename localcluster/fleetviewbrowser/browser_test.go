@@ -29,6 +29,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// Started as one of the nodes' fake daemons (cluster.Start installs
+	// them).
+	if code, ok := cluster.Main(); ok {
+		os.Exit(code)
+	}
 	// The control plane's components log through klog; the test's own
 	// lines are what matters.
 	klog.SetOutput(io.Discard)

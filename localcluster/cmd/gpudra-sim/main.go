@@ -17,7 +17,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -30,6 +29,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/imex/imexfake"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
+	"github.com/gpudra/gpudra/localcluster/loadrun"
 	"github.com/gpudra/gpudra/localcluster/manifests"
 	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
@@ -54,7 +54,7 @@ type options struct {
 	loadDir string
 	// loadRoundTimeout bounds each load round, and the deletion after it.
 	loadRoundTimeout time.Duration
-	// loadMix is what the load run's pods ask for (loadmix.go).
+	// loadMix is what the load run's pods ask for (loadrun.Options.Mix).
 	loadMix string
 	// loadRounds is how many rounds of each driver the load run makes.
 	loadRounds int
@@ -71,14 +71,10 @@ type options struct {
 }
 
 func main() {
-	// Started as nvidia-cuda-mps-control (a symlink to this program, see
-	// cluster.FakeMPS): run as the simulated MPS control daemon.
-	if code, ok := mpsfake.Main(); ok {
-		os.Exit(code)
-	}
-	// Started as nvidia-imex or nvidia-imex-ctl (cluster.FakeIMEX): the
-	// simulated nodes' IMEX daemons.
-	if code, ok := imexfake.Main(); ok {
+	// Started as nvidia-cuda-mps-control, nvidia-imex or nvidia-imex-ctl
+	// (links to this program that cluster.Start installs): run as the
+	// simulated nodes' daemon.
+	if code, ok := cluster.Main(); ok {
 		os.Exit(code)
 	}
 	var o options
@@ -114,12 +110,12 @@ Flags:
 	fs.IntVar(&o.verbosity, "v", 0, "log verbosity of the components (with --log-file)")
 	fs.DurationVar(&o.settle, "settle-timeout", 3*time.Minute, "how long to wait for the pods to settle")
 	fs.IntVar(&o.load, "load", 0, "instead of the manifests: a load run with this many pods (see --load-nodes); not for CI")
-	fs.IntVar(&o.loadNodes, "load-nodes", 100, "with --load: number of simulated 8-GPU nodes")
+	fs.IntVar(&o.loadNodes, "load-nodes", loadrun.DefaultNodes, "with --load: number of simulated 8-GPU nodes")
 	fs.StringVar(&o.cpuProfile, "cpu-profile", "", "with --load: write a CPU profile of gpudra's last round to this file")
-	fs.DurationVar(&o.loadRoundTimeout, "load-round-timeout", 10*time.Minute, "with --load: how long each round may take to have every pod Running, and its pods to be deleted")
-	fs.IntVar(&o.loadRounds, "load-rounds", defaultLoadRounds, "with --load: how many rounds of each driver, alternating (the baseline's first)")
-	fs.StringVar(&o.loadMix, "load-mix", string(mixGPU), "with --load: what the pods ask for: gpu (one whole GPU each) or mixed (a third a 1g.10gb dynamic MIG device, a tenth a share of a GPU, the rest a whole GPU)")
-	fs.StringVar(&o.loadBaseline, "load-baseline-driver", defaultBaselineDriver, "with --load: the baseline driver's name; the scheduler searches a node's devices in the order of their drivers' names, so one that sorts after gpu.nvidia.com (e.g. sim.baseline.gpudra) puts the baseline's devices after gpudra's")
+	fs.DurationVar(&o.loadRoundTimeout, "load-round-timeout", loadrun.DefaultRoundTimeout, "with --load: how long each round may take to have every pod Running, and its pods to be deleted")
+	fs.IntVar(&o.loadRounds, "load-rounds", loadrun.DefaultRounds, "with --load: how many rounds of each driver, alternating (the baseline's first)")
+	fs.StringVar(&o.loadMix, "load-mix", string(loadrun.MixGPU), "with --load: what the pods ask for: gpu (one whole GPU each) or mixed (a third a 1g.10gb dynamic MIG device, a tenth a share of a GPU, the rest a whole GPU)")
+	fs.StringVar(&o.loadBaseline, "load-baseline-driver", loadrun.DefaultBaselineDriver, "with --load: the baseline driver's name; the scheduler searches a node's devices in the order of their drivers' names, so one that sorts after gpu.nvidia.com (e.g. sim.baseline.gpudra) puts the baseline's devices after gpudra's")
 	fs.StringVar(&o.loadDir, "load-dir", "", "with --load: directory for the cluster's state (default: /dev/shm if writable, else the temporary directory)")
 	fs.IntVar(&o.realNodes, "real-nodes", 0, "make the fleet's first N nodes real: the real kubelet, containerd and runc, gpudra installed from the chart as a container of its image, and a probe pod whose container prints what it sees (docs/real-node.md); where the machine cannot run one, say what is missing and run without it")
 	fs.StringVar(&o.fleetView, "fleet-view", "", "serve the fleet view page (as gpudra fleet-view) of the local cluster on this address, e.g. 127.0.0.1:8090, while the cluster runs (with --keep-running until interrupted)")
@@ -237,15 +233,11 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 		}
 	}
 
-	mpsControl, removeMPS, err := cluster.FakeMPS()
-	if err != nil {
-		return fmt.Errorf("simulated MPS control binary: %w", err)
-	}
-	defer removeMPS()
 	// The simulated daemons live as long as their claims (they are stopped
-	// when their claims are unprepared, and killed by removeMPS), not the
-	// fake's default bound.
+	// when their claims are unprepared, and killed when the cluster
+	// stops), not the fakes' default bound.
 	_ = os.Setenv(mpsfake.EnvMaxLifetime, "0")
+	_ = os.Setenv(imexfake.EnvMaxLifetime, "0")
 
 	values, err := readChartValues(o.chartValues)
 	if err != nil {
@@ -260,17 +252,11 @@ func run(ctx context.Context, o options, stdout io.Writer) (finalErr error) {
 	}
 	progress("starting the local cluster: fleet %s, %d nodes", o.fleet, len(fleet.Nodes))
 	start := time.Now()
-	imexBinary, removeIMEX, err := fakeIMEX(fleet)
-	if err != nil {
-		return err
-	}
-	// Deferred before the cluster's stop, so it runs after it.
-	defer removeIMEX()
 	realNodes, err := prepareRealNodes(ctx, o, fleet, progress)
 	if err != nil {
 		return err
 	}
-	clusterOpts := cluster.Options{Fleet: fleet, MPSControlBinary: mpsControl, IMEXBinary: imexBinary, ChartValues: values, RealNodes: realNodes, Progress: func(msg string) { progress("%s", msg) }}
+	clusterOpts := cluster.Options{Fleet: fleet, ChartValues: values, RealNodes: realNodes, Progress: func(msg string) { progress("%s", msg) }}
 	c, err := cluster.Start(ctx, clusterOpts)
 	if err != nil && realNodes != nil && ctx.Err() == nil {
 		// A real node depends on the machine in more ways than
@@ -470,21 +456,4 @@ func readChartValues(path string) (map[string]any, error) {
 		return nil, fmt.Errorf("--chart-values %s: %w", path, err)
 	}
 	return values, nil
-}
-
-// fakeIMEX returns the fake nvidia-imex the nodes' channel plugins
-// supervise on a fleet with NVLink fabric nodes, and the function that
-// removes it (and kills the daemons left); empty on other fleets.
-func fakeIMEX(fleet *sim.Fleet) (binary string, remove func(), err error) {
-	if !slices.ContainsFunc(fleet.Nodes, func(n sim.Node) bool { return n.Fabric != nil }) {
-		return "", func() {}, nil
-	}
-	bin, remove, err := cluster.FakeIMEX()
-	if err != nil {
-		return "", nil, fmt.Errorf("simulated IMEX daemon: %w", err)
-	}
-	// The daemons live while channel claims hold them (then remove kills
-	// what is left), not the fake's default bound.
-	_ = os.Setenv(imexfake.EnvMaxLifetime, "0")
-	return bin, remove, nil
 }

@@ -10,14 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
-
 	"github.com/gpudra/gpudra/localcluster/cluster"
 )
 
 func TestMain(m *testing.M) {
-	// run starts the nodes' MPS daemons as this binary.
-	if code, ok := mpsfake.Main(); ok {
+	// run starts the nodes' MPS and IMEX daemons as this binary.
+	if code, ok := cluster.Main(); ok {
 		os.Exit(code)
 	}
 	os.Exit(m.Run())

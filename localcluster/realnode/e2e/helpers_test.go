@@ -24,12 +24,14 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
 
+	"github.com/gpudra/gpudra/pkg/checkpoint"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/realnode/containerruntime"
 	"github.com/gpudra/gpudra/localcluster/realnode/node"
 	"github.com/gpudra/gpudra/localcluster/realnode/probe"
+	"github.com/gpudra/gpudra/localcluster/simnode"
 )
 
 // realNode skips the test unless GPUDRA_REAL_NODE=1; asked for on a
@@ -215,14 +217,14 @@ func specFiles(t *testing.T, rn *node.Node, claim *resourceapi.ResourceClaim) []
 	return files
 }
 
-// checkpointHas reports whether the plugin's checkpoint names the claim.
+// checkpointHas reports whether the plugin's checkpoint holds the claim.
 func checkpointHas(t *testing.T, rn *node.Node, driver string, claim *resourceapi.ResourceClaim) bool {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(rn.Layout().PluginsDir(), driver, "checkpoint.json"))
+	st, err := simnode.PeekCheckpoint(filepath.Join(rn.Layout().PluginsDir(), driver), checkpoint.WithDriverName(driver))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return strings.Contains(string(b), string(claim.UID))
+	return st.Claims[string(claim.UID)] != nil
 }
 
 // waitFor polls cond until it holds or a minute passes.

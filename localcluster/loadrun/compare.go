@@ -1,4 +1,4 @@
-package main
+package loadrun
 
 import (
 	"bytes"
@@ -18,15 +18,15 @@ import (
 	"github.com/gpudra/gpudra/localcluster/simnode"
 )
 
-// defaultBaselineDriver is the driver name of the baseline driver every
+// DefaultBaselineDriver is the driver name of the baseline driver every
 // node of the load run runs beside gpudra (package baseline), with a
 // DeviceClass of the same name (--load-baseline-driver).
-const defaultBaselineDriver = "baseline.gpudra.sim"
+const DefaultBaselineDriver = "baseline.gpudra.sim"
 
-// defaultLoadRounds is how many rounds of each driver the load run makes
+// DefaultRounds is how many rounds of each driver the load run makes
 // (--load-rounds), alternating, so that a machine that gets busier or
 // quieter during the run weighs on both alike.
-const defaultLoadRounds = 2
+const DefaultRounds = 2
 
 // gpudraMIGClass is gpudra's DeviceClass of MIG devices (its chart's).
 const gpudraMIGClass = "mig.nvidia.com"
@@ -39,38 +39,40 @@ type driverRun struct {
 	gpuClass, migClass string
 	// templates are the claim templates of its pods, by kind.
 	templates map[podKind]string
-	rounds    []*roundResult
+	rounds    []*Round
 	// profile is the CPU profile of the last round, for --cpu-profile.
 	profile []byte
 }
 
 // compareDrivers runs the baseline driver's and gpudra's rounds
-// alternately on the same cluster and prints the comparison.
-func compareDrivers(ctx context.Context, o options, mix loadMix, c *cluster.Cluster, client kubernetes.Interface, stateDir string) error {
+// alternately on the same cluster, prints the comparison and returns each
+// driver's rounds.
+func (lr *runner) compareDrivers(ctx context.Context, c *cluster.Cluster, client kubernetes.Interface, stateDir string) (baseline, gpudra []*Round, err error) {
+	o := lr.o
 	runs := loadRuns(c.Options().DriverName, c.Options().Baseline)
 	if err := createLoadClasses(ctx, client, runs); err != nil {
-		return err
+		return nil, nil, err
 	}
-	kinds := mix.kinds(o.load)
-	for i := range o.loadRounds {
+	kinds := lr.mix.kinds(o.Pods)
+	for i := range o.Rounds {
 		for _, run := range runs {
 			prefix := fmt.Sprintf("%s%d", run.name, i)
-			r, prof, err := profiledRound(func() (*roundResult, error) {
-				return loadRound(ctx, c, client, prefix, kinds, run.templates, o.loadRoundTimeout)
+			r, prof, err := profiledRound(func() (*Round, error) {
+				return lr.loadRound(ctx, c, client, prefix, kinds, run.templates, o.RoundTimeout)
 			})
 			if err != nil {
-				return err
+				return nil, nil, err
 			}
-			progress("checking that every pod got its own device, prepared and resolved through CDI")
-			if err := verifyLoad(ctx, c, client, prefix, o.load, run.driver); err != nil {
-				return err
+			lr.progress("checking that every pod got its own device, prepared and resolved through CDI")
+			if err := verifyLoad(ctx, c, client, prefix, o.Pods, run.driver); err != nil {
+				return nil, nil, err
 			}
-			progress("deleting the pods")
-			if err := deleteAllPods(ctx, client, o.loadRoundTimeout); err != nil {
-				return err
+			lr.progress("deleting the pods")
+			if err := deleteAllPods(ctx, client, o.RoundTimeout); err != nil {
+				return nil, nil, err
 			}
-			if r.byDriver, err = cpuByDriver(prof); err != nil {
-				return fmt.Errorf("attribute the CPU profile of round %s: %w", prefix, err)
+			if r.ByDriver, err = cpuByDriver(prof); err != nil {
+				return nil, nil, fmt.Errorf("attribute the CPU profile of round %s: %w", prefix, err)
 			}
 			run.rounds, run.profile = append(run.rounds, r), prof
 		}
@@ -78,15 +80,15 @@ func compareDrivers(ctx context.Context, o options, mix loadMix, c *cluster.Clus
 	for _, w := range []struct {
 		file string
 		run  *driverRun
-	}{{o.cpuProfile, runs[1]}, {o.cpuProfileBaseline, runs[0]}} {
+	}{{o.CPUProfile, runs[1]}, {o.CPUProfileBaseline, runs[0]}} {
 		if w.file != "" {
 			if err := os.WriteFile(w.file, w.run.profile, 0o644); err != nil {
-				return err
+				return nil, nil, err
 			}
 		}
 	}
-	printComparison(o, mix, stateDir, runs[0], runs[1])
-	return nil
+	lr.printComparison(stateDir, runs[0], runs[1])
+	return runs[0].rounds, runs[1].rounds, nil
 }
 
 // loadRuns are the two sides of the comparison: the baseline driver's
@@ -144,7 +146,7 @@ func createLoadClasses(ctx context.Context, client kubernetes.Interface, runs []
 }
 
 // profiledRound runs f under a CPU profile and returns the profile.
-func profiledRound(f func() (*roundResult, error)) (*roundResult, []byte, error) {
+func profiledRound(f func() (*Round, error)) (*Round, []byte, error) {
 	var buf bytes.Buffer
 	if err := pprof.StartCPUProfile(&buf); err != nil {
 		return nil, nil, err
@@ -188,28 +190,30 @@ const profilePeriod = 10 * time.Millisecond
 // own goroutines took (by profile label).
 func (r *driverRun) totals() (makespan, cpu, own time.Duration) {
 	for _, round := range r.rounds {
-		makespan += round.makespan
-		cpu += round.cpu
-		own += round.byDriver[r.driver]
+		makespan += round.Makespan
+		cpu += round.CPU
+		own += round.ByDriver[r.driver]
 	}
 	return makespan, cpu, own
 }
 
-func printComparison(o options, mix loadMix, stateDir string, base, gpudra *driverRun) {
-	pods := float64(o.load * o.loadRounds)
+// printComparison writes the rounds of both drivers and how they compare.
+func (lr *runner) printComparison(stateDir string, base, gpudra *driverRun) {
+	o, mix, w := lr.o, lr.mix, lr.out
+	pods := float64(o.Pods * o.Rounds)
 	bm, bc, bo := base.totals()
 	gm, gc, gown := gpudra.totals()
 	perPod := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / pods }
-	fmt.Printf("\nload run: %d pods on %d simulated nodes (8 H100 each), %s; %d rounds of each driver, alternating\n", o.load, o.loadNodes, mix.describe(o.load), o.loadRounds)
+	fmt.Fprintf(w, "\nload run: %d pods on %d simulated nodes (8 H100 each), %s; %d rounds of each driver, alternating\n", o.Pods, o.Nodes, mix.describe(o.Pods), o.Rounds)
 	for _, r := range []*driverRun{base, gpudra} {
 		for i, round := range r.rounds {
-			fmt.Printf("  %-8s round %d: makespan %v (%.1f pods/s, CPU %.1f s = %.1f ms per pod, the driver's own %.2f ms per claim); create to bound p50 %v p99 %v; to Running p50 %v p99 %v\n",
-				r.name, i+1, round.makespan.Round(time.Millisecond), float64(o.load)/round.makespan.Seconds(),
-				round.cpu.Seconds(), float64(round.cpu.Microseconds())/1000/float64(o.load), float64(round.byDriver[r.driver].Microseconds())/1000/float64(o.load),
-				percentile(round.bound, 50), percentile(round.bound, 99), percentile(round.running, 50), percentile(round.running, 99))
+			fmt.Fprintf(w, "  %-8s round %d: makespan %v (%.1f pods/s, CPU %.1f s = %.1f ms per pod, the driver's own %.2f ms per claim); create to bound p50 %v p99 %v; to Running p50 %v p99 %v\n",
+				r.name, i+1, round.Makespan.Round(time.Millisecond), float64(o.Pods)/round.Makespan.Seconds(),
+				round.CPU.Seconds(), float64(round.CPU.Microseconds())/1000/float64(o.Pods), float64(round.ByDriver[r.driver].Microseconds())/1000/float64(o.Pods),
+				percentile(round.Bound, 50), percentile(round.Bound, 99), percentile(round.Running, 50), percentile(round.Running, 99))
 		}
 	}
-	fmt.Printf(`  gpudra / baseline: makespan %.2fx, CPU per pod %.2fx (%.1f ms vs %.1f ms)
+	fmt.Fprintf(w, `  gpudra / baseline: makespan %.2fx, CPU per pod %.2fx (%.1f ms vs %.1f ms)
   each driver's plugin CPU per claim (pprof label %s): gpudra %.2f ms (%d samples), baseline %.2f ms (%d samples); gpudra's plugin %.1f%% of its rounds' CPU
   every pod Running %s
   peak RSS of this process: %s; GOMAXPROCS %d; state in %s
@@ -217,12 +221,12 @@ func printComparison(o options, mix loadMix, stateDir string, base, gpudra *driv
 		simnode.DriverLabel, perPod(gown), gown/profilePeriod, perPod(bo), bo/profilePeriod, 100*gown.Seconds()/gc.Seconds(),
 		verified(mix), peakRSS(), runtime.GOMAXPROCS(0), stateDir)
 	g, b := gpudra.rounds[len(gpudra.rounds)-1], base.rounds[len(base.rounds)-1]
-	printRequests(os.Stdout, o.load, g.requests, b.requests)
+	printRequests(w, o.Pods, g.Requests, b.Requests)
 }
 
 // verified says what verifyLoad checked of every round's pods.
-func verified(mix loadMix) string {
-	if mix != mixMixed {
+func verified(mix Mix) string {
+	if mix != MixMixed {
 		return "with its own device prepared on its node and resolved through CDI"
 	}
 	return "with its own device, or share of one, of its kind, prepared on its node and resolved through CDI; " +

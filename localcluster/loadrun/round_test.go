@@ -1,4 +1,4 @@
-package main
+package loadrun
 
 import (
 	"context"
@@ -65,26 +65,28 @@ func TestPrintRequests(t *testing.T) {
 	}
 }
 
-// TestRunLoadRefusesBadFlags: a load run with flags it cannot honour stops
-// before it starts a cluster, naming the flag.
-func TestRunLoadRefusesBadFlags(t *testing.T) {
-	valid := options{load: 8, loadNodes: 1, loadMix: "gpu", loadRounds: 1, loadRoundTimeout: time.Minute, loadBaseline: defaultBaselineDriver}
+// TestRunRefusesBadOptions: a load run with options it cannot honour
+// stops before it starts a cluster, naming the option by its flag.
+func TestRunRefusesBadOptions(t *testing.T) {
+	valid := DefaultOptions(8)
+	valid.Nodes, valid.Rounds, valid.RoundTimeout = 1, 1, time.Minute
 	for _, tc := range []struct {
 		name    string
-		edit    func(*options)
+		edit    func(*Options)
 		wantErr string
 	}{
-		{"no rounds", func(o *options) { o.loadRounds = 0 }, "--load-rounds 0: must be at least 1"},
-		{"no timeout", func(o *options) { o.loadRoundTimeout = 0 }, "--load-round-timeout 0s: must be positive"},
-		{"more pods than GPUs", func(o *options) { o.load = 9 }, "--load 9 is more than the 8 GPUs of 1 nodes"},
-		{"gpudra's name", func(o *options) { o.loadBaseline = "gpu.nvidia.com" }, "must differ from gpudra's driver name"},
+		{"no rounds", func(o *Options) { o.Rounds = 0 }, "--load-rounds 0: must be at least 1"},
+		{"no timeout", func(o *Options) { o.RoundTimeout = 0 }, "--load-round-timeout 0s: must be positive"},
+		{"more pods than GPUs", func(o *Options) { o.Pods = 9 }, "--load 9 is more than the 8 GPUs of 1 nodes"},
+		{"gpudra's name", func(o *Options) { o.BaselineDriver = "gpu.nvidia.com" }, "must differ from gpudra's driver name"},
+		{"no mix", func(o *Options) { o.Mix = "" }, `--load-mix "": must be one of gpu, mixed`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := valid
 			tc.edit(&o)
-			err := runLoad(context.Background(), o)
+			res, err := Run(context.Background(), o)
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Errorf("runLoad = %v; want an error with %q", err, tc.wantErr)
+				t.Errorf("Run = %v, %v; want an error with %q", res, err, tc.wantErr)
 			}
 		})
 	}

@@ -1,4 +1,4 @@
-package main
+package loadrun
 
 import (
 	"fmt"
@@ -10,27 +10,27 @@ import (
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 )
 
-// loadMix is what the load run's pods ask for (--load-mix).
-type loadMix string
+// Mix is what the load run's pods ask for (Options.Mix, --load-mix).
+type Mix string
 
 const (
-	// mixGPU: every pod one whole GPU, on nodes of eight unshared H100s.
-	mixGPU loadMix = "gpu"
-	// mixMixed: a third of the pods a dynamic MIG device (loadMIGProfile),
+	// MixGPU: every pod one whole GPU, on nodes of eight unshared H100s.
+	MixGPU Mix = "gpu"
+	// MixMixed: a third of the pods a dynamic MIG device (loadMIGProfile),
 	// a tenth a share of a GPU, the rest a whole GPU, on nodes whose first
 	// H100 has MIG mode on (gpudra offers its placements, created at
 	// Prepare) and whose other seven are shared (--sharing unlimited).
-	mixMixed loadMix = "mixed"
+	MixMixed Mix = "mixed"
 )
 
-// loadMixes are the values --load-mix accepts.
-var loadMixes = []loadMix{mixGPU, mixMixed}
+// mixes are the values --load-mix accepts.
+var mixes = []Mix{MixGPU, MixMixed}
 
-// parseLoadMix returns the mix named s, or an error naming the flag and
+// ParseMix returns the mix named s, or an error naming the flag and
 // the values it accepts.
-func parseLoadMix(s string) (loadMix, error) {
-	names := make([]string, len(loadMixes))
-	for i, m := range loadMixes {
+func ParseMix(s string) (Mix, error) {
+	names := make([]string, len(mixes))
+	for i, m := range mixes {
 		if string(m) == s {
 			return m, nil
 		}
@@ -51,7 +51,8 @@ const (
 	// kindShare is a share of a GPU: memory 0 of a GPU of a node with
 	// --sharing unlimited, an uncapped share that any number of claims
 	// may hold. Capped shares are left out: each would start an MPS
-	// daemon, in the local cluster a process of this 200 MB program, whose
+	// daemon, in the local cluster a process of the program running it
+	// (gpudra-sim: 200 MB), whose
 	// start would weigh more than the driver the run measures.
 	kindShare podKind = "share"
 )
@@ -74,12 +75,12 @@ const (
 // kinds returns the kind of each of n pods. The mixed run has exactly n/3
 // MIG pods and n/10 shares, spread evenly over the creation order, so
 // that every part of a round has all kinds.
-func (m loadMix) kinds(n int) []podKind {
+func (m Mix) kinds(n int) []podKind {
 	out := make([]podKind, n)
 	for i := range out {
 		out[i] = kindGPU
 	}
-	if m != mixMixed || n == 0 {
+	if m != MixMixed || n == 0 {
 		return out
 	}
 	mig, share := n/3, n/10
@@ -111,8 +112,8 @@ func count(kinds []podKind, k podKind) int {
 }
 
 // describe says what n pods of the mix ask for, for the report.
-func (m loadMix) describe(n int) string {
-	if m != mixMixed {
+func (m Mix) describe(n int) string {
+	if m != MixMixed {
 		return "one-GPU claim templates"
 	}
 	k := m.kinds(n)
@@ -123,8 +124,8 @@ func (m loadMix) describe(n int) string {
 // fits returns an error, naming --load, when n pods of the mix cannot all
 // run at once on nodes nodes. It does not count on shares of memory 0
 // fitting beside a GPU held whole: each may take a GPU of its own.
-func (m loadMix) fits(n, nodes int) error {
-	if m != mixMixed {
+func (m Mix) fits(n, nodes int) error {
+	if m != MixMixed {
 		if gpus := 8 * nodes; n > gpus {
 			return fmt.Errorf("--load %d is more than the %d GPUs of %d nodes", n, gpus, nodes)
 		}
@@ -141,17 +142,17 @@ func (m loadMix) fits(n, nodes int) error {
 }
 
 // fleet describes n nodes of eight H100s each, laid out for the mix.
-func (m loadMix) fleet(n int) (*sim.Fleet, error) {
+func (m Mix) fleet(n int) (*sim.Fleet, error) {
 	var b strings.Builder
 	b.WriteString("nodes:\n")
 	for i := range n {
 		fmt.Fprintf(&b, "- name: node-%03d\n", i)
 		gpus := 8
-		if m == mixMixed {
+		if m == MixMixed {
 			fmt.Fprintf(&b, "  sharing: %s\n", loadSharing)
 		}
 		b.WriteString("  gpus:\n")
-		if m == mixMixed {
+		if m == MixMixed {
 			for range loadMIGGPUs {
 				b.WriteString("  - model: H100-SXM5-80GB\n    migEnabled: true\n")
 			}

@@ -1,12 +1,8 @@
-package main
+package loadrun
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 
@@ -15,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 
 	"github.com/gpudra/gpudra/localcluster/baseline"
@@ -42,7 +39,7 @@ func verifyLoad(ctx context.Context, c *cluster.Cluster, client kubernetes.Inter
 		return err
 	}
 	v := &loadVerifier{c: c, driver: driver, claims: map[string]*resourceapi.ResourceClaim{}, owner: map[string]string{},
-		migs: map[string]map[string]bool{}, checkpoints: map[string]map[string]checkpointClaim{}}
+		migs: map[string]map[string]bool{}, checkpoints: map[string]map[string]*claimstate.Claim{}}
 	for i := range claimList.Items {
 		v.claims[claimList.Items[i].Name] = &claimList.Items[i]
 	}
@@ -78,7 +75,7 @@ type loadVerifier struct {
 	// migs are the names of the MIG devices that exist, by node.
 	migs map[string]map[string]bool
 	// checkpoints are gpudra's checkpointed claims, by node and UID.
-	checkpoints map[string]map[string]checkpointClaim
+	checkpoints map[string]map[string]*claimstate.Claim
 }
 
 func (v *loadVerifier) pod(ctx context.Context, pod *corev1.Pod) error {
@@ -157,7 +154,7 @@ func (v *loadVerifier) pod(ctx context.Context, pod *corev1.Pod) error {
 		if err != nil {
 			return err
 		}
-		if !claims[string(claim.UID)].holds(res.Device, string(*res.ShareID)) {
+		if !holds(claims[string(claim.UID)], res.Device, string(*res.ShareID)) {
 			return fmt.Errorf("gpudra's checkpoint on node %s has no share %s of %s for claim %s", node.Name(), *res.ShareID, res.Device, claim.UID)
 		}
 	}
@@ -210,44 +207,29 @@ func (v *loadVerifier) migsOf(ctx context.Context, node *simnode.Node) (map[stri
 	return m, nil
 }
 
-// checkpointClaim is what the load run reads of a claim in gpudra's
-// checkpoint (docs/checkpoint.md).
-type checkpointClaim struct {
-	Devices []struct {
-		Name    string `json:"name"`
-		ShareID string `json:"shareID"`
-	} `json:"devices"`
+// checkpointOf returns the claims of gpudra's checkpoint on node, by UID.
+func (v *loadVerifier) checkpointOf(node *simnode.Node) (map[string]*claimstate.Claim, error) {
+	if m, ok := v.checkpoints[node.Name()]; ok {
+		return m, nil
+	}
+	st, err := node.Checkpoint()
+	if err != nil {
+		return nil, fmt.Errorf("gpudra's checkpoint on node %s: %w", node.Name(), err)
+	}
+	v.checkpoints[node.Name()] = st.Claims
+	return st.Claims, nil
 }
 
-func (c checkpointClaim) holds(device, shareID string) bool {
+// holds reports whether the checkpointed claim holds the share shareID of
+// device.
+func holds(c *claimstate.Claim, device, shareID string) bool {
+	if c == nil {
+		return false
+	}
 	for _, d := range c.Devices {
 		if d.Name == device && d.ShareID == shareID {
 			return true
 		}
 	}
 	return false
-}
-
-// checkpointOf returns the claims of gpudra's checkpoint on node, read
-// from the file the plugin replaces atomically.
-func (v *loadVerifier) checkpointOf(node *simnode.Node) (map[string]checkpointClaim, error) {
-	if m, ok := v.checkpoints[node.Name()]; ok {
-		return m, nil
-	}
-	path := filepath.Join(node.PluginDataDir(), "checkpoint.json")
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("gpudra's checkpoint: %w", err)
-	}
-	var cp struct {
-		Claims map[string]checkpointClaim `json:"claims"`
-	}
-	if err := json.Unmarshal(data, &cp); err != nil {
-		return nil, fmt.Errorf("gpudra's checkpoint %s: %w", path, err)
-	}
-	if cp.Claims == nil {
-		return nil, errors.New("gpudra's checkpoint " + path + " has no claims")
-	}
-	v.checkpoints[node.Name()] = cp.Claims
-	return cp.Claims, nil
 }

@@ -1,4 +1,4 @@
-package main
+package loadrun
 
 import (
 	"context"
@@ -18,15 +18,15 @@ func TestParseLoadMix(t *testing.T) {
 		{in: "MIG", wantErr: `--load-mix "MIG": must be one of gpu, mixed`},
 	} {
 		t.Run(tc.in, func(t *testing.T) {
-			got, err := parseLoadMix(tc.in)
+			got, err := ParseMix(tc.in)
 			if tc.wantErr != "" {
 				if err == nil || err.Error() != tc.wantErr {
-					t.Errorf("parseLoadMix(%q) = %q, %v; want error %q", tc.in, got, err, tc.wantErr)
+					t.Errorf("ParseMix(%q) = %q, %v; want error %q", tc.in, got, err, tc.wantErr)
 				}
 				return
 			}
 			if err != nil || string(got) != tc.want {
-				t.Errorf("parseLoadMix(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+				t.Errorf("ParseMix(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
 			}
 		})
 	}
@@ -37,16 +37,16 @@ func TestParseLoadMix(t *testing.T) {
 // of each kind, within one); the default run only whole GPUs.
 func TestLoadMixKinds(t *testing.T) {
 	for _, tc := range []struct {
-		mix                loadMix
+		mix                Mix
 		n, mig, share, gpu int
 	}{
-		{mixGPU, 800, 0, 0, 800},
-		{mixMixed, 800, 266, 80, 454},
-		{mixMixed, 2000, 666, 200, 1134},
-		{mixMixed, 31, 10, 3, 18},
-		{mixMixed, 9, 3, 0, 6},
-		{mixMixed, 2, 0, 0, 2},
-		{mixMixed, 0, 0, 0, 0},
+		{MixGPU, 800, 0, 0, 800},
+		{MixMixed, 800, 266, 80, 454},
+		{MixMixed, 2000, 666, 200, 1134},
+		{MixMixed, 31, 10, 3, 18},
+		{MixMixed, 9, 3, 0, 6},
+		{MixMixed, 2, 0, 0, 2},
+		{MixMixed, 0, 0, 0, 0},
 	} {
 		t.Run(string(tc.mix), func(t *testing.T) {
 			k := tc.mix.kinds(tc.n)
@@ -66,18 +66,18 @@ func TestLoadMixKinds(t *testing.T) {
 
 func TestLoadMixFits(t *testing.T) {
 	for _, tc := range []struct {
-		mix      loadMix
+		mix      Mix
 		n, nodes int
 		wantErr  string
 	}{
-		{mixGPU, 800, 100, ""},
-		{mixGPU, 801, 100, "--load 801 is more than the 800 GPUs of 100 nodes"},
-		{mixMixed, 800, 100, ""},
-		{mixMixed, 8000, 1000, ""},
+		{MixGPU, 800, 100, ""},
+		{MixGPU, 801, 100, "--load 801 is more than the 800 GPUs of 100 nodes"},
+		{MixMixed, 800, 100, ""},
+		{MixMixed, 8000, 1000, ""},
 		// 10 per node: 3.33 MIG of 7, 6.67 whole and shares of 7.
-		{mixMixed, 1000, 100, ""},
-		{mixMixed, 1100, 100, "--load 1100 with --load-mix mixed: 734 whole-GPU and share pods is more than the 700 non-MIG GPUs of 100 nodes"},
-		{mixMixed, 30, 1, "--load 30 with --load-mix mixed: 10 MIG pods is more than the 7 1g.10gb placements of 1 nodes"},
+		{MixMixed, 1000, 100, ""},
+		{MixMixed, 1100, 100, "--load 1100 with --load-mix mixed: 734 whole-GPU and share pods is more than the 700 non-MIG GPUs of 100 nodes"},
+		{MixMixed, 30, 1, "--load 30 with --load-mix mixed: 10 MIG pods is more than the 7 1g.10gb placements of 1 nodes"},
 	} {
 		t.Run(string(tc.mix), func(t *testing.T) {
 			err := tc.mix.fits(tc.n, tc.nodes)
@@ -96,12 +96,12 @@ func TestLoadMixFits(t *testing.T) {
 // counters; the default node eight unshared GPUs.
 func TestMixedFleetLayout(t *testing.T) {
 	for _, tc := range []struct {
-		mix                  loadMix
+		mix                  Mix
 		whole, migPlacements int
 		shared               bool
 	}{
-		{mixGPU, 8, 0, false},
-		{mixMixed, loadWholeGPUs, loadMIGGPUs * loadMIGPerGPU, true},
+		{MixGPU, 8, 0, false},
+		{MixMixed, loadWholeGPUs, loadMIGGPUs * loadMIGPerGPU, true},
 	} {
 		t.Run(string(tc.mix), func(t *testing.T) {
 			fleet, err := tc.mix.fleet(2)

@@ -1,4 +1,4 @@
-package main
+package loadrun
 
 import (
 	"context"
@@ -20,14 +20,14 @@ func TestMixedLoadRound(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	const nodes, pods = 2, 20
-	if err := mixMixed.fits(pods, nodes); err != nil {
+	if err := MixMixed.fits(pods, nodes); err != nil {
 		t.Fatal(err)
 	}
-	fleet, err := mixMixed.fleet(nodes)
+	fleet, err := MixMixed.fleet(nodes)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, Baseline: defaultBaselineDriver})
+	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet, Baseline: DefaultBaselineDriver, NoDaemons: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,15 +36,16 @@ func TestMixedLoadRound(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	client, err := kubernetes.NewForConfig(c.ControlPlane().RESTConfig("gpudra-sim-load", loadCreatorQPS, loadCreatorBurst))
+	client, err := kubernetes.NewForConfig(c.ControlPlane().RESTConfig("gpudra-sim-load", creatorQPS, creatorBurst))
 	if err != nil {
 		t.Fatal(err)
 	}
-	runs := loadRuns(c.Options().DriverName, defaultBaselineDriver)
+	runs := loadRuns(c.Options().DriverName, DefaultBaselineDriver)
 	if err := createLoadClasses(ctx, client, runs); err != nil {
 		t.Fatal(err)
 	}
-	kinds := mixMixed.kinds(pods)
+	lr := &runner{o: Options{Progress: func(msg string) { t.Log(msg) }}, mix: MixMixed}
+	kinds := MixMixed.kinds(pods)
 	wantMIG := count(kinds, kindMIG)
 	if wantMIG == 0 || count(kinds, kindShare) == 0 {
 		t.Fatalf("kinds %v: want MIG and share pods", kinds)
@@ -66,7 +67,7 @@ func TestMixedLoadRound(t *testing.T) {
 	for _, run := range []*driverRun{runs[1], runs[0]} {
 		start := time.Now()
 		prefix := run.name + "0"
-		if _, err := loadRound(ctx, c, client, prefix, kinds, run.templates, 2*time.Minute); err != nil {
+		if _, err := lr.loadRound(ctx, c, client, prefix, kinds, run.templates, 2*time.Minute); err != nil {
 			t.Fatalf("%s round: %v", run.name, err)
 		}
 		if err := verifyLoad(ctx, c, client, prefix, pods, run.driver); err != nil {
@@ -74,7 +75,7 @@ func TestMixedLoadRound(t *testing.T) {
 		}
 		// gpudra created one MIG device per MIG pod; the baseline none.
 		want := wantMIG
-		if run.driver == defaultBaselineDriver {
+		if run.driver == DefaultBaselineDriver {
 			want = 0
 		}
 		if got := migDevices(); got != want {
@@ -95,6 +96,6 @@ func TestMixedLoadRound(t *testing.T) {
 		if got := migDevices(); got != 0 {
 			t.Errorf("after the %s round's pods were deleted, %d MIG devices exist", run.name, got)
 		}
-		t.Logf("%s round of %d pods (%s) checked and deleted in %v", run.name, pods, mixMixed.describe(pods), time.Since(start).Round(time.Millisecond))
+		t.Logf("%s round of %d pods (%s) checked and deleted in %v", run.name, pods, MixMixed.describe(pods), time.Since(start).Round(time.Millisecond))
 	}
 }
