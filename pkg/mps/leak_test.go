@@ -44,7 +44,10 @@ func TestFailedStartAfterTheForkLeavesNoDaemon(t *testing.T) {
 		{
 			name:    "context cancelled right after the fork",
 			after:   func(cancel context.CancelFunc) error { cancel(); return nil },
-			wantErr: []string{"claim", "cancelled after", "daemon not up (context canceled)"},
+			// Where the cancellation is noticed depends on the machine's
+			// load: waiting for the daemon, or in the first command
+			// once it answered. Either way nothing may stay up.
+			wantErr: []string{"claim", "cancelled after", "context canceled"},
 			wantIs:  context.Canceled,
 		},
 		{
