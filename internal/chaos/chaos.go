@@ -45,6 +45,11 @@ type Options struct {
 	// whose seed is a multiple of OutageEvery.
 	Outage      time.Duration
 	OutageEvery int
+	// LossProbability is the chance that the checkpoint is lost (deleted,
+	// replaced by a dangling symlink, truncated) before a restart;
+	// StaleProbability that a round allocates a claim to devices a running
+	// claim holds; RollingProbability that a round is a rolling update.
+	LossProbability, StaleProbability, RollingProbability float64
 	// CallTimeout is the kubelet's DRA call timeout (and the plugin's
 	// --kubelet-call-timeout).
 	CallTimeout time.Duration
@@ -74,6 +79,8 @@ func ShortOptions() Options {
 	return Options{
 		Trials: 6, Seed: 1, Steps: 5, KillProbability: 0.6, MaxKillDelay: 150 * time.Millisecond,
 		Outage: 3 * time.Second, OutageEvery: 6, CallTimeout: 45 * time.Second, // an outage in the trial of seed 6
+		// Higher than the long form's, so that 30 rounds have each class.
+		LossProbability: 0.4, StaleProbability: 0.3, RollingProbability: 0.25,
 	}
 }
 
@@ -82,6 +89,7 @@ func LongOptions() Options {
 	return Options{
 		Trials: 1000, Seed: 1, Steps: 12, KillProbability: 0.6, MaxKillDelay: 200 * time.Millisecond,
 		Outage: 30 * time.Second, OutageEvery: 100, CallTimeout: 45 * time.Second,
+		LossProbability: 0.15, StaleProbability: 0.2, RollingProbability: 0.12,
 	}
 }
 

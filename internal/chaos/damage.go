@@ -24,12 +24,11 @@ const (
 
 var damages = []damage{damageDelete, damageDangling, damageTruncate}
 
-// damageProbability is the chance that the checkpoint is damaged before a
-// restart; killDuringAdoption the chance that the start after it is
-// killed within maxAdoptionKillDelay (while it looks for evidence of the
-// loss, writes the adopt-pending marker, moves the file aside and adopts).
+// killDuringAdoption is the chance that the start after a damage
+// (Options.LossProbability) is killed within maxAdoptionKillDelay, while
+// it looks for evidence of the loss, writes the adopt-pending marker,
+// moves the file aside and adopts.
 const (
-	damageProbability    = 0.15
 	killDuringAdoption   = 0.6
 	maxAdoptionKillDelay = 100 * time.Millisecond
 )

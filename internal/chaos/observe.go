@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -51,11 +52,14 @@ type observed struct {
 // ckptClaim is a claim of the checkpoint file, read as the file says
 // (an independent reading of the v2/v5 format, docs/checkpoint.md).
 type ckptClaim struct {
-	UID     string                     `json:"uid"`
-	Phase   string                     `json:"phase"`
-	Adopted bool                       `json:"adopted"`
-	Devices []ckptDevice               `json:"devices"`
-	Records map[string]json.RawMessage `json:"records"`
+	UID     string `json:"uid"`
+	Phase   string `json:"phase"`
+	Adopted bool   `json:"adopted"`
+	// StartedAt is when the preparation started (a started record) or
+	// finished (a completed one), by the plugin's clock.
+	StartedAt time.Time                  `json:"startedAt"`
+	Devices   []ckptDevice               `json:"devices"`
+	Records   map[string]json.RawMessage `json:"records"`
 }
 
 type ckptDevice struct {

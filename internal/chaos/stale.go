@@ -22,9 +22,6 @@ const (
 	kindStaleMIG kind = "stale-mig" // the same, of a claim with a dynamic MIG device
 )
 
-// staleProbability is the chance that a round allocates a stale claim.
-const staleProbability = 0.2
-
 // staleClaim allocates a new claim to the devices of a running claim
 // (one with a MIG device half of the time, when there is one) and returns
 // it, nil when no claim runs.

@@ -248,12 +248,13 @@ type call struct {
 	prepare bool
 	claims  []*claim
 	result  map[types.UID]outcome
-	// to is the instance the call goes to (nil: the node's plugin); done
-	// when its answer came; raced: one of a pair of calls for one claim
-	// through two instances at once, which collect leaves to settleRaces.
-	to    *proc
-	done  time.Time
-	raced bool
+	// to is the instance the call goes to (nil: the node's plugin); sent
+	// when it went out, done when its answer came; raced: one of a pair
+	// of calls for one claim through two instances at once, which collect
+	// leaves to settleRaces.
+	to         *proc
+	sent, done time.Time
+	raced      bool
 }
 
 // plan decides a round's calls: new claims to prepare, Prepare retries,
@@ -275,7 +276,7 @@ func (t *trial) plan(ctx context.Context) ([]*call, error) {
 			prep = append(prep, c)
 		}
 	}
-	if len(t.live) < maxLive && t.rng.Float64() < staleProbability {
+	if len(t.live) < maxLive && t.rng.Float64() < t.o.StaleProbability {
 		c, err := t.staleClaim(ctx)
 		if err != nil {
 			return nil, err
@@ -351,7 +352,7 @@ func (t *trial) step(ctx context.Context) error {
 			return err
 		}
 	}
-	if t.rng.Float64() < rollingProbability {
+	if t.rng.Float64() < t.o.RollingProbability {
 		return t.rollingStep(ctx)
 	}
 	calls, err := t.plan(ctx)
@@ -399,6 +400,7 @@ func (t *trial) issue(ctx context.Context, calls []*call) (wait func()) {
 			dra = c.to.dra
 		}
 		wg.Go(func() {
+			c.sent = time.Now()
 			if c.prepare {
 				c.result = prepare(ctx, dra, timeout, c.claims)
 			} else {
@@ -528,7 +530,7 @@ func (t *trial) snapshot() {
 func (t *trial) restart(ctx context.Context) error {
 	t.sum.Restarts++
 	damaged := damage("")
-	if t.rng.Float64() < damageProbability {
+	if t.rng.Float64() < t.o.LossProbability {
 		var err error
 		if damaged, err = t.damageCheckpoint(); err != nil {
 			return err
