@@ -57,8 +57,7 @@ func (t *trial) rollingStep(ctx context.Context) error {
 	if err := t.n.readyProc(ctx, next); err != nil {
 		t.violate("restart: the instance of pod %s beside the running one: %v", uid, err)
 		_ = t.n.end(next, syscall.SIGKILL)
-		t.n.podUID = oldUID
-		return nil
+		return nil // the running instance carries on
 	}
 	t.n.proc, t.n.podUID = *next, uid
 	t.sum.RollingUpdates++
