@@ -171,9 +171,10 @@ load:
 
 # The chaos run (docs/chaos.md): 1,000 trials of random claims on a real
 # plugin process whose simulated hardware outlives it, SIGKILLed at random
-# moments, with a 30 s API outage in every 100th trial; the invariants are
-# checked after every kill and at the end of each trial. About 90 minutes
-# on 2 cores. Not part of test (its short form is: internal/chaos). The
+# moments, its checkpoint lost now and then, handed claims allocated to
+# devices it holds, rolled to a second instance, with a 30 s API outage in
+# every 100th trial; the invariants are checked after every kill and at
+# the end of each trial. About an hour on 2 cores. Not part of test (its short form is: internal/chaos). The
 # last line reads "chaos: <N> trials, <M> invariant violations". Replay a
 # failing seed with CHAOS_ARGS='-seed <seed> -trials 5'.
 chaos:

@@ -45,6 +45,11 @@ type Options struct {
 	// whose seed is a multiple of OutageEvery.
 	Outage      time.Duration
 	OutageEvery int
+	// LossProbability is the chance that the checkpoint is lost (deleted,
+	// replaced by a dangling symlink, truncated) before a restart;
+	// StaleProbability that a round allocates a claim to devices a running
+	// claim holds; RollingProbability that a round is a rolling update.
+	LossProbability, StaleProbability, RollingProbability float64
 	// CallTimeout is the kubelet's DRA call timeout (and the plugin's
 	// --kubelet-call-timeout).
 	CallTimeout time.Duration
@@ -74,6 +79,8 @@ func ShortOptions() Options {
 	return Options{
 		Trials: 6, Seed: 1, Steps: 5, KillProbability: 0.6, MaxKillDelay: 150 * time.Millisecond,
 		Outage: 3 * time.Second, OutageEvery: 6, CallTimeout: 45 * time.Second, // an outage in the trial of seed 6
+		// Higher than the long form's, so that 30 rounds have each class.
+		LossProbability: 0.4, StaleProbability: 0.3, RollingProbability: 0.25,
 	}
 }
 
@@ -82,6 +89,7 @@ func LongOptions() Options {
 	return Options{
 		Trials: 1000, Seed: 1, Steps: 12, KillProbability: 0.6, MaxKillDelay: 200 * time.Millisecond,
 		Outage: 30 * time.Second, OutageEvery: 100, CallTimeout: 45 * time.Second,
+		LossProbability: 0.15, StaleProbability: 0.2, RollingProbability: 0.12,
 	}
 }
 
@@ -101,8 +109,19 @@ type Summary struct {
 	Kills, Restarts, Calls, TransportErrors, ClaimErrors int
 	ForcedDeletions, GivenUp, NoFit                      int
 	ErrorMessages                                        map[string]int
-	Outages                                              []OutageFigures
-	Duration                                             time.Duration
+	// Damages counts the checkpoints damaged while the plugin was down, by
+	// damage; AdoptionKills the kills in the start after one.
+	Damages       map[damage]int
+	AdoptionKills int
+	// StaleClaims are the claims allocated to devices a running claim
+	// holds (stale.go); RollingUpdates the second instances started beside
+	// the plugin, RacedPairs the claims prepared through one instance and
+	// unprepared through the other at once, and UnprepareLast those of
+	// them whose Unprepare succeeded after the Prepare returned
+	// (rolling.go).
+	StaleClaims, RollingUpdates, RacedPairs, UnprepareLast int
+	Outages                                                []OutageFigures
+	Duration                                               time.Duration
 }
 
 // OutageFigures is what one API outage did.
@@ -157,7 +176,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		return nil, fmt.Errorf("fake MPS control binary: %w (the program must call mpsfake.Main first)", err)
 	}
 	defer cleanup()
-	sum := &Summary{Claims: map[kind]int{}, Prepared: map[kind]int{}, ErrorMessages: map[string]int{}}
+	sum := &Summary{Claims: map[kind]int{}, Prepared: map[kind]int{}, ErrorMessages: map[string]int{}, Damages: map[damage]int{}}
 	start := time.Now()
 	for i := range o.Trials {
 		if ctx.Err() != nil {
@@ -228,6 +247,12 @@ func (s *Summary) report(w io.Writer) {
 		kinds = append(kinds, fmt.Sprintf("%s %d (%d prepared)", k, s.Claims[k], s.Prepared[k]))
 	}
 	fmt.Fprintf(w, "chaos: claims: %s; %d forced deletions, %d given up, %d found no fit\n", strings.Join(kinds, ", "), s.ForcedDeletions, s.GivenUp, s.NoFit)
+	var ds []string
+	for _, d := range damages {
+		ds = append(ds, fmt.Sprintf("%s %d", d, s.Damages[d]))
+	}
+	fmt.Fprintf(w, "chaos: checkpoints lost while the plugin was down: %s; %d kills in the start after; %d stale allocations to held devices; %d rolling updates, %d claims prepared and unprepared through two instances at once (%d unprepared last)\n",
+		strings.Join(ds, ", "), s.AdoptionKills, s.StaleClaims, s.RollingUpdates, s.RacedPairs, s.UnprepareLast)
 	type msg struct {
 		text string
 		n    int

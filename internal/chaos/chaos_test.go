@@ -27,8 +27,9 @@ const (
 )
 
 // TestChaos is the short form of `make chaos`: a few trials of random
-// claims with the plugin killed at random moments, one of them with an
-// API outage of a few seconds.
+// claims with the plugin killed at random moments, checkpoints lost while
+// it is down, claims allocated to held devices and rolling updates, one
+// trial with an API outage of a few seconds.
 func TestChaos(t *testing.T) {
 	o := chaos.ShortOptions()
 	if s := os.Getenv(seedEnv); s != "" {
@@ -49,6 +50,14 @@ func TestChaos(t *testing.T) {
 	}
 	if sum.Kills == 0 || len(sum.Claims) < 5 {
 		t.Errorf("the run killed the plugin %d times and made claims of %d kinds: it checks little", sum.Kills, len(sum.Claims))
+	}
+	lost := 0
+	for _, n := range sum.Damages {
+		lost += n
+	}
+	if os.Getenv(seedEnv) == "" && (lost == 0 || sum.StaleClaims == 0 || sum.RollingUpdates == 0 || sum.RacedPairs == 0) {
+		t.Errorf("the run lost %d checkpoints, made %d stale allocations, %d rolling updates and %d raced Prepare/Unprepare pairs: a class did not run",
+			lost, sum.StaleClaims, sum.RollingUpdates, sum.RacedPairs)
 	}
 }
 

@@ -27,7 +27,10 @@ import (
 //     with its own share ID), and no counter set of the published pool
 //     used beyond its capacity by the devices held (a full GPU, its VFIO
 //     device and its MIG devices share one set; MIG placements share its
-//     memory slices).
+//     memory slices). The same by what the devices are: no GPU (by UUID)
+//     and no MIG instance (by placement and UUID) prepared for two claims
+//     at once, by the checkpoint's devices and dynamic-MIG records and by
+//     the device identities and records the specs carry.
 //   - owned: no checkpoint entry, CDI spec, MIG instance, VFIO binding,
 //     time slice other than Default, or MPS daemon that no live claim
 //     owns (a live claim: allocated and not yet unprepared).
@@ -38,7 +41,12 @@ import (
 //     VFIO nodes of a passed-through GPU bound to vfio-pci, MIG devices
 //     that exist, a live MPS daemon whose pipe directory it mounts, and
 //     the time slice it asked for in force.
+//   - exists: a prepared claim's CDI spec names only devices that exist:
+//     published ones, whose GPU or MIG device is on the hardware.
 //   - clean (at the end): nothing at all is left.
+//
+// While the checkpoint is lost (observed.lost) only what the CDI specs say
+// is checked: the plugin adopts them before it serves anything.
 
 // liveClaims are the claims the harness has allocated and not yet seen
 // unprepared, by UID.
@@ -49,6 +57,7 @@ func (o *observed) check(live liveClaims, final bool) []string {
 	v = append(v, o.exclusive()...)
 	v = append(v, o.owned(live)...)
 	v = append(v, o.intact(live)...)
+	v = append(v, o.exists(live)...)
 	if final {
 		v = append(v, o.clean()...)
 	}
@@ -78,6 +87,75 @@ func (o *observed) exclusive() []string {
 	var v []string
 	for source, holds := range map[string]map[string][]holder{"checkpoint": fromCkpt, "CDI specs": fromSpecs} {
 		v = append(v, o.exclusiveHolds(source, holds)...)
+	}
+	v = append(v, o.exclusiveHardware()...)
+	return v
+}
+
+// exclusiveHardware checks that no GPU and no MIG instance is prepared for
+// two claims, by what they are rather than by the published names: the
+// UUIDs of the devices held (a GPU held whole, or as shares with distinct
+// share IDs) and the MIG instances the dynamic-MIG records own.
+func (o *observed) exclusiveHardware() []string {
+	type source struct {
+		byUUID map[string][]holder
+		migs   map[string][]string // "<GPU> <profile>@<start>" -> claims
+	}
+	newSource := func() *source { return &source{byUUID: map[string][]holder{}, migs: map[string][]string{}} }
+	ckpt, specs := newSource(), newSource()
+	addMIGs := func(src *source, uid string, raw json.RawMessage) {
+		var r dynamicmig.Record
+		if json.Unmarshal(raw, &r) != nil {
+			return
+		}
+		for _, in := range r.Devices {
+			key := fmt.Sprintf("%s %s@%d", in.ParentUUID, in.Profile, in.Start)
+			if !slices.Contains(src.migs[key], uid) {
+				src.migs[key] = append(src.migs[key], uid)
+			}
+		}
+	}
+	for uid, c := range o.claims {
+		for _, d := range c.Devices {
+			if d.UUID != "" && !d.AdminAccess {
+				ckpt.byUUID[d.UUID] = append(ckpt.byUUID[d.UUID], holder{uid, d.ShareID})
+			}
+		}
+		if raw, ok := c.Records[dynamicmig.Name]; ok {
+			addMIGs(ckpt, uid, raw)
+		}
+	}
+	for uid, s := range o.specs {
+		for _, d := range s.content.Devices {
+			if d.UUID != "" {
+				specs.byUUID[d.UUID] = append(specs.byUUID[d.UUID], holder{uid, d.ShareID})
+			}
+		}
+		if raw, ok := s.content.Records[dynamicmig.Name]; ok {
+			addMIGs(specs, uid, raw)
+		}
+	}
+	var v []string
+	for name, src := range map[string]*source{"checkpoint": ckpt, "CDI specs": specs} {
+		for _, uuid := range slices.Sorted(maps.Keys(src.byUUID)) {
+			claims, shares := map[string]bool{}, map[string]bool{}
+			for _, h := range src.byUUID[uuid] {
+				claims[h.claim] = true
+				if h.shareID == "" || shares[h.shareID] {
+					shares[""] = true
+				}
+				shares[h.shareID] = true
+			}
+			if len(claims) > 1 && shares[""] {
+				v = append(v, fmt.Sprintf("exclusive: %s: %s prepared for claims %v, not all as distinct shares", name, uuid, slices.Sorted(maps.Keys(claims))))
+			}
+		}
+		for _, key := range slices.Sorted(maps.Keys(src.migs)) {
+			if claims := src.migs[key]; len(claims) > 1 {
+				slices.Sort(claims)
+				v = append(v, fmt.Sprintf("exclusive: %s: MIG instance %s owned by claims %v", name, key, claims))
+			}
+		}
 	}
 	return v
 }
@@ -188,6 +266,11 @@ func (o *observed) owned(live liveClaims) []string {
 			}
 		}
 	}
+	if o.lost != "" {
+		// The records are in the lost file, and in the specs until the
+		// plugin adopts them.
+		return v
+	}
 	if o.nvml != nil {
 		for gpu, g := range o.nvml.GPUs {
 			for _, gi := range g.GPUInstances {
@@ -236,6 +319,12 @@ func (o *observed) intact(live liveClaims) []string {
 		}
 		fail := func(format string, args ...any) {
 			v = append(v, fmt.Sprintf("intact: claim %s (%s): ", c.obj.Name, c.kind)+fmt.Sprintf(format, args...))
+		}
+		if o.lost != "" {
+			if o.specs[string(uid)] == nil {
+				fail("prepared, but it has no CDI spec (checkpoint lost: %s)", o.lost)
+			}
+			continue
 		}
 		rec := o.claims[string(uid)]
 		if rec == nil || rec.Phase != "PrepareCompleted" {
@@ -363,6 +452,53 @@ func (o *observed) specMatches(c *claim, rec *ckptClaim, s *spec) []string {
 			}
 			if !mountsPipe(s.raw, d.ID) {
 				fail("spec does not mount the pipe directory of MPS daemon %s", d.ID)
+			}
+		}
+	}
+	return v
+}
+
+// exists checks that the CDI specs of prepared claims name only devices
+// that exist, by the device identities the specs carry, so also while the
+// checkpoint is lost. A prepared claim: one whose Prepare succeeded and
+// that the kubelet has not started to unprepare (an interrupted Unprepare
+// may have destroyed its MIG device already, and the sweep may release a
+// force-deleted one).
+func (o *observed) exists(live liveClaims) []string {
+	var v []string
+	for _, uid := range slices.Sorted(maps.Keys(o.specs)) {
+		if c := live[types.UID(uid)]; c == nil || c.phase != phasePrepared || c.forced {
+			continue
+		}
+		s := o.specs[uid]
+		fail := func(format string, args ...any) {
+			v = append(v, fmt.Sprintf("exists: claim %s: its CDI spec ", uid)+fmt.Sprintf(format, args...))
+		}
+		for _, name := range s.content.DeviceNames {
+			device, _ := cdi.SplitDeviceName(name)
+			if o.devices[device] == nil {
+				fail("names device %s, which is not published", device)
+			}
+		}
+		if o.nvml == nil {
+			continue
+		}
+		for _, d := range s.content.Devices {
+			if d.UUID == "" || o.devices[d.Name] == nil {
+				continue
+			}
+			switch t := o.devices[d.Name].str("type"); {
+			case t == "mig":
+				gpu, ok := o.nvml.GPUs[d.ParentUUID]
+				if !ok || !slices.ContainsFunc(gpu.GPUInstances, func(gi sim.GPUInstanceState) bool {
+					return slices.Contains(ciUUIDs(gi.ComputeInstances), d.UUID)
+				}) {
+					fail("names MIG device %s (%s on GPU %s), which does not exist", d.Name, d.UUID, d.ParentUUID)
+				}
+			case d.ParentUUID == "":
+				if _, ok := o.nvml.GPUs[d.UUID]; !ok {
+					fail("names device %s (%s), which is no GPU of the node", d.Name, d.UUID)
+				}
 			}
 		}
 	}

@@ -40,11 +40,11 @@ func soundNode() (*observed, liveClaims) {
 	o := &observed{
 		claims: map[string]*ckptClaim{uidA: {
 			UID: uidA, Phase: "PrepareCompleted",
-			Devices: []ckptDevice{{Name: "gpu-0"}},
+			Devices: []ckptDevice{{Name: "gpu-0", UUID: gpuA}},
 			Records: map[string]json.RawMessage{"timeSlicing": json.RawMessage(`{"gpus":[{"device":"gpu-0","gpu":"` + gpuA + `","interval":"Long"}]}`)},
 		}},
 		specs: map[string]*spec{uidA: {
-			content: cdi.SpecContent{DeviceNames: []string{"gpu-0"}},
+			content: cdi.SpecContent{DeviceNames: []string{"gpu-0"}, Devices: []cdi.DeviceIdentity{{Name: "gpu-0", UUID: gpuA}}},
 			raw: &cdispec.Spec{Devices: []cdispec.Device{{
 				Name:           uidA + "-gpu-0",
 				ContainerEdits: cdispec.ContainerEdits{DeviceNodes: []*cdispec.DeviceNode{{Path: "/dev/nvidia0", Minor: 0}}},
@@ -77,6 +77,13 @@ func TestCheckFindsViolations(t *testing.T) {
 	if v := o.check(live, false); len(v) > 0 {
 		t.Fatalf("sound node: %v", v)
 	}
+	// While the checkpoint is lost, the specs say what is prepared.
+	lost, lostLive := soundNode()
+	lost.lost, lost.claims = "adoption pending", map[string]*ckptClaim{}
+	if v := lost.check(lostLive, false); len(v) > 0 {
+		t.Fatalf("sound node with its checkpoint lost: %v", v)
+	}
+	migRecord := json.RawMessage(`{"devices":[{"device":"gpu-0-mig-1g10gb-19-3","parentUUID":"` + gpuA + `","profile":"1g.10gb","start":3,"size":1,"uuid":"MIG-x"}]}`)
 	for name, tc := range map[string]struct {
 		breakIt func(o *observed, live liveClaims)
 		final   bool
@@ -92,6 +99,29 @@ func TestCheckFindsViolations(t *testing.T) {
 		"a MIG device next to the whole GPU": {func(o *observed, _ liveClaims) {
 			o.claims[uidB] = &ckptClaim{UID: uidB, Phase: "PrepareStarted", Devices: []ckptDevice{{Name: "gpu-0-mig-1g10gb-19-0"}}}
 		}, false, "exclusive: checkpoint: counter gpu-0-counters/memory used 9"},
+		"a GPU whole in two claims under two names": {func(o *observed, _ liveClaims) {
+			o.claims[uidB] = &ckptClaim{UID: uidB, Phase: "PrepareCompleted", Devices: []ckptDevice{{Name: "gpu-other-name", UUID: gpuA}}}
+		}, false, "exclusive: checkpoint: " + gpuA + " prepared for claims"},
+		"a MIG instance owned by two claims": {func(o *observed, _ liveClaims) {
+			o.claims[uidA].Records["dynamicMIG"] = migRecord
+			o.claims[uidB] = &ckptClaim{UID: uidB, Phase: "PrepareCompleted", Records: map[string]json.RawMessage{"dynamicMIG": migRecord}}
+		}, false, "exclusive: checkpoint: MIG instance " + gpuA + " 1g.10gb@3 owned by claims"},
+		"a MIG instance in two claims' specs": {func(o *observed, live liveClaims) {
+			o.specs[uidB] = &spec{content: cdi.SpecContent{Records: map[string]json.RawMessage{"dynamicMIG": migRecord}}, raw: &cdispec.Spec{}}
+			o.specs[uidA].content.Records = map[string]json.RawMessage{"dynamicMIG": migRecord}
+		}, false, "exclusive: CDI specs: MIG instance " + gpuA + " 1g.10gb@3 owned by claims"},
+		"a spec naming a MIG device that is gone": {func(o *observed, _ liveClaims) {
+			c := &o.specs[uidA].content
+			c.DeviceNames = append(c.DeviceNames, "gpu-0-mig-1g10gb-19-0")
+			c.Devices = append(c.Devices, cdi.DeviceIdentity{Name: "gpu-0-mig-1g10gb-19-0", UUID: "MIG-gone", ParentUUID: gpuA})
+		}, false, "exists: claim " + uidA + ": its CDI spec names MIG device gpu-0-mig-1g10gb-19-0 (MIG-gone"},
+		"a spec naming a device that is not published": {func(o *observed, _ liveClaims) {
+			o.specs[uidA].content.DeviceNames = append(o.specs[uidA].content.DeviceNames, "gpu-9")
+		}, false, "exists: claim " + uidA + ": its CDI spec names device gpu-9, which is not published"},
+		"a prepared claim without its spec while the checkpoint is lost": {func(o *observed, _ liveClaims) {
+			o.lost, o.claims = "adoption pending", map[string]*ckptClaim{}
+			delete(o.specs, uidA)
+		}, false, "intact: claim a (time-sliced): prepared, but it has no CDI spec (checkpoint lost"},
 		"a checkpoint entry of a gone claim": {func(o *observed, _ liveClaims) {
 			o.claims[uidB] = &ckptClaim{UID: uidB, Phase: "PrepareStarted"}
 		}, false, "owned: checkpoint entry " + uidB},

@@ -78,21 +78,39 @@ type node struct {
 	proxy  *cutproxy.Proxy
 	client kubernetes.Interface // the harness's, straight to the API server
 
-	cmd    *exec.Cmd
-	exited chan error // the plugin process's exit, once
-	conn   *grpc.ClientConn
-	dra    drapb.DRAPluginClient
+	// proc is the plugin instance the kubelet talks to; podUID its pod's
+	// UID (empty: the helper's plain socket dra.sock), which a rolling
+	// update changes (rolling.go).
+	proc
+	podUID string
 	starts int
 	// closeErr is the API server's Close error: a shared one that could
 	// not be cleaned for the next trial.
 	closeErr error
 }
 
+// proc is one plugin process and the kubelet's connection to it.
+type proc struct {
+	cmd    *exec.Cmd
+	exited chan error // the plugin process's exit, once
+	conn   *grpc.ClientConn
+	dra    drapb.DRAPluginClient
+	log    int // its log is logPath(log)
+}
+
 func (n *node) pluginDir() string { return filepath.Join(n.dir, "p") }
 func (n *node) cdiDir() string    { return filepath.Join(n.dir, "cdi") }
 func (n *node) simDir() string    { return filepath.Join(n.dir, "sim") }
 func (n *node) mpsRoot() string   { return filepath.Join(n.dir, "m") }
-func (n *node) socket() string    { return filepath.Join(n.pluginDir(), "dra.sock") }
+
+// socket is the DRA socket of the instance of a pod: the kubeletplugin
+// helper names it after the pod's UID when rolling updates are enabled.
+func (n *node) socket(podUID string) string {
+	if podUID == "" {
+		return filepath.Join(n.pluginDir(), "dra.sock")
+	}
+	return filepath.Join(n.pluginDir(), "dra-"+podUID+".sock")
+}
 func (n *node) logPath(i int) string {
 	return filepath.Join(n.dir, fmt.Sprintf("plugin-%02d.log", i))
 }
@@ -152,8 +170,8 @@ func nodeObject() *corev1.Node {
 	}
 }
 
-// args are the plugin's command line.
-func (n *node) args() []string {
+// args are the plugin's command line for the instance of a pod.
+func (n *node) args(podUID string) []string {
 	sharing := "none"
 	if n.profile == profileShared {
 		sharing = "unlimited"
@@ -173,6 +191,7 @@ func (n *node) args() []string {
 		"--vfio=beside",
 		"--sweep-interval=1s",
 		"--kubelet-call-timeout=" + n.callTimeout.String(),
+		"--pod-uid=" + podUID,
 		"-v=4",
 	}
 }
@@ -185,44 +204,61 @@ func (n *node) start(ctx context.Context) error {
 	return n.ready(ctx)
 }
 
-// spawn starts the plugin process.
+// spawn starts the plugin process of the node's pod.
 func (n *node) spawn() error {
-	n.starts++
-	log, err := os.Create(n.logPath(n.starts))
+	p, err := n.spawnInstance(n.podUID)
 	if err != nil {
 		return err
 	}
+	n.proc = *p
+	return nil
+}
+
+// spawnInstance starts a plugin process for a pod: a second one, beside
+// the node's, is a rolling update.
+func (n *node) spawnInstance(podUID string) (*proc, error) {
+	n.starts++
+	p := &proc{log: n.starts}
+	log, err := os.Create(n.logPath(p.log))
+	if err != nil {
+		return nil, err
+	}
 	defer func() { _ = log.Close() }() // the child has its own descriptor
-	cmd := exec.Command(n.binary, n.args()...)
+	cmd := exec.Command(n.binary, n.args(podUID)...)
 	cmd.Stdout, cmd.Stderr = log, log
 	// MPS daemons outlive the plugin, as on a node; a failed trial's
 	// daemons end with their directories or after this long.
 	cmd.Env = append(os.Environ(), mpsfake.EnvMaxLifetime+"=20m")
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start plugin: %w", err)
+		return nil, fmt.Errorf("start plugin: %w", err)
 	}
-	n.cmd = cmd
+	p.cmd = cmd
 	exited := make(chan error, 1)
-	n.exited = exited
+	p.exited = exited
 	go func() { exited <- cmd.Wait() }()
 	// The socket appears once the plugin serves: retry the connection
 	// at once, not after gRPC's default backoff of a second.
-	conn, err := grpc.NewClient("unix://"+n.socket(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+	conn, err := grpc.NewClient("unix://"+n.socket(podUID), grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.5, MaxDelay: 100 * time.Millisecond}, MinConnectTimeout: time.Second}))
 	if err != nil {
-		return err
+		_ = cmd.Process.Kill()
+		<-exited
+		return nil, err
 	}
-	n.conn, n.dra = conn, drapb.NewDRAPluginClient(conn)
-	return nil
+	p.conn, p.dra = conn, drapb.NewDRAPluginClient(conn)
+	return p, nil
 }
 
-// ready waits until the plugin process answers DRA calls.
-func (n *node) ready(ctx context.Context) error {
-	exited := n.exited
+// ready waits until the node's plugin process answers DRA calls.
+func (n *node) ready(ctx context.Context) error { return n.readyProc(ctx, &n.proc) }
+
+// readyProc waits until a plugin process answers DRA calls.
+func (n *node) readyProc(ctx context.Context, p *proc) error {
+	exited := p.exited
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		callCtx, cancel := context.WithTimeout(ctx, time.Second)
-		_, err := n.dra.NodePrepareResources(callCtx, &drapb.NodePrepareResourcesRequest{})
+		_, err := p.dra.NodePrepareResources(callCtx, &drapb.NodePrepareResourcesRequest{})
 		cancel()
 		if err == nil {
 			return nil
@@ -230,7 +266,7 @@ func (n *node) ready(ctx context.Context) error {
 		select {
 		case err := <-exited:
 			exited <- err
-			return fmt.Errorf("plugin exited at start (%v): %s", err, n.logTail(n.starts, 20))
+			return fmt.Errorf("plugin exited at start (%v): %s", err, n.logTail(p.log, 20))
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -240,34 +276,47 @@ func (n *node) ready(ctx context.Context) error {
 	}
 }
 
-// kill SIGKILLs the plugin process and waits for it to be gone. It
-// returns the exit error of a process that had already exited by itself
-// (a crash, not the kill), nil otherwise.
-func (n *node) kill() error {
-	if n.cmd == nil {
+// kill SIGKILLs the node's plugin process and waits for it to be gone.
+// It returns the exit error of a process that had already exited by
+// itself (a crash, not the kill), nil otherwise.
+func (n *node) kill() error { return n.end(&n.proc, syscall.SIGKILL) }
+
+// end stops a plugin process with sig and waits for it to be gone (a
+// SIGTERM that is not obeyed within 10 s is followed by a SIGKILL). It
+// returns the exit error of a process that had already exited by itself.
+func (n *node) end(p *proc, sig syscall.Signal) error {
+	if p.cmd == nil {
 		return nil
 	}
 	var crashed error
 	select {
-	case err := <-n.exited:
-		crashed = fmt.Errorf("plugin exited by itself (%v): %s", err, n.logTail(n.starts, 30))
+	case err := <-p.exited:
+		crashed = fmt.Errorf("plugin exited by itself (%v): %s", err, n.logTail(p.log, 30))
 	default:
-		_ = n.cmd.Process.Signal(syscall.SIGKILL)
-		<-n.exited
+		_ = p.cmd.Process.Signal(sig)
+		select {
+		case <-p.exited:
+		case <-time.After(10 * time.Second):
+			_ = p.cmd.Process.Signal(syscall.SIGKILL)
+			<-p.exited
+		}
 	}
-	_ = n.conn.Close()
-	n.cmd, n.conn, n.dra = nil, nil, nil
+	_ = p.conn.Close()
+	p.cmd, p.conn, p.dra = nil, nil, nil
 	return crashed
 }
 
-// running reports whether the plugin process is up.
-func (n *node) running() bool {
-	if n.cmd == nil {
+// running reports whether the node's plugin process is up.
+func (n *node) running() bool { return n.proc.running() }
+
+// running reports whether the process is up.
+func (p *proc) running() bool {
+	if p.cmd == nil {
 		return false
 	}
 	select {
-	case err := <-n.exited:
-		n.exited <- err
+	case err := <-p.exited:
+		p.exited <- err
 		return false
 	default:
 		return true
@@ -278,17 +327,7 @@ func (n *node) running() bool {
 // and the API server. The directories stay for the caller to inspect or
 // remove.
 func (n *node) stop() {
-	if n.cmd != nil {
-		_ = n.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-n.exited:
-		case <-time.After(10 * time.Second):
-			_ = n.cmd.Process.Signal(syscall.SIGKILL)
-			<-n.exited
-		}
-		_ = n.conn.Close()
-		n.cmd = nil
-	}
+	_ = n.end(&n.proc, syscall.SIGTERM)
 	if n.proxy != nil {
 		n.proxy.Close()
 	}

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -41,16 +42,24 @@ type observed struct {
 	daemons map[string][]int                     // MPS control daemons alive, by ID
 	devices map[string]*published                // by device name
 	sets    map[string]map[string]int64          // shared counters: set -> counter -> capacity
+	// lost: the checkpoint is lost and its claims not adopted yet (the
+	// adopt-pending marker is there, or checkpoint.json is missing beside
+	// CDI specs, unreadable or no regular file): claims then holds
+	// nothing, and only the CDI specs say what is prepared.
+	lost string
 }
 
 // ckptClaim is a claim of the checkpoint file, read as the file says
 // (an independent reading of the v2/v5 format, docs/checkpoint.md).
 type ckptClaim struct {
-	UID     string                     `json:"uid"`
-	Phase   string                     `json:"phase"`
-	Adopted bool                       `json:"adopted"`
-	Devices []ckptDevice               `json:"devices"`
-	Records map[string]json.RawMessage `json:"records"`
+	UID     string `json:"uid"`
+	Phase   string `json:"phase"`
+	Adopted bool   `json:"adopted"`
+	// StartedAt is when the preparation started (a started record) or
+	// finished (a completed one), by the plugin's clock.
+	StartedAt time.Time                  `json:"startedAt"`
+	Devices   []ckptDevice               `json:"devices"`
+	Records   map[string]json.RawMessage `json:"records"`
 }
 
 type ckptDevice struct {
@@ -99,11 +108,20 @@ type pool struct {
 func (n *node) observe(p pool) (*observed, error) {
 	o := &observed{specs: map[string]*spec{}, devices: p.devices, sets: p.sets}
 	var err error
-	if o.claims, err = readCheckpoint(filepath.Join(n.pluginDir(), checkpoint.FileName)); err != nil {
+	var missing bool
+	if o.claims, missing, o.lost, err = readCheckpoint(filepath.Join(n.pluginDir(), checkpoint.FileName)); err != nil {
 		return nil, err
 	}
 	if err := o.readSpecs(n.cdiDir()); err != nil {
 		return nil, err
+	}
+	if _, err := os.Lstat(filepath.Join(n.pluginDir(), checkpoint.AdoptPendingFileName)); err == nil {
+		o.lost = "adoption pending"
+	} else if missing && len(o.specs) > 0 && o.lost == "" {
+		o.lost = "missing beside CDI specs"
+	}
+	if o.lost != "" {
+		o.claims = map[string]*ckptClaim{}
 	}
 	if o.nvml, err = sim.ReadState(n.nvmlState()); err != nil {
 		return nil, err
@@ -120,28 +138,41 @@ func (n *node) observe(p pool) (*observed, error) {
 	return o, nil
 }
 
-func readCheckpoint(path string) (map[string]*ckptClaim, error) {
-	data, err := os.ReadFile(path)
+// readCheckpoint reads the checkpoint file. missing: there is none;
+// lost (with no error) says why what is there is no checkpoint the
+// plugin can read (damage, chaos/damage.go), as the plugin would find it.
+func readCheckpoint(path string) (claims map[string]*ckptClaim, missing bool, lost string, err error) {
+	fi, err := os.Lstat(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return map[string]*ckptClaim{}, nil
+		return map[string]*ckptClaim{}, true, "", nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, false, "", err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, false, fmt.Sprintf("no regular file (%v)", fi.Mode().Type()), nil
+	}
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return map[string]*ckptClaim{}, true, "", nil // moved aside since
+	}
+	if err != nil {
+		return nil, false, "", err
 	}
 	var f struct {
 		Version string                `json:"version"`
 		Claims  map[string]*ckptClaim `json:"claims"`
 	}
 	if err := json.Unmarshal(data, &f); err != nil {
-		return nil, fmt.Errorf("checkpoint %s: %w", path, err)
+		return nil, false, fmt.Sprintf("unreadable: %v", err), nil
 	}
 	if f.Version != "v2" && f.Version != "v5" {
-		return nil, fmt.Errorf("checkpoint %s: version %q, the harness reads v2 and v5", path, f.Version)
+		return nil, false, "", fmt.Errorf("checkpoint %s: version %q, the harness reads v2 and v5", path, f.Version)
 	}
 	if f.Claims == nil {
 		f.Claims = map[string]*ckptClaim{}
 	}
-	return f.Claims, nil
+	return f.Claims, false, "", nil
 }
 
 func (o *observed) readSpecs(dir string) error {

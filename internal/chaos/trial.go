@@ -43,6 +43,7 @@ type trial struct {
 	kills      int
 	snapshots  int
 	inOutage   bool
+	rollouts   int // rolling updates: the plugin's pod is the rollouts-th
 }
 
 func newTrial(seed uint64, o *Options, dir, mpsControl string, sum *Summary) *trial {
@@ -79,6 +80,7 @@ func (t *trial) run(ctx context.Context, outage bool) (err error) {
 		return err
 	}
 	t.n = n
+	n.podUID = t.podUID(0)
 	defer func() {
 		n.stop()
 		if err == nil && n.closeErr != nil {
@@ -246,6 +248,13 @@ type call struct {
 	prepare bool
 	claims  []*claim
 	result  map[types.UID]outcome
+	// to is the instance the call goes to (nil: the node's plugin); sent
+	// when it went out, done when its answer came; raced: one of a pair
+	// of calls for one claim through two instances at once, which collect
+	// leaves to settleRaces.
+	to         *proc
+	sent, done time.Time
+	raced      bool
 }
 
 // plan decides a round's calls: new claims to prepare, Prepare retries,
@@ -260,6 +269,15 @@ func (t *trial) plan(ctx context.Context) ([]*call, error) {
 			break
 		}
 		c, err := t.newClaim(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if c != nil {
+			prep = append(prep, c)
+		}
+	}
+	if len(t.live) < maxLive && t.rng.Float64() < t.o.StaleProbability {
+		c, err := t.staleClaim(ctx)
 		if err != nil {
 			return nil, err
 		}
@@ -334,6 +352,9 @@ func (t *trial) step(ctx context.Context) error {
 			return err
 		}
 	}
+	if t.rng.Float64() < t.o.RollingProbability {
+		return t.rollingStep(ctx)
+	}
 	calls, err := t.plan(ctx)
 	if err != nil {
 		return err
@@ -374,12 +395,18 @@ func (t *trial) issue(ctx context.Context, calls []*call) (wait func()) {
 	dra, timeout := t.n.dra, t.n.callTimeout
 	for _, c := range calls {
 		t.sum.Calls++
+		dra := dra
+		if c.to != nil {
+			dra = c.to.dra
+		}
 		wg.Go(func() {
+			c.sent = time.Now()
 			if c.prepare {
 				c.result = prepare(ctx, dra, timeout, c.claims)
 			} else {
 				c.result = unprepare(ctx, dra, timeout, c.claims)
 			}
+			c.done = time.Now()
 		})
 	}
 	return wg.Wait
@@ -396,6 +423,9 @@ func (t *trial) roundTrip(ctx context.Context, calls []*call) []*claim {
 func (t *trial) collect(ctx context.Context, calls []*call) []*claim {
 	var refused []*claim
 	for _, cl := range calls {
+		if cl.raced {
+			continue
+		}
 		transport := false
 		for _, c := range cl.claims {
 			o := cl.result[c.obj.UID]
@@ -499,7 +529,29 @@ func (t *trial) snapshot() {
 // restart starts the plugin again, as the kubelet restarts its pod.
 func (t *trial) restart(ctx context.Context) error {
 	t.sum.Restarts++
-	if t.rng.Float64() < 0.25 {
+	damaged := damage("")
+	if t.rng.Float64() < t.o.LossProbability {
+		var err error
+		if damaged, err = t.damageCheckpoint(); err != nil {
+			return err
+		}
+	}
+	if damaged != "" && t.rng.Float64() < killDuringAdoption {
+		// Killed while it finds the loss and adopts the claims.
+		delay := time.Duration(t.rng.Float64() * float64(maxAdoptionKillDelay))
+		if err := t.n.spawn(); err != nil {
+			return err
+		}
+		time.Sleep(delay)
+		t.trace("SIGKILL %v into the start after the checkpoint was %s", delay.Round(time.Millisecond), damaged)
+		t.kills++
+		t.sum.Kills++
+		t.sum.AdoptionKills++
+		if err := t.n.kill(); err != nil {
+			t.violate("crash: %v", err)
+		}
+		t.checkNode(ctx, fmt.Sprintf("after a kill during the start after the checkpoint was %s", damaged), false)
+	} else if t.rng.Float64() < 0.25 {
 		// Killed again while it starts: adoption, restore and the first
 		// sweep are interrupted too.
 		u := t.rng.Float64()

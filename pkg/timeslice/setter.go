@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
@@ -127,8 +128,10 @@ type Memory struct {
 // a GPU's time slice outlives the process that set it: the intervals in
 // the file, if it exists, are the GPUs' intervals, and every Set replaces
 // the file atomically (a temporary file renamed over it) before it
-// returns. A Set that cannot write the file fails and changes nothing. One
-// process at a time may set intervals through a file; others may read it
+// returns. A Set that cannot write the file fails and changes nothing.
+// Several processes may set intervals through one file at once (two
+// plugin instances of a rolling update): a Set takes flock(2) on
+// <path>.lock and starts from what the file holds; others may read it
 // ([ReadIntervals]).
 func LoadMemory(path string) (*Memory, error) {
 	intervals, err := ReadIntervals(path)
@@ -172,6 +175,13 @@ func (m *Memory) Set(ctx context.Context, gpuUUID string, interval v1beta1.TimeS
 		m.intervals = map[string]v1beta1.TimeSliceInterval{}
 	}
 	if m.path != "" {
+		// Another process may have set other GPUs' intervals since.
+		unlock, err := lockFile(m.path + ".lock")
+		if err != nil {
+			return fmt.Errorf("set time slice of GPU %s to %s: %w", gpuUUID, interval, err)
+		}
+		defer unlock()
+		m.refreshLocked()
 		next := maps.Clone(m.intervals)
 		next[gpuUUID] = interval
 		if err := writeIntervals(m.path, next); err != nil {
@@ -188,8 +198,44 @@ func (m *Memory) Set(ctx context.Context, gpuUUID string, interval v1beta1.TimeS
 func (m *Memory) Interval(gpuUUID string) (v1beta1.TimeSliceInterval, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.refreshLocked()
 	iv, ok := m.intervals[gpuUUID]
 	return iv, ok
+}
+
+// refreshLocked takes in the intervals the file holds, which another
+// process may have set; the caller holds m.mu. A file that is missing or
+// cannot be read leaves the intervals as they are.
+func (m *Memory) refreshLocked() {
+	if m.path == "" {
+		return
+	}
+	if _, err := os.Stat(m.path); err != nil {
+		return
+	}
+	if current, err := ReadIntervals(m.path); err == nil {
+		m.intervals = current
+	}
+}
+
+// lockFile takes flock(2) on the file at path, made if missing, and
+// returns the function that releases it.
+func lockFile(path string) (unlock func(), err error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return func() { _ = f.Close() }, nil // closing releases the lock
 }
 
 // Calls returns every successful Set so far, in order.

@@ -456,3 +456,30 @@ func TestPolicyDrivesSetter(t *testing.T) {
 		t.Errorf("calls %+v, want %+v", m.Calls(), want)
 	}
 }
+
+// Two processes set intervals through one file at once (a rolling
+// update): neither loses what the other set.
+func TestLoadMemorySharedByTwoProcesses(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "timeslices.json")
+	a, err := timeslice.LoadMemory(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := timeslice.LoadMemory(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Set(ctx, gpu1, long); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Set(ctx, gpu2, short); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := timeslice.ReadIntervals(path); err != nil || got[gpu1] != long || got[gpu2] != short {
+		t.Errorf("ReadIntervals = %v, %v; want gpu1 Long and gpu2 Short", got, err)
+	}
+	if iv, _ := a.Interval(gpu2); iv != short {
+		t.Errorf("A sees gpu2 at %q after B set Short", iv)
+	}
+}

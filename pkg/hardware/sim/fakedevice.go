@@ -71,8 +71,7 @@ func (d *fakeDevice) GetMinorNumber() (int, nvml.Return) {
 	if ret := d.hit("nvmlDeviceGetMinorNumber"); ret != nvml.SUCCESS {
 		return 0, ret
 	}
-	d.nv.mu.Lock()
-	defer d.nv.mu.Unlock()
+	defer d.nv.lock()()
 	return d.minor, nvml.SUCCESS
 }
 
@@ -165,8 +164,7 @@ func (d *fakeDevice) GetMigMode() (int, int, nvml.Return) {
 	if !d.migCapable() {
 		return 0, 0, nvml.ERROR_NOT_SUPPORTED
 	}
-	d.nv.mu.Lock()
-	defer d.nv.mu.Unlock()
+	defer d.nv.lock()()
 	return migMode(d.migEnabled), migMode(d.migPending), nvml.SUCCESS
 }
 
@@ -182,8 +180,7 @@ func (d *fakeDevice) GetMaxMigDeviceCount() (int, nvml.Return) {
 	if ret := d.hit("nvmlDeviceGetMaxMigDeviceCount"); ret != nvml.SUCCESS {
 		return 0, ret
 	}
-	d.nv.mu.Lock()
-	defer d.nv.mu.Unlock()
+	defer d.nv.lock()()
 	return d.maxMIGDevices()
 }
 
@@ -207,8 +204,7 @@ func (d *fakeDevice) GetMigDeviceHandleByIndex(i int) (nvml.Device, nvml.Return)
 	if ret := d.hit("nvmlDeviceGetMigDeviceHandleByIndex"); ret != nvml.SUCCESS {
 		return nil, ret
 	}
-	d.nv.mu.Lock()
-	defer d.nv.mu.Unlock()
+	defer d.nv.lock()()
 	n, ret := d.maxMIGDevices()
 	switch {
 	case ret != nvml.SUCCESS:
@@ -279,8 +275,7 @@ func (d *fakeDevice) GetGpuInstances(info *nvml.GpuInstanceProfileInfo) ([]nvml.
 	if ret := d.hit("nvmlDeviceGetGpuInstances"); ret != nvml.SUCCESS {
 		return nil, ret
 	}
-	d.nv.mu.Lock()
-	defer d.nv.mu.Unlock()
+	defer d.nv.lock()()
 	if !d.migCapable() || !d.migEnabled {
 		return nil, nvml.ERROR_NOT_SUPPORTED
 	}
@@ -302,8 +297,7 @@ func (d *fakeDevice) GetGpuInstanceById(id int) (nvml.GpuInstance, nvml.Return) 
 	if ret := d.hit("nvmlDeviceGetGpuInstanceById"); ret != nvml.SUCCESS {
 		return nil, ret
 	}
-	d.nv.mu.Lock()
-	defer d.nv.mu.Unlock()
+	defer d.nv.lock()()
 	if !d.migCapable() || !d.migEnabled {
 		return nil, nvml.ERROR_NOT_SUPPORTED
 	}

@@ -63,8 +63,7 @@ func (gi *fakeGI) GetInfo() (nvml.GpuInstanceInfo, nvml.Return) {
 
 // alive reports whether gi has not been destroyed.
 func (gi *fakeGI) alive() bool {
-	gi.parent.nv.mu.Lock()
-	defer gi.parent.nv.mu.Unlock()
+	defer gi.parent.nv.lock()()
 	return !gi.destroyed
 }
 
@@ -95,8 +94,7 @@ func (gi *fakeGI) GetComputeInstances(info *nvml.ComputeInstanceProfileInfo) ([]
 	if ret := gi.parent.hit("nvmlGpuInstanceGetComputeInstances"); ret != nvml.SUCCESS {
 		return nil, ret
 	}
-	gi.parent.nv.mu.Lock()
-	defer gi.parent.nv.mu.Unlock()
+	defer gi.parent.nv.lock()()
 	if gi.destroyed || info == nil {
 		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
@@ -114,8 +112,7 @@ func (gi *fakeGI) GetComputeInstanceById(id int) (nvml.ComputeInstance, nvml.Ret
 	if ret := gi.parent.hit("nvmlGpuInstanceGetComputeInstanceById"); ret != nvml.SUCCESS {
 		return nil, ret
 	}
-	gi.parent.nv.mu.Lock()
-	defer gi.parent.nv.mu.Unlock()
+	defer gi.parent.nv.lock()()
 	if gi.destroyed {
 		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
@@ -159,8 +156,7 @@ func (ci *fakeCI) GetInfo() (nvml.ComputeInstanceInfo, nvml.Return) {
 
 // alive reports whether ci has not been destroyed.
 func (ci *fakeCI) alive() bool {
-	ci.gi.parent.nv.mu.Lock()
-	defer ci.gi.parent.nv.mu.Unlock()
+	defer ci.gi.parent.nv.lock()()
 	return !ci.destroyed
 }
 

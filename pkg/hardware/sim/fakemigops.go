@@ -45,8 +45,7 @@ func (d *fakeDevice) CreateGpuInstanceWithPlacement(info *nvml.GpuInstanceProfil
 	if ret := d.hit("nvmlDeviceCreateGpuInstanceWithPlacement"); ret != nvml.SUCCESS {
 		return nil, ret
 	}
-	d.nv.mu.Lock()
-	defer d.nv.mu.Unlock()
+	defer d.nv.lock()()
 	if !d.migCapable() || !d.migEnabled {
 		return nil, nvml.ERROR_NOT_SUPPORTED
 	}
@@ -73,8 +72,7 @@ func (d *fakeDevice) GetGpuInstanceRemainingCapacity(info *nvml.GpuInstanceProfi
 	if ret := d.hit("nvmlDeviceGetGpuInstanceRemainingCapacity"); ret != nvml.SUCCESS {
 		return 0, ret
 	}
-	d.nv.mu.Lock()
-	defer d.nv.mu.Unlock()
+	defer d.nv.lock()()
 	if !d.migCapable() || !d.migEnabled {
 		return 0, nvml.ERROR_NOT_SUPPORTED
 	}
@@ -106,8 +104,7 @@ func (d *fakeDevice) SetMigMode(mode int) (nvml.Return, nvml.Return) {
 	if ret := d.hit("nvmlDeviceSetMigMode"); ret != nvml.SUCCESS {
 		return nvml.SUCCESS, ret
 	}
-	d.nv.mu.Lock()
-	defer d.nv.mu.Unlock()
+	defer d.nv.lock()()
 	switch {
 	case !d.migCapable():
 		return nvml.SUCCESS, nvml.ERROR_NOT_SUPPORTED
@@ -148,8 +145,7 @@ func (gi *fakeGI) CreateComputeInstance(info *nvml.ComputeInstanceProfileInfo) (
 	if ret := d.hit("nvmlGpuInstanceCreateComputeInstance"); ret != nvml.SUCCESS {
 		return nil, ret
 	}
-	d.nv.mu.Lock()
-	defer d.nv.mu.Unlock()
+	defer d.nv.lock()()
 	if gi.destroyed || info == nil {
 		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
@@ -197,8 +193,7 @@ func (gi *fakeGI) Destroy() nvml.Return {
 	if ret := d.hit("nvmlGpuInstanceDestroy"); ret != nvml.SUCCESS {
 		return ret
 	}
-	d.nv.mu.Lock()
-	defer d.nv.mu.Unlock()
+	defer d.nv.lock()()
 	switch {
 	case gi.destroyed:
 		return nvml.ERROR_INVALID_ARGUMENT
@@ -222,8 +217,7 @@ func (ci *fakeCI) Destroy() nvml.Return {
 	if ret := d.hit("nvmlComputeInstanceDestroy"); ret != nvml.SUCCESS {
 		return ret
 	}
-	d.nv.mu.Lock()
-	defer d.nv.mu.Unlock()
+	defer d.nv.lock()()
 	if ci.destroyed {
 		return nvml.ERROR_INVALID_ARGUMENT
 	}

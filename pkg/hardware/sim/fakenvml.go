@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -37,8 +38,12 @@ type fakeNVML struct {
 	// minorsAfterSwitch are the minors GPUs, by UUID, come back with after
 	// a MIG mode switch.
 	minorsAfterSwitch map[string]int
-	// stateFile, if set, holds what can change (see state.go).
+	// stateFile, if set, holds what can change (see state.go), shared
+	// with the other processes that drive it (shared.go): lockFile locks
+	// it, lastState is what this process last read or wrote of it.
 	stateFile string
+	lockFile  *os.File
+	lastState []byte
 
 	mu sync.Mutex
 	// created counts the compute instances created, which makes the
@@ -149,8 +154,7 @@ func (f *fakeNVML) DeviceGetHandleByUUID(uuid string) (nvml.Device, nvml.Return)
 	if ret := f.faults.hit("nvmlDeviceGetHandleByUUID"); ret != nvml.SUCCESS {
 		return nil, ret
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	defer f.lock()()
 	for _, d := range f.devices {
 		if d.uuid == uuid {
 			return d, nvml.SUCCESS

@@ -21,8 +21,9 @@ import (
 // and the next process that makes the node's hardware sees what the killed
 // one left, leaks included, as a restarted plugin on a real node does.
 //
-// One process at a time may drive a state file; others may read it
-// ([ReadState]). A reboot, which would destroy MIG instances on real
+// Several processes may drive one state file at once (shared.go), as two
+// plugin instances drive a node's GPUs during a rolling update; others may
+// read it ([ReadState]). A reboot, which would destroy MIG instances on real
 // hardware, is not simulated.
 
 // stateVersion is the format of the state file.
@@ -181,7 +182,12 @@ func (f *fakeNVML) persistLocked() error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(f.stateFile, append(data, '\n'))
+	data = append(data, '\n')
+	if err := writeFileAtomic(f.stateFile, data); err != nil {
+		return err
+	}
+	f.lastState = data
+	return nil
 }
 
 // writeFileAtomic replaces path with data through a temporary file in the
@@ -221,6 +227,10 @@ func (f *fakeNVML) loadState() error {
 	if err := f.restore(s); err != nil {
 		return fmt.Errorf("simulated hardware state %s: %w", f.stateFile, err)
 	}
+	// What the file holds now is what was restored (the next call takes in
+	// only later changes of other processes).
+	f.lastState, _ = json.MarshalIndent(f.snapshotLocked(), "", "  ")
+	f.lastState = append(f.lastState, '\n')
 	return nil
 }
 

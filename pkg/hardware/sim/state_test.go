@@ -134,3 +134,55 @@ func TestStateFileThatDoesNotFitBreaksTheHardware(t *testing.T) {
 		})
 	}
 }
+
+// Two processes drive one node's GPUs at once (a rolling update): each
+// sees what the other created and destroyed, as on real hardware.
+func TestStateFileSharedByTwoProcesses(t *testing.T) {
+	ctx := context.Background()
+	n := oneGPUNode(t, "H100-SXM5-80GB", true)
+	path := filepath.Join(t.TempDir(), "nvml.json")
+	hwA, migA, _ := hardwareWithState(t, n, path)
+	hwB, migB, _ := hardwareWithState(t, n, path) // started before A creates anything
+	gpu := discoverOne(t, hwA)
+	p1 := gpu.MIGProfiles[0] // 1g.10gb
+	at := func(start int) hardware.MIGPlacement {
+		return hardware.MIGPlacement{ParentUUID: gpu.UUID, ProfileID: p1.ProfileID, Start: start}
+	}
+	first, err := migA.CreateMIGDevice(ctx, at(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := discoverOne(t, hwB).MIGDevices; len(got) != 1 || got[0].UUID != first.UUID {
+		t.Fatalf("B sees MIG devices %+v, want the one A created, %s", got, first.UUID)
+	}
+	if _, err := migB.CreateMIGDevice(ctx, at(0)); err == nil {
+		t.Fatal("B created a MIG device over the one A created")
+	}
+	second, err := migB.CreateMIGDevice(ctx, at(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.UUID == first.UUID {
+		t.Fatalf("B's MIG device reuses A's UUID %s", first.UUID)
+	}
+	// B destroys A's device; A no longer has it, and can destroy B's.
+	if err := migB.DestroyMIGDevice(ctx, at(0)); err != nil {
+		t.Fatal(err)
+	}
+	if got := discoverOne(t, hwA).MIGDevices; len(got) != 1 || got[0].UUID != second.UUID {
+		t.Fatalf("A sees MIG devices %+v, want only B's, %s", got, second.UUID)
+	}
+	if err := migA.DestroyMIGDevice(ctx, at(1)); err != nil {
+		t.Fatal(err)
+	}
+	s, err := ReadState(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if uuids := s.GPUs[gpu.UUID].MIGDevices(); len(uuids) != 0 {
+		t.Errorf("state file still has MIG devices %v", uuids)
+	}
+	if got := discoverOne(t, hwB).MIGDevices; len(got) != 0 {
+		t.Errorf("B still sees MIG devices %+v", got)
+	}
+}

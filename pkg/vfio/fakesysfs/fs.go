@@ -221,8 +221,7 @@ func devEntry(exists bool, rest []string, major, minor int) *entry {
 
 // ReadFile implements vfio.FS.
 func (s *Sysfs) ReadFile(name string) ([]byte, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.lock()()
 	if err := s.failure(OpRead, name); err != nil {
 		return nil, s.pathError(OpRead, name, err)
 	}
@@ -240,14 +239,14 @@ func (s *Sysfs) ReadFile(name string) ([]byte, error) {
 
 // WriteFile implements vfio.FS.
 func (s *Sysfs) WriteFile(name string, data []byte) error {
-	s.mu.Lock()
+	unlock := s.lock()
 	took, err := s.writeLocked(name, data)
 	var hooks []func(string)
 	if took {
 		s.wrote()
 		hooks = slices.Clone(s.onWrite)
 	}
-	s.mu.Unlock()
+	unlock()
 	for _, fn := range hooks {
 		fn(name)
 	}
@@ -290,8 +289,7 @@ func (s *Sysfs) writeLocked(name string, data []byte) (bool, error) {
 
 // Readlink implements vfio.FS.
 func (s *Sysfs) Readlink(name string) (string, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.lock()()
 	if err := s.failure(OpReadlink, name); err != nil {
 		return "", s.pathError(OpReadlink, name, err)
 	}
@@ -307,8 +305,7 @@ func (s *Sysfs) Readlink(name string) (string, error) {
 
 // ReadDir implements vfio.FS.
 func (s *Sysfs) ReadDir(name string) ([]string, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.lock()()
 	if err := s.failure(OpReadDir, name); err != nil {
 		return nil, s.pathError("open", name, err)
 	}
@@ -324,8 +321,7 @@ func (s *Sysfs) ReadDir(name string) ([]string, error) {
 
 // Exists implements vfio.FS.
 func (s *Sysfs) Exists(name string) (bool, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.lock()()
 	if err := s.failure(OpExists, name); err != nil {
 		return false, s.pathError(OpExists, name, err)
 	}

@@ -92,8 +92,7 @@ func (s *Sysfs) Load(ctx context.Context, module string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.lock()()
 	switch f := s.fault(OpLoadModule, module); {
 	case f != nil && f.Drop:
 		return nil
@@ -123,8 +122,7 @@ func (s *Sysfs) Holders(ctx context.Context, busID string) ([]string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.lock()()
 	if err := s.failure(OpHolders, busID); err != nil {
 		return nil, err
 	}

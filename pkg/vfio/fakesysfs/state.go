@@ -20,9 +20,9 @@ import (
 // starts from the file when it exists and writes every change through,
 // atomically, before the write (or module load) that made it returns. A
 // change that cannot be written is undone and fails with EIO. Holders are
-// not kept: they are the test's processes, not the kernel's state. One
-// process at a time may drive a state file; others may read it
-// (ReadState).
+// not kept: they are the test's processes, not the kernel's state.
+// Several processes may drive one state file at once (shared.go); others
+// may read it (ReadState).
 
 const stateVersion = "v1"
 
@@ -165,14 +165,19 @@ func (s *Sysfs) persistLocked() error {
 		return err
 	}
 	defer func() { _ = os.Remove(tmp.Name()) }() // nothing left after a successful rename
-	if _, err := tmp.Write(append(data, '\n')); err != nil {
+	data = append(data, '\n')
+	if _, err := tmp.Write(data); err != nil {
 		_ = tmp.Close()
 		return err
 	}
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp.Name(), s.stateFile)
+	if err := os.Rename(tmp.Name(), s.stateFile); err != nil {
+		return err
+	}
+	s.lastState = data
+	return nil
 }
 
 // change carries out fn, which changes the fake's state, and writes the

@@ -92,3 +92,31 @@ func TestStateFileThatDoesNotFitFailsTheBuild(t *testing.T) {
 		})
 	}
 }
+
+// Two processes drive one node's kernel at once (a rolling update): each
+// sees the bindings the other made.
+func TestStateFileSharedByTwoProcesses(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sysfs.json")
+	builder := func() *fakesysfs.Builder { return fakesysfs.NewBuilder().IOMMUFD().GPU(gpu, 20).StateFile(path) }
+	a, b := build(t, builder()), build(t, builder()) // both before any binding
+	bindToVFIO(t, a)
+	if got, _ := b.Binding(gpu); got.Driver != "vfio-pci" {
+		t.Fatalf("B sees the GPU bound to %q after A bound it to vfio-pci", got.Driver)
+	}
+	// B gives it back to nvidia, as the other instance's Unprepare does.
+	for _, w := range []write{
+		{dev(gpu, "driver/unbind"), gpu, 0},
+		{dev(gpu, "driver_override"), "\n", 0},
+		{drv("nvidia", "bind"), gpu, 0},
+	} {
+		if err := b.WriteFile(w.path, []byte(w.value)); err != nil {
+			t.Fatalf("B: write %s: %v", w.path, err)
+		}
+	}
+	if got, _ := a.Binding(gpu); got.Driver != "nvidia" || got.Override != "" {
+		t.Errorf("A sees %+v after B gave the GPU back to nvidia", got)
+	}
+	if st, err := fakesysfs.ReadState(path); err != nil || st.Functions[gpu].Driver != "nvidia" {
+		t.Errorf("state file %+v, %v; want the GPU bound to nvidia", st, err)
+	}
+}

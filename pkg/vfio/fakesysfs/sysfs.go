@@ -23,6 +23,7 @@ package fakesysfs
 import (
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"sync"
 
@@ -59,8 +60,12 @@ type Sysfs struct {
 	groupMinors map[int]int
 	devMinors   map[int]bool
 
-	// stateFile, if set, keeps the kernel's state (state.go).
+	// stateFile, if set, keeps the kernel's state (state.go), shared with
+	// the other processes that drive it (shared.go): lockFile locks it,
+	// lastState is what this process last read or wrote of it.
 	stateFile string
+	lockFile  *os.File
+	lastState []byte
 
 	faults     []*Fault
 	crashAfter int // successful writes left before the crash; -1 for none
@@ -118,8 +123,7 @@ type Binding struct {
 // Bindings returns the binding of every function, by bus ID; tests compare
 // it before and after an operation.
 func (s *Sysfs) Bindings() map[string]Binding {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.lock()()
 	out := make(map[string]Binding, len(s.devices))
 	for id, d := range s.devices {
 		out[id] = Binding{Driver: d.driver, Override: d.override}
@@ -129,8 +133,7 @@ func (s *Sysfs) Bindings() map[string]Binding {
 
 // Binding returns the binding of busID, false for an unknown function.
 func (s *Sysfs) Binding(busID string) (Binding, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.lock()()
 	d, ok := s.devices[busID]
 	if !ok {
 		return Binding{}, false
@@ -141,8 +144,7 @@ func (s *Sysfs) Binding(busID string) (Binding, bool) {
 // VFIODevice returns N of the function's /dev/vfio/devices/vfio<N>, false
 // when it is not bound to a VFIO driver.
 func (s *Sysfs) VFIODevice(busID string) (int, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.lock()()
 	d, ok := s.devices[busID]
 	if !ok || d.vfioDev < 0 {
 		return 0, false
@@ -153,16 +155,14 @@ func (s *Sysfs) VFIODevice(busID string) (int, bool) {
 // VFIOGroups returns the IOMMU groups that have a /dev/vfio/<group> node,
 // sorted.
 func (s *Sysfs) VFIOGroups() []int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.lock()()
 	return slices.Sorted(maps.Keys(s.groupMinors))
 }
 
 // DriverLoaded reports whether the driver is registered (its module
 // loaded).
 func (s *Sysfs) DriverLoaded(name string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.lock()()
 	_, ok := s.drivers[name]
 	return ok
 }
@@ -170,8 +170,7 @@ func (s *Sysfs) DriverLoaded(name string) bool {
 // SetHolders marks busID as held by holders (none: free). Holders reports
 // them, and unbinding the function fails with EBUSY while it has any.
 func (s *Sysfs) SetHolders(busID string, holders ...string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.lock()()
 	d, ok := s.devices[busID]
 	if !ok {
 		return fmt.Errorf("fake sysfs: no PCI function %s", busID)
