@@ -42,8 +42,8 @@ func TestFailedStartAfterTheForkLeavesNoDaemon(t *testing.T) {
 		wantIs  error
 	}{
 		{
-			name:    "context cancelled right after the fork",
-			after:   func(cancel context.CancelFunc) error { cancel(); return nil },
+			name:  "context cancelled right after the fork",
+			after: func(cancel context.CancelFunc) error { cancel(); return nil },
 			// Where the cancellation is noticed depends on the machine's
 			// load: waiting for the daemon, or in the first command
 			// once it answered. Either way nothing may stay up.
