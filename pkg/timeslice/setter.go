@@ -15,10 +15,10 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
+	"github.com/gpudra/gpudra/internal/filelock"
 )
 
 // Setter applies a time-slice interval to a full GPU.
@@ -176,7 +176,7 @@ func (m *Memory) Set(ctx context.Context, gpuUUID string, interval v1beta1.TimeS
 	}
 	if m.path != "" {
 		// Another process may have set other GPUs' intervals since.
-		unlock, err := lockFile(m.path + ".lock")
+		unlock, err := filelock.Exclusive(m.path + ".lock")
 		if err != nil {
 			return fmt.Errorf("set time slice of GPU %s to %s: %w", gpuUUID, interval, err)
 		}
@@ -216,26 +216,6 @@ func (m *Memory) refreshLocked() {
 	if current, err := ReadIntervals(m.path); err == nil {
 		m.intervals = current
 	}
-}
-
-// lockFile takes flock(2) on the file at path, made if missing, and
-// returns the function that releases it.
-func lockFile(path string) (unlock func(), err error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	for {
-		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
-		if err != unix.EINTR {
-			break
-		}
-	}
-	if err != nil {
-		_ = f.Close()
-		return nil, err
-	}
-	return func() { _ = f.Close() }, nil // closing releases the lock
 }
 
 // Calls returns every successful Set so far, in order.

@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,7 +41,6 @@ type fakeNVML struct {
 	// with the other processes that drive it (shared.go): lockFile locks
 	// it, lastState is what this process last read or wrote of it.
 	stateFile string
-	lockFile  *os.File
 	lastState []byte
 
 	mu sync.Mutex

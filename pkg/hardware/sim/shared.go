@@ -7,7 +7,7 @@ import (
 	"os"
 	"slices"
 
-	"golang.org/x/sys/unix"
+	"github.com/gpudra/gpudra/internal/filelock"
 )
 
 // Several processes may drive one state file, as two plugin instances of
@@ -29,26 +29,13 @@ func (f *fakeNVML) lock() (unlock func()) {
 	if f.stateFile == "" {
 		return f.mu.Unlock
 	}
-	if f.lockFile == nil {
-		lf, err := os.OpenFile(f.stateFile+".lock", os.O_RDWR|os.O_CREATE, 0o644)
-		if err != nil {
-			return f.mu.Unlock
-		}
-		f.lockFile = lf
-	}
-	fd := int(f.lockFile.Fd())
-	for {
-		err := unix.Flock(fd, unix.LOCK_EX)
-		if err == nil {
-			break
-		}
-		if err != unix.EINTR {
-			return f.mu.Unlock
-		}
+	release, err := filelock.Exclusive(f.stateFile + ".lock")
+	if err != nil {
+		return f.mu.Unlock
 	}
 	_ = f.syncLocked()
 	return func() {
-		_ = unix.Flock(fd, unix.LOCK_UN)
+		release()
 		f.mu.Unlock()
 	}
 }

@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"os"
 
-	"golang.org/x/sys/unix"
+	"github.com/gpudra/gpudra/internal/filelock"
 )
 
 // Several processes may drive one state file, as two plugin instances of
@@ -23,26 +23,13 @@ func (s *Sysfs) lock() (unlock func()) {
 	if s.stateFile == "" {
 		return s.mu.Unlock
 	}
-	if s.lockFile == nil {
-		lf, err := os.OpenFile(s.stateFile+".lock", os.O_RDWR|os.O_CREATE, 0o644)
-		if err != nil {
-			return s.mu.Unlock
-		}
-		s.lockFile = lf
-	}
-	fd := int(s.lockFile.Fd())
-	for {
-		err := unix.Flock(fd, unix.LOCK_EX)
-		if err == nil {
-			break
-		}
-		if err != unix.EINTR {
-			return s.mu.Unlock
-		}
+	release, err := filelock.Exclusive(s.stateFile + ".lock")
+	if err != nil {
+		return s.mu.Unlock
 	}
 	_ = s.syncLocked()
 	return func() {
-		_ = unix.Flock(fd, unix.LOCK_UN)
+		release()
 		s.mu.Unlock()
 	}
 }

@@ -23,7 +23,6 @@ package fakesysfs
 import (
 	"fmt"
 	"maps"
-	"os"
 	"slices"
 	"sync"
 
@@ -64,7 +63,6 @@ type Sysfs struct {
 	// the other processes that drive it (shared.go): lockFile locks it,
 	// lastState is what this process last read or wrote of it.
 	stateFile string
-	lockFile  *os.File
 	lastState []byte
 
 	faults     []*Fault
