@@ -222,13 +222,20 @@ func TestStatus(t *testing.T) {
 			return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "", errors.New(`User "viewer" cannot list resource "pods" in API group "" at the cluster scope`))
 		})
 		srv, _ := startServer(t, client)
+		// Each resource syncs on its own: wait until all but pods have,
+		// not only until the claims show (seen on a loaded CI machine:
+		// nodes still "waiting" in the first snapshot with both nodes).
 		doc := waitSnapshot(t, srv, func(d snapshotDoc) bool {
+			forbidden, othersSynced := false, true
 			for _, r := range d.Status.Resources {
-				if r.Resource == "pods" && r.State == StateForbidden && r.Verb == "list" {
-					return len(d.Nodes) == 2 && len(d.Nodes[0].GPUs[0].Holders) == 1
+				switch {
+				case r.Resource == "pods":
+					forbidden = r.State == StateForbidden && r.Verb == "list"
+				case r.State != StateSynced:
+					othersSynced = false
 				}
 			}
-			return false
+			return forbidden && othersSynced && len(d.Nodes) == 2 && len(d.Nodes[0].GPUs[0].Holders) == 1
 		})
 		// The rest is shown: the claim, and its reserved pod by name.
 		if pods := doc.Nodes[0].GPUs[0].Holders[0].Pods; len(pods) != 1 || pods[0].Name != "ml/p1" {
