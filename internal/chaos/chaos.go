@@ -50,12 +50,6 @@ type Options struct {
 	// StaleProbability that a round allocates a claim to devices a running
 	// claim holds; RollingProbability that a round is a rolling update.
 	LossProbability, StaleProbability, RollingProbability float64
-	// LoseOnlySettled loses a checkpoint only when it records no
-	// preparation half done. A half-done preparation whose checkpoint is
-	// lost leaves its setup owned by nothing (defect 6 in docs/chaos.md,
-	// not fixed yet): the short form, which CI runs, avoids that case so
-	// that it guards everything else; `make chaos` keeps it.
-	LoseOnlySettled bool
 	// CallTimeout is the kubelet's DRA call timeout (and the plugin's
 	// --kubelet-call-timeout).
 	CallTimeout time.Duration
@@ -87,7 +81,6 @@ func ShortOptions() Options {
 		Outage: 3 * time.Second, OutageEvery: 6, CallTimeout: 45 * time.Second, // an outage in the trial of seed 6
 		// Higher than the long form's, so that 30 rounds have each class.
 		LossProbability: 0.4, StaleProbability: 0.3, RollingProbability: 0.25,
-		LoseOnlySettled: true,
 	}
 }
 
@@ -117,11 +110,9 @@ type Summary struct {
 	ForcedDeletions, GivenUp, NoFit                      int
 	ErrorMessages                                        map[string]int
 	// Damages counts the checkpoints damaged while the plugin was down, by
-	// damage; AdoptionKills the kills in the start after one;
-	// LossesSkipped the losses Options.LoseOnlySettled left out.
+	// damage; AdoptionKills the kills in the start after one.
 	Damages       map[damage]int
 	AdoptionKills int
-	LossesSkipped int
 	// StaleClaims are the claims allocated to devices a running claim
 	// holds (stale.go); RollingUpdates the second instances started beside
 	// the plugin, RacedPairs the claims prepared through one instance and

@@ -45,19 +45,6 @@ func (t *trial) damageCheckpoint() (damage, error) {
 	if err != nil {
 		return "", err
 	}
-	if t.o.LoseOnlySettled {
-		claims, _, _, err := readCheckpoint(path)
-		if err != nil {
-			return "", err
-		}
-		for _, c := range claims {
-			if c.Phase == "PrepareStarted" {
-				t.sum.LossesSkipped++
-				t.trace("checkpoint kept: claim %s is half prepared (Options.LoseOnlySettled)", c.UID)
-				return "", nil
-			}
-		}
-	}
 	d := damages[t.rng.IntN(len(damages))]
 	switch d {
 	case damageDelete:

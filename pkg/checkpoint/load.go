@@ -229,20 +229,28 @@ func (s *Store) loadFile(lost *lossRecord) (loaded, error) {
 }
 
 // lossIfEvidence, for a checkpoint.json missing at Open with no loss
-// pending, asks the WithLossEvidence function whether claims may be
-// prepared on the node all the same; if so it writes the adopt-pending
+// pending, looks for start record files of this boot ([StartedDirName])
+// and asks the WithLossEvidence function whether claims may be prepared on
+// the node all the same; if so it writes the adopt-pending
 // marker before anything else is written, and l records the loss.
 func (s *Store) lossIfEvidence(l *loaded) error {
-	if s.lossEvidence == nil {
+	var evidence []string
+	if started := s.startedEvidence(); started != "" {
+		evidence = append(evidence, started)
+	}
+	if s.lossEvidence != nil {
+		found, err := s.lossEvidence()
+		if err != nil {
+			found = fmt.Sprintf("whether claims are prepared on this node cannot be told (%v)", err)
+		}
+		if found != "" {
+			evidence = append(evidence, found)
+		}
+	}
+	if len(evidence) == 0 {
 		return nil
 	}
-	found, err := s.lossEvidence()
-	if err != nil {
-		found = fmt.Sprintf("whether claims are prepared on this node cannot be told (%v)", err)
-	}
-	if found == "" {
-		return nil
-	}
+	found := strings.Join(evidence, " and ")
 	reason := fmt.Errorf("%s is missing but %s", s.path, found)
 	l.lost = &lossRecord{BootID: s.bootID, Reason: reason.Error(), Since: s.now().UTC()}
 	if err := s.writeMarker(l.lost); err != nil {

@@ -101,8 +101,9 @@ func WithDriverName(name string) Option {
 // ([ErrNeedsAdoption]) until [Store.Recover]: a process killed before its
 // owner adopted the claims leaves the marker, never an empty checkpoint the
 // next process would trust. An error counts as evidence: the Store cannot
-// tell that nothing is prepared. Without this option a missing file means
-// no claims.
+// tell that nothing is prepared. Start record files of this boot
+// ([StartedDirName]) are evidence with or without this option; without it,
+// and without them, a missing file means no claims.
 func WithLossEvidence(evidence func() (string, error)) Option {
 	return func(o *options) { o.lossEvidence = evidence }
 }

@@ -96,7 +96,7 @@ func (s *State) RecordStarted(in Intent, now time.Time) error {
 	if err := s.checkConflicts(in); err != nil {
 		return err
 	}
-	s.Claims[in.UID] = in.claim(PrepareStarted, now)
+	s.Claims[in.UID] = in.Claim(PrepareStarted, now)
 	return nil
 }
 
@@ -112,7 +112,7 @@ func (s *State) RecordCompleted(in Intent, startedAt time.Time) error {
 	if err := s.checkConflicts(in); err != nil {
 		return err
 	}
-	s.Claims[in.UID] = in.claim(PrepareCompleted, startedAt)
+	s.Claims[in.UID] = in.Claim(PrepareCompleted, startedAt)
 	return nil
 }
 
@@ -239,7 +239,9 @@ func overlaps(a, b Device) bool {
 	return (a.UUID != "" && b.ParentUUID == a.UUID) || (b.UUID != "" && a.ParentUUID == b.UUID)
 }
 
-func (in Intent) claim(phase Phase, startedAt time.Time) *Claim {
+// Claim is the record of the intent in phase, started (or, completed,
+// finished) at startedAt; it shares nothing with the intent.
+func (in Intent) Claim(phase Phase, startedAt time.Time) *Claim {
 	c := &Claim{
 		UID:       in.UID,
 		Namespace: in.Namespace,

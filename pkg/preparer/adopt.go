@@ -127,10 +127,18 @@ func (p *Preparer) adopt(ctx context.Context, inv *hardware.Inventory) error {
 		// checkpoint be used as if it were complete.
 		return err
 	}
+	started, err := p.cfg.Store.Started()
+	if err != nil {
+		return err
+	}
+	for _, f := range started.Unreadable {
+		logger.Error(f.Err, "A start record file cannot be read: what its preparation set up, if anything, is not undone", "file", f.Path)
+	}
 	now := p.cfg.Clock()
-	var adopted []string
+	var adopted, adoptedStarted []string
+	var refused map[string]error
 	err = p.cfg.Store.Recover(ctx, func(s *claimstate.State) error {
-		adopted = adopted[:0]
+		adopted, adoptedStarted, refused = adopted[:0], adoptedStarted[:0], map[string]error{}
 		for _, uid := range sortedKeys(in.Claims) {
 			c := in.Claims[uid]
 			if s.Adopt(uid, c.Devices, c.Records, now) {
@@ -138,6 +146,18 @@ func (p *Preparer) adopt(ctx context.Context, inv *hardware.Inventory) error {
 				rec.Namespace, rec.Name, rec.Consumers = c.Namespace, c.Name, c.Consumers
 				adopted = append(adopted, uid)
 			}
+		}
+		for _, uid := range sortedKeys(started.Claims) {
+			if s.Claims[uid] != nil {
+				// Its CDI spec was written: the preparation got past
+				// every Apply, and the spec's records own the setup.
+				continue
+			}
+			if err := p.adoptStarted(s, started.Claims[uid]); err != nil {
+				refused[uid] = err
+				continue
+			}
+			adoptedStarted = append(adoptedStarted, uid)
 		}
 		return nil
 	})
@@ -147,10 +167,28 @@ func (p *Preparer) adopt(ctx context.Context, inv *hardware.Inventory) error {
 	if len(adopted) > 0 {
 		logger.Info("Adopted claims prepared on this node that the checkpoint no longer knew", "claimUIDs", adopted)
 	}
+	if len(adoptedStarted) > 0 {
+		logger.Info("Adopted preparations in progress when the checkpoint was lost; they are rolled back before they are prepared again, or by the sweep", "claimUIDs", adoptedStarted)
+	}
+	for _, uid := range sortedKeys(refused) {
+		logger.Error(refused[uid], "A start record file names what a claim adopted from its CDI spec holds: not adopted, and what it set up, if anything, is not undone", "claimUID", uid)
+	}
 	if allocErr != nil {
 		logger.Error(allocErr, "Adopted the claims with CDI specs; the API server's allocations could not be read, so work of claims without a spec stays unaccounted for")
 	}
 	return nil
+}
+
+// adoptStarted records the start record c, read from its file after the
+// checkpoint was lost, as started, unless it names what a claim already in
+// s holds: the guards of its records and the device conflicts are checked
+// as at the start of a preparation.
+func (p *Preparer) adoptStarted(s *claimstate.State, c *claimstate.Claim) error {
+	if err := p.guard(s, c); err != nil {
+		return err
+	}
+	in := claimstate.Intent{UID: c.UID, Namespace: c.Namespace, Name: c.Name, Consumers: c.Consumers, Devices: c.Devices, Records: c.Records}
+	return s.RecordStarted(in, c.StartedAt)
 }
 
 // completeAdopted answers a Prepare of a claim adopted after the checkpoint

@@ -419,3 +419,94 @@ func TestKilledAtEachStep(t *testing.T) {
 		})
 	}
 }
+
+// TestKilledAtEachStepThenCheckpointLost kills a preparation at each step,
+// as TestKilledAtEachStep does, and then loses checkpoint.json before the
+// plugin starts again. What the killed preparation set up must still have
+// an owner: an Unprepare (the pod was deleted) leaves nothing, and so does
+// a retry followed by an Unprepare. Before start records had files of
+// their own, a preparation killed between its Apply and its CDI spec left
+// its setup to no one once the checkpoint was gone.
+func TestKilledAtEachStepThenCheckpointLost(t *testing.T) {
+	kill := func(t *testing.T, dir, step string) {
+		t.Helper()
+		cmd := exec.Command(os.Args[0], "-test.run=^TestKillHelperProcess$")
+		cmd.Env = append(os.Environ(), killDirEnv+"="+dir, killStepEnv+"="+step, killOpEnv+"=prepare")
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+			t.Fatalf("helper was not killed at %s (%v):\n%s", step, err, out)
+		}
+		if err := os.Remove(filepath.Join(dir, "plugin", checkpoint.FileName)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, step := range steps {
+		t.Run("unprepare/"+step, func(t *testing.T) {
+			dir := t.TempDir()
+			kill(t, dir, step)
+			r := newRig(t, dir, nil)
+			if err := r.unprepare(); err != nil {
+				t.Fatalf("unprepare after the kill and the loss: %v", err)
+			}
+			r.checkClean()
+			if found, err := r.store.Started(); err != nil || len(found.Claims) != 0 {
+				t.Errorf("start record files left: %v, %v", found.Claims, err)
+			}
+		})
+		t.Run("retry/"+step, func(t *testing.T) {
+			dir := t.TempDir()
+			kill(t, dir, step)
+			r := newRig(t, dir, nil)
+			if err := r.prep.Restore(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.prepare(); err != nil {
+				t.Fatalf("retry after the kill and the loss: %v", err)
+			}
+			r.checkPrepared()
+			if err := r.unprepare(); err != nil {
+				t.Fatal(err)
+			}
+			r.checkClean()
+		})
+	}
+}
+
+// TestStartRecordFileLifetime: a preparation's start record file exists
+// while its configurators apply, and is gone once the claim is prepared,
+// and once a failed preparation is rolled back.
+func TestStartRecordFileLifetime(t *testing.T) {
+	dir := t.TempDir()
+	var seen []string
+	var r *rig
+	fault := func(step string) error {
+		if step == "alpha.Apply" || step == "beta.Apply" {
+			found, err := r.store.Started()
+			if err != nil {
+				return err
+			}
+			seen = append(seen, fmt.Sprintf("%s:%d", step, len(found.Claims)))
+		}
+		if step == "beta.Apply" && len(seen) == 2 {
+			return errors.New("beta fails once")
+		}
+		return nil
+	}
+	r = newRig(t, dir, fault)
+	if err := r.prepare(); err == nil {
+		t.Fatal("the first prepare succeeded; want beta's failure")
+	}
+	if found, err := r.store.Started(); err != nil || len(found.Claims) != 0 {
+		t.Errorf("after the rollback: start record files %v, %v; want none", found.Claims, err)
+	}
+	if err := r.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	if found, err := r.store.Started(); err != nil || len(found.Claims) != 0 {
+		t.Errorf("after the prepare: start record files %v, %v; want none", found.Claims, err)
+	}
+	if want := []string{"alpha.Apply:1", "beta.Apply:1", "alpha.Apply:1", "beta.Apply:1"}; !slices.Equal(seen, want) {
+		t.Errorf("start record files seen during Apply: %v, want %v", seen, want)
+	}
+}

@@ -268,6 +268,12 @@ func (p *Preparer) execute(ctx context.Context, c *Claim, common *cdispec.Contai
 				finalErr = errors.Join(finalErr, p.abandon(ctx, uid, startedAt, applied, records))
 			}
 		}()
+		// A copy of the start record in a file of its own: if
+		// checkpoint.json is lost before the CDI spec is written, that file
+		// is all that names what Apply sets up.
+		if err := p.cfg.Store.KeepStarted(in.Claim(claimstate.PrepareStarted, startedAt)); err != nil {
+			return nil, err
+		}
 		for _, conf := range p.cfg.Configurators {
 			rec, ok := records[conf.Name()]
 			if !ok {
@@ -331,6 +337,13 @@ func (p *Preparer) execute(ctx context.Context, c *Claim, common *cdispec.Contai
 		}
 		return nil, fmt.Errorf("record completion in checkpoint: %w", err)
 	}
+	if len(records) > 0 {
+		if err := p.cfg.Store.DropStarted(uid); err != nil {
+			// The completed record and the CDI spec own the setup now; the
+			// file is dropped at the next start.
+			klog.FromContext(ctx).Error(err, "Prepared, but the start record file stays until the plugin restarts")
+		}
+	}
 	return &claimstate.Claim{UID: in.UID, Namespace: in.Namespace, Name: in.Name, Phase: claimstate.PrepareCompleted,
 		StartedAt: startedAt, Consumers: in.Consumers, Devices: in.Devices, Records: in.Records}, nil
 }
@@ -363,13 +376,8 @@ func unrecorded(in claimstate.Intent) *claimstate.Claim {
 func (p *Preparer) recordStart(ctx context.Context, in claimstate.Intent, startedAt time.Time) error {
 	err := p.update(ctx, func(s *claimstate.State) error {
 		started := &claimstate.Claim{UID: in.UID, Namespace: in.Namespace, Name: in.Name, Consumers: in.Consumers, Devices: in.Devices, Records: in.Records}
-		for _, conf := range p.cfg.Configurators {
-			g, ok := conf.(Guard)
-			if rec := in.Records[conf.Name()]; ok && rec != nil {
-				if err := g.Guard(s, started, rec); err != nil {
-					return err
-				}
-			}
+		if err := p.guard(s, started); err != nil {
+			return err
 		}
 		if err := checkCounters(p.cfg.Node.Model(), p.cfg.NodeName, s, started); err != nil {
 			return err
@@ -382,6 +390,20 @@ func (p *Preparer) recordStart(ctx context.Context, in claimstate.Intent, starte
 			return err
 		}
 		return fmt.Errorf("record start in checkpoint: %w", err)
+	}
+	return nil
+}
+
+// guard runs the guards ([Guard]) of the configurators whose records c,
+// a claim about to be recorded as started, holds.
+func (p *Preparer) guard(s *claimstate.State, c *claimstate.Claim) error {
+	for _, conf := range p.cfg.Configurators {
+		g, ok := conf.(Guard)
+		if rec := c.Records[conf.Name()]; ok && rec != nil {
+			if err := g.Guard(s, c, rec); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -414,6 +436,9 @@ func (p *Preparer) abandon(ctx context.Context, uid string, startedAt time.Time,
 			return fmt.Errorf("roll back (kept the start record; retried later): %s: %w", conf.Name(), err)
 		}
 	}
+	if err := p.cfg.Store.DropStarted(uid); err != nil {
+		return fmt.Errorf("roll back (kept the start record; retried later): %w", err)
+	}
 	err := p.cfg.Store.Update(ctx, func(s *claimstate.State) error {
 		if c := s.Claims[uid]; c != nil && c.Phase == claimstate.PrepareStarted && c.StartedAt.Equal(startedAt) {
 			s.Remove(uid)
@@ -439,6 +464,11 @@ func (p *Preparer) RollBack(ctx context.Context, c *claimstate.Claim, forget boo
 	}
 	if !forget {
 		return nil
+	}
+	// Before the record goes: a file that outlived its record could be
+	// adopted, after a loss, as owning what may be another claim's by then.
+	if err := p.cfg.Store.DropStarted(c.UID); err != nil {
+		return err
 	}
 	return p.cfg.Store.Update(ctx, func(s *claimstate.State) error {
 		s.Remove(c.UID)
@@ -518,6 +548,9 @@ func (p *Preparer) ReportsStatus(c *claimstate.Claim) bool {
 // configurators' own supervision try again.
 func (p *Preparer) Restore(ctx context.Context) error {
 	var errs []error
+	if err := p.dropStaleStarted(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("start record files: %w", err))
+	}
 	for _, conf := range p.cfg.Configurators {
 		if c, ok := conf.(Cleaner); ok {
 			if err := c.CleanUp(ctx); err != nil {
@@ -548,6 +581,50 @@ func (p *Preparer) Restore(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// dropStaleStarted removes the start record files ([checkpoint.StartedDirName])
+// of claims the checkpoint does not record as started: their preparation
+// completed or was rolled back, and the process was killed before the file
+// went. Each is looked at under the claim's lock, so the file of a
+// preparation another plugin instance is running (a rolling update) stays.
+func (p *Preparer) dropStaleStarted(ctx context.Context) error {
+	found, err := p.cfg.Store.Started()
+	if err != nil {
+		return err
+	}
+	for _, f := range found.Unreadable {
+		klog.FromContext(ctx).Error(f.Err, "A start record file cannot be read: what its preparation set up, if anything, is not undone", "file", f.Path)
+	}
+	var errs []error
+	for _, uid := range sortedKeys(found.Claims) {
+		if err := p.dropIfStale(ctx, uid); err != nil {
+			errs = append(errs, fmt.Errorf("claim %s: %w", uid, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// dropIfStale removes the claim's start record file unless the checkpoint
+// records the claim as started.
+func (p *Preparer) dropIfStale(ctx context.Context, uid string) error {
+	unlock, err := p.LockClaim(ctx, uid)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	started := false
+	if err := p.view(ctx, func(s *claimstate.State) error {
+		c := s.Claims[uid]
+		started = c != nil && c.Phase == claimstate.PrepareStarted
+		return nil
+	}); err != nil {
+		return err
+	}
+	if started {
+		return nil
+	}
+	return p.cfg.Store.DropStarted(uid)
 }
 
 // spec builds the claim's CDI spec, carrying its records for adoption.
