@@ -7,7 +7,6 @@ require (
 	github.com/NVIDIA/go-nvml v0.13.3-1
 	github.com/NVIDIA/nvidia-container-toolkit v1.20.0
 	github.com/fsnotify/fsnotify v1.9.0
-	github.com/gofrs/flock v0.13.2
 	github.com/google/cel-go v0.29.2
 	github.com/opencontainers/runtime-spec v1.3.0
 	github.com/prometheus/client_golang v1.24.0

@@ -16,7 +16,7 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
-	"github.com/gpudra/gpudra/pkg/checkpoint"
+	"github.com/gpudra/gpudra/internal/lockedfile"
 )
 
 // Writer writes and removes the per-claim spec files in one CDI directory.
@@ -55,7 +55,7 @@ func (w *Writer) Path(claimUID string) string {
 }
 
 // tempInfix marks the temp files of a Write: <spec file>.tmp-<random>
-// (checkpoint.WriteFileAtomic's names). The name does not end in .json or
+// (lockedfile.Write's names). The name does not end in .json or
 // .yaml, so the CDI library (and every runtime using it) skips it, and it
 // names the claim, so [Writer.RemoveStaleTemps] knows it for this
 // driver's.
@@ -65,7 +65,7 @@ const tempInfix = ".tmp-"
 //
 // The spec is checked as the CDI library checks one it writes (validate),
 // encoded as the library encodes it (encoding/json) and replaced as the
-// checkpoint is (checkpoint.WriteFileAtomic: a temp file named after the
+// checkpoint is (lockedfile.Write: a temp file named after the
 // spec, then rename(2)). Writing through the library's Cache.WriteSpec
 // cost twice that: its temp file carries no vendor (spec.<random>.tmp,
 // which a crash leaves unattributable, so it had to be written into a
@@ -106,7 +106,7 @@ func (w *Writer) writeFile(name string, spec *cdispec.Spec) error {
 		return fmt.Errorf("encode CDI spec: %w", err)
 	}
 	path := filepath.Join(w.dir, name)
-	err = checkpoint.WriteFileAtomic(path, data)
+	err = lockedfile.Write(path, data)
 	if errors.Is(err, fs.ErrNotExist) {
 		// The directory goes when someone cleans it (a tmpfs remounted,
 		// an operator's cleanup): create it again, as at start, rather
@@ -114,7 +114,7 @@ func (w *Writer) writeFile(name string, spec *cdispec.Spec) error {
 		if err := os.MkdirAll(w.dir, 0o755); err != nil {
 			return fmt.Errorf("create CDI spec directory: %w", err)
 		}
-		err = checkpoint.WriteFileAtomic(path, data)
+		err = lockedfile.Write(path, data)
 	}
 	return err
 }

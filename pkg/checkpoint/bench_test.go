@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpudra/gpudra/internal/lockedfile"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 )
 
@@ -47,7 +48,7 @@ func benchState() *claimstate.State {
 	return st
 }
 
-func BenchmarkWriteFileAtomic(b *testing.B) {
+func BenchmarkWriteFile(b *testing.B) {
 	data, err := encode("3ee9bf4e-2bc3-4adb-a604-5bd7215f0766", benchState())
 	if err != nil {
 		b.Fatal(err)
@@ -55,7 +56,7 @@ func BenchmarkWriteFileAtomic(b *testing.B) {
 	path := filepath.Join(b.TempDir(), FileName)
 	b.SetBytes(int64(len(data)))
 	for b.Loop() {
-		if err := WriteFileAtomic(path, data); err != nil {
+		if err := lockedfile.Write(path, data); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 	"slices"
 
+	"github.com/gpudra/gpudra/internal/lockedfile"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 )
 
@@ -90,7 +91,7 @@ func (s *Store) commitNext() {
 	unlock, err := s.lock.Lock(s.ctx)
 	if err != nil {
 		if s.ctx.Err() == nil {
-			s.failQueued(fmt.Errorf("lock %s: %w", s.lock.path, err))
+			s.failQueued(fmt.Errorf("lock %s: %w", s.lock.Path(), err))
 		}
 		return
 	}
@@ -222,13 +223,13 @@ func (s *Store) persist(next *claimstate.State) error {
 
 // replace writes data as the new file and pins it.
 func (s *Store) replace(data []byte) error {
-	f, id, err := writeAtomic(s.path, data)
+	f, st, err := lockedfile.Replace(s.path, data)
 	if err != nil {
 		s.writeErrors.Add(1)
 		return err
 	}
 	s.writes.Add(1)
-	s.setPin(f, id)
+	s.setPin(f, statTID(&st))
 	s.data = data
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpudra/gpudra/internal/lockedfile"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 )
 
@@ -23,7 +24,7 @@ var damages = []struct {
 	wantErr    string
 }{
 	{"garbage", func(tb testing.TB, path string) {
-		if err := WriteFileAtomic(path, []byte("{garbage")); err != nil {
+		if err := lockedfile.Write(path, []byte("{garbage")); err != nil {
 			tb.Fatal(err)
 		}
 	}, true, "invalid character"},

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpudra/gpudra/internal/lockedfile"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 )
 
@@ -57,7 +58,7 @@ func statTID(st *unix.Stat_t) fileID {
 // allocating: Read's fast path and every commit call it.
 func statPath(path string) (fileID, error) {
 	var st unix.Stat_t
-	err := retryEINTR(func() error { return unix.Stat(path, &st) })
+	err := lockedfile.RetryEINTR(func() error { return unix.Stat(path, &st) })
 	if errors.Is(err, unix.ENOENT) {
 		return fileID{missing: true}, nil
 	}
@@ -390,7 +391,7 @@ func kindOf(m fs.FileMode) string {
 // no write is in progress.
 func (s *Store) removeStaleTemps() {
 	for _, path := range []string{s.path, s.markerPath} {
-		removed, err := RemoveStaleTemps(path)
+		removed, err := lockedfile.RemoveStaleTemps(path)
 		if err != nil {
 			s.logger.Error(err, "Cannot remove stale checkpoint temp files", "path", path)
 		}

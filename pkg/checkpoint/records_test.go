@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/gpudra/gpudra/internal/lockedfile"
 )
 
 // TestRecordsRoundTrip: records are kept verbatim but compact, in memory as
@@ -107,7 +109,7 @@ func TestUnknownRequiredRecords(t *testing.T) {
 			t.Fatal(err)
 		}
 		content := `{"version":"v5","bootID":"boot-a","requires":["gpuFirmware"],"claims":{"u":` + claim(`{"gpuFirmware":{}}`) + `}}`
-		if err := WriteFileAtomic(e.path(), []byte(content)); err != nil {
+		if err := lockedfile.Write(e.path(), []byte(content)); err != nil {
 			t.Fatal(err)
 		}
 		if err := s.Update(t.Context(), addClaim(testClaim("x"))); !errors.Is(err, ErrNewerVersion) || !strings.Contains(err.Error(), "gpuFirmware") {

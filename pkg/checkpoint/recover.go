@@ -11,6 +11,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/gpudra/gpudra/internal/lockedfile"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 )
 
@@ -237,7 +238,7 @@ func (s *Store) writeMarker(rec *lossRecord) error {
 	if err != nil {
 		return err
 	}
-	return WriteFileAtomic(s.markerPath, append(data, '\n'))
+	return lockedfile.Write(s.markerPath, append(data, '\n'))
 }
 
 func (s *Store) removeMarker() error {

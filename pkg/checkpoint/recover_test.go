@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpudra/gpudra/internal/lockedfile"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 )
 
@@ -62,7 +63,7 @@ func TestDamageSeenByAnotherStore(t *testing.T) {
 	if got := mustRead(t, b); got.Claims["held"] == nil {
 		t.Fatal("b does not see claim held")
 	}
-	if err := WriteFileAtomic(e.path(), []byte("{garbage")); err != nil {
+	if err := lockedfile.Write(e.path(), []byte("{garbage")); err != nil {
 		t.Fatal(err)
 	}
 
@@ -186,7 +187,7 @@ func TestConcurrentUpdatesDuringDamage(t *testing.T) {
 	// Damaged under the lock, so that no write in flight replaces the
 	// damage before anyone sees it.
 	release := holdLock(t, e.dir)
-	if err := WriteFileAtomic(e.path(), []byte("{garbage")); err != nil {
+	if err := lockedfile.Write(e.path(), []byte("{garbage")); err != nil {
 		t.Fatal(err)
 	}
 	release()
@@ -223,7 +224,7 @@ func TestRecoverInBatchOrder(t *testing.T) {
 	if err := s.Update(ctx, addClaim(testClaim("held"))); err != nil {
 		t.Fatal(err)
 	}
-	if err := WriteFileAtomic(e.path(), []byte("{garbage")); err != nil {
+	if err := lockedfile.Write(e.path(), []byte("{garbage")); err != nil {
 		t.Fatal(err)
 	}
 	errRefused := errors.New("refused")

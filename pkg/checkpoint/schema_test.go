@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpudra/gpudra/internal/lockedfile"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 )
 
@@ -333,14 +334,14 @@ func TestFileReplacedUnderRunningStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := WriteFileAtomic(e.path(), data); err != nil {
+	if err := lockedfile.Write(e.path(), data); err != nil {
 		t.Fatal(err)
 	}
 	if got := mustRead(t, s); len(got.Claims) != 1 || got.Claims["theirs"] == nil {
 		t.Errorf("after an outside write Read = %v, want only claim theirs", got.Claims)
 	}
 
-	if err := WriteFileAtomic(e.path(), []byte("{garbage")); err != nil {
+	if err := lockedfile.Write(e.path(), []byte("{garbage")); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Update(t.Context(), addClaim(testClaim("after"))); !errors.Is(err, ErrNeedsAdoption) {

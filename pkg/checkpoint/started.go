@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/gpudra/gpudra/internal/lockedfile"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 )
 
@@ -63,7 +64,7 @@ func (s *Store) KeepStarted(c *claimstate.Claim) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return fmt.Errorf("keep the start record of claim %s: %w", c.UID, err)
 	}
-	if err := WriteFileAtomic(path, data); err != nil {
+	if err := lockedfile.Write(path, data); err != nil {
 		return fmt.Errorf("keep the start record of claim %s: %w", c.UID, err)
 	}
 	return nil

@@ -15,6 +15,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/internal/lockedfile"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 )
 
@@ -118,7 +119,7 @@ type Store struct {
 	bootTime   time.Time // zero when unknown
 	now        func() time.Time
 	logger     klog.Logger
-	lock       *fileLock
+	lock       *lockedfile.Mutex
 
 	// ctx ends at Close; the committer waits for the flock under it.
 	ctx     context.Context
@@ -208,7 +209,7 @@ func Open(ctx context.Context, dir string, opts ...Option) (*Store, OpenReport, 
 		bootTime:   bootTime,
 		now:        o.now,
 		logger:     logger,
-		lock:       newFileLock(filepath.Join(dir, LockFileName)),
+		lock:       lockedfile.NewMutex(filepath.Join(dir, LockFileName)),
 		ctx:        storeCtx,
 		cancel:     cancel,
 		kick:       make(chan struct{}, 1),
@@ -231,7 +232,7 @@ func Open(ctx context.Context, dir string, opts ...Option) (*Store, OpenReport, 
 func (s *Store) open(ctx context.Context) (OpenReport, error) {
 	unlock, err := s.lock.Lock(ctx)
 	if err != nil {
-		return OpenReport{}, fmt.Errorf("lock %s: %w", s.lock.path, err)
+		return OpenReport{}, fmt.Errorf("lock %s: %w", s.lock.Path(), err)
 	}
 	defer unlock()
 	s.removeStaleTemps()

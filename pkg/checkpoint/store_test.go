@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/gpudra/gpudra/pkg/claimstate"
-	"golang.org/x/sys/unix"
 )
 
 func TestRoundTrip(t *testing.T) {
@@ -328,7 +327,7 @@ func TestClose(t *testing.T) {
 
 func TestOpenRemovesStaleTempFiles(t *testing.T) {
 	e := newTestEnv(t)
-	stale := filepath.Join(e.dir, FileName+tempInfix+"123456")
+	stale := filepath.Join(e.dir, FileName+".tmp-123456")
 	other := filepath.Join(e.dir, "unrelated.tmp-1")
 	writeFile(t, stale, `{"version":"v2"`)
 	writeFile(t, other, "x")
@@ -351,40 +350,6 @@ func TestOpenFailsOnIOErrors(t *testing.T) {
 	if _, _, err := Open(t.Context(), e.dir, WithBootIDPath(filepath.Join(e.dir, "missing"))); err == nil ||
 		!strings.Contains(err.Error(), "boot ID") {
 		t.Errorf("Open without a boot ID = %v, want a boot ID error", err)
-	}
-}
-
-func TestWriteFileAtomic(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "f.json")
-	for _, content := range []string{"first", "second, longer content"} {
-		if err := WriteFileAtomic(path, []byte(content)); err != nil {
-			t.Fatal(err)
-		}
-		if got := readFile(t, path); got != content {
-			t.Errorf("content = %q, want %q", got, content)
-		}
-	}
-	fi, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if fi.Mode().Perm() != 0o600 {
-		t.Errorf("mode = %v, want 0600", fi.Mode().Perm())
-	}
-	if err := WriteFileAtomic(filepath.Join(dir, "missing", "f"), nil); err == nil {
-		t.Error("WriteFileAtomic into a missing directory succeeded")
-	}
-	// The rename fails: a directory is in the way. The temp file goes.
-	if err := os.Mkdir(filepath.Join(dir, "d"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := WriteFileAtomic(filepath.Join(dir, "d"), []byte("x")); !errors.Is(err, unix.EISDIR) || !strings.Contains(err.Error(), filepath.Join(dir, "d")) {
-		t.Errorf("WriteFileAtomic onto a directory = %v, want EISDIR naming the path", err)
-	}
-	entries, _ := os.ReadDir(dir)
-	if len(entries) != 2 {
-		t.Errorf("directory holds %d entries, want only f.json and d", len(entries))
 	}
 }
 

@@ -15,7 +15,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
-	"github.com/gpudra/gpudra/pkg/checkpoint"
+	"github.com/gpudra/gpudra/internal/lockedfile"
 	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
@@ -83,7 +83,7 @@ func BenchmarkPrepareOneClaim(b *testing.B) {
 		b.StopTimer()
 		h.mustUnprepare(claims[0])
 		start := time.Now()
-		if err := checkpoint.WriteFileAtomic(baselinePath, data); err != nil {
+		if err := lockedfile.Write(baselinePath, data); err != nil {
 			b.Fatal(err)
 		}
 		baseline += time.Since(start)
@@ -146,7 +146,7 @@ func BenchmarkPrepareOneCall32Claims(b *testing.B) {
 
 // BenchmarkAtomicReplaceBaseline: the floor under one prepare, one atomic
 // replace of a file the size of the checkpoint with eight prepared claims,
-// done exactly as the checkpoint does it (checkpoint.WriteFileAtomic), in
+// done exactly as the checkpoint does it (lockedfile.Write), in
 // the same kind of directory.
 func BenchmarkAtomicReplaceBaseline(b *testing.B) {
 	h := newHarness(b, withFleet(b, benchFleet(), "bench-0"), withRunCDIDir(b))
@@ -158,7 +158,7 @@ func BenchmarkAtomicReplaceBaseline(b *testing.B) {
 	path := filepath.Join(shortTempDir(b), "checkpoint.json")
 	b.ResetTimer()
 	for b.Loop() {
-		if err := checkpoint.WriteFileAtomic(path, data); err != nil {
+		if err := lockedfile.Write(path, data); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -315,10 +315,10 @@ func newPrepareFloor(b *testing.B, h *harness, claim *resourceapi.ResourceClaim)
 }
 
 func (f *prepareFloor) write(b *testing.B) {
-	if err := checkpoint.WriteFileAtomic(f.specPath, f.spec); err != nil {
+	if err := lockedfile.Write(f.specPath, f.spec); err != nil {
 		b.Fatal(err)
 	}
-	if err := checkpoint.WriteFileAtomic(f.checkpointPath, f.checkpoint); err != nil {
+	if err := lockedfile.Write(f.checkpointPath, f.checkpoint); err != nil {
 		b.Fatal(err)
 	}
 }

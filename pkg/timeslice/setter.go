@@ -18,7 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
-	"github.com/gpudra/gpudra/internal/filelock"
+	"github.com/gpudra/gpudra/internal/lockedfile"
 )
 
 // Setter applies a time-slice interval to a full GPU.
@@ -176,7 +176,7 @@ func (m *Memory) Set(ctx context.Context, gpuUUID string, interval v1beta1.TimeS
 	}
 	if m.path != "" {
 		// Another process may have set other GPUs' intervals since.
-		unlock, err := filelock.Exclusive(m.path + ".lock")
+		unlock, err := lockedfile.Exclusive(m.path + ".lock")
 		if err != nil {
 			return fmt.Errorf("set time slice of GPU %s to %s: %w", gpuUUID, interval, err)
 		}

@@ -15,14 +15,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sync"
-	"time"
 
-	"github.com/gofrs/flock"
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
-	"github.com/gpudra/gpudra/pkg/checkpoint"
+	"github.com/gpudra/gpudra/internal/lockedfile"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/config"
 	"github.com/gpudra/gpudra/pkg/features/sharing"
@@ -68,11 +65,10 @@ type State func(ctx context.Context) (*claimstate.State, error)
 type Configurator struct {
 	setter timeslice.Setter
 	state  State
-	// mu and lock serialize every change of a GPU's time slice, in this
+	// lock serializes every change of a GPU's time slice, in this
 	// process and across plugin instances (a rolling update), so that a
 	// reset by the last holder never lands after a new holder's setting.
-	mu   sync.Mutex
-	lock *flock.Flock
+	lock *lockedfile.Mutex
 	// released is the ReleasedFileName file.
 	released string
 	// mpsAvailable adds MPS to the strategies an error offers.
@@ -90,7 +86,7 @@ var (
 // holds the lock file; state reads the checkpoint; mpsAvailable says
 // whether the node offers MPS instead.
 func New(setter timeslice.Setter, dataDir string, state State, mpsAvailable bool) *Configurator {
-	return &Configurator{setter: setter, state: state, lock: flock.New(filepath.Join(dataDir, LockFileName)),
+	return &Configurator{setter: setter, state: state, lock: lockedfile.NewMutex(filepath.Join(dataDir, LockFileName)),
 		released: filepath.Join(dataDir, ReleasedFileName), mpsAvailable: mpsAvailable}
 }
 
@@ -313,7 +309,7 @@ func (c *Configurator) CleanUp(ctx context.Context) error {
 		return err
 	}
 	defer release()
-	removed, err := checkpoint.RemoveStaleTemps(c.released)
+	removed, err := lockedfile.RemoveStaleTemps(c.released)
 	if len(removed) > 0 {
 		klog.FromContext(ctx).Info("Removed temp files a killed plugin left", "files", removed)
 	}
@@ -322,19 +318,11 @@ func (c *Configurator) CleanUp(ctx context.Context) error {
 
 // acquire takes the time-slice lock, in process and across processes.
 func (c *Configurator) acquire(ctx context.Context) (func(), error) {
-	c.mu.Lock()
-	ok, err := c.lock.TryLockContext(ctx, 10*time.Millisecond)
-	if err != nil || !ok {
-		c.mu.Unlock()
-		if err == nil {
-			err = ctx.Err()
-		}
+	unlock, err := c.lock.Lock(ctx)
+	if err != nil {
 		return nil, fmt.Errorf("take the time-slice lock %s: %w", c.lock.Path(), err)
 	}
-	return func() {
-		_ = c.lock.Unlock()
-		c.mu.Unlock()
-	}, nil
+	return unlock, nil
 }
 
 // policyOf rebuilds the node's time-slice holds from every record but the
@@ -404,7 +392,7 @@ func (c *Configurator) updateReleased(s *claimstate.State, uid string, release b
 	if err != nil {
 		return err
 	}
-	if err := checkpoint.WriteFileAtomic(c.released, data); err != nil {
+	if err := lockedfile.Write(c.released, data); err != nil {
 		return fmt.Errorf("record released time-slice holds: %w", err)
 	}
 	return nil

@@ -7,7 +7,7 @@ import (
 	"os"
 	"slices"
 
-	"github.com/gpudra/gpudra/internal/filelock"
+	"github.com/gpudra/gpudra/internal/lockedfile"
 )
 
 // Several processes may drive one state file, as two plugin instances of
@@ -29,7 +29,7 @@ func (f *fakeNVML) lock() (unlock func()) {
 	if f.stateFile == "" {
 		return f.mu.Unlock
 	}
-	release, err := filelock.Exclusive(f.stateFile + ".lock")
+	release, err := lockedfile.Exclusive(f.stateFile + ".lock")
 	if err != nil {
 		return f.mu.Unlock
 	}

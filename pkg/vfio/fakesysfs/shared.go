@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"os"
 
-	"github.com/gpudra/gpudra/internal/filelock"
+	"github.com/gpudra/gpudra/internal/lockedfile"
 )
 
 // Several processes may drive one state file, as two plugin instances of
@@ -23,7 +23,7 @@ func (s *Sysfs) lock() (unlock func()) {
 	if s.stateFile == "" {
 		return s.mu.Unlock
 	}
-	release, err := filelock.Exclusive(s.stateFile + ".lock")
+	release, err := lockedfile.Exclusive(s.stateFile + ".lock")
 	if err != nil {
 		return s.mu.Unlock
 	}

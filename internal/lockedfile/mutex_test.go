@@ -1,4 +1,4 @@
-package checkpoint
+package lockedfile
 
 import (
 	"context"
@@ -11,9 +11,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func TestFileLockExcludes(t *testing.T) {
+func TestMutexExcludes(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "lock")
-	a, b := newFileLock(path), newFileLock(path)
+	a, b := NewMutex(path), NewMutex(path)
 	unlockA, err := a.Lock(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -40,10 +40,10 @@ func TestFileLockExcludes(t *testing.T) {
 	}
 }
 
-func TestFileLockCancel(t *testing.T) {
+func TestMutexCancel(t *testing.T) {
 	for _, joinAfterCancel := range []bool{false, true} {
 		path := filepath.Join(t.TempDir(), "lock")
-		l := newFileLock(path)
+		l := NewMutex(path)
 		holder := rawLock(t, path)
 
 		ctx, cancel := context.WithCancel(t.Context())
@@ -85,7 +85,7 @@ func TestFileLockCancel(t *testing.T) {
 		}
 		// The abandoned wait must not keep the lock.
 		ctx2, cancel2 := context.WithTimeout(t.Context(), 10*time.Second)
-		unlock, err := newFileLock(path).Lock(ctx2)
+		unlock, err := NewMutex(path).Lock(ctx2)
 		cancel2()
 		if err != nil {
 			t.Fatalf("lock still held after the cancelled wait: %v", err)
@@ -94,16 +94,16 @@ func TestFileLockCancel(t *testing.T) {
 	}
 }
 
-// TestFileLockTryLock: TryLock takes a free lock at once and never waits:
+// TestMutexTryLock: TryLock takes a free lock at once and never waits:
 // not for another holder, nor behind a wait of Lock in flight.
-func TestFileLockTryLock(t *testing.T) {
+func TestMutexTryLock(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "lock")
-	l := newFileLock(path)
+	l := NewMutex(path)
 	unlock, ok, err := l.TryLock()
 	if err != nil || !ok {
 		t.Fatalf("TryLock of a free lock = %v, %v", ok, err)
 	}
-	if _, ok, err := newFileLock(path).TryLock(); err != nil || ok {
+	if _, ok, err := NewMutex(path).TryLock(); err != nil || ok {
 		t.Errorf("TryLock by a second holder = %v, %v, want not taken", ok, err)
 	}
 	unlock()
@@ -154,7 +154,7 @@ func rawLock(tb testing.TB, path string) *os.File {
 }
 
 // isWaiting reports whether a wait for the lock is in flight.
-func (l *fileLock) isWaiting() bool {
+func (l *Mutex) isWaiting() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.waiting

@@ -1,4 +1,4 @@
-package checkpoint
+package lockedfile
 
 import (
 	"context"
@@ -10,8 +10,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// fileLock is an exclusive flock(2) on one lock file, which a context can
-// stop waiting for.
+// Mutex is an exclusive flock(2) on one lock file, which a context can
+// stop waiting for: the lock that serialises the processes sharing a
+// state file (the checkpoint's read-modify-write cycles, the time slices
+// of a node).
 //
 // flock(2) cannot be interrupted from another thread, so a blocking wait
 // runs in a goroutine (on its own OS thread, for as long as it waits). A
@@ -27,7 +29,7 @@ import (
 // open file description, so two descriptors exclude each other even inside
 // one process, and an unlock can never release a lock that another
 // acquisition got on a shared descriptor.
-type fileLock struct {
+type Mutex struct {
 	path string
 
 	mu sync.Mutex
@@ -42,11 +44,17 @@ type lockResult struct {
 	err error
 }
 
-func newFileLock(path string) *fileLock { return &fileLock{path: path} }
+// NewMutex returns the lock of the file at path, which Lock and TryLock
+// create if missing (mode 0600). The file is never removed by this
+// package: a process that locked a removed file would exclude no one.
+func NewMutex(path string) *Mutex { return &Mutex{path: path} }
+
+// Path is the lock file's path.
+func (l *Mutex) Path() string { return l.path }
 
 // Lock blocks until it holds the lock or ctx ends. It returns the function
 // that lets the lock go.
-func (l *fileLock) Lock(ctx context.Context) (unlock func(), err error) {
+func (l *Mutex) Lock(ctx context.Context) (unlock func(), err error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -99,7 +107,7 @@ func (l *fileLock) Lock(ctx context.Context) (unlock func(), err error) {
 // TryLock takes the lock if it is free now, without waiting: ok is false
 // when another process holds it or a wait for it is in progress here (a
 // caller that then waits with Lock queues behind that wait).
-func (l *fileLock) TryLock() (unlock func(), ok bool, err error) {
+func (l *Mutex) TryLock() (unlock func(), ok bool, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.waiting {
@@ -121,7 +129,7 @@ func (l *fileLock) TryLock() (unlock func(), ok bool, err error) {
 }
 
 // wait blocks in flock(2) on fd and hands the lock to the oldest waiter.
-func (l *fileLock) wait(fd int) {
+func (l *Mutex) wait(fd int) {
 	err := flock(fd, unix.LOCK_EX)
 	if err != nil {
 		_ = unix.Close(fd)
@@ -158,11 +166,11 @@ func (l *fileLock) wait(fd int) {
 }
 
 // open opens the lock file, creating it if needed.
-func (l *fileLock) open() (int, error) { return openLockFile(l.path) }
+func (l *Mutex) open() (int, error) { return openLockFile(l.path) }
 
 // flock calls flock(2), retrying when a signal interrupts it.
 func flock(fd, how int) error {
-	return retryEINTR(func() error { return unix.Flock(fd, how) })
+	return RetryEINTR(func() error { return unix.Flock(fd, how) })
 }
 
 func release(fd int) {
@@ -170,4 +178,21 @@ func release(fd int) {
 	// makes the release independent of descriptors anyone else may hold.
 	_ = flock(fd, unix.LOCK_UN)
 	_ = unix.Close(fd)
+}
+
+// openLockFile opens a lock file for writing, creating it if needed. A raw
+// descriptor, not an os.File: os.OpenFile would spend five more system
+// calls trying to register a regular file with the network poller.
+// O_CLOEXEC: child processes never inherit a lock.
+func openLockFile(path string) (int, error) {
+	var fd int
+	err := RetryEINTR(func() error {
+		var oerr error
+		fd, oerr = unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600)
+		return oerr
+	})
+	if err != nil {
+		return -1, fmt.Errorf("open lock file: %w", err)
+	}
+	return fd, nil
 }

@@ -1,22 +1,22 @@
-package filelock_test
+package lockedfile_test
 
 import (
 	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/gpudra/gpudra/internal/filelock"
+	"github.com/gpudra/gpudra/internal/lockedfile"
 )
 
 func TestExclusiveExcludesUntilReleased(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "state.lock")
-	unlock, err := filelock.Exclusive(path)
+	unlock, err := lockedfile.Exclusive(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := make(chan func(), 1)
 	go func() {
-		second, err := filelock.Exclusive(path)
+		second, err := lockedfile.Exclusive(path)
 		if err != nil {
 			t.Error(err)
 		}

@@ -1,4 +1,4 @@
-package checkpoint
+package lockedfile
 
 import (
 	"errors"
@@ -13,28 +13,27 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// tempInfix marks the temp files of WriteFileAtomic: <name>.tmp-<random>.
+// tempInfix marks the temp files of Write: <name>.tmp-<random>.
 const tempInfix = ".tmp-"
 
-// WriteFileAtomic replaces the file at path with data the way the checkpoint
-// does it: write a temp file (mode 0600) in the same directory, stat it,
-// rename it over path. Readers see the old content or the new, never a mix,
+// Write replaces the file at path with data: write a temp file (mode
+// 0600) in the same directory, stat it, rename it over path. Readers see the old content or the new, never a mix,
 // and a process crash at any point leaves one of the two (plus, at worst, a
 // stale temp file). It does not fsync: after a power loss the file may be
 // empty or torn (docs/checkpoint.md says why the checkpoint accepts that).
-func WriteFileAtomic(path string, data []byte) error {
-	f, _, err := writeAtomic(path, data)
+func Write(path string, data []byte) error {
+	f, _, err := Replace(path, data)
 	if f != nil {
 		_ = f.Close()
 	}
 	return err
 }
 
-// RemoveStaleTemps removes the temp files that WriteFileAtomic calls for
+// RemoveStaleTemps removes the temp files that Write calls for
 // path left behind when their process was killed (<path>.tmp-<random>),
 // and returns the ones it removed. The caller must hold whatever lock
 // serialises the writers of path: a live writer's temp file looks the same.
-// Every file written with WriteFileAtomic is cleaned this way at start.
+// Every file written with Write should be cleaned this way at start.
 func RemoveStaleTemps(path string) ([]string, error) {
 	dir, prefix := filepath.Dir(path), filepath.Base(path)+tempInfix
 	entries, err := os.ReadDir(dir)
@@ -57,37 +56,34 @@ func RemoveStaleTemps(path string) ([]string, error) {
 	return removed, errors.Join(errs...)
 }
 
-// writeAtomic is WriteFileAtomic handing back the new file, still open,
-// and its identity: a rename keeps the inode, size and mtime, so the temp
-// file's stat is the new file's, and the Store pins the file without
-// opening it again.
+// Replace is Write handing back the new file, still open, and its
+// stat(2): a rename keeps the inode, size and mtime, so the temp file's
+// stat is the new file's, and a caller (the checkpoint) pins the file
+// without opening it again. The caller closes the file.
 //
 // It calls the system directly rather than through os.File: for a regular
 // file, os.OpenFile spends five more system calls trying to register it
 // with the network poller, and os.Rename an lstat of the destination,
 // a third of the calls of a whole replace.
-func writeAtomic(path string, data []byte) (io.Closer, fileID, error) {
+func Replace(path string, data []byte) (io.Closer, unix.Stat_t, error) {
+	var st unix.Stat_t
 	fd, tmp, err := createTemp(path)
 	if err != nil {
-		return nil, fileID{}, fmt.Errorf("write %s: %w", path, err)
+		return nil, st, fmt.Errorf("write %s: %w", path, err)
 	}
-	var id fileID
 	err = writeAll(fd, data)
 	if err == nil {
-		var st unix.Stat_t
-		if err = retryEINTR(func() error { return unix.Fstat(fd, &st) }); err == nil {
-			id = statTID(&st)
-		}
+		err = RetryEINTR(func() error { return unix.Fstat(fd, &st) })
 	}
 	if err == nil {
-		err = retryEINTR(func() error { return unix.Rename(tmp, path) })
+		err = RetryEINTR(func() error { return unix.Rename(tmp, path) })
 	}
 	if err != nil {
 		_ = unix.Close(fd)
 		_ = unix.Unlink(tmp)
-		return nil, fileID{}, fmt.Errorf("write %s: %w", path, err)
+		return nil, st, fmt.Errorf("write %s: %w", path, err)
 	}
-	return rawFile(fd), id, nil
+	return rawFile(fd), st, nil
 }
 
 // createTemp creates path's temp file, <path>.tmp-<random>, mode 0600,
@@ -96,7 +92,7 @@ func createTemp(path string) (fd int, name string, err error) {
 	prefix := path + tempInfix
 	for range 10000 {
 		name = prefix + strconv.FormatUint(uint64(rand.Uint32()), 10)
-		err = retryEINTR(func() error {
+		err = RetryEINTR(func() error {
 			var oerr error
 			fd, oerr = unix.Open(name, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o600)
 			return oerr
@@ -125,8 +121,8 @@ func writeAll(fd int, data []byte) error {
 	return nil
 }
 
-// retryEINTR calls fn again while a signal interrupts it.
-func retryEINTR(fn func() error) error {
+// RetryEINTR calls fn again while a signal interrupts it.
+func RetryEINTR(fn func() error) error {
 	for {
 		if err := fn(); !errors.Is(err, unix.EINTR) {
 			return err
