@@ -235,6 +235,24 @@ func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
 	}
 }
 
+// eventually calls try every half second until it succeeds, for up to
+// 20 s, logging each failure; the test fails with the last one.
+func eventually(t *testing.T, ctx context.Context, what string, try func() error) {
+	t.Helper()
+	var last error
+	for attempt := 1; ; attempt++ {
+		if last = try(); last == nil {
+			return
+		}
+		t.Logf("%s, attempt %d: %v", what, attempt, last)
+		if attempt == 40 || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Errorf("%s: %v", what, last)
+}
+
 // deletePod deletes the pod and waits until it is gone.
 func deletePod(t *testing.T, ctx context.Context, c *cluster.Cluster, pod *corev1.Pod) {
 	t.Helper()

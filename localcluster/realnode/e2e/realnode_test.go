@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -57,22 +58,31 @@ func TestRealNode(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := client.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: "ctr"}).DoRaw(ctx)
-		if err != nil || string(got) != want {
-			t.Errorf("logs through the API server: %q, %v; want what the container wrote, %q", got, err, want)
-		}
+		// Both go through kube-apiserver to the kubelet (and, for exec, to
+		// containerd's streaming server): each attempt that fails is
+		// logged, and the check fails only if none succeeds in 20 s.
+		eventually(t, ctx, "logs through the API server", func() error {
+			got, err := client.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: "ctr"}).DoRaw(ctx)
+			if err != nil || string(got) != want {
+				return fmt.Errorf("%q, %v; want what the container wrote, %q", got, err, want)
+			}
+			return nil
+		})
 		// kubectl exec, over WebSocket as kubectl does: the container's
 		// busybox answers.
 		execURL := client.CoreV1().RESTClient().Post().Namespace(pod.Namespace).Resource("pods").Name(pod.Name).SubResource("exec").
 			VersionedParams(&corev1.PodExecOptions{Container: "ctr", Command: []string{"echo", "exec works"}, Stdout: true, Stderr: true}, scheme.ParameterCodec).URL()
-		exec, err := remotecommand.NewWebSocketExecutor(c.ControlPlane().RESTConfig("realnode-e2e", 10, 20), "GET", execURL.String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out bytes.Buffer
-		if err := exec.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &out, Stderr: &out}); err != nil || out.String() != "exec works\n" {
-			t.Errorf("exec through the API server: %q, %v; want the container's echo", out.String(), err)
-		}
+		eventually(t, ctx, "exec through the API server", func() error {
+			exec, err := remotecommand.NewWebSocketExecutor(c.ControlPlane().RESTConfig("realnode-e2e", 10, 20), "GET", execURL.String())
+			if err != nil {
+				return err
+			}
+			var stdout, stderr bytes.Buffer
+			if err := exec.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: &stdout, Stderr: &stderr}); err != nil || stdout.String() != "exec works\n" {
+				return fmt.Errorf("stdout %q, stderr %q, %v; want the container's echo", stdout.String(), stderr.String(), err)
+			}
+			return nil
+		})
 		deletePod(t, ctx, c, pod)
 		waitFor(t, ctx, "claim unprepared", func() bool {
 			return len(specFiles(t, rn, claim)) == 0 && !checkpointHas(t, rn, driver, claim)
