@@ -242,7 +242,7 @@ func (n *node) spawnInstance(podUID string) (*proc, error) {
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.5, MaxDelay: 100 * time.Millisecond}, MinConnectTimeout: time.Second}))
 	if err != nil {
 		_ = cmd.Process.Kill()
-		<-exited
+		<-exited //nolint:errcheck // the kill is the error reported
 		return nil, err
 	}
 	p.conn, p.dra = conn, drapb.NewDRAPluginClient(conn)
@@ -294,11 +294,12 @@ func (n *node) end(p *proc, sig syscall.Signal) error {
 		crashed = fmt.Errorf("plugin exited by itself (%v): %s", err, n.logTail(p.log, 30))
 	default:
 		_ = p.cmd.Process.Signal(sig)
+		// How the plugin exited after a signal is not a finding.
 		select {
-		case <-p.exited:
+		case <-p.exited: //nolint:errcheck // see above
 		case <-time.After(10 * time.Second):
 			_ = p.cmd.Process.Signal(syscall.SIGKILL)
-			<-p.exited
+			<-p.exited //nolint:errcheck // see above
 		}
 	}
 	_ = p.conn.Close()

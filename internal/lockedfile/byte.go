@@ -51,7 +51,7 @@ func LockByte(ctx context.Context, path string, off int64) (unlock func(), err e
 	case <-ctx.Done():
 		go func() {
 			// Closing the descriptor lets the lock go if the wait got it.
-			<-got
+			<-got //nolint:errcheck // the wait failed or got the lock: close either way
 			_ = unix.Close(fd)
 		}()
 		return nil, ctx.Err()

@@ -131,7 +131,7 @@ func newRig(t testing.TB, fleet, node string, o deviceplugin.Options) *rig {
 	go func() { r.done <- r.plugin.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		<-r.done
+		<-r.done //nolint:errcheck // the plugin stops with the context it was given
 	})
 	return r
 }

@@ -12,8 +12,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gpudra/gpudra/pkg/proctable"
 	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/pkg/proctable"
 )
 
 var (

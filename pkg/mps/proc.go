@@ -12,9 +12,6 @@ import (
 // spawns for its clients.
 const ServerBinaryName = "nvidia-cuda-mps-server"
 
-// procStat is what gpudra needs from /proc/<pid>/stat.
-type procStat = proctable.Stat
-
 // procRef names one process for as long as it lives.
 type procRef = proctable.Ref
 

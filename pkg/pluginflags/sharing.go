@@ -21,13 +21,12 @@ const (
 
 // Sharing flags configure time-slicing and MPS.
 type Sharing struct {
-	nvidiaSMI       string
-	mpsRoot         string
-	mpsControl      string
-	mpsLauncher     string
-	nsenterPath     string
-	systemdRunPath  string
-	fakeTimeSlicing bool
+	nvidiaSMI      string
+	mpsRoot        string
+	mpsControl     string
+	mpsLauncher    string
+	nsenterPath    string
+	systemdRunPath string
 }
 
 // AddFlags adds the flags to fs.

@@ -428,7 +428,7 @@ func runcRun(t *testing.T, runc, bundle string, entrypoint, args []string, user 
 		return stdout.Bytes(), nil
 	case <-time.After(30 * time.Second):
 		_ = cmd.Process.Kill()
-		<-done
+		<-done //nolint:errcheck // the kill is the error reported
 		return append(stdout.Bytes(), stderr.Bytes()...), errors.New("runc run: no exit after 30s")
 	}
 }

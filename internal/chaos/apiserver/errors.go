@@ -70,7 +70,3 @@ func badRequest(msg string) *apiError {
 func unsupported(msg string) *apiError {
 	return &apiError{code: http.StatusMethodNotAllowed, reason: "MethodNotAllowed", message: msg}
 }
-
-func gone(msg string) *apiError {
-	return &apiError{code: http.StatusGone, reason: "Expired", message: msg}
-}
