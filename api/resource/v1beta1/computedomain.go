@@ -59,6 +59,7 @@ var ChannelAllocationModes = []ChannelAllocationMode{ChannelAllocationModeAll, C
 // workload sharing GPU memory over NVLink (an IMEX domain). The controller
 // creates the ResourceClaimTemplate its spec names; pods whose claims come
 // from that template get the domain's IMEX channel.
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 type ComputeDomain struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
@@ -71,6 +72,7 @@ type ComputeDomain struct {
 }
 
 // ComputeDomainList is a list of ComputeDomains.
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 type ComputeDomainList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
@@ -138,6 +140,7 @@ type ComputeDomainNode struct {
 // ComputeDomainClique holds the IMEX daemons of one clique of one domain.
 // It lives in the driver's namespace and is named
 // "<domain UID>.<clique ID>"; each node writes only its own entry.
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 type ComputeDomainClique struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
@@ -147,6 +150,7 @@ type ComputeDomainClique struct {
 }
 
 // ComputeDomainCliqueList is a list of ComputeDomainCliques.
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 type ComputeDomainCliqueList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`

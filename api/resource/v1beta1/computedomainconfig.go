@@ -13,6 +13,7 @@ import (
 // IMEX channels its containers get. The controller writes it into the
 // ResourceClaimTemplate of each domain; a user may write it into a claim
 // of their own.
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 type ComputeDomainChannelConfig struct {
 	metav1.TypeMeta `json:",inline"`
 	// DomainID is the UID of the ComputeDomain. Required.
@@ -23,6 +24,7 @@ type ComputeDomainChannelConfig struct {
 
 // ComputeDomainDaemonConfig configures a daemon device of driver
 // compute-domain.nvidia.com: which domain's IMEX daemon the claim runs.
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 type ComputeDomainDaemonConfig struct {
 	metav1.TypeMeta `json:",inline"`
 	// DomainID is the UID of the ComputeDomain. Required.

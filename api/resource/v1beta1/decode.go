@@ -95,6 +95,7 @@ func decode(raw []byte, strict bool) (runtime.Object, error) {
 
 // decoderError is an error the checker missed and the JSON decoder found;
 // the fuzz tests look for it.
+// +k8s:deepcopy-gen=false
 type decoderError struct{ err error }
 
 // Error implements error.

@@ -1,3 +1,5 @@
+// +k8s:deepcopy-gen=package
+
 // Package v1beta1 holds the opaque device configuration API of gpudra, API
 // group resource.nvidia.com, version v1beta1.
 //

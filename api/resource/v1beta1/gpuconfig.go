@@ -6,6 +6,7 @@ import (
 )
 
 // GpuConfig configures a full GPU.
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 type GpuConfig struct {
 	metav1.TypeMeta `json:",inline"`
 	// Sharing selects how containers share the GPU; nil means exclusive use.

@@ -6,6 +6,7 @@ import (
 )
 
 // MigDeviceConfig configures a MIG device.
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 type MigDeviceConfig struct {
 	metav1.TypeMeta `json:",inline"`
 	// Sharing selects how containers share the MIG device; nil means

@@ -17,6 +17,7 @@ import (
 // gates, and the zero value matches that driver's defaults (all off). It is
 // passed to validation explicitly so that the plugin and the webhook can
 // each validate against their own settings.
+// +k8s:deepcopy-gen=false
 type Features struct {
 	// TimeSlicingSettings allows sharing strategy TimeSlicing.
 	TimeSlicingSettings bool

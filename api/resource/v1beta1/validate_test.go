@@ -473,8 +473,8 @@ func TestDeepCopy(t *testing.T) {
 }
 
 // assertEveryFieldSet fails for a zero field anywhere in v, so that a field
-// added to a type cannot be left out of TestDeepCopy's fixtures (and, by
-// review, out of deepcopy.go).
+// added to a type cannot be left out of TestDeepCopy's fixtures, which
+// check that the generated deep copies share nothing.
 func assertEveryFieldSet(t *testing.T, v reflect.Value, path string) {
 	t.Helper()
 	switch v.Kind() {

@@ -25,6 +25,7 @@ var IOMMUBackendPolicies = []IOMMUBackendPolicy{LegacyOnlyIOMMUBackend, PreferIO
 
 // VfioDeviceConfig configures a GPU handed to a workload (usually a virtual
 // machine) through VFIO passthrough.
+// +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 type VfioDeviceConfig struct {
 	metav1.TypeMeta `json:",inline"`
 	// IOMMU chooses the device nodes the container gets; nil means the
