@@ -7,33 +7,11 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	logsapi "k8s.io/component-base/logs/api/v1"
 
 	"github.com/gpudra/gpudra/pkg/features/imexchannel"
 	"github.com/gpudra/gpudra/pkg/pluginflags"
-	"github.com/gpudra/gpudra/pkg/version"
 )
-
-// restConfig is the API client configuration of a command: the
-// kubeconfig file, or the pod's in-cluster configuration when it is empty.
-func restConfig(kubeconfig string, qps float32, burst int, component string) (*rest.Config, error) {
-	var cfg *rest.Config
-	var err error
-	if kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("API client config: %w", err)
-	}
-	cfg.QPS = qps
-	cfg.Burst = burst
-	cfg.UserAgent = "gpudra-" + component + "/" + version.Get().UserAgentVersion()
-	return cfg, nil
-}
 
 // newComputeDomainKubeletPluginCommand runs the channel plugin; package
 // pluginflags holds its flags so that the local cluster parses the Helm
@@ -73,7 +51,7 @@ func runComputeDomainPlugin(cmd *cobra.Command, o *pluginflags.ComputeDomainPlug
 			return fmt.Errorf("create %s: %w", dir, err)
 		}
 	}
-	rc, err := restConfig(o.Kubeconfig, o.KubeAPIQPS, o.KubeAPIBurst, "compute-domain-kubelet-plugin")
+	rc, err := o.RESTConfig("compute-domain-kubelet-plugin")
 	if err != nil {
 		return err
 	}

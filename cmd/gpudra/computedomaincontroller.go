@@ -34,7 +34,7 @@ created. Run one per cluster; replicas elect a leader through a Lease.`,
 			if err := o.Validate(); err != nil {
 				return err
 			}
-			cfg, err := restConfig(o.Kubeconfig, o.KubeAPIQPS, o.KubeAPIBurst, "compute-domain-controller")
+			cfg, err := o.RESTConfig("compute-domain-controller")
 			if err != nil {
 				return err
 			}

@@ -77,7 +77,7 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 }
 
 func (o *kubeletPluginOptions) kubeClient() (kubernetes.Interface, error) {
-	cfg, err := restConfig(o.Kubeconfig, o.KubeAPIQPS, o.KubeAPIBurst, "kubelet-plugin")
+	cfg, err := o.RESTConfig("kubelet-plugin")
 	if err != nil {
 		return nil, err
 	}

@@ -17,15 +17,9 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/features/imexchannel"
+	"github.com/gpudra/gpudra/pkg/kubeclient"
 )
 
-// Client rate limits of the controller: it writes a few objects per
-// domain, so the kubelet plugin's limits (50/s, burst 100) leave room for a
-// burst of new domains without waiting on its own client.
-const (
-	DefaultKubeAPIQPS   = 50
-	DefaultKubeAPIBurst = 100
-)
 
 // DefaultLeaseName is the leader-election Lease's name unless
 // --leader-election-id says otherwise.
@@ -35,9 +29,7 @@ const DefaultLeaseName = "gpudra-compute-domain-controller"
 // binary parses its command line with them, and the local cluster parses
 // the Helm chart's controller container arguments with the same flag set.
 type ControllerFlags struct {
-	Kubeconfig      string
-	KubeAPIQPS      float32
-	KubeAPIBurst    int
+	kubeclient.Flags
 	MaxChannels     int
 	Resync          time.Duration
 	CliqueNamespace string
@@ -75,9 +67,7 @@ func ParseControllerFlags(args []string) (*ControllerFlags, error) {
 
 // AddFlags adds every flag of `gpudra compute-domain-controller` to fs.
 func (o *ControllerFlags) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file; in-cluster config when empty (env KUBECONFIG)")
-	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", DefaultKubeAPIQPS, "sustained requests per second to the API server")
-	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", DefaultKubeAPIBurst, "burst of requests to the API server")
+	o.Flags.AddFlags(fs)
 	fs.IntVar(&o.MaxChannels, "max-channels", imexchannel.DefaultMaxChannels, "IMEX channels handed out to domains, 0..N-1: the nodes' channel count (NVreg_ImexChannelCount); at most this many domains live at once")
 	fs.DurationVar(&o.Resync, "resync-interval", 5*time.Minute, "how often every ComputeDomain is reconciled again")
 	fs.StringVar(&o.CliqueNamespace, "clique-namespace", os.Getenv("POD_NAMESPACE"), "the driver's namespace, where nodes report their IMEX daemons in ComputeDomainCliques; the domains' status.nodes are derived from them (env POD_NAMESPACE); empty: no status.nodes")
@@ -96,8 +86,8 @@ func (o *ControllerFlags) Validate() error {
 	if o.MaxChannels <= 0 {
 		return fmt.Errorf("--max-channels %d: must be above zero", o.MaxChannels)
 	}
-	if o.KubeAPIQPS <= 0 || o.KubeAPIBurst <= 0 {
-		return fmt.Errorf("--kube-api-qps %v, --kube-api-burst %d: both must be above zero", o.KubeAPIQPS, o.KubeAPIBurst)
+	if err := o.Flags.Validate(); err != nil {
+		return err
 	}
 	if o.LeaderElect {
 		if o.LeaseName == "" {

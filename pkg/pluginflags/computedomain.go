@@ -18,6 +18,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/features"
 	"github.com/gpudra/gpudra/pkg/features/imexchannel"
 	"github.com/gpudra/gpudra/pkg/hardware"
+	"github.com/gpudra/gpudra/pkg/kubeclient"
 	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
@@ -29,9 +30,7 @@ type ComputeDomainPlugin struct {
 	HW                Discovery
 	DriverName        string
 	NodeName          string
-	Kubeconfig        string
-	KubeAPIQPS        float32
-	KubeAPIBurst      int
+	kubeclient.Flags
 	PluginDataDir     string
 	RegistrarDir      string
 	CDIDir            string
@@ -76,9 +75,7 @@ func (o *ComputeDomainPlugin) AddFlags(fs *pflag.FlagSet) {
 	o.HW.AddFlags(fs)
 	fs.StringVar(&o.DriverName, "driver-name", computedomain.DriverName, "DRA driver name; NVIDIA's DRA driver uses compute-domain.nvidia.com")
 	fs.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node, also the pool name (env NODE_NAME)")
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file; in-cluster config when empty (env KUBECONFIG)")
-	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", DefaultKubeAPIQPS, "sustained requests per second to the API server")
-	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", DefaultKubeAPIBurst, "burst of requests to the API server")
+	o.Flags.AddFlags(fs)
 	fs.StringVar(&o.PluginDataDir, "plugin-data-dir", "", "directory for the DRA socket and the checkpoint (default /var/lib/kubelet/plugins/<driver-name>)")
 	fs.StringVar(&o.RegistrarDir, "registrar-dir", kubeletplugin.KubeletRegistryDir, "the kubelet's plugin registration directory")
 	fs.StringVar(&o.CDIDir, "cdi-dir", "/var/run/cdi", "directory for the per-claim CDI specs; the container runtime must read it")

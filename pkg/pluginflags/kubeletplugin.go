@@ -18,21 +18,13 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/hardware"
+	"github.com/gpudra/gpudra/pkg/kubeclient"
 	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/nodemode"
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/timeslice"
 )
 
-// Client rate limits. The kubeletplugin helper GETs every claim of every
-// NodePrepareResources call from the API server; at client-go's default of
-// 5 requests/s a node starting 32 pods would wait seconds for its own
-// client. 50/s sustained with a burst of 100 lets a full node's pods start
-// at once, and stays small next to the kubelet's own API traffic.
-const (
-	DefaultKubeAPIQPS   = 50
-	DefaultKubeAPIBurst = 100
-)
 
 // KubeletPlugin is the flags of `gpudra kubelet-plugin`.
 type KubeletPlugin struct {
@@ -46,9 +38,7 @@ type KubeletPlugin struct {
 	MetricsPath       string
 	DriverName        string
 	NodeName          string
-	Kubeconfig        string
-	KubeAPIQPS        float32
-	KubeAPIBurst      int
+	kubeclient.Flags
 	PluginDataDir     string
 	RegistrarDir      string
 	DevicePluginDir   string
@@ -95,9 +85,7 @@ func (o *KubeletPlugin) AddFlags(fs *pflag.FlagSet) {
 	o.GPUSharing.AddFlags(fs, "how full GPUs are shared between claims (KEP-5075 consumable capacity), one of none, memory-compute, shares=<N>, unlimited; a capped share gets an MPS daemon with its caps. See docs/sharing.md")
 	fs.StringVar(&o.DriverName, "driver-name", "gpu.nvidia.com", "DRA driver name; NVIDIA's DRA driver uses gpu.nvidia.com")
 	fs.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node, also the pool name (env NODE_NAME)")
-	fs.StringVar(&o.Kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file; in-cluster config when empty (env KUBECONFIG)")
-	fs.Float32Var(&o.KubeAPIQPS, "kube-api-qps", DefaultKubeAPIQPS, "sustained requests per second to the API server")
-	fs.IntVar(&o.KubeAPIBurst, "kube-api-burst", DefaultKubeAPIBurst, "burst of requests to the API server")
+	o.Flags.AddFlags(fs)
 	fs.StringVar(&o.PluginDataDir, "plugin-data-dir", "", "directory for the DRA socket and the checkpoint (default /var/lib/kubelet/plugins/<driver-name>)")
 	fs.StringVar(&o.RegistrarDir, "registrar-dir", kubeletplugin.KubeletRegistryDir, "the kubelet's plugin registration directory")
 	fs.StringVar(&o.DevicePluginDir, "device-plugin-dir", nodemode.DefaultDevicePluginDir, "the kubelet's device-plugin directory: the DRA plugin refuses to start while a device plugin for NVIDIA GPUs (gpudra's or NVIDIA's) listens there")
@@ -142,7 +130,7 @@ func (o *KubeletPlugin) Validate() error {
 	if err := ValidateHTTPEndpoint("http-endpoint", o.HTTPEndpoint); err != nil {
 		return err
 	}
-	if err := validateClientLimits(o.KubeAPIQPS, o.KubeAPIBurst); err != nil {
+	if err := o.Flags.Validate(); err != nil {
 		return err
 	}
 	for _, d := range []struct {

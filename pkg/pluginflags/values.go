@@ -41,14 +41,3 @@ func ValidateHTTPEndpoint(flag, endpoint string) error {
 	return nil
 }
 
-// validateClientLimits checks the API client's rate limits: client-go
-// would replace a QPS or burst of 0 by its own default without a word.
-func validateClientLimits(qps float32, burst int) error {
-	if !(qps > 0) {
-		return fmt.Errorf("--kube-api-qps %v: must be more than 0", qps)
-	}
-	if burst < 1 {
-		return fmt.Errorf("--kube-api-burst %d: must be 1 or more", burst)
-	}
-	return nil
-}
