@@ -36,7 +36,7 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 DEMO_REAL_NODES ?= 1
 demo:
 	@echo "make demo: compiling gpudra-sim (the first time about 15 minutes on 2 cores, silent; later runs seconds)"
-	cd localcluster && $(GO) run ./cmd/gpudra-sim --real-nodes $(DEMO_REAL_NODES)
+	cd localcluster && $(GO) run ./cmd/gpudra-sim up --real-nodes $(DEMO_REAL_NODES)
 
 # What the kubelet plugin would publish on a simulated DGX H100.
 inspect:
@@ -200,8 +200,8 @@ fuzz:
 # it in the second, and the fair ratio is the geometric mean of the two
 # runs' ratios. Not part of test.
 load:
-	cd localcluster && $(GO) run ./cmd/gpudra-sim --load 800 --load-nodes 100
-	cd localcluster && $(GO) run ./cmd/gpudra-sim --load 800 --load-nodes 100 --load-baseline-driver sim.baseline.gpudra
+	cd localcluster && $(GO) run ./cmd/gpudra-sim load --pods 800 --nodes 100
+	cd localcluster && $(GO) run ./cmd/gpudra-sim load --pods 800 --nodes 100 --baseline-driver sim.baseline.gpudra
 
 # The chaos run (docs/chaos.md): 1,000 trials of random claims on a real
 # plugin process whose simulated hardware outlives it, SIGKILLed at random

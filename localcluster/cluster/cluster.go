@@ -128,6 +128,9 @@ type Cluster struct {
 	// plugins' HTTP endpoints by node name.
 	real          []*node.Node
 	realEndpoints map[string]string
+	// realNodesDropped says why the cluster runs without the real nodes
+	// the options asked for; empty when it runs with them.
+	realNodesDropped string
 	// evictions keeps the pods controllers evicted, for the report.
 	evictions *evictions
 	// removeFakes remove the fake daemons Start installed.
@@ -138,10 +141,54 @@ type Cluster struct {
 // leave to it, control plane, gpudra's chart, then all nodes in parallel.
 // It returns once every node's plugin is registered and its
 // ResourceSlices published. On an error it stops what it started.
-func Start(ctx context.Context, opts Options) (_ *Cluster, finalErr error) {
+//
+// Real nodes without binaries get them built first (minutes when cold).
+// With [RealNodes.FallBack], a machine that cannot run them, or a cluster
+// that does not start with them, gets a cluster of simulated nodes only:
+// Progress says why, and so does [Cluster.RealNodesDropped].
+func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if opts.Fleet == nil || len(opts.Fleet.Nodes) == 0 {
 		return nil, errors.New("local cluster: a fleet with at least one node is required")
 	}
+	if opts.RealNodes != nil {
+		if err := opts.RealNodes.validate(opts.Fleet); err != nil {
+			return nil, err
+		}
+	}
+	rn := opts.RealNodes
+	if rn == nil || rn.Count == 0 {
+		return start(ctx, opts)
+	}
+	progress := opts.Progress
+	if progress == nil {
+		progress = func(string) {}
+	}
+	want := *rn // the caller's stay as they were
+	opts.RealNodes = &want
+	dropped := want.buildBinaries(ctx, progress)
+	if dropped == nil {
+		c, err := start(ctx, opts)
+		if err == nil || !want.FallBack || ctx.Err() != nil {
+			return c, err
+		}
+		// A real node depends on the machine in more ways than
+		// realNodeMachine can check; the simulated cluster does not.
+		dropped = fmt.Errorf("the cluster did not start with them: %w", err)
+	} else if !want.FallBack || ctx.Err() != nil {
+		return nil, dropped
+	}
+	progress(fmt.Sprintf("real nodes: none (%v); the cluster runs with simulated nodes only", dropped))
+	opts.RealNodes = nil
+	c, err := start(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	c.realNodesDropped = dropped.Error()
+	return c, nil
+}
+
+// start is Start with the real nodes' binaries at hand.
+func start(ctx context.Context, opts Options) (_ *Cluster, finalErr error) {
 	if opts.DriverName == "" {
 		opts.DriverName = DefaultDriverName
 	}
@@ -154,11 +201,6 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, finalErr error) {
 	progress := opts.Progress
 	if progress == nil {
 		progress = func(string) {}
-	}
-	if opts.RealNodes != nil {
-		if err := opts.RealNodes.validate(opts.Fleet); err != nil {
-			return nil, err
-		}
 	}
 	c := &Cluster{opts: opts, dir: opts.Dir, health: &sim.HealthEvents{}}
 	if c.dir == "" {

@@ -56,6 +56,7 @@ func (c *Cluster) setUpDaemons() error {
 	if !canRunFakes.Load() {
 		return errNoMain
 	}
+	unboundFakes()
 	if needMPS {
 		bin, remove, err := FakeMPS()
 		if err != nil {
@@ -73,6 +74,20 @@ func (c *Cluster) setUpDaemons() error {
 		c.removeFakes = append(c.removeFakes, remove)
 	}
 	return nil
+}
+
+// unboundFakes lets the fake daemons live as long as their claims, as
+// real daemons do: the nodes stop them when their claims are unprepared,
+// and Stop kills those left. Without it a fake ends after its default
+// bound, a guard for test binaries killed before their cleanup, which a
+// cluster that runs for hours would cross. A bound the environment
+// already sets stays.
+func unboundFakes() {
+	for _, env := range []string{mpsfake.EnvMaxLifetime, imexfake.EnvMaxLifetime} {
+		if _, set := os.LookupEnv(env); !set {
+			_ = os.Setenv(env, "0")
+		}
+	}
 }
 
 // removeDaemons removes the fake daemons Start installed, killing those

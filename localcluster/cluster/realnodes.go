@@ -45,10 +45,17 @@ type RealNodes struct {
 	// fleet's name, or a fleet file, which gpudra's container gets a copy
 	// of (see [RealNodes.containerFleet]).
 	FleetName string
-	// Binaries are the real node's programs (node.BuildBinaries).
+	// Binaries are the real node's programs (node.BuildBinaries). None
+	// (the zero value): Start checks that the machine can run a real node
+	// and builds them, cached after the first time.
 	Binaries node.Binaries
 	// KubeletVerbosity is the kubelet's --v.
 	KubeletVerbosity int
+	// FallBack makes a machine that cannot run the real nodes, or a
+	// cluster that does not start with them, no error: Start says why
+	// through Options.Progress and starts the fleet's nodes all simulated
+	// ([Cluster.RealNodesDropped]). Without it, either fails Start.
+	FallBack bool
 }
 
 // validate checks the options against the fleet.

@@ -1,8 +1,12 @@
 package cluster
 
 import (
+	"context"
+	"errors"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 )
@@ -34,5 +38,46 @@ func TestRealNodesValidate(t *testing.T) {
 				t.Errorf("validate: %v, want an error naming %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestRealNodesFallBack: on a machine that cannot run a real node, Start
+// fails with what the machine lacks, unless the options ask to fall back:
+// then the fleet's nodes all run simulated and the cluster says why.
+func TestRealNodesFallBack(t *testing.T) {
+	lacking := errors.New("no runc on PATH")
+	checkRealNodeMachine = func() error { return lacking }
+	t.Cleanup(func() { checkRealNodeMachine = realNodeMachine })
+	fleet, err := sim.Parse([]byte(plainFleet), "plain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	opts := Options{Fleet: fleet, NoDaemons: true, RealNodes: &RealNodes{Count: 1, FleetName: "plain.yaml"}}
+	if _, err := Start(ctx, opts); !errors.Is(err, lacking) {
+		t.Fatalf("Start without FallBack: %v, want %v", err, lacking)
+	}
+
+	opts.RealNodes.FallBack = true
+	var progress []string
+	opts.Progress = func(msg string) { progress = append(progress, msg) }
+	c, err := Start(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := c.Stop(); err != nil {
+			t.Error(err)
+		}
+	}()
+	if got := c.RealNodesDropped(); !strings.Contains(got, lacking.Error()) {
+		t.Errorf("RealNodesDropped %q, want it to say %q", got, lacking)
+	}
+	if len(c.RealNodes()) != 0 || len(c.Nodes()) != 1 || c.Nodes()[0].Name() != "n0" {
+		t.Errorf("%d real and %d simulated nodes, want n0 simulated", len(c.RealNodes()), len(c.Nodes()))
+	}
+	if !slices.ContainsFunc(progress, func(l string) bool { return strings.Contains(l, "simulated nodes only") }) {
+		t.Errorf("progress %q does not say the cluster runs without real nodes", progress)
 	}
 }

@@ -20,11 +20,11 @@ import (
 
 // DefaultBaselineDriver is the driver name of the baseline driver every
 // node of the load run runs beside gpudra (package baseline), with a
-// DeviceClass of the same name (--load-baseline-driver).
+// DeviceClass of the same name (--baseline-driver).
 const DefaultBaselineDriver = "baseline.gpudra.sim"
 
 // DefaultRounds is how many rounds of each driver the load run makes
-// (--load-rounds), alternating, so that a machine that gets busier or
+// (--rounds), alternating, so that a machine that gets busier or
 // quieter during the run weighs on both alike.
 const DefaultRounds = 2
 

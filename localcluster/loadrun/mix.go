@@ -10,7 +10,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 )
 
-// Mix is what the load run's pods ask for (Options.Mix, --load-mix).
+// Mix is what the load run's pods ask for (Options.Mix, --mix).
 type Mix string
 
 const (
@@ -23,7 +23,7 @@ const (
 	MixMixed Mix = "mixed"
 )
 
-// mixes are the values --load-mix accepts.
+// mixes are the values --mix accepts.
 var mixes = []Mix{MixGPU, MixMixed}
 
 // ParseMix returns the mix named s, or an error naming the flag and
@@ -36,7 +36,7 @@ func ParseMix(s string) (Mix, error) {
 		}
 		names[i] = string(m)
 	}
-	return "", fmt.Errorf("--load-mix %q: must be one of %s", s, strings.Join(names, ", "))
+	return "", fmt.Errorf("--mix %q: must be one of %s", s, strings.Join(names, ", "))
 }
 
 // podKind is what one load pod's claim asks for.
@@ -121,22 +121,22 @@ func (m Mix) describe(n int) string {
 		count(k, kindMIG), loadMIGProfile, count(k, kindShare), loadSharing, count(k, kindGPU))
 }
 
-// fits returns an error, naming --load, when n pods of the mix cannot all
+// fits returns an error, naming --pods, when n pods of the mix cannot all
 // run at once on nodes nodes. It does not count on shares of memory 0
 // fitting beside a GPU held whole: each may take a GPU of its own.
 func (m Mix) fits(n, nodes int) error {
 	if m != MixMixed {
 		if gpus := 8 * nodes; n > gpus {
-			return fmt.Errorf("--load %d is more than the %d GPUs of %d nodes", n, gpus, nodes)
+			return fmt.Errorf("--pods %d is more than the %d GPUs of %d nodes", n, gpus, nodes)
 		}
 		return nil
 	}
 	k := m.kinds(n)
 	if mig, room := count(k, kindMIG), loadMIGGPUs*loadMIGPerGPU*nodes; mig > room {
-		return fmt.Errorf("--load %d with --load-mix %s: %d MIG pods is more than the %d %s placements of %d nodes", n, m, mig, room, loadMIGProfile, nodes)
+		return fmt.Errorf("--pods %d with --mix %s: %d MIG pods is more than the %d %s placements of %d nodes", n, m, mig, room, loadMIGProfile, nodes)
 	}
 	if whole, room := count(k, kindGPU)+count(k, kindShare), loadWholeGPUs*nodes; whole > room {
-		return fmt.Errorf("--load %d with --load-mix %s: %d whole-GPU and share pods is more than the %d non-MIG GPUs of %d nodes", n, m, whole, room, nodes)
+		return fmt.Errorf("--pods %d with --mix %s: %d whole-GPU and share pods is more than the %d non-MIG GPUs of %d nodes", n, m, whole, room, nodes)
 	}
 	return nil
 }

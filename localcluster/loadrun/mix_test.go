@@ -14,8 +14,8 @@ func TestParseLoadMix(t *testing.T) {
 	}{
 		{in: "gpu", want: "gpu"},
 		{in: "mixed", want: "mixed"},
-		{in: "", wantErr: `--load-mix "": must be one of gpu, mixed`},
-		{in: "MIG", wantErr: `--load-mix "MIG": must be one of gpu, mixed`},
+		{in: "", wantErr: `--mix "": must be one of gpu, mixed`},
+		{in: "MIG", wantErr: `--mix "MIG": must be one of gpu, mixed`},
 	} {
 		t.Run(tc.in, func(t *testing.T) {
 			got, err := ParseMix(tc.in)
@@ -71,13 +71,13 @@ func TestLoadMixFits(t *testing.T) {
 		wantErr  string
 	}{
 		{MixGPU, 800, 100, ""},
-		{MixGPU, 801, 100, "--load 801 is more than the 800 GPUs of 100 nodes"},
+		{MixGPU, 801, 100, "--pods 801 is more than the 800 GPUs of 100 nodes"},
 		{MixMixed, 800, 100, ""},
 		{MixMixed, 8000, 1000, ""},
 		// 10 per node: 3.33 MIG of 7, 6.67 whole and shares of 7.
 		{MixMixed, 1000, 100, ""},
-		{MixMixed, 1100, 100, "--load 1100 with --load-mix mixed: 734 whole-GPU and share pods is more than the 700 non-MIG GPUs of 100 nodes"},
-		{MixMixed, 30, 1, "--load 30 with --load-mix mixed: 10 MIG pods is more than the 7 1g.10gb placements of 1 nodes"},
+		{MixMixed, 1100, 100, "--pods 1100 with --mix mixed: 734 whole-GPU and share pods is more than the 700 non-MIG GPUs of 100 nodes"},
+		{MixMixed, 30, 1, "--pods 30 with --mix mixed: 10 MIG pods is more than the 7 1g.10gb placements of 1 nodes"},
 	} {
 		t.Run(string(tc.mix), func(t *testing.T) {
 			err := tc.mix.fits(tc.n, tc.nodes)
@@ -190,9 +190,9 @@ func TestCheckBaselineName(t *testing.T) {
 	}{
 		{name: "baseline.gpudra.sim"},
 		{name: "sim.baseline.gpudra"},
-		{name: "gpu.nvidia.com", wantErr: `--load-baseline-driver "gpu.nvidia.com": must differ from gpudra's driver name`},
-		{name: "Baseline", wantErr: `--load-baseline-driver "Baseline": must be a DNS subdomain (a DRA driver name): `},
-		{name: "", wantErr: `--load-baseline-driver "": must be a DNS subdomain (a DRA driver name): `},
+		{name: "gpu.nvidia.com", wantErr: `--baseline-driver "gpu.nvidia.com": must differ from gpudra's driver name`},
+		{name: "Baseline", wantErr: `--baseline-driver "Baseline": must be a DNS subdomain (a DRA driver name): `},
+		{name: "", wantErr: `--baseline-driver "": must be a DNS subdomain (a DRA driver name): `},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := checkBaselineName(tc.name)

@@ -36,14 +36,14 @@ const (
 	creators     = 32
 )
 
-// checkBaselineName refuses a --load-baseline-driver that is no driver
+// checkBaselineName refuses a --baseline-driver that is no driver
 // name or is gpudra's.
 func checkBaselineName(name string) error {
 	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
-		return fmt.Errorf("--load-baseline-driver %q: must be a DNS subdomain (a DRA driver name): %s", name, strings.Join(errs, "; "))
+		return fmt.Errorf("--baseline-driver %q: must be a DNS subdomain (a DRA driver name): %s", name, strings.Join(errs, "; "))
 	}
 	if name == cluster.DefaultDriverName {
-		return fmt.Errorf("--load-baseline-driver %q: must differ from gpudra's driver name", name)
+		return fmt.Errorf("--baseline-driver %q: must differ from gpudra's driver name", name)
 	}
 	return nil
 }
@@ -184,7 +184,7 @@ func (lr *runner) loadRound(ctx context.Context, c *cluster.Cluster, client kube
 	case <-time.After(timeout):
 		mu.Lock()
 		defer mu.Unlock()
-		return nil, fmt.Errorf("only %d of %d pods running after %v (--load-round-timeout)", len(runningAt), n, timeout)
+		return nil, fmt.Errorf("only %d of %d pods running after %v (--round-timeout)", len(runningAt), n, timeout)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}

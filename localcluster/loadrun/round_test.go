@@ -75,11 +75,11 @@ func TestRunRefusesBadOptions(t *testing.T) {
 		edit    func(*Options)
 		wantErr string
 	}{
-		{"no rounds", func(o *Options) { o.Rounds = 0 }, "--load-rounds 0: must be at least 1"},
-		{"no timeout", func(o *Options) { o.RoundTimeout = 0 }, "--load-round-timeout 0s: must be positive"},
-		{"more pods than GPUs", func(o *Options) { o.Pods = 9 }, "--load 9 is more than the 8 GPUs of 1 nodes"},
+		{"no rounds", func(o *Options) { o.Rounds = 0 }, "--rounds 0: must be at least 1"},
+		{"no timeout", func(o *Options) { o.RoundTimeout = 0 }, "--round-timeout 0s: must be positive"},
+		{"more pods than GPUs", func(o *Options) { o.Pods = 9 }, "--pods 9 is more than the 8 GPUs of 1 nodes"},
 		{"gpudra's name", func(o *Options) { o.BaselineDriver = "gpu.nvidia.com" }, "must differ from gpudra's driver name"},
-		{"no mix", func(o *Options) { o.Mix = "" }, `--load-mix "": must be one of gpu, mixed`},
+		{"no mix", func(o *Options) { o.Mix = "" }, `--mix "": must be one of gpu, mixed`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := valid

@@ -1,4 +1,4 @@
-// Package loadrun is the local cluster's load run (gpudra-sim --load): it
+// Package loadrun is the local cluster's load run (gpudra-sim load): it
 // starts a fleet of simulated 8-GPU nodes that run gpudra's plugin and the
 // baseline driver (package baseline) side by side, measures what the idle
 // fleet costs, then creates pods with one-device claims in rounds that
@@ -20,7 +20,7 @@ import (
 	"github.com/gpudra/gpudra/localcluster/controlplane"
 )
 
-// Defaults of the options (and of gpudra-sim's flags).
+// Defaults of the options (and of gpudra-sim load's flags).
 const (
 	// DefaultNodes is the number of simulated nodes.
 	DefaultNodes = 100
@@ -29,28 +29,28 @@ const (
 )
 
 // Options configure a load run. Errors about them name them by
-// gpudra-sim's flags, given here with each; DefaultOptions has the flags'
+// gpudra-sim load's flags, given here with each; DefaultOptions has the flags'
 // defaults. Zero values are refused where the flag's would be, not
 // replaced by the default.
 type Options struct {
-	// Pods is how many pods each round creates at once (--load).
+	// Pods is how many pods each round creates at once (--pods).
 	Pods int
-	// Nodes is the number of simulated nodes of 8 H100 (--load-nodes).
+	// Nodes is the number of simulated nodes of 8 H100 (--nodes).
 	Nodes int
-	// Mix is what the pods ask for: "gpu" or "mixed" (--load-mix; see
+	// Mix is what the pods ask for: "gpu" or "mixed" (--mix; see
 	// MixGPU and MixMixed).
 	Mix string
 	// Rounds is how many rounds of each driver run, alternating, the
-	// baseline's first (--load-rounds).
+	// baseline's first (--rounds).
 	Rounds int
 	// RoundTimeout bounds each round until every pod is Running, and the
-	// deletion of its pods after it (--load-round-timeout).
+	// deletion of its pods after it (--round-timeout).
 	RoundTimeout time.Duration
 	// BaselineDriver is the baseline driver's name and that of its
-	// DeviceClass (--load-baseline-driver).
+	// DeviceClass (--baseline-driver).
 	BaselineDriver string
 	// Dir is where a new directory holds the cluster's state, removed at
-	// the end (--load-dir); empty: DefaultDir().
+	// the end (--dir); empty: DefaultDir().
 	Dir string
 	// CPUProfile, CPUProfileBaseline and CPUProfileIdle, if set, are the
 	// files the CPU profiles of gpudra's last round, the baseline's last
@@ -68,7 +68,7 @@ type Options struct {
 	AroundStop func(stop func())
 }
 
-// DefaultOptions returns the options of gpudra-sim's flag defaults, for
+// DefaultOptions returns the options of gpudra-sim load's flag defaults, for
 // pods pods.
 func DefaultOptions(pods int) Options {
 	return Options{
@@ -114,10 +114,10 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	if o.RoundTimeout <= 0 {
-		return nil, fmt.Errorf("--load-round-timeout %v: must be positive", o.RoundTimeout)
+		return nil, fmt.Errorf("--round-timeout %v: must be positive", o.RoundTimeout)
 	}
 	if o.Rounds < 1 {
-		return nil, fmt.Errorf("--load-rounds %d: must be at least 1", o.Rounds)
+		return nil, fmt.Errorf("--rounds %d: must be at least 1", o.Rounds)
 	}
 	if err := mix.fits(o.Pods, o.Nodes); err != nil {
 		return nil, err
@@ -145,7 +145,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	// No MPS or IMEX daemons: the run measures the drivers, and its
 	// shares are uncapped (mix.go).
 	opts := cluster.Options{Fleet: fleet, Dir: dir, ControlPlane: controlplane.Options{}, Baseline: o.BaselineDriver, NoDaemons: true, Progress: o.Progress}
-	lr.progress("starting the local cluster: %d nodes of 8 H100 (--load-mix %s), state in %s", o.Nodes, mix, dir)
+	lr.progress("starting the local cluster: %d nodes of 8 H100 (--mix %s), state in %s", o.Nodes, mix, dir)
 	start := time.Now()
 	c, err := cluster.Start(ctx, opts)
 	if err != nil {

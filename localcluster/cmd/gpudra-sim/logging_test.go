@@ -14,7 +14,7 @@ import (
 // writes an error to each lower severity's output too).
 func TestLogFileHasEachLineOnce(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "sim.log")
-	done, err := setUpLogging(options{logFile: path})
+	done, err := setUpLogging(logging{file: path})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package main
+package cluster
 
 import (
 	"cmp"
@@ -11,7 +11,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/simnode"
 )
 
@@ -25,13 +24,14 @@ const (
 	maxContainerColumn = 16
 )
 
-// printTable prints, for each pod, a row with its phase, node and devices,
-// then, for each container that got devices, what it got: CDI devices,
-// device nodes, environment, mounts, MPS daemons with their caps and time
-// slices; a pod that is not running gets its reason. Then the workloads
-// and the objects the API server refused. Long values are wrapped so that
-// no line is wider than tableWidth (a single word wider than that is cut).
-func printTable(w io.Writer, r *cluster.Report) {
+// WriteTable writes the report for people: for each pod, a row with its
+// phase, node and devices, then, for each container that got devices,
+// what it got: CDI devices, device nodes, environment, mounts, MPS daemons
+// with their caps and time slices; a pod that is not running gets its
+// reason. Then the workloads and the objects the API server refused. Long
+// values are wrapped so that no line is wider than tableWidth (a single
+// word wider than that is cut).
+func (r *Report) WriteTable(w io.Writer) {
 	t := &table{w: w}
 	podCol := len("POD")
 	phaseCol, nodeCol := len("PHASE"), len("NODE")
@@ -39,7 +39,7 @@ func printTable(w io.Writer, r *cluster.Report) {
 		if n := len(p.Namespace) + 1 + len(p.Name); n <= maxPodColumn {
 			podCol = max(podCol, n)
 		}
-		phaseCol, nodeCol = max(phaseCol, len(phase(p))), max(nodeCol, len(p.Node))
+		phaseCol, nodeCol = max(phaseCol, len(tablePhase(p))), max(nodeCol, len(p.Node))
 	}
 	row := func(pod, phase, node string) string {
 		return fmt.Sprintf("%-*s  %-*s  %-*s  ", podCol, pod, phaseCol, phase, nodeCol, node)
@@ -64,7 +64,7 @@ func printTable(w io.Writer, r *cluster.Report) {
 			t.wrap("", "", []string{pod})
 			pod = ""
 		}
-		t.wrap(row(pod, phase(p), node), "", devices)
+		t.wrap(row(pod, tablePhase(p), node), "", devices)
 		t.containers(p.Containers)
 		if p.Reason != "" {
 			t.wrap("  reason: ", "", strings.Fields(p.Reason))
@@ -108,9 +108,9 @@ func printTable(w io.Writer, r *cluster.Report) {
 	}
 }
 
-// phase is the pod's phase, or Evicted for a pod a controller evicted
+// tablePhase is the pod's phase, or Evicted for a pod a controller evicted
 // and deleted.
-func phase(p cluster.PodReport) string {
+func tablePhase(p PodReport) string {
 	if p.Evicted != nil && p.Evicted.Deleted {
 		return "Evicted"
 	}
@@ -119,7 +119,7 @@ func phase(p cluster.PodReport) string {
 
 // computeDomains prints each ComputeDomain's status, channel and nodes
 // (by IMEX index), wrapped like the pods' devices.
-func (t *table) computeDomains(cds []cluster.ComputeDomainReport) {
+func (t *table) computeDomains(cds []ComputeDomainReport) {
 	if len(cds) == 0 {
 		return
 	}
@@ -156,7 +156,7 @@ func (t *table) computeDomains(cds []cluster.ComputeDomainReport) {
 
 // containers prints what each container with devices got, one kind of
 // thing per label, under the container's name.
-func (t *table) containers(ctrs []cluster.ContainerReport) {
+func (t *table) containers(ctrs []ContainerReport) {
 	col := 0
 	for _, c := range ctrs {
 		if len(c.Name) <= maxContainerColumn {
@@ -230,7 +230,7 @@ func (t *table) containers(ctrs []cluster.ContainerReport) {
 }
 
 // taints prints the nodes' device taints, if any device has one.
-func (t *table) taints(nodes []cluster.NodeReport) {
+func (t *table) taints(nodes []NodeReport) {
 	col, found := len("NODE"), false
 	for _, n := range nodes {
 		if len(n.DeviceTaints) > 0 {

@@ -1,4 +1,4 @@
-package main
+package cluster
 
 import (
 	"fmt"
@@ -8,7 +8,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/manifests"
 	"github.com/gpudra/gpudra/localcluster/realnode/probe"
 	"github.com/gpudra/gpudra/localcluster/simnode"
@@ -18,14 +17,14 @@ import (
 // an MPS claim with caps, a time-sliced GPU, an unschedulable pod with the
 // scheduler's long message, a workload no controller runs, a refused
 // object, and names too long for their columns.
-func tableReport() *cluster.Report {
+func tableReport() *Report {
 	const claimUID = "80b4e677-b963-48d9-9464-ceac601830b7"
-	mig := cluster.PodReport{Namespace: "allocation-mode-all", Name: "pod", Phase: "Running", Node: "dgx-a100-0"}
-	migCtr := cluster.ContainerReport{Name: "training-job", Env: map[string]string{"NVIDIA_VISIBLE_DEVICES": "void"}}
-	var results []cluster.DeviceResult
+	mig := PodReport{Namespace: "allocation-mode-all", Name: "pod", Phase: "Running", Node: "dgx-a100-0"}
+	migCtr := ContainerReport{Name: "training-job", Env: map[string]string{"NVIDIA_VISIBLE_DEVICES": "void"}}
+	var results []DeviceResult
 	for i := range 7 {
 		dev := fmt.Sprintf("gpu-0-mig-1g5gb-19-%d", i)
-		results = append(results, cluster.DeviceResult{Request: "mig", Driver: "gpu.nvidia.com", Pool: "dgx-a100-0", Device: dev})
+		results = append(results, DeviceResult{Request: "mig", Driver: "gpu.nvidia.com", Pool: "dgx-a100-0", Device: dev})
 		migCtr.CDIDevices = append(migCtr.CDIDevices, "k8s.gpu.nvidia.com/claim="+claimUID+"-"+dev)
 		migCtr.DeviceNodes = append(migCtr.DeviceNodes, fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", 12+2*i), fmt.Sprintf("/dev/nvidia-caps/nvidia-cap%d", 13+2*i))
 	}
@@ -37,11 +36,11 @@ func tableReport() *cluster.Report {
 		{Name: "claim:pod-mig-x7k2p/mig", Resources: []corev1.ResourceHealth{{ResourceID: corev1.ResourceID(migCtr.CDIDevices[6]), Health: corev1.ResourceHealthStatusHealthy}}},
 		{Name: "claim:nic/nic", Resources: []corev1.ResourceHealth{{ResourceID: "nic.sim.gpudra.io/nic=nic-0", Health: corev1.ResourceHealthStatusUnknown}}},
 	}
-	mig.Claims = []cluster.ClaimReport{{Name: "pod-mig-x7k2p", Results: results}}
-	mig.Containers = []cluster.ContainerReport{migCtr}
+	mig.Claims = []ClaimReport{{Name: "pod-mig-x7k2p", Results: results}}
+	mig.Containers = []ContainerReport{migCtr}
 
-	mpsCtr := func(name string) cluster.ContainerReport {
-		return cluster.ContainerReport{
+	mpsCtr := func(name string) ContainerReport {
+		return ContainerReport{
 			Name:        name,
 			CDIDevices:  []string{"k8s.gpu.nvidia.com/claim=711cadcc-e8ae-4f87-9f20-a3787daed2b6-gpu-5"},
 			DeviceNodes: []string{"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia5", "/dev/nvidiactl"},
@@ -52,37 +51,37 @@ func tableReport() *cluster.Report {
 				ActiveThreadPercentage: ptr.To(25), PinnedMemoryLimits: map[string]int64{"GPU-5a1b2c3d-0000-1111-2222-333344445555": 20 << 30}}},
 		}
 	}
-	mpsPod := cluster.PodReport{Namespace: "mps-sharing", Name: "pod", Phase: "Running", Node: "dgx-a100-0",
-		Claims:     []cluster.ClaimReport{{Name: "mps-gpu", Results: []cluster.DeviceResult{{Request: "gpu", Device: "gpu-5"}}}},
-		Containers: []cluster.ContainerReport{mpsCtr("trainer"), mpsCtr("evaluator"), {Name: "sidecar"}}}
+	mpsPod := PodReport{Namespace: "mps-sharing", Name: "pod", Phase: "Running", Node: "dgx-a100-0",
+		Claims:     []ClaimReport{{Name: "mps-gpu", Results: []DeviceResult{{Request: "gpu", Device: "gpu-5"}}}},
+		Containers: []ContainerReport{mpsCtr("trainer"), mpsCtr("evaluator"), {Name: "sidecar"}}}
 
-	sliced := cluster.PodReport{Namespace: "time-slicing", Name: "pod", Phase: "Running", Node: "dgx-h100-0",
-		Claims: []cluster.ClaimReport{{Name: "sliced", Results: []cluster.DeviceResult{{Request: "gpu", Device: "gpu-3"}}}},
-		Containers: []cluster.ContainerReport{{Name: "a-container-with-a-long-name",
+	sliced := PodReport{Namespace: "time-slicing", Name: "pod", Phase: "Running", Node: "dgx-h100-0",
+		Claims: []ClaimReport{{Name: "sliced", Results: []DeviceResult{{Request: "gpu", Device: "gpu-3"}}}},
+		Containers: []ContainerReport{{Name: "a-container-with-a-long-name",
 			CDIDevices:  []string{"k8s.gpu.nvidia.com/claim=0c9e0f7e-5d4e-4b6a-9a51-3d0d1f0a9b11-gpu-3"},
 			DeviceNodes: []string{"/dev/nvidia3", "/dev/nvidiactl"},
 			TimeSlices:  []simnode.TimeSlice{{Device: "gpu-3", GPU: "GPU-3a1b2c3d-0000-1111-2222-333344445555", Interval: "Long"}}}}}
 
 	const reason = "0/3 nodes are available: 3 cannot allocate all claims. still not schedulable, preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling."
-	pending := cluster.PodReport{Namespace: "a-namespace-with-quite-a-long-name", Name: "and-a-long-pod-name-too", Phase: "Pending", Reason: reason}
+	pending := PodReport{Namespace: "a-namespace-with-quite-a-long-name", Name: "and-a-long-pod-name-too", Phase: "Pending", Reason: reason}
 
 	// A real node's probe pod: what its container printed.
-	probePod := cluster.PodReport{Namespace: "real-node", Name: "probe-dgx-a100-0", Phase: "Running", Node: "dgx-a100-0",
-		Claims: []cluster.ClaimReport{{Name: "probe-gpu", Results: []cluster.DeviceResult{{Request: "gpu", Device: "gpu-4"}}}},
-		Containers: []cluster.ContainerReport{{Name: "probe", Seen: &probe.Seen{
+	probePod := PodReport{Namespace: "real-node", Name: "probe-dgx-a100-0", Phase: "Running", Node: "dgx-a100-0",
+		Claims: []ClaimReport{{Name: "probe-gpu", Results: []DeviceResult{{Request: "gpu", Device: "gpu-4"}}}},
+		Containers: []ContainerReport{{Name: "probe", Seen: &probe.Seen{
 			DeviceNodes: []string{"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia4", "/dev/nvidiactl"},
 			Env:         map[string]string{"NVIDIA_VISIBLE_DEVICES": "void", "PATH": "/bin", "HOSTNAME": "probe-dgx-a100-0"},
 		}}}}
 
-	return &cluster.Report{
-		Pods: []cluster.PodReport{mig, mpsPod, sliced, pending, probePod},
-		Workloads: []cluster.WorkloadReport{
+	return &Report{
+		Pods: []PodReport{mig, mpsPod, sliced, pending, probePod},
+		Workloads: []WorkloadReport{
 			{Kind: "Deployment", Namespace: "default", Name: "web", Desired: 3, Pods: 3, Settled: true},
 			{Kind: "DaemonSet", Namespace: "default", Name: "agent", Settled: true, Unsupported: true,
 				Message: "unsupported: the local cluster runs no daemonset controller, so nothing makes its pods"},
 		},
 		Refused: []manifests.Refusal{{Kind: "Pod", Namespace: "missing", Name: "pod", Source: "manifests/bad.yaml:1", Reason: `namespaces "missing" not found`}},
-		ComputeDomains: []cluster.ComputeDomainReport{
+		ComputeDomains: []ComputeDomainReport{
 			{Namespace: "compute-domain", Name: "nvl-domain", Status: "Ready", Channel: 0, NumNodes: 4, Nodes: []string{"gb200-0", "gb200-1", "gb200-2", "gb200-3"}},
 			{Namespace: "other", Name: "new-domain", Channel: -1},
 			{Namespace: "other", Name: "waiting", Status: "NotReady", Channel: 1, NumNodes: 2, Nodes: []string{"gb200-0"}, Reason: "1 of 2 nodes ready"},
@@ -90,9 +89,9 @@ func tableReport() *cluster.Report {
 	}
 }
 
-func TestPrintTable(t *testing.T) {
+func TestWriteTable(t *testing.T) {
 	var b strings.Builder
-	printTable(&b, tableReport())
+	tableReport().WriteTable(&b)
 	out := b.String()
 	t.Logf("\n%s", out)
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")

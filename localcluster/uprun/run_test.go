@@ -1,4 +1,4 @@
-package main
+package uprun
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,11 +15,44 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// run starts the nodes' MPS and IMEX daemons as this binary.
+	// Run starts the nodes' MPS and IMEX daemons as this binary.
 	if code, ok := cluster.Main(); ok {
 		os.Exit(code)
 	}
 	os.Exit(m.Run())
+}
+
+// TestRunRefusesOptions checks the options refused before the cluster
+// starts, each error naming its flag.
+func TestRunRefusesOptions(t *testing.T) {
+	manifests := filepath.Join(t.TempDir(), "pod.yaml")
+	if err := os.WriteFile(manifests, []byte(trainPod), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		set  func(*Options)
+		want string
+	}{
+		{"negative real nodes", func(o *Options) { o.RealNodes = -1 }, "--real-nodes -1: want 0 or more"},
+		{"more real nodes than the fleet has", func(o *Options) { o.Fleet, o.RealNodes = "dgx-a100-mig", 2 }, "--real-nodes 2: fleet dgx-a100-mig has 1 nodes"},
+		{"no settle timeout", func(o *Options) { o.SettleTimeout = 0 }, "--settle-timeout 0s: must be positive"},
+		{"a missing chart values file", func(o *Options) { o.ChartValues = "missing.yaml" }, "--chart-values: "},
+		{"an unknown fleet", func(o *Options) { o.Fleet = "no-such-fleet" }, "--fleet: "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := DefaultOptions()
+			o.Manifests = manifests
+			tc.set(&o)
+			res, err := Run(context.Background(), o)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Run: %v, want an error with %q", err, tc.want)
+			}
+			if res != nil {
+				t.Errorf("Run returned a result %+v, want none", res)
+			}
+		})
+	}
 }
 
 // TestRunReportsDespiteRefusal runs gpudra-sim as a user did: a manifest
@@ -75,7 +109,7 @@ data: {key: value}
 	defer cancel()
 	var stdout strings.Builder
 	start := time.Now()
-	err := run(ctx, options{fleet: "dgx-a100", manifests: manifests, report: reportFile, settle: 2 * time.Minute}, &stdout)
+	_, err := Run(ctx, Options{Fleet: "dgx-a100", Manifests: manifests, Report: reportFile, SettleTimeout: 2 * time.Minute, Stdout: &stdout})
 	t.Logf("run took %v; table:\n%s", time.Since(start), stdout.String())
 	if err == nil || !strings.Contains(err.Error(), "1 of 3 objects refused") {
 		t.Errorf("run: %v; want it to fail for the refused object", err)
@@ -165,7 +199,7 @@ func TestRunWithHealthEvents(t *testing.T) {
 	defer cancel()
 
 	bad := write("bad.yaml", "- {after: 1s, node: one-gpu, gpu: 1, event: xid:79}\n")
-	err := run(ctx, options{fleet: fleet, manifests: manifests, events: bad, settle: time.Minute}, &strings.Builder{})
+	_, err := Run(ctx, Options{Fleet: fleet, Manifests: manifests, Events: bad, SettleTimeout: time.Minute, Stdout: &strings.Builder{}})
 	if err == nil || !strings.Contains(err.Error(), "--events: "+bad+":1: gpu: node one-gpu has GPUs 0 to 0, not 1") {
 		t.Errorf("run with a GPU the node lacks: %v", err)
 	}
@@ -176,7 +210,7 @@ func TestRunWithHealthEvents(t *testing.T) {
 	// opened before the plugin marked its health watcher as running, until
 	// the resend ten seconds later).
 	healthyReport := filepath.Join(dir, "healthy.json")
-	if err := run(ctx, options{fleet: fleet, manifests: manifests, report: healthyReport, settle: time.Minute}, &strings.Builder{}); err != nil {
+	if _, err := Run(ctx, Options{Fleet: fleet, Manifests: manifests, Report: healthyReport, SettleTimeout: time.Minute, Stdout: &strings.Builder{}}); err != nil {
 		t.Fatal(err)
 	}
 	data, err := os.ReadFile(healthyReport)
@@ -197,7 +231,7 @@ func TestRunWithHealthEvents(t *testing.T) {
 `)
 	reportFile := filepath.Join(dir, "report.json")
 	var stdout strings.Builder
-	if err := run(ctx, options{fleet: fleet, manifests: manifests, events: events, report: reportFile, settle: 2 * time.Minute}, &stdout); err != nil {
+	if _, err := Run(ctx, Options{Fleet: fleet, Manifests: manifests, Events: events, Report: reportFile, SettleTimeout: 2 * time.Minute, Stdout: &stdout}); err != nil {
 		t.Fatalf("run: %v\n%s", err, stdout.String())
 	}
 	t.Logf("table:\n%s", stdout.String())
@@ -246,16 +280,20 @@ func TestRunReportsEvictedPod(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var stdout, progressOut strings.Builder
-	stderr = &progressOut
-	defer func() { stderr = os.Stderr }()
-	if err := run(ctx, options{fleet: fleet, manifests: manifests, events: events, report: reportFile, settle: 2 * time.Minute}, &stdout); err != nil {
+	var mu sync.Mutex // the health events' lines come from a goroutine of their own
+	progress := func(msg string) {
+		mu.Lock()
+		defer mu.Unlock()
+		progressOut.WriteString(msg + "\n")
+	}
+	if _, err := Run(ctx, Options{Fleet: fleet, Manifests: manifests, Events: events, Report: reportFile, SettleTimeout: 2 * time.Minute, Stdout: &stdout, Progress: progress}); err != nil {
 		t.Fatalf("run: %v\n%s", err, stdout.String())
 	}
 	t.Logf("progress:\n%stable:\n%s", progressOut.String(), stdout.String())
 	// Every long step ends with how long it took, and the last line says
 	// what to try next.
 	progressLines := strings.Split(strings.TrimSpace(progressOut.String()), "\n")
-	for _, want := range []string{"  cluster ready in ", "  settled in ", "  stopped in "} {
+	for _, want := range []string{"cluster ready in ", "settled in ", "stopped in "} {
 		if !strings.Contains(progressOut.String(), want) {
 			t.Errorf("no progress line with %q", want)
 		}
