@@ -209,7 +209,7 @@ func servicePortFor(svc *corev1.Service, container corev1.Container, port int) (
 			}
 		}
 	}
-	return 0, fmt.Errorf("Service %s/%s has no port that targets the webhook's port %d", svc.Namespace, svc.Name, port)
+	return 0, fmt.Errorf("service %s/%s has no port that targets the webhook's port %d", svc.Namespace, svc.Name, port)
 }
 
 // waitForWebhook waits until the API server calls the webhook: a dry run

@@ -182,7 +182,8 @@ func startAPIServer(ctx context.Context, dir, etcdURL string, authzModes []strin
 	a := &apiServer{done: done, cancel: cancel, requests: requests, kubeletCA: kubeletCA, routes: routes}
 	defer func() {
 		if finalErr != nil {
-			a.stop()
+			// The start's error is the one to report.
+			_ = a.stop()
 		}
 	}()
 

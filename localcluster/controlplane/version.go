@@ -109,7 +109,7 @@ type servedVersion struct {
 func newServedVersion(ev basecompatibility.MutableEffectiveVersion, gitVersion string) (*servedVersion, error) {
 	v, err := version.ParseSemantic(gitVersion)
 	if err != nil {
-		return nil, fmt.Errorf("Kubernetes version %q: %w", gitVersion, err)
+		return nil, fmt.Errorf("parse Kubernetes version %q: %w", gitVersion, err)
 	}
 	return &servedVersion{MutableEffectiveVersion: ev, git: v}, nil
 }

@@ -122,7 +122,7 @@ func Start(ctx context.Context, cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	if err := r.start(ctx); err != nil {
-		r.stop(logger)
+		_ = r.stop(logger) // the start's error is the one to report
 		return nil, err
 	}
 	pause, err := WritePauseImage(l.imagesDir(), cfg.Binaries)
@@ -130,7 +130,7 @@ func Start(ctx context.Context, cfg Config) (*Runtime, error) {
 		err = r.Import(ctx, pause)
 	}
 	if err != nil {
-		r.stop(logger)
+		_ = r.stop(logger) // the start's error is the one to report
 		return nil, err
 	}
 	logger.Info("Real node runtime ready", "endpoint", r.Endpoint(), "dir", cfg.Dir)
