@@ -220,7 +220,7 @@ func TestRBACPerComponent(t *testing.T) {
 	}
 
 	// The plugin's role is deployments/rbac's, the one the local cluster's
-	// plugins run with (and localcluster/rbactest checks call by call).
+	// plugins run with (and localcluster/test/rbactest checks call by call).
 	t.Run("same as deployments/rbac", func(t *testing.T) {
 		objs := render(t, Options{Namespace: "gpu-system"})
 		want, err := rbac.KubeletPlugin("gpu-system", "")

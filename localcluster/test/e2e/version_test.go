@@ -16,7 +16,7 @@ import (
 func requiredVersion(t *testing.T, module string) string {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
-	f, err := os.Open(filepath.Join(filepath.Dir(file), "..", "go.mod"))
+	f, err := os.Open(filepath.Join(filepath.Dir(file), "..", "..", "go.mod"))
 	if err != nil {
 		t.Fatal(err)
 	}

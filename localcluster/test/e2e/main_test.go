@@ -29,7 +29,7 @@ var demo *cluster.Cluster
 // examplesDir is the repository's examples directory.
 func examplesDir() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "examples")
+	return filepath.Join(filepath.Dir(file), "..", "..", "..", "examples")
 }
 
 func TestMain(m *testing.M) {

@@ -21,7 +21,7 @@ import (
 // checkpointmanager's own checksum of the same bytes.
 func TestKubeletChecksum(t *testing.T) {
 	inputs := [][]byte{{}, []byte(`{"checksum":0}`), []byte(`{"checksum":0,"v1":{"preparedClaims":{}}}`), {0, 255, 10, '"'}}
-	files, err := filepath.Glob(filepath.Join("..", "..", "pkg", "checkpoint", "testdata", "nvidia", "*.json"))
+	files, err := filepath.Glob(filepath.Join("..", "..", "..", "pkg", "checkpoint", "testdata", "nvidia", "*.json"))
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no NVIDIA fixtures: %v", err)
 	}
@@ -44,7 +44,7 @@ func TestKubeletChecksum(t *testing.T) {
 // top-level checksum over {"checksum":0,"v1":...}, the v2 one over the v2
 // section with its checksum 0. The damaged fixture must fail.
 func TestFixtureChecksums(t *testing.T) {
-	files, _ := filepath.Glob(filepath.Join("..", "..", "pkg", "checkpoint", "testdata", "nvidia", "*.json"))
+	files, _ := filepath.Glob(filepath.Join("..", "..", "..", "pkg", "checkpoint", "testdata", "nvidia", "*.json"))
 	for _, name := range files {
 		data, err := os.ReadFile(name)
 		if err != nil {

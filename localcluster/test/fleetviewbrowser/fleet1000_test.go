@@ -151,7 +151,7 @@ func TestFleetViewThousandNodesWithoutPods(t *testing.T) {
 // pods taken out.
 func bindViewerWithoutPods(t *testing.T, ctx context.Context, admin kubernetes.Interface) {
 	t.Helper()
-	data, err := os.ReadFile("../../deployments/fleetview/clusterrole.yaml")
+	data, err := os.ReadFile("../../../deployments/fleetview/clusterrole.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
