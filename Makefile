@@ -9,7 +9,7 @@ GO ?= go
 
 # What `gpudra version` reports (pkg/version) and the image's tag: the file
 # VERSION, which is also the Helm chart's appVersion, so that the chart's
-# default image is the one `make image` builds (localcluster/helmchart's
+# default image is the one `make image` builds (localcluster/install's
 # TestOneVersion checks that they agree). The commit says which build of
 # that version a binary is.
 VERSION ?= $(shell cat VERSION)
@@ -66,7 +66,7 @@ test-real-node:
 # The Helm chart's files/ (deployments/helm/gpudra/files): copies of the
 # YAML of deployments/crds, deployments/deviceclasses and deployments/rbac,
 # the one source of those objects. Copies rather than links, which helm
-# warns about at every command; localcluster/helmchart's
+# warns about at every command; localcluster/install's
 # TestChartFilesAreCopiesOfTheirSources fails until this is run after a
 # change there.
 CHART_FILES := deployments/helm/gpudra/files

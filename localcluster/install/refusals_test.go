@@ -1,4 +1,4 @@
-package helmchart
+package install
 
 import (
 	"strings"
@@ -62,7 +62,7 @@ func TestSchemaRefuses(t *testing.T) {
 		{"misspelt simulation value", values("simulation.fleets", "dgx-h100"), "fleets"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Render(loadChart(t), Options{Values: tc.values})
+			_, err := RenderChart(loadChart(t), Options{Values: tc.values})
 			if err == nil {
 				t.Fatalf("values %v were accepted", tc.values)
 			}
@@ -92,7 +92,7 @@ func TestTemplateRefusals(t *testing.T) {
 		{"simulated state without a fleet", "", values("simulation.stateDir", "/var/lib/gpudra-sim"), "simulation.fleet"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := Render(loadChart(t), Options{Namespace: tc.namespace, Values: tc.values})
+			_, err := RenderChart(loadChart(t), Options{Namespace: tc.namespace, Values: tc.values})
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("error %v, want one naming %q", err, tc.want)
 			}
@@ -104,7 +104,7 @@ func TestTemplateRefusals(t *testing.T) {
 // the token's node name are in 1.34.
 func TestKubeVersion(t *testing.T) {
 	for version, ok := range map[string]bool{"v1.33.5": false, "v1.34.0": true, "v1.37.1": true, "v1.38.0-alpha.1": true} {
-		_, err := Render(loadChart(t), Options{KubeVersion: version})
+		_, err := RenderChart(loadChart(t), Options{KubeVersion: version})
 		if (err == nil) != ok {
 			t.Errorf("Kubernetes %s: error %v, want accepted=%v", version, err, ok)
 		}

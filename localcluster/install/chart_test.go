@@ -1,4 +1,4 @@
-package helmchart
+package install
 
 import (
 	"fmt"
@@ -44,7 +44,7 @@ func values(pathsAndValues ...any) map[string]any {
 
 func loadChart(t *testing.T) *chart.Chart {
 	t.Helper()
-	c, err := Load(Dir())
+	c, err := LoadChart(ChartDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func loadChart(t *testing.T) *chart.Chart {
 
 func render(t *testing.T, opts Options) []Object {
 	t.Helper()
-	objs, err := Render(loadChart(t), opts)
+	objs, err := RenderChart(loadChart(t), opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package helmchart
+package install
 
 import (
 	"bytes"
@@ -25,12 +25,12 @@ var chartFileSources = map[string]string{
 // only right if the links resolve where it is built. The chart ships
 // plain files.
 func TestChartHasNoSymlinks(t *testing.T) {
-	err := filepath.WalkDir(Dir(), func(path string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(ChartDir(), func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
 		if d.Type()&fs.ModeSymlink != 0 {
-			rel, _ := filepath.Rel(Dir(), path)
+			rel, _ := filepath.Rel(ChartDir(), path)
 			t.Errorf("the chart has a symbolic link %s; helm warns about it at every command: copy its target instead (make chart-files)", rel)
 		}
 		return nil
@@ -45,7 +45,7 @@ func TestChartHasNoSymlinks(t *testing.T) {
 // nothing else, so the chart cannot drift from the objects the local
 // cluster installs and the Go tests check.
 func TestChartFilesAreCopiesOfTheirSources(t *testing.T) {
-	repo := filepath.Join(Dir(), "..", "..", "..")
+	repo := filepath.Join(ChartDir(), "..", "..", "..")
 	for _, copyDir := range slices.Sorted(func(yield func(string) bool) {
 		for k := range chartFileSources {
 			if !yield(k) {
@@ -55,7 +55,7 @@ func TestChartFilesAreCopiesOfTheirSources(t *testing.T) {
 	}) {
 		source := filepath.Join(repo, chartFileSources[copyDir])
 		want := yamlFiles(t, source)
-		got := yamlFiles(t, filepath.Join(Dir(), copyDir))
+		got := yamlFiles(t, filepath.Join(ChartDir(), copyDir))
 		if len(want) == 0 {
 			t.Fatalf("%s has no YAML files", chartFileSources[copyDir])
 		}

@@ -1,4 +1,4 @@
-package helmchart
+package install
 
 import (
 	"fmt"
@@ -81,11 +81,11 @@ func TestSchemaAgreesWithPluginFlags(t *testing.T) {
 				if value == "kubeletPlugin.vfio" && probe == "only" {
 					vals = values(value, probe, "kubeletPlugin.vfioGPUs", []any{0})
 				}
-				_, schemaErr := Render(c, Options{Values: vals})
+				_, schemaErr := RenderChart(c, Options{Values: vals})
 				if schemaErr != nil && !strings.Contains(schemaErr.Error(), "schema") {
 					t.Fatalf("the chart refuses %v outside its schema; probe a value the templates render: %v", probe, schemaErr)
 				}
-				objs, err := Render(&unchecked, Options{Values: vals})
+				objs, err := RenderChart(&unchecked, Options{Values: vals})
 				if err != nil {
 					t.Fatalf("render without the schema: %v", err)
 				}

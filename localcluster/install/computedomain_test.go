@@ -1,4 +1,4 @@
-package helmchart
+package install
 
 import (
 	"slices"

@@ -1,4 +1,4 @@
-package helmchart
+package install
 
 import (
 	"context"
@@ -204,6 +204,6 @@ func startRBACAPIServer(ctx context.Context, t *testing.T) (*rest.Config, kubern
 			t.Errorf("stop control plane: %v", err)
 		}
 	})
-	cfg := cp.RESTConfig("helmchart-admin", 100, 200)
+	cfg := cp.RESTConfig("install-admin", 100, 200)
 	return cfg, kubernetes.NewForConfigOrDie(cfg)
 }

@@ -1,4 +1,4 @@
-package helmchart
+package install
 
 import (
 	"os"
@@ -122,14 +122,14 @@ var (
 func gpudraBinary(t *testing.T) string {
 	t.Helper()
 	gpudraOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "helmchart-gpudra-")
+		dir, err := os.MkdirTemp("", "install-gpudra-")
 		if err != nil {
 			gpudraErr = err
 			return
 		}
 		gpudraBin = filepath.Join(dir, "gpudra")
 		cmd := exec.Command("go", "build", "-o", gpudraBin, "./cmd/gpudra")
-		cmd.Dir = filepath.Join(Dir(), "..", "..", "..")
+		cmd.Dir = filepath.Join(ChartDir(), "..", "..", "..")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			gpudraErr = err

@@ -1,4 +1,4 @@
-package helmchart
+package install
 
 import (
 	"fmt"
@@ -252,11 +252,11 @@ func TestSchemaAgreesWithDevicePluginFlags(t *testing.T) {
 		for _, probe := range devicePluginProbes[value] {
 			t.Run(fmt.Sprintf("%s=%v", value, probe), func(t *testing.T) {
 				vals := values("devicePlugin.enabled", true, value, probe)
-				_, schemaErr := Render(c, Options{Values: vals})
+				_, schemaErr := RenderChart(c, Options{Values: vals})
 				if schemaErr != nil && !strings.Contains(schemaErr.Error(), "schema") {
 					t.Fatalf("the chart refuses %v outside its schema: %v", probe, schemaErr)
 				}
-				objs, err := Render(&unchecked, Options{Values: vals})
+				objs, err := RenderChart(&unchecked, Options{Values: vals})
 				if err != nil {
 					t.Fatalf("render without the schema: %v", err)
 				}

@@ -1,11 +1,4 @@
-// Package helmchart renders gpudra's Helm chart (deployments/helm/gpudra)
-// the way `helm install` does, with Helm's own library: the chart's
-// kubeVersion constraint, the values schema, then the templates. It decodes
-// every rendered object strictly into its typed Kubernetes object, so that
-// a field the API would drop or refuse fails here. The render tests use it,
-// and so can anything that applies the chart's objects to the local
-// cluster's API server.
-package helmchart
+package install
 
 import (
 	"fmt"
@@ -31,31 +24,19 @@ import (
 // ReleaseName is the release name renders use.
 const ReleaseName = "gpudra"
 
-// Dir returns the chart's directory in this repository.
-func Dir() string {
+// ChartDir returns the chart's directory in this repository.
+func ChartDir() string {
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Join(filepath.Dir(file), "..", "..", "deployments", "helm", "gpudra")
 }
 
-// Load loads the chart from dir as helm does.
-func Load(dir string) (*chart.Chart, error) {
+// LoadChart loads the chart from dir as helm does.
+func LoadChart(dir string) (*chart.Chart, error) {
 	c, err := loader.Load(dir)
 	if err != nil {
 		return nil, fmt.Errorf("load chart %s: %w", dir, err)
 	}
 	return c, nil
-}
-
-// Options are a render's inputs besides the chart.
-type Options struct {
-	// Values are the user's values (helm install --set/-f), merged over
-	// values.yaml.
-	Values map[string]any
-	// Namespace is the release's namespace (helm install --namespace);
-	// "gpudra" when empty.
-	Namespace string
-	// KubeVersion is the cluster's version; "v1.37.1" when empty.
-	KubeVersion string
 }
 
 // Object is one rendered Kubernetes object, decoded.
@@ -70,12 +51,13 @@ type Object struct {
 	Kind, Namespace, Name string
 }
 
-// Render renders c as helm install would and decodes each object strictly.
+// RenderChart renders c as helm install would and decodes each object
+// strictly.
 // A value that the schema refuses, a cluster outside the chart's
 // kubeVersion, a template's fail, and an object with an unknown or
 // mistyped field are errors. Objects come in a stable order: by template,
 // then as the template wrote them.
-func Render(c *chart.Chart, opts Options) ([]Object, error) {
+func RenderChart(c *chart.Chart, opts Options) ([]Object, error) {
 	if opts.Namespace == "" {
 		opts.Namespace = "gpudra"
 	}

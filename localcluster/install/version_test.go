@@ -1,4 +1,4 @@
-package helmchart
+package install
 
 import (
 	"encoding/json"
@@ -14,7 +14,7 @@ import (
 )
 
 // repoRoot is the root of the gpudra repository.
-func repoRoot() string { return filepath.Join(Dir(), "..", "..", "..") }
+func repoRoot() string { return filepath.Join(ChartDir(), "..", "..", "..") }
 
 // dryRunMake returns the commands `make -n <targets>` would run in the
 // repository root, with VERSION, IMAGE and COMMIT left to the Makefile.
