@@ -32,6 +32,7 @@ import (
 	"github.com/gpudra/gpudra/localcluster/realnode/node"
 	"github.com/gpudra/gpudra/localcluster/realnode/probe"
 	"github.com/gpudra/gpudra/localcluster/simnode"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // realNode skips the test unless GPUDRA_REAL_NODE=1; asked for on a
@@ -227,21 +228,13 @@ func checkpointHas(t *testing.T, rn *node.Node, driver string, claim *resourceap
 	return st.Claims[string(claim.UID)] != nil
 }
 
-// waitFor polls cond until it holds or a minute passes.
-func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
-	t.Helper()
-	if err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) { return cond(), nil }); err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
-}
-
 // deletePod deletes the pod and waits until it is gone.
 func deletePod(t *testing.T, ctx context.Context, c *cluster.Cluster, pod *corev1.Pod) {
 	t.Helper()
 	if err := c.Client().CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, ctx, "pod "+pod.Name+" gone", func() bool {
+	clustertest.Eventually(t, ctx, 2*time.Minute, "pod "+pod.Name+" gone", func() bool {
 		_, err := c.Client().CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})

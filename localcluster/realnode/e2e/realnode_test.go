@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -22,6 +23,7 @@ import (
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/realnode/node"
 	"github.com/gpudra/gpudra/localcluster/realnode/probe"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // fleet is the real node's fleet: one DGX A100, GPUs 0-3 in MIG mode with
@@ -74,7 +76,7 @@ func TestRealNode(t *testing.T) {
 			t.Errorf("exec through the API server: %q, %v; want the container's echo", out.String(), err)
 		}
 		deletePod(t, ctx, c, pod)
-		waitFor(t, ctx, "claim unprepared", func() bool {
+		clustertest.Eventually(t, ctx, 2*time.Minute, "claim unprepared", func() bool {
 			return len(specFiles(t, rn, claim)) == 0 && !checkpointHas(t, rn, driver, claim)
 		})
 	})
@@ -125,7 +127,7 @@ func TestRealNode(t *testing.T) {
 			t.Errorf("MPS claim: the container saw %v, the claim's CDI spec names %v", seen.DeviceNodes, want)
 		}
 		deletePod(t, ctx, c, pod)
-		waitFor(t, ctx, "MPS claim unprepared", func() bool {
+		clustertest.Eventually(t, ctx, 2*time.Minute, "MPS claim unprepared", func() bool {
 			return len(specFiles(t, rn, claim)) == 0 && !checkpointHas(t, rn, driver, claim)
 		})
 	})
@@ -163,7 +165,7 @@ func TestRealNode(t *testing.T) {
 			claim *resourceapi.ResourceClaim
 		}{{first, firstClaim}, {second, secondClaim}} {
 			deletePod(t, ctx, c, pc.pod)
-			waitFor(t, ctx, "claim "+pc.claim.Name+" unprepared", func() bool {
+			clustertest.Eventually(t, ctx, 2*time.Minute, "claim "+pc.claim.Name+" unprepared", func() bool {
 				return len(specFiles(t, rn, pc.claim)) == 0 && !checkpointHas(t, rn, driver, pc.claim)
 			})
 		}
@@ -270,7 +272,7 @@ func restartPlugin(t *testing.T, c *cluster.Cluster, rn *node.Node) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill gpudra's plugin (pid %d): %v", pid, err)
 	}
-	waitFor(t, ctx, "gpudra's container restarted and ready", func() bool {
+	clustertest.Eventually(t, ctx, 2*time.Minute, "gpudra's container restarted and ready", func() bool {
 		p, err := c.Client().CoreV1().Pods(pods.Items[0].Namespace).Get(ctx, pods.Items[0].Name, metav1.GetOptions{})
 		if err != nil || restarts(p, "plugin") <= before {
 			return false

@@ -3,7 +3,6 @@ package cdbench
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -23,6 +22,7 @@ import (
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/controlplane"
 	"github.com/gpudra/gpudra/localcluster/manifests"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // domainYAML is a ComputeDomain of %[2]d nodes in namespace %[1]s.
@@ -92,13 +92,7 @@ func BenchmarkComputeDomain18Nodes(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	// A short directory: the channel driver's registration socket path
-	// must fit in 108 bytes.
-	dir, err := os.MkdirTemp("", "cdb")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
+	dir := clustertest.ShortTempDir(b)
 	// The chart's ComputeDomain driver runs with the cluster's fake daemon;
 	// a daemon no claim holds stops after 2 s, so that every run starts
 	// cold.

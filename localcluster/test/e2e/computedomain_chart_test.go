@@ -147,7 +147,7 @@ func TestChartRBACIsAllTheComputeDomainDriverHas(t *testing.T) {
 
 	// The verb back: the kubelet retries Prepare and the pod runs.
 	putBack(pluginRole, pluginTaken)
-	waitForPodIn(t, ctx, c, "cd-demo", "domain-r")
+	waitForPodIn(t, ctx, c, "cd-demo", "domain-r", "Running", running)
 	if err := client.CoreV1().Pods("cd-demo").Delete(ctx, "domain-r", metav1.DeleteOptions{}); err != nil {
 		t.Error(err)
 	}

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -145,7 +144,7 @@ func TestComputeDomainChannels(t *testing.T) {
 	}
 	containerNodes := func(podName, node string) []string {
 		t.Helper()
-		pod := waitForPodIn(t, ctx, c, "cd-demo", podName)
+		pod := waitForPodIn(t, ctx, c, "cd-demo", podName, "Running", running)
 		if pod.Spec.NodeName != node {
 			t.Fatalf("pod %s on %s, want %s", podName, pod.Spec.NodeName, node)
 		}
@@ -238,21 +237,4 @@ func claimUIDOf(t *testing.T, ctx context.Context, c *cluster.Cluster, ns, pod s
 		t.Fatal(err)
 	}
 	return string(claim.UID)
-}
-
-func waitForPodIn(t *testing.T, ctx context.Context, c *cluster.Cluster, ns, name string) *corev1.Pod {
-	t.Helper()
-	var pod *corev1.Pod
-	err := wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		p, err := c.Client().CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		pod = p
-		return running(p), nil
-	})
-	if err != nil {
-		t.Fatalf("pod %s/%s never ran (phase %s, reason %q): %v", ns, name, phaseOf(pod), reasonOf(pod), err)
-	}
-	return pod
 }

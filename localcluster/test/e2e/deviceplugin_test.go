@@ -14,6 +14,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // devicePluginFleet mixes the two modes: a DGX-like node in gpudra's
@@ -96,7 +97,7 @@ func podsOf(t *testing.T, ctx context.Context, c *cluster.Cluster, ns, app strin
 func waitRunning(t *testing.T, ctx context.Context, c *cluster.Cluster, ns, app string, n int) []corev1.Pod {
 	t.Helper()
 	var pods []corev1.Pod
-	waitFor(t, ctx, fmt.Sprintf("%d Running pods of %s/%s", n, ns, app), func() bool {
+	clustertest.Eventually(t, ctx, 0, fmt.Sprintf("%d Running pods of %s/%s", n, ns, app), func() bool {
 		pods = podsOf(t, ctx, c, ns, app)
 		running := 0
 		for i := range pods {
@@ -244,7 +245,7 @@ func TestDevicePluginMode(t *testing.T) {
 	if err := node.RestartKubelet(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, ctx, "the device plugin registers again", func() bool { return node.DevicePlugin().Registrations() > before })
+	clustertest.Eventually(t, ctx, 0, "the device plugin registers again", func() bool { return node.DevicePlugin().Registrations() > before })
 	var victim *corev1.Pod
 	held := map[string]bool{}
 	for i := range pods {
@@ -261,7 +262,7 @@ func TestDevicePluginMode(t *testing.T) {
 	if err := c.Client().CoreV1().Pods("classic").Delete(ctx, victim.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, ctx, "the replacement pod runs", func() bool {
+	clustertest.Eventually(t, ctx, 0, "the replacement pod runs", func() bool {
 		for _, p := range podsOf(t, ctx, c, "classic", "train") {
 			if p.Name != victim.Name && p.Status.Phase == corev1.PodRunning && !slices.ContainsFunc(pods, func(q corev1.Pod) bool { return q.Name == p.Name }) {
 				ctrs, ok := c.Node(p.Spec.NodeName).Containers(&p)
@@ -288,7 +289,7 @@ func migrateToDRA(t *testing.T, ctx context.Context, c *cluster.Cluster, notSing
 	if err := c.Client().CoreV1().Namespaces().Delete(ctx, "classic", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, ctx, "the classic namespace's pods to go (the drain)", func() bool {
+	clustertest.Eventually(t, ctx, 0, "the classic namespace's pods to go (the drain)", func() bool {
 		return len(podsOf(t, ctx, c, "classic", "train")) == 0
 	})
 	if err := c.Node("dp-classic").MigrateToDRA(ctx); err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // healthFleet is one node with three GPUs: enough to show a tainted GPU
@@ -211,7 +212,7 @@ func TestDeviceHealth(t *testing.T) {
 	})
 	for gpu := range 3 {
 		if !c.HealthWatched(healthNode, gpu) {
-			waitFor(t, ctx, fmt.Sprintf("the plugin watches GPU %d", gpu), func() bool { return c.HealthWatched(healthNode, gpu) })
+			clustertest.Eventually(t, ctx, 0, fmt.Sprintf("the plugin watches GPU %d", gpu), func() bool { return c.HealthWatched(healthNode, gpu) })
 		}
 	}
 	inject := func(gpu int, event string) time.Time {
@@ -337,7 +338,7 @@ func TestDeviceHealth(t *testing.T) {
 	waitGone(t, ctx, c, ns, "b")
 	t.Logf("GPU lost -> pod b evicted and removed: %v", time.Since(lost))
 	// By the device taint eviction controller, which says so on the pod.
-	waitFor(t, ctx, "the DeviceTaintManagerEviction event of pod b", func() bool {
+	clustertest.Eventually(t, ctx, 0, "the DeviceTaintManagerEviction event of pod b", func() bool {
 		evs, err := c.Client().CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=b"})
 		if err != nil {
 			return false
@@ -362,20 +363,8 @@ func TestDeviceHealth(t *testing.T) {
 // waitGone waits until the pod no longer exists.
 func waitGone(t *testing.T, ctx context.Context, c *cluster.Cluster, ns, name string) {
 	t.Helper()
-	waitFor(t, ctx, fmt.Sprintf("pod %s/%s gone", ns, name), func() bool {
+	clustertest.Eventually(t, ctx, 0, fmt.Sprintf("pod %s/%s gone", ns, name), func() bool {
 		_, err := c.Client().CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
-}
-
-// waitFor polls cond every 20 ms until it holds.
-func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
-	t.Helper()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: not within the test's time", what)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
 }

@@ -12,10 +12,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/manifests"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 )
 
@@ -62,17 +62,25 @@ func getPod(t *testing.T, ctx context.Context, ns, name string) *corev1.Pod {
 	return pod
 }
 
-// waitForPod waits until cond holds for the pod and returns it.
+// waitForPod waits until cond holds for the pod in the demo cluster and
+// returns it.
 func waitForPod(t *testing.T, ctx context.Context, ns, name, what string, cond func(*corev1.Pod) bool) *corev1.Pod {
 	t.Helper()
+	return waitForPodIn(t, ctx, demo, ns, name, what, cond)
+}
+
+// waitForPodIn waits until cond holds for the pod in cluster c and returns
+// it; the failure says the pod's last phase and reason.
+func waitForPodIn(t *testing.T, ctx context.Context, c *cluster.Cluster, ns, name, what string, cond func(*corev1.Pod) bool) *corev1.Pod {
+	t.Helper()
 	var pod *corev1.Pod
-	err := wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		p, err := demo.Client().CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	err := clustertest.Poll(ctx, 0, func() bool {
+		p, err := c.Client().CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
-			return false, nil
+			return false
 		}
 		pod = p
-		return cond(p), nil
+		return cond(p)
 	})
 	if err != nil {
 		t.Fatalf("pod %s/%s never %s (phase %s, reason %q): %v", ns, name, what, phaseOf(pod), reasonOf(pod), err)
@@ -214,20 +222,12 @@ func checkContainersSeeDevices(t *testing.T, pod *corev1.Pod, devs []resourceapi
 }
 
 // startShortDirCluster starts a cluster of the test's own in a short
-// temporary directory, and stops it at the test's end (cleanups the caller
-// registered before run after the stop): the ComputeDomain channel
-// driver's registration socket,
-// <dir>/n/<node>/plugins_registry/compute-domain.nvidia.com-reg.sock, must
-// fit in 108 bytes, which a directory inside the test's temporary
-// directory does not always. opts.Dir is set here.
+// temporary directory ([clustertest.ShortTempDir]: the nodes' plugin
+// sockets lie below it), and stops it at the test's end (cleanups the
+// caller registered before run after the stop). opts.Dir is set here.
 func startShortDirCluster(t *testing.T, ctx context.Context, opts cluster.Options) *cluster.Cluster {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "cd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	opts.Dir = dir
+	opts.Dir = clustertest.ShortTempDir(t)
 	c, err := cluster.Start(ctx, opts)
 	if err != nil {
 		t.Fatal(err)

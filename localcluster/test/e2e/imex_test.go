@@ -165,7 +165,7 @@ func TestComputeDomainIMEXDaemons(t *testing.T) {
 		return fmt.Sprintf("/dev/nvidia-caps-imex-channels/channel%d", *cd.Status.Channel)
 	}()
 	for i, n := range nodes {
-		pod := waitForPodIn(t, ctx, c, "imex-demo", fmt.Sprintf("worker-%d", i))
+		pod := waitForPodIn(t, ctx, c, "imex-demo", fmt.Sprintf("worker-%d", i), "Running", running)
 		devs, ok := c.Node(n).Containers(pod)
 		if !ok || !slices.Contains(devs["ctr"].DeviceNodes, channel) {
 			t.Errorf("pod worker-%d on %s: device nodes %v, want %s", i, n, devs["ctr"].DeviceNodes, channel)

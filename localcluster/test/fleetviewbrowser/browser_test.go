@@ -24,6 +24,7 @@ import (
 	"github.com/gpudra/gpudra/internal/cutproxy"
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/manifests"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 	"github.com/gpudra/gpudra/pkg/fleetview"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 )
@@ -342,13 +343,10 @@ func apply(t *testing.T, ctx context.Context, c *cluster.Cluster, yamlText strin
 
 func waitRunning(t *testing.T, ctx context.Context, client kubernetes.Interface, name string) {
 	t.Helper()
-	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	clustertest.Eventually(t, ctx, time.Minute, "pod fv/"+name+" running", func() bool {
 		p, err := client.CoreV1().Pods("fv").Get(ctx, name, metav1.GetOptions{})
-		return err == nil && p.Status.Phase == corev1.PodRunning, nil
+		return err == nil && p.Status.Phase == corev1.PodRunning
 	})
-	if err != nil {
-		t.Fatalf("pod fv/%s not running: %v", name, err)
-	}
 }
 
 // allocatedDevices returns node/device of each device the pod's claims

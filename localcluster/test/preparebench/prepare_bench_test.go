@@ -25,6 +25,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/plugin"
 
 	"github.com/gpudra/gpudra/localcluster/controlplane"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 const (
@@ -60,11 +61,7 @@ func BenchmarkPrepareOneClaimRealAPIServer(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	dir, err := os.MkdirTemp("", "gpudra-pb")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
+	dir := clustertest.ShortTempDir(b)
 	boot := filepath.Join(dir, "boot_id")
 	if err := os.WriteFile(boot, []byte("boot-1\n"), 0o644); err != nil {
 		b.Fatal(err)

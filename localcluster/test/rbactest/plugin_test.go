@@ -27,6 +27,7 @@ import (
 
 	"github.com/gpudra/gpudra/localcluster/controlplane"
 	"github.com/gpudra/gpudra/localcluster/simnode"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // refusals records the API requests the server refused for lack of a
@@ -136,12 +137,7 @@ func TestKubeletPluginRunsAsServiceAccount(t *testing.T) {
 		Extra:    map[string][]string{nodeKey: {nodeA}},
 	}
 	pluginCfg.Wrap(refused.wrap)
-	// Unix socket paths must stay short: not t.TempDir.
-	dir, err := os.MkdirTemp("", "rbt-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
+	dir := clustertest.ShortTempDir(t)
 	node, err := simnode.Start(ctx, simnode.Config{
 		Name:          nodeA,
 		DriverName:    driver,
