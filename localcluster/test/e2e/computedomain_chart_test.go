@@ -15,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpudra/gpudra/pkg/computedomain"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/install"
@@ -62,13 +61,9 @@ func takeVerb(r *install.Release, name, resource, verb string) ([]rbacv1.PolicyR
 // each verb back, the controller and the kubelet retry and the pod runs.
 func TestChartRBACIsAllTheComputeDomainDriverHas(t *testing.T) {
 	ctx := testContext(t, 4*time.Minute)
-	fleet, err := sim.Parse([]byte(cdFleet), "cd-fleet")
-	if err != nil {
-		t.Fatal(err)
-	}
 	const controllerRole, pluginRole = "gpudra-compute-domain-controller", "gpudra-compute-domain-kubelet-plugin"
 	var controllerTaken, pluginTaken []rbacv1.PolicyRule
-	c := startShortDirCluster(t, ctx, cluster.Options{Fleet: fleet, BeforeChart: func(r *install.Release) error {
+	c := startFleet(t, ctx, "cd-fleet", cdFleet, cluster.Options{BeforeChart: func(r *install.Release) error {
 		var err error
 		if controllerTaken, err = takeVerb(r, controllerRole, "resourceclaimtemplates", "create"); err != nil {
 			return err
@@ -99,7 +94,7 @@ func TestChartRBACIsAllTheComputeDomainDriverHas(t *testing.T) {
 	ns := c.Release().Namespace
 	wantCtrl := `User "system:serviceaccount:` + ns + `:` + c.Release().ComputeDomainController.ServiceAccount() + `" cannot create resource "resourceclaimtemplates"`
 	var cond *metav1.Condition
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		obj, err := c.Dynamic().Resource(computedomain.GVR).Namespace("cd-demo").Get(ctx, "domain-r", metav1.GetOptions{})
 		if err != nil {
 			return false, nil

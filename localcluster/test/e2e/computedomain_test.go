@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpudra/gpudra/pkg/computedomain"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 )
@@ -85,11 +84,7 @@ spec:
 // node's compute-domains container.
 func TestComputeDomainChannels(t *testing.T) {
 	ctx := testContext(t, 3*time.Minute)
-	fleet, err := sim.Parse([]byte(cdFleet), "cd-fleet")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := startShortDirCluster(t, ctx, cluster.Options{Fleet: fleet})
+	c := startFleet(t, ctx, "cd-fleet", cdFleet, cluster.Options{})
 	applyTo := func(yamlText string) {
 		t.Helper()
 		applyIn(t, ctx, c, yamlText)
@@ -108,7 +103,7 @@ func TestComputeDomainChannels(t *testing.T) {
 			}}}},
 		}},
 	}
-	_, err = c.Client().ResourceV1().ResourceClaims("cd-demo").Create(ctx, bad, metav1.CreateOptions{})
+	_, err := c.Client().ResourceV1().ResourceClaims("cd-demo").Create(ctx, bad, metav1.CreateOptions{})
 	if want := `admission webhook "` + webhookName + `" denied the request: spec.devices.config[0].opaque.parameters: ` + pluginMessage(t, misspeltChannelConfig); err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("a channel claim with domainId for domainID:\n got %v\nwant the refusal %q", err, want)
 	}

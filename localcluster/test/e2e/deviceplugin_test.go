@@ -11,8 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
-
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
@@ -118,22 +116,8 @@ func waitRunning(t *testing.T, ctx context.Context, c *cluster.Cluster, ns, app 
 // restart that loses no allocation.
 func TestDevicePluginMode(t *testing.T) {
 	ctx := testContext(t, 4*time.Minute)
-	fleet, err := sim.Parse([]byte(devicePluginFleet), "device-plugin")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Stop(); err != nil {
-			t.Errorf("stop the cluster: %v", err)
-		}
-	})
-	saved := demo
-	demo = c
-	t.Cleanup(func() { demo = saved })
+	c := startFleet(t, ctx, "device-plugin", devicePluginFleet, cluster.Options{})
+	useAsDemo(t, c)
 
 	// Each device-plugin node advertises what its config says.
 	for node, want := range map[string]map[string]int64{

@@ -13,7 +13,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
@@ -56,23 +55,8 @@ func sharedPods(ns, node, request, config string, pods ...string) string {
 // that two claims sharing a GPU cannot set two time-slice intervals.
 func TestFractionalGPUs(t *testing.T) {
 	ctx := testContext(t, 3*time.Minute)
-	fleet, err := sim.Parse([]byte(fractionalFleet), "fractional")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The helpers act on demo; point them at this cluster meanwhile.
-	saved := demo
-	demo = c
-	t.Cleanup(func() {
-		demo = saved
-		if err := c.Stop(); err != nil {
-			t.Errorf("stop the sharing cluster: %v", err)
-		}
-	})
+	c := startFleet(t, ctx, "fractional", fractionalFleet, cluster.Options{})
+	useAsDemo(t, c)
 
 	t.Run("a claim that asks for nothing gets the whole GPU on every node", func(t *testing.T) {
 		// TimeSlicing, which a capped share refuses, works on each: the

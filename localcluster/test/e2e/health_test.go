@@ -194,22 +194,8 @@ func metricValue(text, sample string) (float64, bool) {
 // scraped over HTTP.
 func TestDeviceHealth(t *testing.T) {
 	ctx := testContext(t, 4*time.Minute)
-	fleet, err := sim.Parse([]byte(healthFleet), "health")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	saved := demo
-	demo = c
-	t.Cleanup(func() {
-		demo = saved
-		if err := c.Stop(); err != nil {
-			t.Errorf("stop the health cluster: %v", err)
-		}
-	})
+	c := startFleet(t, ctx, "health", healthFleet, cluster.Options{})
+	useAsDemo(t, c)
 	for gpu := range 3 {
 		if !c.HealthWatched(healthNode, gpu) {
 			clustertest.Eventually(t, ctx, 0, fmt.Sprintf("the plugin watches GPU %d", gpu), func() bool { return c.HealthWatched(healthNode, gpu) })

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -12,11 +13,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/manifests"
 	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/hardware/sim"
 )
 
 // testContext bounds one test.
@@ -40,6 +44,58 @@ func applyIn(t *testing.T, ctx context.Context, c *cluster.Cluster, yamlText str
 	if err != nil {
 		t.Fatal(err)
 	}
+	applyObjects(t, ctx, c, objs)
+}
+
+// loadTestdata returns a Namespace ns and the objects of the files under
+// testdata, each put in ns, in the order of creation. The files hold
+// namespaced objects written without a namespace, so that one file serves
+// every test that needs its objects, each test in a namespace of its own.
+func loadTestdata(t *testing.T, ns string, files ...string) []manifests.Object {
+	t.Helper()
+	namespace, err := runtime.DefaultUnstructuredConverter.ToUnstructured(clustertest.Namespace(ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := []manifests.Object{{Unstructured: &unstructured.Unstructured{Object: namespace}, Source: t.Name()}}
+	for _, f := range files {
+		more, err := manifests.Load(filepath.Join("testdata", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range more {
+			if o.GetNamespace() != "" {
+				t.Fatalf("%s: names namespace %s; testdata objects go in the test's", o.Source, o.GetNamespace())
+			}
+			o.SetNamespace(ns)
+		}
+		objs = append(objs, more...)
+	}
+	manifests.Sort(objs)
+	return objs
+}
+
+// create creates typed objects in cluster c as apply does the objects of
+// YAML (namespaces first, pods last); a refusal fails the test. The
+// objects carry their apiVersion and kind, as clustertest's builders
+// write them.
+func create(t *testing.T, ctx context.Context, c *cluster.Cluster, objs ...runtime.Object) {
+	t.Helper()
+	var list []manifests.Object
+	for _, o := range objs {
+		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		list = append(list, manifests.Object{Unstructured: &unstructured.Unstructured{Object: m}, Source: t.Name()})
+	}
+	manifests.Sort(list)
+	applyObjects(t, ctx, c, list)
+}
+
+// applyObjects creates objs in cluster c; a refusal fails the test.
+func applyObjects(t *testing.T, ctx context.Context, c *cluster.Cluster, objs []manifests.Object) {
+	t.Helper()
 	refused, err := c.Apply(ctx, objs)
 	if err != nil {
 		t.Fatal(err)
@@ -221,12 +277,19 @@ func checkContainersSeeDevices(t *testing.T, pod *corev1.Pod, devs []resourceapi
 	}
 }
 
-// startShortDirCluster starts a cluster of the test's own in a short
+// startFleet starts a cluster of the test's own on the fleet that
+// fleetYAML describes (name is the fleet's, for messages), in a short
 // temporary directory ([clustertest.ShortTempDir]: the nodes' plugin
 // sockets lie below it), and stops it at the test's end (cleanups the
-// caller registered before run after the stop). opts.Dir is set here.
-func startShortDirCluster(t *testing.T, ctx context.Context, opts cluster.Options) *cluster.Cluster {
+// caller registered before run after the stop). opts.Fleet and opts.Dir
+// are set here.
+func startFleet(t *testing.T, ctx context.Context, name, fleetYAML string, opts cluster.Options) *cluster.Cluster {
 	t.Helper()
+	fleet, err := sim.Parse([]byte(fleetYAML), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Fleet = fleet
 	opts.Dir = clustertest.ShortTempDir(t)
 	c, err := cluster.Start(ctx, opts)
 	if err != nil {
@@ -238,4 +301,12 @@ func startShortDirCluster(t *testing.T, ctx context.Context, opts cluster.Option
 		}
 	})
 	return c
+}
+
+// useAsDemo points the helpers that act on the demo cluster at c until the
+// test ends.
+func useAsDemo(t *testing.T, c *cluster.Cluster) {
+	saved := demo
+	demo = c
+	t.Cleanup(func() { demo = saved })
 }

@@ -18,7 +18,6 @@ import (
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/computedomain"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/imex"
 	"github.com/gpudra/gpudra/pkg/imex/imexfake"
 
@@ -87,10 +86,6 @@ spec:
 // clique, template or CDI spec, and no daemon survives.
 func TestComputeDomainIMEXDaemons(t *testing.T) {
 	ctx := testContext(t, 4*time.Minute)
-	fleet, err := sim.Parse([]byte(imexFleet), "imex-fleet")
-	if err != nil {
-		t.Fatal(err)
-	}
 	bin, removeIMEX, err := cluster.FakeIMEX()
 	if err != nil {
 		t.Fatal(err)
@@ -106,7 +101,7 @@ func TestComputeDomainIMEXDaemons(t *testing.T) {
 	// The chart's IMEX values, with an idle stop short enough that the
 	// test sees daemons go soon after their last pod.
 	values := map[string]any{"computeDomains": map[string]any{"kubeletPlugin": map[string]any{"imex": map[string]any{"idleStop": "2s"}}}}
-	c := startShortDirCluster(t, ctx, cluster.Options{Fleet: fleet, IMEXBinary: bin, ChartValues: values})
+	c := startFleet(t, ctx, "imex-fleet", imexFleet, cluster.Options{IMEXBinary: bin, ChartValues: values})
 	apply := func(yamlText string) {
 		t.Helper()
 		applyIn(t, ctx, c, yamlText)

@@ -19,62 +19,6 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-const kubeletAPIYAML = `apiVersion: v1
-kind: Namespace
-metadata: {name: kubelet-api}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {namespace: kubelet-api, name: mps}
-spec:
-  devices:
-    requests:
-    - {name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}
-    config:
-    - opaque:
-        driver: gpu.nvidia.com
-        parameters:
-          apiVersion: resource.nvidia.com/v1beta1
-          kind: GpuConfig
-          sharing:
-            strategy: MPS
-            mpsConfig: {defaultActiveThreadPercentage: 25, defaultPinnedDeviceMemoryLimit: 10Gi}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {namespace: kubelet-api, name: sliced}
-spec:
-  devices:
-    requests:
-    - {name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}
-    config:
-    - opaque:
-        driver: gpu.nvidia.com
-        parameters:
-          apiVersion: resource.nvidia.com/v1beta1
-          kind: GpuConfig
-          sharing: {strategy: TimeSlicing, timeSlicingConfig: {interval: Long}}
----
-apiVersion: v1
-kind: Pod
-metadata: {namespace: kubelet-api, name: mps}
-spec:
-  containers:
-  - {name: gpu, image: ubuntu:24.04, resources: {claims: [{name: gpu}]}}
-  - {name: plain, image: ubuntu:24.04}
-  resourceClaims:
-  - {name: gpu, resourceClaimName: mps}
----
-apiVersion: v1
-kind: Pod
-metadata: {namespace: kubelet-api, name: sliced}
-spec:
-  containers:
-  - {name: ctr, image: ubuntu:24.04, resources: {claims: [{name: gpu}]}}
-  resourceClaims:
-  - {name: gpu, resourceClaimName: sliced}
-`
-
 // podLogs does the equivalent of `kubectl logs`: GET pods/log, which
 // kube-apiserver proxies to the node's kubelet API.
 func podLogs(ctx context.Context, ns, pod string, opts *corev1.PodLogOptions) (string, error) {
@@ -103,7 +47,7 @@ func podLogsError(ctx context.Context, ns, pod string, opts *corev1.PodLogOption
 // containers, not with a DNS error.
 func TestKubeletAPI(t *testing.T) {
 	ctx := testContext(t, 2*time.Minute)
-	apply(t, ctx, kubeletAPIYAML)
+	applyObjects(t, ctx, demo, loadTestdata(t, "kubelet-api", "mps-claim.yaml", "kubelet-api.yaml"))
 	mpsPod := waitForPod(t, ctx, "kubelet-api", "mps", "Running", running)
 	slicedPod := waitForPod(t, ctx, "kubelet-api", "sliced", "Running", running)
 
@@ -135,7 +79,7 @@ func TestKubeletAPI(t *testing.T) {
 		"device node: /dev/nvidia" + attr(devs[0], "minor") + "\n",
 		"env: CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps\n",
 		"mount: /tmp/nvidia-mps\n",
-		attr(devs[0], "uuid") + ": active threads 25%, pinned memory 10240 MiB",
+		attr(devs[0], "uuid") + ": active threads 25%, pinned memory 20480 MiB",
 		"request gpu: device gpu.nvidia.com/" + mpsPod.Spec.NodeName + "/" + devs[0].Name,
 	} {
 		if !strings.Contains(logs, want) {

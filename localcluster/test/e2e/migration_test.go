@@ -2,17 +2,15 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpudra/gpudra/pkg/hardware"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // migratedFleet is a node moved from NVIDIA's device plugin: its H100 is
@@ -36,22 +34,8 @@ nodes:
 // the operator's layout.
 func TestMigratedMIGLayout(t *testing.T) {
 	ctx := testContext(t, 4*time.Minute)
-	fleet, err := sim.Parse([]byte(migratedFleet), "migrated")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := cluster.Start(ctx, cluster.Options{Fleet: fleet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	saved := demo
-	demo = c
-	t.Cleanup(func() {
-		demo = saved
-		if err := c.Stop(); err != nil {
-			t.Errorf("stop the migrated cluster: %v", err)
-		}
-	})
+	c := startFleet(t, ctx, "migrated", migratedFleet, cluster.Options{})
+	useAsDemo(t, c)
 	layout := func(ctx context.Context) []hardware.MIGDevice {
 		inv, err := c.Node("migrated-0").Hardware().Discover(ctx)
 		if err != nil {
@@ -65,50 +49,13 @@ func TestMigratedMIGLayout(t *testing.T) {
 		t.Fatalf("layout %+v, want the 1g.10gb first", operators)
 	}
 	const ns = "migrated"
-	apply(t, ctx, fmt.Sprintf(`apiVersion: v1
-kind: Namespace
-metadata: {name: %[1]s}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {namespace: %[1]s, name: existing-1g}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: mig
-        exactly:
-          deviceClassName: mig.nvidia.com
-          selectors:
-          - cel: {expression: "device.attributes['gpu.nvidia.com'].profile == '1g.10gb' && device.attributes['gpu.nvidia.com'].uuid == '%[2]s'"}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {namespace: %[1]s, name: new-2g}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: mig
-        exactly:
-          deviceClassName: mig.nvidia.com
-          selectors:
-          - cel: {expression: "device.attributes['gpu.nvidia.com'].profile == '2g.20gb'"}
-`, ns, small.UUID))
-	for _, p := range []string{"existing-1g", "new-2g"} {
-		apply(t, ctx, fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata: {namespace: %[1]s, name: %[2]s}
-spec:
-  containers:
-  - name: ctr
-    image: busybox
-    resources:
-      claims: [{name: mig}]
-  resourceClaims:
-  - {name: mig, resourceClaimTemplateName: %[2]s}
-`, ns, p))
-	}
+	create(t, ctx, demo, clustertest.Namespace(ns),
+		clustertest.ClaimTemplate(ns, "existing-1g", clustertest.Spec(clustertest.Request("mig", "mig.nvidia.com",
+			"device.attributes['gpu.nvidia.com'].profile == '1g.10gb' && device.attributes['gpu.nvidia.com'].uuid == '"+small.UUID+"'"))),
+		clustertest.ClaimTemplate(ns, "new-2g", clustertest.Spec(clustertest.Request("mig", "mig.nvidia.com",
+			"device.attributes['gpu.nvidia.com'].profile == '2g.20gb'"))),
+		clustertest.Pod(ns, "existing-1g", clustertest.PodClaim{Template: "existing-1g"}),
+		clustertest.Pod(ns, "new-2g", clustertest.PodClaim{Template: "new-2g"}))
 	existing := waitForPod(t, ctx, ns, "existing-1g", "Running", running)
 	if devs := devicesOf(t, ctx, existing); len(devs) != 1 || devs[0].Name != "gpu-0-mig-1g10gb-19-0" || attr(devs[0], "uuid") != small.UUID {
 		t.Fatalf("existing-1g got %v, want the operator's gpu-0-mig-1g10gb-19-0 (%s)", devs, small.UUID)
@@ -122,9 +69,9 @@ spec:
 	}
 	deletePods(t, ctx, ns, "existing-1g", "new-2g")
 	// Both claims unprepared and gone, the 2g.20gb destroyed.
-	err = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+	err := clustertest.Poll(ctx, 0, func() bool {
 		claims, err := c.Client().ResourceV1().ResourceClaims(ns).List(ctx, metav1.ListOptions{})
-		return err == nil && len(claims.Items) == 0 && len(layout(ctx)) == 2, nil
+		return err == nil && len(claims.Items) == 0 && len(layout(ctx)) == 2
 	})
 	got := layout(ctx)
 	if err != nil || len(got) != 2 || got[0].UUID != operators[0].UUID || got[1].UUID != operators[1].UUID {

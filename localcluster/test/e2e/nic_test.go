@@ -16,6 +16,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/explain"
 
 	"github.com/gpudra/gpudra/localcluster/simnic"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 const pcieRootAttr = "resource.kubernetes.io/pcieRoot"
@@ -94,33 +95,9 @@ spec:
 		waitForPod(t, ctx, ns, p.Name, "running", running)
 	}
 
-	apply(t, ctx, fmt.Sprintf(`apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {namespace: %[1]s, name: pair}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly: {deviceClassName: gpu.nvidia.com}
-      - name: nic
-        exactly: {deviceClassName: %[2]s}
-      constraints:
-      - requests: [gpu, nic]
-        matchAttribute: %[3]s
----
-apiVersion: v1
-kind: Pod
-metadata: {namespace: %[1]s, name: pair}
-spec:
-  containers:
-  - name: ctr
-    image: ubuntu:24.04
-    resources: {claims: [{name: pair}]}
-  resourceClaims:
-  - name: pair
-    resourceClaimTemplateName: pair
-`, ns, simnic.DefaultDriverName, pcieRootAttr))
+	pair := clustertest.Spec(clustertest.Request("gpu", "gpu.nvidia.com"), clustertest.Request("nic", simnic.DefaultDriverName))
+	pair.Devices.Constraints = []resourceapi.DeviceConstraint{{Requests: []string{"gpu", "nic"}, MatchAttribute: ptr.To(resourceapi.FullyQualifiedName(pcieRootAttr))}}
+	create(t, ctx, demo, clustertest.ClaimTemplate(ns, "pair", pair), clustertest.Pod(ns, "pair", clustertest.PodClaim{Template: "pair"}))
 	pod := waitForPod(t, ctx, ns, "pair", "unschedulable", func(p *corev1.Pod) bool { return reasonOf(p) != "" })
 	if pod.Spec.NodeName != "" || !strings.Contains(reasonOf(pod), "cannot allocate all claims") {
 		t.Fatalf("pod on %q, reason %q: want it pending for its claim", pod.Spec.NodeName, reasonOf(pod))

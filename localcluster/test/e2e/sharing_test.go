@@ -20,44 +20,7 @@ import (
 func TestMPSClaim(t *testing.T) {
 	ctx := testContext(t, 2*time.Minute)
 	const ns = "mps-claim"
-	apply(t, ctx, `apiVersion: v1
-kind: Namespace
-metadata: {name: mps-claim}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {namespace: mps-claim, name: shared}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: gpu.nvidia.com
-    config:
-    - opaque:
-        driver: gpu.nvidia.com
-        parameters:
-          apiVersion: resource.nvidia.com/v1beta1
-          kind: GpuConfig
-          sharing:
-            strategy: MPS
-            mpsConfig: {defaultActiveThreadPercentage: 25, defaultPinnedDeviceMemoryLimit: 20Gi}
----
-apiVersion: v1
-kind: Pod
-metadata: {namespace: mps-claim, name: pod}
-spec:
-  containers:
-  - name: a
-    image: ubuntu:24.04
-    resources: {claims: [{name: gpu}]}
-  - name: b
-    image: ubuntu:24.04
-    resources: {claims: [{name: gpu}]}
-  resourceClaims:
-  - name: gpu
-    resourceClaimName: shared
-`)
+	applyObjects(t, ctx, demo, loadTestdata(t, ns, "mps-claim.yaml", "mps-pod-two-containers.yaml"))
 	pod := waitForPod(t, ctx, ns, "pod", "Running", running)
 	devs := devicesOf(t, ctx, pod)
 	if len(devs) != 1 {

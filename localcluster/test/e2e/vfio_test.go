@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -10,6 +9,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // freeVFIOGPU returns a node and the UUID and PCI bus ID of a GPU there
@@ -64,37 +65,13 @@ func TestVFIOPassthrough(t *testing.T) {
 	ctx := testContext(t, 2*time.Minute)
 	node, gpu, busID := freeVFIOGPU(t, ctx)
 	fake := demo.Node(node).Sysfs()
-	pod := func(ns, class string) string {
-		return fmt.Sprintf(`apiVersion: v1
-kind: Namespace
-metadata: {name: %[1]s}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {namespace: %[1]s, name: gpu}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: %[2]s
-        selectors:
-        - cel: {expression: "device.attributes['gpu.nvidia.com'].uuid == '%[3]s'"}
----
-apiVersion: v1
-kind: Pod
-metadata: {namespace: %[1]s, name: pod}
-spec:
-  containers:
-  - name: ctr
-    image: ubuntu:24.04
-    resources: {claims: [{name: gpu}]}
-  resourceClaims:
-  - name: gpu
-    resourceClaimName: gpu
-`, ns, class, gpu)
+	pod := func(ns, class string) {
+		t.Helper()
+		create(t, ctx, demo, clustertest.Namespace(ns),
+			clustertest.Claim(ns, "gpu", clustertest.Spec(clustertest.Request("gpu", class, "device.attributes['gpu.nvidia.com'].uuid == '"+gpu+"'"))),
+			clustertest.Pod(ns, "pod", clustertest.PodClaim{Claim: "gpu"}))
 	}
-	apply(t, ctx, pod("vfio-vm", "vfio.gpu.nvidia.com"))
+	pod("vfio-vm", "vfio.gpu.nvidia.com")
 	vm := waitForPod(t, ctx, "vfio-vm", "pod", "Running", running)
 	devs := devicesOf(t, ctx, vm)
 	if len(devs) != 1 || attr(devs[0], "type") != "vfio" || vm.Spec.NodeName != node {
@@ -112,7 +89,7 @@ spec:
 		t.Errorf("VFIO container got NVIDIA driver nodes %v", nodes)
 	}
 
-	apply(t, ctx, pod("vfio-cuda", "gpu.nvidia.com"))
+	pod("vfio-cuda", "gpu.nvidia.com")
 	cuda := waitForPod(t, ctx, "vfio-cuda", "pod", "unschedulable", func(p *corev1.Pod) bool { return reasonOf(p) != "" })
 	if cuda.Spec.NodeName != "" || !strings.Contains(reasonOf(cuda), "cannot allocate all claims") {
 		t.Fatalf("full-GPU pod on %q with reason %q while the GPU is passed through, want Pending", cuda.Spec.NodeName, reasonOf(cuda))

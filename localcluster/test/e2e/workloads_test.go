@@ -13,106 +13,6 @@ import (
 	"github.com/gpudra/gpudra/localcluster/manifests"
 )
 
-// workloadsYAML has one workload of each kind the local cluster runs a
-// controller for, each with GPU claims from a template, a StatefulSet
-// whose first pod can never be scheduled, and a DaemonSet, which nothing
-// in the local cluster acts on.
-const workloadsYAML = `apiVersion: v1
-kind: Namespace
-metadata: {name: workloads}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {namespace: workloads, name: gpu}
-spec:
-  spec:
-    devices:
-      requests:
-      - {name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaimTemplate
-metadata: {namespace: workloads, name: b200}
-spec:
-  spec:
-    devices:
-      requests:
-      - name: gpu
-        exactly:
-          deviceClassName: gpu.nvidia.com
-          selectors:
-          - cel: {expression: "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA B200'"}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {namespace: workloads, name: web}
-spec:
-  replicas: 2
-  selector: {matchLabels: {app: web}}
-  template:
-    metadata: {labels: {app: web}}
-    spec:
-      containers:
-      - {name: ctr, image: ubuntu:24.04, resources: {claims: [{name: gpu}]}}
-      resourceClaims:
-      - {name: gpu, resourceClaimTemplateName: gpu}
----
-apiVersion: apps/v1
-kind: StatefulSet
-metadata: {namespace: workloads, name: db}
-spec:
-  replicas: 2
-  selector: {matchLabels: {app: db}}
-  template:
-    metadata: {labels: {app: db}}
-    spec:
-      containers:
-      - {name: ctr, image: ubuntu:24.04, resources: {claims: [{name: gpu}]}}
-      resourceClaims:
-      - {name: gpu, resourceClaimTemplateName: gpu}
----
-apiVersion: apps/v1
-kind: StatefulSet
-metadata: {namespace: workloads, name: stuck}
-spec:
-  replicas: 2
-  selector: {matchLabels: {app: stuck}}
-  template:
-    metadata: {labels: {app: stuck}}
-    spec:
-      containers:
-      - {name: ctr, image: ubuntu:24.04, resources: {claims: [{name: gpu}]}}
-      resourceClaims:
-      - {name: gpu, resourceClaimTemplateName: b200}
----
-apiVersion: batch/v1
-kind: Job
-metadata: {namespace: workloads, name: batch}
-spec:
-  completions: 2
-  parallelism: 1
-  template:
-    metadata:
-      annotations: {sim.gpudra.io/run-for: 500ms}
-    spec:
-      restartPolicy: Never
-      containers:
-      - {name: ctr, image: ubuntu:24.04, resources: {claims: [{name: gpu}]}}
-      resourceClaims:
-      - {name: gpu, resourceClaimTemplateName: gpu}
----
-apiVersion: apps/v1
-kind: DaemonSet
-metadata: {namespace: workloads, name: agent}
-spec:
-  selector: {matchLabels: {app: agent}}
-  template:
-    metadata: {labels: {app: agent}}
-    spec:
-      containers:
-      - {name: ctr, image: ubuntu:24.04}
-`
-
 // TestWorkloadsSettle: settling waits until the workload controllers have
 // made their pods (gpudra-sim once reported before a Deployment's pods
 // existed), also a StatefulSet's pods, which come one after the other,
@@ -121,10 +21,7 @@ spec:
 // for a DaemonSet, which it reports as unsupported.
 func TestWorkloadsSettle(t *testing.T) {
 	ctx := testContext(t, 3*time.Minute)
-	objs, err := manifests.Parse([]byte(workloadsYAML), t.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
+	objs := loadTestdata(t, "workloads", "workloads.yaml")
 	if refused, err := demo.Apply(ctx, objs); err != nil || len(refused) != 0 {
 		t.Fatalf("refused %v, error %v", refused, err)
 	}
