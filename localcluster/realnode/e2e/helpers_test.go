@@ -102,19 +102,6 @@ func startCluster(t *testing.T, fleetName string) (*cluster.Cluster, context.Con
 	return c, ctx
 }
 
-// claimTemplate returns a template of one request of the device class,
-// with the CEL selectors given.
-func claimTemplate(ns, name, class string, cel ...string) *resourceapi.ResourceClaimTemplate {
-	req := resourceapi.DeviceRequest{Name: "dev", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class}}
-	for _, e := range cel {
-		req.Exactly.Selectors = append(req.Exactly.Selectors, resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: e}})
-	}
-	return &resourceapi.ResourceClaimTemplate{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec:       resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}}},
-	}
-}
-
 // probePod returns a pod on the real node whose busybox container prints
 // what it sees and then sleeps, with a claim from the template.
 func probePod(ns, name, nodeName, template string) *corev1.Pod {

@@ -13,12 +13,15 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/remotecommand"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/gpudra/gpudra/api/resource/v1beta1"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/realnode/node"
@@ -48,7 +51,7 @@ func TestRealNode(t *testing.T) {
 	driver := c.Options().DriverName
 	client := c.Client()
 	const ns = metav1.NamespaceDefault
-	gpu := claimTemplate(ns, "one-gpu", "gpu.nvidia.com")
+	gpu := clustertest.ClaimTemplate(ns, "one-gpu", clustertest.Spec(clustertest.Request("dev", "gpu.nvidia.com")))
 
 	t.Run("one GPU", func(t *testing.T) {
 		pod, claim, seen := runProbe(t, ctx, c, gpu, "one-gpu")
@@ -82,7 +85,7 @@ func TestRealNode(t *testing.T) {
 	})
 
 	t.Run("MIG", func(t *testing.T) {
-		tmpl := claimTemplate(ns, "mig", "mig.nvidia.com", "device.attributes['gpu.nvidia.com'].profile == '1g.5gb'")
+		tmpl := clustertest.ClaimTemplate(ns, "mig", clustertest.Spec(clustertest.Request("dev", "mig.nvidia.com", "device.attributes['gpu.nvidia.com'].profile == '1g.5gb'")))
 		pod, claim, seen := runProbe(t, ctx, c, tmpl, "mig")
 		dev := claim.Status.Allocation.Devices.Results[0].Device
 		// gpu-<minor>-mig-<profile>-<gi>-<start>
@@ -110,15 +113,13 @@ func TestRealNode(t *testing.T) {
 
 	t.Run("MPS", func(t *testing.T) {
 		// examples/mps-sharing's claim, as a template.
-		tmpl := claimTemplate(ns, "mps", "gpu.nvidia.com")
-		tmpl.Spec.Spec.Devices.Config = []resourceapi.DeviceClaimConfiguration{{
-			Requests: []string{"dev"},
-			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-				Driver: driver,
-				Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
-					"sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}}}`)},
-			}},
+		spec := clustertest.Spec(clustertest.Request("dev", "gpu.nvidia.com"))
+		mps := v1beta1.DefaultGpuConfig()
+		mps.Sharing = &v1beta1.GpuSharing{Strategy: v1beta1.MpsStrategy, MpsConfig: &v1beta1.MpsConfig{
+			DefaultActiveThreadPercentage: ptr.To(50), DefaultPinnedDeviceMemoryLimit: ptr.To(resource.MustParse("10Gi")),
 		}}
+		spec.Devices.Config = append(spec.Devices.Config, clustertest.Config(t, driver, mps, "dev"))
+		tmpl := clustertest.ClaimTemplate(ns, "mps", spec)
 		pod, claim, seen := runProbe(t, ctx, c, tmpl, "mps")
 		if seen.MPSPipeDirectory == "" {
 			t.Errorf("MPS claim: the container has no MPS pipe directory (CUDA_MPS_PIPE_DIRECTORY=%q)", seen.Env["CUDA_MPS_PIPE_DIRECTORY"])
