@@ -13,7 +13,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
@@ -24,6 +23,7 @@ import (
 	"github.com/gpudra/gpudra/deployments/rbac"
 	"github.com/gpudra/gpudra/localcluster/controlplane"
 	"github.com/gpudra/gpudra/localcluster/manifests"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // TestChartOnAPIServer installs every object of the default render into a
@@ -96,9 +96,9 @@ func TestChartOnAPIServer(t *testing.T) {
 	// Bindings take effect a moment after they are created: wait until the
 	// plugin of node-a is refused node-b's slice.
 	var lastErr error
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err = clustertest.Poll(ctx, 30*time.Second, func() bool {
 		_, lastErr = nodeA.ResourceV1().ResourceSlices().Create(ctx, slice("probe-b", "gpu.nvidia.com", "node-b"), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return lastErr != nil, nil
+		return lastErr != nil
 	})
 	if err != nil {
 		t.Fatalf("the plugin of node-a may still write node-b's slices: %v", err)

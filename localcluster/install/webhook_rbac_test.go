@@ -11,10 +11,10 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 	"github.com/gpudra/gpudra/pkg/webhook"
 )
 
@@ -67,9 +67,9 @@ func TestWebhookRBACOnAPIServer(t *testing.T) {
 	}
 	// Bindings take effect a moment after they are created.
 	var patchErr error
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err = clustertest.Poll(ctx, 30*time.Second, func() bool {
 		_, patchErr = webhook.PatchCABundle(ctx, client, vwc.Name, caPEM)
-		return patchErr == nil, nil
+		return patchErr == nil
 	})
 	if err != nil {
 		t.Fatalf("the webhook may not set its caBundle: %v", patchErr)

@@ -15,7 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // opaque is a config of driver for every request.
@@ -86,8 +87,8 @@ func TestWebhookScopeOnAPIServer(t *testing.T) {
 		return err
 	}
 	// The configuration takes effect a moment after it is created.
-	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-		return gpudraClaim() != nil, nil
+	if err := clustertest.Poll(ctx, 30*time.Second, func() bool {
+		return gpudraClaim() != nil
 	}); err != nil {
 		t.Fatalf("the API server never called the webhook: %v", err)
 	}

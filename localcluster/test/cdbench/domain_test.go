@@ -11,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 
@@ -166,7 +165,7 @@ func runDomain(ctx context.Context, b *testing.B, c *cluster.Cluster, ns string,
 	}
 	var r domainResult
 	dyn := c.Dynamic()
-	err = wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+	err = clustertest.Poll(ctx, 0, func() bool {
 		if r.ready == 0 {
 			if obj, err := dyn.Resource(computedomain.GVR).Namespace(ns).Get(ctx, "bench", metav1.GetOptions{}); err == nil {
 				if cd, err := computedomain.FromUnstructured(obj); err == nil && cd.Status.Status == v1beta1.ComputeDomainStatusReady {
@@ -177,7 +176,7 @@ func runDomain(ctx context.Context, b *testing.B, c *cluster.Cluster, ns string,
 		if r.allRunning == 0 && watch.running() == len(nodes) {
 			r.allRunning = watch.lastRunning().Sub(start)
 		}
-		return r.ready != 0 && r.allRunning != 0, nil
+		return r.ready != 0 && r.allRunning != 0
 	})
 	if err != nil {
 		b.Fatalf("namespace %s: domain Ready after %v, %d of %d pods Running: %v", ns, r.ready, watch.running(), len(nodes), err)
@@ -191,13 +190,13 @@ func runDomain(ctx context.Context, b *testing.B, c *cluster.Cluster, ns string,
 		_ = c.Client().CoreV1().Pods(ns).Delete(ctx, fmt.Sprintf("worker-%02d", i), metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
 	}
 	_ = dyn.Resource(computedomain.GVR).Namespace(ns).Delete(ctx, "bench", metav1.DeleteOptions{})
-	err = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+	err = clustertest.Poll(ctx, 0, func() bool {
 		pods, err := c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 		if err != nil || len(pods.Items) != 0 {
-			return false, nil
+			return false
 		}
 		_, err = dyn.Resource(computedomain.GVR).Namespace(ns).Get(ctx, "bench", metav1.GetOptions{})
-		return apierrors.IsNotFound(err), nil
+		return apierrors.IsNotFound(err)
 	})
 	if err != nil {
 		b.Fatalf("namespace %s: cleanup: %v", ns, err)

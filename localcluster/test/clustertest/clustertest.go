@@ -6,30 +6,20 @@ package clustertest
 import (
 	"context"
 	"fmt"
-	"os"
 	"testing"
 	"time"
+
+	"github.com/gpudra/gpudra/internal/shorttemp"
 )
 
 // ShortTempDir returns a new directory directly under the temporary
-// directory ($TMPDIR, normally /tmp), removed when the test ends.
-//
-// Unix socket paths are limited to 108 bytes (sun_path). The kubelet
-// plugins' registration and DRA sockets lie a few levels below a node's
-// directory, and t.TempDir's path, which holds the test's name, leaves
-// too little room for them; a directory made here leaves enough.
+// directory ($TMPDIR, normally /tmp), removed when the test ends: short
+// enough for the unix sockets of the plugins and daemons below it, which
+// t.TempDir's path, holding the test's name, is not (see package
+// shorttemp of the driver module for the limit).
 func ShortTempDir(tb testing.TB) string {
 	tb.Helper()
-	dir, err := os.MkdirTemp("", "gd")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		if err := os.RemoveAll(dir); err != nil {
-			tb.Errorf("remove short temporary directory: %v", err)
-		}
-	})
-	return dir
+	return shorttemp.Dir(tb)
 }
 
 // PollInterval is how often [Poll] and [Eventually] check their

@@ -21,6 +21,7 @@ import (
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/install"
 	"github.com/gpudra/gpudra/localcluster/simnode"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // TestChartInstalled: the demo cluster is gpudra's chart, installed: its
@@ -221,9 +222,9 @@ func TestChartRBACIsAllThePluginHas(t *testing.T) {
 	if _, err := client.RbacV1().ClusterRoles().Update(ctx, cr, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+	err = clustertest.Poll(ctx, 2*time.Minute, func() bool {
 		p, err := client.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		return err == nil && p.Status.Phase == corev1.PodRunning, nil
+		return err == nil && p.Status.Phase == corev1.PodRunning
 	})
 	if err != nil {
 		t.Fatalf("with the verb back the pod did not start: %v", err)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/install"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // takeVerb removes verb from the rules of the ClusterRole name in the
@@ -113,9 +114,9 @@ func TestChartRBACIsAllTheComputeDomainDriverHas(t *testing.T) {
 
 	// The verb back: the controller retries and the template appears.
 	putBack(controllerRole, controllerTaken)
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	err = clustertest.Poll(ctx, time.Minute, func() bool {
 		_, err := client.ResourceV1().ResourceClaimTemplates("cd-demo").Get(ctx, "domain-r-channel", metav1.GetOptions{})
-		return err == nil, nil
+		return err == nil
 	})
 	if err != nil {
 		t.Fatalf("with create back the controller never made the template: %v", err)

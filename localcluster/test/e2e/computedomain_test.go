@@ -13,11 +13,11 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpudra/gpudra/pkg/computedomain"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // cdFleet is two GB200 compute trays of one NVLink clique.
@@ -116,17 +116,17 @@ func TestComputeDomainChannels(t *testing.T) {
 	channelOf := func(name string) int32 {
 		t.Helper()
 		var ch int32
-		err := wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		err := clustertest.Poll(ctx, 0, func() bool {
 			obj, err := c.Dynamic().Resource(computedomain.GVR).Namespace("cd-demo").Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
-				return false, nil
+				return false
 			}
 			cd, err := computedomain.FromUnstructured(obj)
 			if err != nil || cd.Status.Channel == nil {
-				return false, nil
+				return false
 			}
 			ch = *cd.Status.Channel
-			return true, nil
+			return true
 		})
 		if err != nil {
 			t.Fatalf("domain %s never got a channel: %v", name, err)
@@ -173,9 +173,9 @@ func TestComputeDomainChannels(t *testing.T) {
 	if err := dyn.Resource(computedomain.GVR).Namespace("cd-demo").Delete(ctx, "domain-b", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	err = wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+	err = clustertest.Poll(ctx, 0, func() bool {
 		_, err := c.Client().ResourceV1().ResourceClaimTemplates("cd-demo").Get(ctx, "domain-b-channel", metav1.GetOptions{})
-		return apierrors.IsNotFound(err), nil
+		return apierrors.IsNotFound(err)
 	})
 	if err != nil {
 		t.Fatalf("domain-b's template stayed: %v", err)
@@ -200,9 +200,9 @@ func TestComputeDomainChannels(t *testing.T) {
 	if err := c.Client().CoreV1().Pods("cd-demo").Delete(ctx, "domain-b", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	err = wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+	err = clustertest.Poll(ctx, 0, func() bool {
 		_, err := dyn.Resource(computedomain.GVR).Namespace("cd-demo").Get(ctx, "domain-b", metav1.GetOptions{})
-		return apierrors.IsNotFound(err), nil
+		return apierrors.IsNotFound(err)
 	})
 	if err != nil {
 		t.Errorf("domain-b stayed after its pod went: %v", err)

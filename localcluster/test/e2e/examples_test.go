@@ -20,6 +20,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/computedomain"
 
 	"github.com/gpudra/gpudra/localcluster/manifests"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // TestExamples applies every example at once, as gpudra-sim does, waits
@@ -291,13 +292,13 @@ func deleteNamespacesNamed(t *testing.T, names ...string) {
 			t.Errorf("delete namespace %s: %v", n, err)
 		}
 	}
-	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+	err := clustertest.Poll(ctx, 0, func() bool {
 		for _, n := range names {
 			if _, err := demo.Client().CoreV1().Namespaces().Get(ctx, n, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-				return false, nil
+				return false
 			}
 		}
-		return true, nil
+		return true
 	})
 	if err != nil {
 		t.Errorf("namespaces %v not gone: %v", names, err)

@@ -11,11 +11,11 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // fractionalFleet has one H100 node per sharing mode, one sharing as
@@ -276,19 +276,19 @@ func allocatedClaim(t *testing.T, ctx context.Context, pod *corev1.Pod) *resourc
 func waitForEvent(t *testing.T, ctx context.Context, ns, kind, name, reason, text string) {
 	t.Helper()
 	var seen []string
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := clustertest.Poll(ctx, 30*time.Second, func() bool {
 		list, err := demo.Client().CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
-			return false, nil
+			return false
 		}
 		seen = seen[:0]
 		for _, e := range list.Items {
 			seen = append(seen, e.InvolvedObject.Kind+"/"+e.InvolvedObject.Name+": "+e.Reason)
 			if e.InvolvedObject.Kind == kind && e.InvolvedObject.Name == name && e.Reason == reason && strings.Contains(e.Message, text) {
-				return true, nil
+				return true
 			}
 		}
-		return false, nil
+		return false
 	})
 	if err != nil {
 		t.Errorf("no %s event on %s %s/%s naming %q; events: %v", reason, kind, ns, name, text, seen)
@@ -302,9 +302,9 @@ func deletePod(t *testing.T, ctx context.Context, ns, name string) {
 	if err := demo.Client().CoreV1().Pods(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	err := clustertest.Poll(ctx, time.Minute, func() bool {
 		_, err := demo.Client().CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-		return err != nil, nil
+		return err != nil
 	})
 	if err != nil {
 		t.Fatalf("pod %s/%s not gone: %v", ns, name, err)

@@ -22,6 +22,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/imex/imexfake"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // imexFleet is four GB200 compute trays of one NVLink clique.
@@ -127,13 +128,13 @@ func TestComputeDomainIMEXDaemons(t *testing.T) {
 	waitReady := func(step string) map[string]int {
 		t.Helper()
 		var last *v1beta1.ComputeDomain
-		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+		err := clustertest.Poll(ctx, 90*time.Second, func() bool {
 			cd, err := getDomain()
 			if err != nil {
-				return false, nil
+				return false
 			}
 			last = cd
-			return cd.Status.Status == v1beta1.ComputeDomainStatusReady && len(cd.Status.Nodes) == 4, nil
+			return cd.Status.Status == v1beta1.ComputeDomainStatusReady && len(cd.Status.Nodes) == 4
 		})
 		if err != nil {
 			t.Fatalf("%s: the domain is not Ready with 4 nodes: %v; status %+v", step, err, statusOf(last))
@@ -198,9 +199,9 @@ func TestComputeDomainIMEXDaemons(t *testing.T) {
 	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 60*time.Second, true, func(context.Context) (bool, error) {
+	err = clustertest.Poll(ctx, 60*time.Second, func() bool {
 		st := victim.Status()
-		return st.PID != 0 && st.PID != old && st.Ready, nil
+		return st.PID != 0 && st.PID != old && st.Ready
 	})
 	if err != nil {
 		t.Fatalf("nvl-1's daemon was not restarted after SIGKILL: %+v", victim.Status())
@@ -320,7 +321,7 @@ spec:
 		t.Fatal(err)
 	}
 	var left []string
-	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 90*time.Second, true, func(ctx context.Context) (bool, error) {
+	err = clustertest.Poll(ctx, 90*time.Second, func() bool {
 		left = left[:0]
 		if _, err := getDomain(); !apierrors.IsNotFound(err) {
 			left = append(left, fmt.Sprintf("domain (%v)", err))
@@ -347,7 +348,7 @@ spec:
 		for _, d := range imexfake.Daemons(dirOf(bin)) {
 			left = append(left, fmt.Sprintf("fake daemon pid %d", d.PID))
 		}
-		return len(left) == 0, nil
+		return len(left) == 0
 	})
 	if err != nil {
 		t.Errorf("left after the domain's deletion: %v", left)

@@ -13,6 +13,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // podWithTemplate is a namespace, a claim template with the given
@@ -241,10 +243,10 @@ func TestPluginRestart(t *testing.T) {
 func nodeSlices(t *testing.T, ctx context.Context, node string) []resourceapi.ResourceSliceSpec {
 	t.Helper()
 	var specs []resourceapi.ResourceSliceSpec
-	err := wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+	err := clustertest.Poll(ctx, 0, func() bool {
 		list, err := demo.Client().ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
 		if err != nil || len(list.Items) == 0 {
-			return false, nil
+			return false
 		}
 		specs = nil
 		for _, s := range list.Items {
@@ -252,7 +254,7 @@ func nodeSlices(t *testing.T, ctx context.Context, node string) []resourceapi.Re
 			spec.Pool.Generation = 0
 			specs = append(specs, spec)
 		}
-		return true, nil
+		return true
 	})
 	if err != nil {
 		t.Fatalf("no slices for %s: %v", node, err)

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 	"github.com/gpudra/gpudra/pkg/devicestatus"
 	"github.com/gpudra/gpudra/pkg/hardware"
 )
@@ -201,13 +202,13 @@ func TestDynamicMIGFillsAGPU(t *testing.T) {
 func checkDeviceStatus(t *testing.T, ctx context.Context, pod *corev1.Pod, gpu string) {
 	t.Helper()
 	var claim *resourceapi.ResourceClaim
-	err := wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+	err := clustertest.Poll(ctx, 0, func() bool {
 		c, err := demo.Client().ResourceV1().ResourceClaims(pod.Namespace).Get(ctx, cluster0ClaimName(pod), metav1.GetOptions{})
 		if err != nil {
-			return false, nil
+			return false
 		}
 		claim = c
-		return len(c.Status.Devices) > 0, nil
+		return len(c.Status.Devices) > 0
 	})
 	if err != nil {
 		t.Errorf("%s: claim has no status.devices", pod.Name)

@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
@@ -49,9 +50,9 @@ func TestMPSClaim(t *testing.T) {
 	if err := demo.Client().CoreV1().Pods(ns).Delete(ctx, "pod", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	err = clustertest.Poll(ctx, time.Minute, func() bool {
 		_, err := os.Stat(dirs.Root)
-		return os.IsNotExist(err), nil
+		return os.IsNotExist(err)
 	})
 	if err != nil {
 		t.Fatalf("the MPS daemon's directory %s is still there after the pod was deleted", dirs.Root)

@@ -16,7 +16,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -175,9 +174,9 @@ func TestKubeletPluginRunsAsServiceAccount(t *testing.T) {
 		t.Fatal(err)
 	}
 	var last *corev1.Pod
-	err = wait.PollUntilContextTimeout(ctx, pollPeriod, time.Minute, true, func(ctx context.Context) (bool, error) {
+	err = clustertest.Poll(ctx, time.Minute, func() bool {
 		last, err = admin.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		return err == nil && last.Status.Phase == corev1.PodSucceeded, nil
+		return err == nil && last.Status.Phase == corev1.PodSucceeded
 	})
 	if err != nil {
 		t.Fatalf("pod did not run to completion: %v; last seen %+v; refused: %v", err, last.Status, refused.list())
@@ -194,8 +193,8 @@ func TestKubeletPluginRunsAsServiceAccount(t *testing.T) {
 		}
 		return files
 	}
-	err = wait.PollUntilContextTimeout(ctx, pollPeriod, 30*time.Second, true, func(context.Context) (bool, error) {
-		return len(specs()) == 0, nil
+	err = clustertest.Poll(ctx, 30*time.Second, func() bool {
+		return len(specs()) == 0
 	})
 	if err != nil {
 		t.Errorf("claim not unprepared: CDI specs left %v", specs())

@@ -22,7 +22,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
@@ -33,6 +32,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/devicestatus"
 
 	"github.com/gpudra/gpudra/localcluster/controlplane"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 const (
@@ -163,9 +163,9 @@ func TestKubeletPluginDeviceStatus(t *testing.T) {
 	t.Run("own node", func(t *testing.T) {
 		// The RBAC authorizer sees the new binding through an informer.
 		var lastErr error
-		err := wait.PollUntilContextTimeout(ctx, pollPeriod, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		err := clustertest.Poll(ctx, 30*time.Second, func() bool {
 			lastErr = onA.Record(ctx, get(), pluginDevices)
-			return lastErr == nil, nil
+			return lastErr == nil
 		})
 		if err != nil {
 			t.Fatalf("record on node A with the binding: %v (last error: %v)", err, lastErr)
