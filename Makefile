@@ -9,7 +9,7 @@ GO ?= go
 
 # What `gpudra version` reports (pkg/version) and the image's tag: the file
 # VERSION, which is also the Helm chart's appVersion, so that the chart's
-# default image is the one `make image` builds (localcluster/helmchart's
+# default image is the one `make image` builds (localcluster/install's
 # TestOneVersion checks that they agree). The commit says which build of
 # that version a binary is.
 VERSION ?= $(shell cat VERSION)
@@ -100,7 +100,7 @@ test-real-node:
 # The Helm chart's files/ (deployments/helm/gpudra/files): copies of the
 # YAML of deployments/crds, deployments/deviceclasses and deployments/rbac,
 # the one source of those objects. Copies rather than links, which helm
-# warns about at every command; localcluster/helmchart's
+# warns about at every command; localcluster/install's
 # TestChartFilesAreCopiesOfTheirSources fails until this is run after a
 # change there.
 CHART_FILES := deployments/helm/gpudra/files
@@ -134,7 +134,7 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchtime 300x ./pkg/plugin/ ./pkg/checkpoint/
 	$(GO) test -run '^$$' -bench . -benchtime 300x ./pkg/devicemodel/
 	$(GO) test -run '^$$' -bench . -benchtime 2000x ./pkg/deviceplugin/
-	cd localcluster && $(GO) test -run '^$$' -bench . -benchtime 300x ./preparebench/
+	cd localcluster && $(GO) test -run '^$$' -bench . -benchtime 300x ./test/preparebench/
 
 # gpudra's own work in one Prepare against the writes it needs, six runs
 # for benchstat (docs/performance.md): make bench-prepare > new.txt, then
@@ -153,9 +153,9 @@ CD_RUNS ?= 3
 CD_NODES ?= 1000
 CD_DOMAINS ?= 55
 bench-computedomain:
-	cd localcluster && $(GO) test -run '^$$' -bench ComputeDomain18Nodes -benchtime $(CD_RUNS)x -timeout 30m ./cdbench/
+	cd localcluster && $(GO) test -run '^$$' -bench ComputeDomain18Nodes -benchtime $(CD_RUNS)x -timeout 30m ./test/cdbench/
 bench-computedomain-scale:
-	cd localcluster && $(GO) test -run '^$$' -bench ComputeDomainScale -benchtime 1x -timeout 30m ./cdbench/ \
+	cd localcluster && $(GO) test -run '^$$' -bench ComputeDomainScale -benchtime 1x -timeout 30m ./test/cdbench/ \
 		-cdbench.nodes=$(CD_NODES) -cdbench.domains=$(CD_DOMAINS)
 
 # Every decoder of user or on-disk input, fuzzed for FUZZTIME each (make
@@ -215,11 +215,11 @@ chaos:
 	$(GO) run ./internal/chaos/cmd/gpudra-chaos $(CHAOS_ARGS)
 
 # The same chaos run against the local cluster's real etcd and
-# kube-apiserver (localcluster/chaosreal) instead of the driver module's
+# kube-apiserver (localcluster/test/chaosreal) instead of the driver module's
 # in-repo API server: every write of the plugin and the harness is
 # validated as in a cluster. Takes gpudra-chaos's flags in CHAOS_ARGS; the
 # first run compiles Kubernetes. Not part of test (its short form is:
-# localcluster/chaosreal). Replay a failing seed with
+# localcluster/test/chaosreal). Replay a failing seed with
 # CHAOS_ARGS='-seed <seed> -trials 5'.
 chaos-real:
 	cd localcluster && $(GO) run ./cmd/gpudra-chaos-real $(CHAOS_ARGS)

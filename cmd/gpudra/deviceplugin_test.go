@@ -10,6 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 	logsapi "k8s.io/component-base/logs/api/v1"
+
+	"github.com/gpudra/gpudra/internal/shorttemp"
 )
 
 // newCommandForTest is the root command, with the logging configuration
@@ -42,20 +44,10 @@ func listenOn(t *testing.T, path string) {
 	}()
 }
 
-func shortDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "dp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	return dir
-}
-
 // TestDevicePluginRefusesBadInput: each mistake is refused at start with
 // the flag or config field named.
 func TestDevicePluginRefusesBadInput(t *testing.T) {
-	dir := shortDir(t)
+	dir := shorttemp.Dir(t)
 	write := func(name, text string) string {
 		p := filepath.Join(dir, name)
 		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
@@ -106,7 +98,7 @@ func TestDevicePluginRefusesBadInput(t *testing.T) {
 // plugin's socket in the kubelet's device-plugin directory keeps the DRA
 // plugin from starting.
 func TestKubeletPluginRefusesWhileADevicePluginServes(t *testing.T) {
-	dir := shortDir(t)
+	dir := shorttemp.Dir(t)
 	listenOn(t, filepath.Join(dir, "nvidia-gpu.sock"))
 	cmd := newCommandForTest(t)
 	cmd.SetOut(&bytes.Buffer{})

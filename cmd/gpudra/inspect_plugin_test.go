@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpudra/gpudra/internal/shorttemp"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 )
 
@@ -17,11 +18,7 @@ import (
 // plugin, or for the table, inspect works, and the slices carry the label
 // that finds them again.
 func TestInspectRefusesSlicesWhileThePluginServes(t *testing.T) {
-	dir, err := os.MkdirTemp("", "insp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	dir := shorttemp.Dir(t)
 	run := func(args ...string) (string, error) {
 		cmd := newRootCommand()
 		var out bytes.Buffer

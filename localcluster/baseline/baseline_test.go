@@ -22,6 +22,7 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/gpudra/gpudra/localcluster/baseline"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 )
@@ -55,12 +56,7 @@ func TestPublishPrepareUnprepare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Unix socket paths are limited to 108 bytes: not t.TempDir().
-	dir, err := os.MkdirTemp("", "baseline")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	dir := clustertest.ShortTempDir(t)
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName, UID: "node-uid"}})
 	// Like the API server, name the slices created with generateName.
 	var n atomic.Int64

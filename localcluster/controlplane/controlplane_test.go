@@ -1,7 +1,6 @@
 package controlplane
 
 import (
-	"context"
 	"os"
 	"testing"
 	"time"
@@ -9,11 +8,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2/ktesting"
+
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // TestStartSchedulesPod starts the control plane, registers a Node and
@@ -64,9 +64,9 @@ func TestStartSchedulesPod(t *testing.T) {
 	if _, err := client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	err = wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err = clustertest.Poll(ctx, 30*time.Second, func() bool {
 		p, err := client.CoreV1().Pods("default").Get(ctx, "p", metav1.GetOptions{})
-		return err == nil && p.Spec.NodeName == "n1", nil
+		return err == nil && p.Spec.NodeName == "n1"
 	})
 	if err != nil {
 		t.Fatalf("pod not bound to n1: %v", err)

@@ -1,7 +1,6 @@
 package controlplane
 
 import (
-	"context"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -10,9 +9,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2/ktesting"
+
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // TestLogsOfAKubeletOnLoopback: a real node's kubelet serves its API on
@@ -67,9 +67,9 @@ func TestLogsOfAKubeletOnLoopback(t *testing.T) {
 		Spec:       corev1.PodSpec{NodeName: "node-a", Containers: []corev1.Container{{Name: "ctr", Image: "busybox"}}},
 	}
 	// Refused until the controller has made the default ServiceAccount.
-	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	err = clustertest.Poll(ctx, time.Minute, func() bool {
 		_, err := client.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{})
-		return err == nil, nil
+		return err == nil
 	})
 	if err != nil {
 		t.Fatalf("create pod: %v", err)

@@ -1,7 +1,6 @@
 package controlplane
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"net/http"
@@ -12,9 +11,10 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2/ktesting"
+
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // TestWhatARealKubeletNeeds checks what a real kubelet and its pods need
@@ -39,13 +39,13 @@ func TestWhatARealKubeletNeeds(t *testing.T) {
 		}
 		client := kubernetes.NewForConfigOrDie(cp.RESTConfig("test", 10, 20))
 		var ca string
-		err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		err = clustertest.Poll(ctx, time.Minute, func() bool {
 			cm, err := client.CoreV1().ConfigMaps(metav1.NamespaceDefault).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
 			if err != nil {
-				return false, nil
+				return false
 			}
 			ca = cm.Data["ca.crt"]
-			return true, nil
+			return true
 		})
 		if err != nil {
 			t.Fatalf("no kube-root-ca.crt in the default namespace: %v", err)

@@ -1,7 +1,10 @@
 // Package install installs gpudra into the local cluster from its Helm
 // chart (deployments/helm/gpudra), as `helm install` would: the chart is
-// rendered with Helm's library (package helmchart) with the values a user
-// would pass, and every object but the workloads is applied to the API
+// rendered with Helm's own library with the values a user would pass (the
+// chart's kubeVersion constraint, the values schema, then the templates),
+// every rendered object is decoded strictly into its typed Kubernetes
+// object, so that a field the API would drop or refuse fails here (see
+// [RenderChart]), and every object but the workloads is applied to the API
 // server. The workloads (the kubelet plugin's DaemonSet, the webhook's
 // Deployment) are not handed to controllers, since the local cluster runs
 // no container: their pods run in this process, from the pod templates the
@@ -17,7 +20,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	kruntime "k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/gpudra/gpudra/localcluster/helmchart"
 	"github.com/gpudra/gpudra/localcluster/manifests"
 )
 
@@ -32,7 +34,7 @@ type Options struct {
 	// Namespace is the release's namespace (helm install --namespace
 	// --create-namespace); "gpudra" when empty.
 	Namespace string
-	// KubeVersion is the cluster's version (empty: helmchart's default).
+	// KubeVersion is the cluster's version; "v1.37.1" when empty.
 	KubeVersion string
 }
 
@@ -41,7 +43,7 @@ type Release struct {
 	// Name and Namespace are the release's.
 	Name, Namespace string
 	// Objects are everything the chart rendered.
-	Objects []helmchart.Object
+	Objects []Object
 	// KubeletPlugin is the kubelet plugin DaemonSet's pod.
 	KubeletPlugin *Pod
 	// ComputeDomainPlugin is the same pod's compute-domains container
@@ -63,15 +65,15 @@ func Render(opts Options) (*Release, error) {
 	if opts.Namespace == "" {
 		opts.Namespace = "gpudra"
 	}
-	c, err := helmchart.Load(helmchart.Dir())
+	c, err := LoadChart(ChartDir())
 	if err != nil {
 		return nil, err
 	}
-	objs, err := helmchart.Render(c, helmchart.Options{Values: opts.Values, Namespace: opts.Namespace, KubeVersion: opts.KubeVersion})
+	objs, err := RenderChart(c, opts)
 	if err != nil {
 		return nil, fmt.Errorf("helm install %s: %w", ChartPath, err)
 	}
-	r := &Release{Name: helmchart.ReleaseName, Namespace: opts.Namespace, Objects: objs}
+	r := &Release{Name: ReleaseName, Namespace: opts.Namespace, Objects: objs}
 	for _, o := range objs {
 		switch obj := o.Object.(type) {
 		case *appsv1.DaemonSet:

@@ -70,3 +70,21 @@ func MPSCaps(m MPSDaemon) string {
 	}
 	return strings.Join(parts, "; ")
 }
+
+// ContainerLog is what `kubectl logs` shows for a container of pod on this
+// node (see containerLog), or an error naming why there is none: the pod
+// is not on the node, has no such container, or has not started.
+func (n *Node) ContainerLog(pod *corev1.Pod, container string) (string, error) {
+	st, ok := n.loop.podByName(pod.Namespace, pod.Name)
+	if !ok {
+		return "", fmt.Errorf("pod %s/%s is not on node %s", pod.Namespace, pod.Name, n.cfg.Name)
+	}
+	if !slices.ContainsFunc(st.pod.Spec.Containers, func(c corev1.Container) bool { return c.Name == container }) {
+		return "", fmt.Errorf("pod %s/%s has no container %q", pod.Namespace, pod.Name, container)
+	}
+	devs, started := st.containers[container]
+	if !started {
+		return "", fmt.Errorf("container %q of pod %s/%s has not started", container, pod.Namespace, pod.Name)
+	}
+	return containerLog(n.cfg.Name, st.pod, container, devs), nil
+}

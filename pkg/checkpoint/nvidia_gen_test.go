@@ -26,7 +26,7 @@ import (
 //
 // Regenerate with: go test ./pkg/checkpoint -run TestNVIDIAFixtures -update-nvidia
 // Without the flag the test checks that the committed files are exactly what
-// the generator writes. localcluster/nvidiacompat checks the committed
+// the generator writes. localcluster/test/nvidiacompat checks the committed
 // checksums against k8s.io/kubernetes' own checksum package.
 var updateNVIDIA = flag.Bool("update-nvidia", false, "rewrite testdata/nvidia/*.json")
 

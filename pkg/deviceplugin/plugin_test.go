@@ -20,6 +20,7 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/gpudra/gpudra/internal/shorttemp"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/mps"
@@ -99,11 +100,7 @@ type rig struct {
 
 func newRig(t testing.TB, fleet, node string, o deviceplugin.Options) *rig {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "gpudra-dp")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	dir := shorttemp.Dir(t)
 	r := &rig{dir: dir, pluginDir: filepath.Join(dir, "device-plugins"), cdiDir: filepath.Join(dir, "cdi"), health: &sim.HealthEvents{}, node: node}
 	if err := os.MkdirAll(r.pluginDir, 0o755); err != nil {
 		t.Fatal(err)
@@ -377,7 +374,7 @@ func TestMPSReplicas(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	root := filepath.Join(shortDirT(t), "mps")
+	root := filepath.Join(shorttemp.Dir(t), "mps")
 	m, err := mps.New(root, mps.WithControlBinary(filepath.Join(fakeMPSBin, mpsfake.ControlName)))
 	if err != nil {
 		t.Fatal(err)
@@ -431,16 +428,6 @@ func TestMPSReplicas(t *testing.T) {
 		Plan: deviceplugin.PlanOptions{MPS: *cfg.Sharing.MPS}}); err == nil || !strings.Contains(err.Error(), "sharing.mps") {
 		t.Errorf("MPS replicas without an MPS manager: %v", err)
 	}
-}
-
-func shortDirT(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "dpm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	return dir
 }
 
 func TestNewRefusesWhatTheNodeCannotServe(t *testing.T) {

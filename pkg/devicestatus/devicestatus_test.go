@@ -324,7 +324,7 @@ func TestNewWriterRequires(t *testing.T) {
 // TestRoundTrip runs Record and Remove against the fake clientset's
 // server-side apply emulation: entries of another driver stay, a device
 // left out of a second Record loses its entry, Remove leaves none of ours.
-// localcluster/rbactest does the same against a real API server.
+// localcluster/test/rbactest does the same against a real API server.
 func TestRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	claim := allocatedClaim()

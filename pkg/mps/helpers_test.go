@@ -15,6 +15,7 @@ import (
 
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/gpudra/gpudra/internal/shorttemp"
 	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
@@ -65,21 +66,17 @@ func (l *eventLog) last(id string) mps.Event {
 	return mps.Event{}
 }
 
-// newRoot returns a short root directory (socket paths must stay under 108
-// bytes; t.TempDir's names the test). At the end, the fake processes of
-// the daemons under it are killed (like real ones, they outlive their
-// directories) and it is removed.
+// newRoot returns a root directory short enough for the daemons' pipes
+// (package shorttemp). At the end, the fake processes of the daemons
+// under it are killed (like real ones, they outlive their directories),
+// then it is removed.
 func newRoot(t *testing.T) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "mps")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir := shorttemp.Dir(t)
 	t.Cleanup(func() {
 		if err := mpsfake.Kill(fakesUnder(dir)); err != nil {
 			t.Error(err)
 		}
-		_ = os.RemoveAll(dir)
 	})
 	return dir
 }

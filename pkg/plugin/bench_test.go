@@ -16,6 +16,7 @@ import (
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/gpudra/gpudra/internal/lockedfile"
+	"github.com/gpudra/gpudra/internal/shorttemp"
 	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
@@ -155,7 +156,7 @@ func BenchmarkAtomicReplaceBaseline(b *testing.B) {
 	}
 	data := []byte(h.checkpoint())
 	b.ReportMetric(float64(len(data)), "checkpoint-bytes")
-	path := filepath.Join(shortTempDir(b), "checkpoint.json")
+	path := filepath.Join(shorttemp.Dir(b), "checkpoint.json")
 	b.ResetTimer()
 	for b.Loop() {
 		if err := lockedfile.Write(path, data); err != nil {

@@ -18,6 +18,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/gpudra/gpudra/internal/shorttemp"
 	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
@@ -96,7 +97,7 @@ func TestCrashHelperProcess(t *testing.T) {
 func TestKilledDuringPrepare(t *testing.T) {
 	for _, step := range append(allSteps, "AfterCompletion") {
 		t.Run(string(step), func(t *testing.T) {
-			dir := shortTempDir(t)
+			dir := shorttemp.Dir(t)
 			cmd := exec.Command(os.Args[0], "-test.run=^TestCrashHelperProcess$", "-test.v")
 			cmd.Env = append(os.Environ(), crashDirEnv+"="+dir, crashStepEnv+"="+string(step))
 			out, err := cmd.CombinedOutput()
@@ -215,7 +216,7 @@ func TestSweepReleasesClaimsWhoseObjectsAreGone(t *testing.T) {
 // sweeps, their devices stay held, and the kubelet's unprepare (or the
 // claim's disappearance) releases them.
 func TestCorruptCheckpointAdoptsPreparedClaims(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := shorttemp.Dir(t)
 	var clock atomic.Pointer[time.Time]
 	now := time.Now()
 	clock.Store(&now)
@@ -399,7 +400,7 @@ func startedCheckpoint(t *testing.T, dir string, startedAt time.Time) (claimUID 
 // has given up on the call; a device it reserved is held until then.
 func TestInterruptedPreparationRolledBack(t *testing.T) {
 	t.Run("by the retry", func(t *testing.T) {
-		dir := shortTempDir(t)
+		dir := shorttemp.Dir(t)
 		uid := startedCheckpoint(t, dir, time.Now())
 		h := newHarnessIn(t, dir)
 		// Another claim cannot take the device the interrupted one holds.
@@ -426,7 +427,7 @@ func TestInterruptedPreparationRolledBack(t *testing.T) {
 		}
 	})
 	t.Run("by the sweep", func(t *testing.T) {
-		dir := shortTempDir(t)
+		dir := shorttemp.Dir(t)
 		uid := startedCheckpoint(t, dir, time.Now().Add(-time.Minute))
 		h := newHarnessIn(t, dir)
 		h.driver.Sweep(h.ctx)
@@ -435,7 +436,7 @@ func TestInterruptedPreparationRolledBack(t *testing.T) {
 		}
 	})
 	t.Run("young one kept by the sweep", func(t *testing.T) {
-		dir := shortTempDir(t)
+		dir := shorttemp.Dir(t)
 		uid := startedCheckpoint(t, dir, time.Now())
 		h := newHarnessIn(t, dir)
 		h.driver.Sweep(h.ctx)

@@ -21,6 +21,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
+	"github.com/gpudra/gpudra/internal/shorttemp"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
 )
@@ -46,22 +47,11 @@ type harness struct {
 	claimNo atomic.Int64
 }
 
-// newHarness starts the plugin on the dgx-h100 fleet's node. Unix socket
-// paths are limited to 108 bytes, so the directory is not t.TempDir().
+// newHarness starts the plugin on the dgx-h100 fleet's node, in a
+// directory short enough for its sockets (package shorttemp).
 func newHarness(tb testing.TB, mutate ...func(*plugin.Config)) *harness {
 	tb.Helper()
-	return newHarnessIn(tb, shortTempDir(tb), mutate...)
-}
-
-// shortTempDir is a temporary directory whose socket paths fit in 108 bytes.
-func shortTempDir(tb testing.TB) string {
-	tb.Helper()
-	dir, err := os.MkdirTemp("", "gpudra")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { _ = os.RemoveAll(dir) })
-	return dir
+	return newHarnessIn(tb, shorttemp.Dir(tb), mutate...)
 }
 
 // newHarnessIn starts the plugin on directories under dir, which may hold

@@ -19,6 +19,7 @@ import (
 
 	drahealthv1 "k8s.io/kubelet/pkg/apis/dra-health/v1"
 
+	"github.com/gpudra/gpudra/internal/shorttemp"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
 )
@@ -70,7 +71,7 @@ func newHealthHarness(t *testing.T, fleetNameOrYAML, node string, gpus int, muta
 			}
 		},
 	}, mutate...)
-	h.harness = newHarnessIn(t, shortTempDir(t), mutate...)
+	h.harness = newHarnessIn(t, shorttemp.Dir(t), mutate...)
 	waitFor(t, func() bool { return h.inject.Watched(h.cfg.NodeName, gpus-1) })
 	h.waitPublished(t, "the first publication", func(p map[string]string) bool { return len(p) == len(h.driver.Devices()) })
 	return h

@@ -10,6 +10,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/gpudra/gpudra/internal/shorttemp"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/timeslice"
@@ -96,7 +97,7 @@ func TestKillDuringStartAfterCheckpointLossKeepsClaims(t *testing.T) {
 	case err := <-started:
 		t.Fatalf("start returned before its first discovery: %v", err)
 	}
-	killed := shortTempDir(t)
+	killed := shorttemp.Dir(t)
 	copyTree(t, h.dir, killed)
 	close(gate.release)
 	if err := <-started; err != nil {

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/gpudra/gpudra/internal/shorttemp"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/plugin"
@@ -38,7 +39,7 @@ nodes:
 
 func newMIGHarness(t *testing.T, mutate ...func(*plugin.Config)) *harness {
 	t.Helper()
-	return newHarnessIn(t, shortTempDir(t), append([]func(*plugin.Config){withFleet(t, migFleet, "mig-0")}, mutate...)...)
+	return newHarnessIn(t, shorttemp.Dir(t), append([]func(*plugin.Config){withFleet(t, migFleet, "mig-0")}, mutate...)...)
 }
 
 // inventory discovers the simulated node's hardware as it is now.

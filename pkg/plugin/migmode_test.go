@@ -9,6 +9,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	ocispec "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/gpudra/gpudra/internal/shorttemp"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
@@ -40,7 +41,7 @@ func newSwitchHarness(t *testing.T, opts ...func(uuid string) sim.HardwareOption
 	for _, o := range opts {
 		hwOpts = append(hwOpts, o(h100))
 	}
-	return newHarnessIn(t, shortTempDir(t), func(cfg *plugin.Config) {
+	return newHarnessIn(t, shorttemp.Dir(t), func(cfg *plugin.Config) {
 		cfg.NodeName = "switch-0"
 		cfg.Hardware = node.Hardware(hwOpts...)
 		cfg.MIGModeSwitching = true

@@ -9,6 +9,8 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/gpudra/gpudra/internal/shorttemp"
 )
 
 // Replacing NVIDIA's DRA driver in place (issue 15): the plugin starts on
@@ -40,7 +42,7 @@ func nvidiaSpec(uid string, minors ...int) string {
 // its checkpoint, and the CDI spec of its prepared claim.
 func nvidiaNode(t *testing.T, fixture string) (dir, original string) {
 	t.Helper()
-	dir = shortTempDir(t)
+	dir = shorttemp.Dir(t)
 	data, err := os.ReadFile(filepath.Join("..", "checkpoint", "testdata", "nvidia", fixture))
 	if err != nil {
 		t.Fatal(err)

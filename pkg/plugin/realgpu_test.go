@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/yaml"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/gpudra/gpudra/internal/shorttemp"
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/nvmlhw"
@@ -60,7 +61,7 @@ func TestRealGPU(t *testing.T) {
 		}
 	}
 	var mpsManager *mps.Manager
-	mpsRoot := filepath.Join(shortTempDir(t), "mps")
+	mpsRoot := filepath.Join(shorttemp.Dir(t), "mps")
 	if bin, err := exec.LookPath(mps.DefaultControlBinary); err == nil {
 		if mpsManager, err = mps.New(mpsRoot, mps.WithControlBinary(bin)); err != nil {
 			t.Fatal(err)

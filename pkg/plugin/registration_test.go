@@ -20,6 +20,7 @@ import (
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 
+	"github.com/gpudra/gpudra/internal/shorttemp"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/plugin"
 )
@@ -100,7 +101,7 @@ func TestDroppedFieldsAreReported(t *testing.T) {
 // checkpoint: what one prepared, the other refuses to give away and can
 // unprepare.
 func TestRollingUpdate(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := shorttemp.Dir(t)
 	old := newHarnessIn(t, dir, func(cfg *plugin.Config) { cfg.RollingUpdateUID = "pod-old" })
 	client := old.client
 	next := newHarnessIn(t, dir, func(cfg *plugin.Config) {
@@ -158,7 +159,7 @@ func deadSocket(t *testing.T, path string) {
 // next instance on the node; the sockets of a live instance, another
 // driver's and files that are not sockets are left alone.
 func TestStaleSocketsRemoved(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := shorttemp.Dir(t)
 	live := newHarnessIn(t, dir, func(cfg *plugin.Config) { cfg.RollingUpdateUID = "pod-live" })
 	registry, data := live.cfg.RegistrarDir, live.cfg.PluginDataDir
 	killed := []string{

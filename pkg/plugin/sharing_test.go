@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
+	"github.com/gpudra/gpudra/internal/shorttemp"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
@@ -198,7 +199,7 @@ func newMPSManager(t *testing.T, root string) *mps.Manager {
 }
 
 func TestMPSClaimDaemonLifecycle(t *testing.T) {
-	root := filepath.Join(shortTempDir(t), "mps")
+	root := filepath.Join(shorttemp.Dir(t), "mps")
 	h := newHarness(t, func(c *plugin.Config) { c.MPS = newMPSManager(t, root) })
 	gpu := h.deviceUUID("gpu-3")
 	c := h.claim("gpu-3")
@@ -242,7 +243,7 @@ func TestMPSClaimDaemonLifecycle(t *testing.T) {
 }
 
 func TestMPSRefusals(t *testing.T) {
-	root := filepath.Join(shortTempDir(t), "mps")
+	root := filepath.Join(shorttemp.Dir(t), "mps")
 	h := newHarness(t, func(c *plugin.Config) { c.MPS = newMPSManager(t, root) })
 	for _, tc := range []struct {
 		name, params string
@@ -310,7 +311,7 @@ func waitGone(t *testing.T, pid int) {
 }
 
 func TestMPSOneClaimPerPod(t *testing.T) {
-	root := filepath.Join(shortTempDir(t), "mps")
+	root := filepath.Join(shorttemp.Dir(t), "mps")
 	h := newHarness(t, func(c *plugin.Config) { c.MPS = newMPSManager(t, root) })
 	const mpsConfig = `{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS"}}`
 	first, second := h.claim("gpu-1"), h.claim("gpu-2")
@@ -335,7 +336,7 @@ func TestMPSOneClaimPerPod(t *testing.T) {
 }
 
 func TestFractionalSharesGetCappedDaemons(t *testing.T) {
-	root := filepath.Join(shortTempDir(t), "mps")
+	root := filepath.Join(shorttemp.Dir(t), "mps")
 	shares4, err := devicemodel.ParseSharing("shares=4")
 	if err != nil {
 		t.Fatal(err)
@@ -409,7 +410,7 @@ func TestUncappedSharesOfOneGPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	root := filepath.Join(shortTempDir(t), "mps")
+	root := filepath.Join(shorttemp.Dir(t), "mps")
 	h := newHarness(t, func(c *plugin.Config) { c.Sharing = unlimited; c.MPS = newMPSManager(t, root) })
 	var claims []*resourceapi.ResourceClaim
 	for _, id := range []string{"share-a", "share-b"} {
@@ -435,7 +436,7 @@ func TestUncappedSharesOfOneGPU(t *testing.T) {
 // adopted from its CDI spec owns its MPS daemon: a new plugin supervises
 // it, and unpreparing the claim stops it.
 func TestMPSDaemonOfAdoptedClaim(t *testing.T) {
-	root := filepath.Join(shortTempDir(t), "mps")
+	root := filepath.Join(shorttemp.Dir(t), "mps")
 	h := newHarness(t, func(c *plugin.Config) { c.MPS = newMPSManager(t, root) })
 	c := h.claim("gpu-3")
 	withConfig(c, resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"resource.nvidia.com/v1beta1","kind":"GpuConfig","sharing":{"strategy":"MPS"}}`)

@@ -16,6 +16,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/gpudra/gpudra/internal/shorttemp"
 	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
@@ -88,7 +89,7 @@ func TestStartWithDamagedCheckpoint(t *testing.T) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			dir := shortTempDir(t)
+			dir := shorttemp.Dir(t)
 			h := newHarnessIn(t, dir)
 			held := h.claim("gpu-1")
 			want := h.mustPrepare(held)
@@ -144,7 +145,7 @@ func writeBytes(t *testing.T, path string, data []byte) {
 // than exit. (TestNewerCheckpointKeepsMIGGPUsPublished checks what it
 // publishes meanwhile.)
 func TestStartWithNewerCheckpoint(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := shorttemp.Dir(t)
 	h := newHarnessIn(t, dir)
 	h.stop()
 	content := []byte(`{"version":"v6","bootID":"boot-1","claims":{"x":{"uid":"x","phase":"PrepareCommitted","devices":[{"pool":"dgx-h100-0","name":"gpu-0"}]}},"whatever":[1,2]}` + "\n")
@@ -200,7 +201,7 @@ func TestStartWithEarlierSchemas(t *testing.T) {
 		{"v5", "gpu-0", "33333333-cccc-4ccc-8ccc-000000000003"},
 	} {
 		t.Run(tc.version, func(t *testing.T) {
-			dir := shortTempDir(t)
+			dir := shorttemp.Dir(t)
 			old := exampleCheckpoint(t, tc.version)
 			if err := os.MkdirAll(filepath.Join(dir, "plugin"), 0o755); err != nil {
 				t.Fatal(err)
@@ -276,7 +277,7 @@ func loggedLine(logs string, parts ...string) bool {
 // fresh tmpfs) is created at start; one removed while the plugin runs is
 // created again by the next prepare.
 func TestStartWithoutCDIDirectory(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := shorttemp.Dir(t)
 	cdiDir := filepath.Join(dir, "run", "cdi")
 	h := newHarnessIn(t, dir, func(cfg *plugin.Config) { cfg.CDIDir = cdiDir })
 	if fi, err := os.Stat(cdiDir); err != nil || !fi.IsDir() {
@@ -308,7 +309,7 @@ var foreignSpecs = map[string]string{
 // checkpoint, so the node's specs are adopted), not after a damaged
 // checkpoint, not by the sweep.
 func TestForeignCDISpecsLeftAlone(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := shorttemp.Dir(t)
 	cdiDir := filepath.Join(dir, "cdi")
 	if err := os.MkdirAll(cdiDir, 0o755); err != nil {
 		t.Fatal(err)
@@ -386,7 +387,7 @@ func TestStartWithDamagedSpecsOfOurs(t *testing.T) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			dir := shortTempDir(t)
+			dir := shorttemp.Dir(t)
 			path := filepath.Join(dir, "cdi", tc.file)
 			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 				t.Fatal(err)
@@ -424,7 +425,7 @@ func TestStaleSocketsAtStart(t *testing.T) {
 		"plain file":   func(t *testing.T, path string) { writeBytes(t, path, []byte("not a socket")) },
 	} {
 		t.Run(name, func(t *testing.T) {
-			dir := shortTempDir(t)
+			dir := shorttemp.Dir(t)
 			for _, p := range []string{filepath.Join(dir, "plugin", "dra.sock"), filepath.Join(dir, "registry", driverName+"-reg.sock")} {
 				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 					t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/gpudra/gpudra/internal/shorttemp"
 	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
@@ -93,7 +94,7 @@ func TestSweepAfterClockSteppedBack(t *testing.T) {
 	shortCalls := func(cfg *plugin.Config) { cfg.CallTimeout = timeout }
 	future := time.Now().Add(time.Hour)
 	t.Run("started record", func(t *testing.T) {
-		dir := shortTempDir(t)
+		dir := shorttemp.Dir(t)
 		uid := startedCheckpoint(t, dir, future)
 		h := newHarnessIn(t, dir, shortCalls)
 		h.driver.Sweep(h.ctx)

@@ -13,7 +13,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/internal/chaos"
-	"github.com/gpudra/gpudra/localcluster/chaosreal"
+	"github.com/gpudra/gpudra/localcluster/test/chaosreal"
 	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
 

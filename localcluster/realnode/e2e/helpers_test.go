@@ -32,6 +32,7 @@ import (
 	"github.com/gpudra/gpudra/localcluster/realnode/node"
 	"github.com/gpudra/gpudra/localcluster/realnode/probe"
 	"github.com/gpudra/gpudra/localcluster/simnode"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // realNode skips the test unless GPUDRA_REAL_NODE=1; asked for on a
@@ -99,19 +100,6 @@ func startCluster(t *testing.T, fleetName string) (*cluster.Cluster, context.Con
 		}
 	})
 	return c, ctx
-}
-
-// claimTemplate returns a template of one request of the device class,
-// with the CEL selectors given.
-func claimTemplate(ns, name, class string, cel ...string) *resourceapi.ResourceClaimTemplate {
-	req := resourceapi.DeviceRequest{Name: "dev", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: class}}
-	for _, e := range cel {
-		req.Exactly.Selectors = append(req.Exactly.Selectors, resourceapi.DeviceSelector{CEL: &resourceapi.CELDeviceSelector{Expression: e}})
-	}
-	return &resourceapi.ResourceClaimTemplate{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-		Spec:       resourceapi.ResourceClaimTemplateSpec{Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}}}},
-	}
 }
 
 // probePod returns a pod on the real node whose busybox container prints
@@ -227,14 +215,6 @@ func checkpointHas(t *testing.T, rn *node.Node, driver string, claim *resourceap
 	return st.Claims[string(claim.UID)] != nil
 }
 
-// waitFor polls cond until it holds or a minute passes.
-func waitFor(t *testing.T, ctx context.Context, what string, cond func() bool) {
-	t.Helper()
-	if err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) { return cond(), nil }); err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
-}
-
 // eventually calls try every half second until it succeeds, for up to
 // 20 s, logging each failure; the test fails with the last one.
 func eventually(t *testing.T, ctx context.Context, what string, try func() error) {
@@ -259,7 +239,7 @@ func deletePod(t *testing.T, ctx context.Context, c *cluster.Cluster, pod *corev
 	if err := c.Client().CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, ctx, "pod "+pod.Name+" gone", func() bool {
+	clustertest.Eventually(t, ctx, 2*time.Minute, "pod "+pod.Name+" gone", func() bool {
 		_, err := c.Client().CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})

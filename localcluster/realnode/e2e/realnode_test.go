@@ -10,19 +10,24 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/remotecommand"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/gpudra/gpudra/api/resource/v1beta1"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/realnode/node"
 	"github.com/gpudra/gpudra/localcluster/realnode/probe"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // fleet is the real node's fleet: one DGX A100, GPUs 0-3 in MIG mode with
@@ -47,7 +52,7 @@ func TestRealNode(t *testing.T) {
 	driver := c.Options().DriverName
 	client := c.Client()
 	const ns = metav1.NamespaceDefault
-	gpu := claimTemplate(ns, "one-gpu", "gpu.nvidia.com")
+	gpu := clustertest.ClaimTemplate(ns, "one-gpu", clustertest.Spec(clustertest.Request("dev", "gpu.nvidia.com")))
 
 	t.Run("one GPU", func(t *testing.T) {
 		pod, claim, seen := runProbe(t, ctx, c, gpu, "one-gpu")
@@ -84,13 +89,13 @@ func TestRealNode(t *testing.T) {
 			return nil
 		})
 		deletePod(t, ctx, c, pod)
-		waitFor(t, ctx, "claim unprepared", func() bool {
+		clustertest.Eventually(t, ctx, 2*time.Minute, "claim unprepared", func() bool {
 			return len(specFiles(t, rn, claim)) == 0 && !checkpointHas(t, rn, driver, claim)
 		})
 	})
 
 	t.Run("MIG", func(t *testing.T) {
-		tmpl := claimTemplate(ns, "mig", "mig.nvidia.com", "device.attributes['gpu.nvidia.com'].profile == '1g.5gb'")
+		tmpl := clustertest.ClaimTemplate(ns, "mig", clustertest.Spec(clustertest.Request("dev", "mig.nvidia.com", "device.attributes['gpu.nvidia.com'].profile == '1g.5gb'")))
 		pod, claim, seen := runProbe(t, ctx, c, tmpl, "mig")
 		dev := claim.Status.Allocation.Devices.Results[0].Device
 		// gpu-<minor>-mig-<profile>-<gi>-<start>
@@ -118,15 +123,13 @@ func TestRealNode(t *testing.T) {
 
 	t.Run("MPS", func(t *testing.T) {
 		// examples/mps-sharing's claim, as a template.
-		tmpl := claimTemplate(ns, "mps", "gpu.nvidia.com")
-		tmpl.Spec.Spec.Devices.Config = []resourceapi.DeviceClaimConfiguration{{
-			Requests: []string{"dev"},
-			DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-				Driver: driver,
-				Parameters: runtime.RawExtension{Raw: []byte(`{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
-					"sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}}}`)},
-			}},
+		spec := clustertest.Spec(clustertest.Request("dev", "gpu.nvidia.com"))
+		mps := v1beta1.DefaultGpuConfig()
+		mps.Sharing = &v1beta1.GpuSharing{Strategy: v1beta1.MpsStrategy, MpsConfig: &v1beta1.MpsConfig{
+			DefaultActiveThreadPercentage: ptr.To(50), DefaultPinnedDeviceMemoryLimit: ptr.To(resource.MustParse("10Gi")),
 		}}
+		spec.Devices.Config = append(spec.Devices.Config, clustertest.Config(t, driver, mps, "dev"))
+		tmpl := clustertest.ClaimTemplate(ns, "mps", spec)
 		pod, claim, seen := runProbe(t, ctx, c, tmpl, "mps")
 		if seen.MPSPipeDirectory == "" {
 			t.Errorf("MPS claim: the container has no MPS pipe directory (CUDA_MPS_PIPE_DIRECTORY=%q)", seen.Env["CUDA_MPS_PIPE_DIRECTORY"])
@@ -135,7 +138,7 @@ func TestRealNode(t *testing.T) {
 			t.Errorf("MPS claim: the container saw %v, the claim's CDI spec names %v", seen.DeviceNodes, want)
 		}
 		deletePod(t, ctx, c, pod)
-		waitFor(t, ctx, "MPS claim unprepared", func() bool {
+		clustertest.Eventually(t, ctx, 2*time.Minute, "MPS claim unprepared", func() bool {
 			return len(specFiles(t, rn, claim)) == 0 && !checkpointHas(t, rn, driver, claim)
 		})
 	})
@@ -173,7 +176,7 @@ func TestRealNode(t *testing.T) {
 			claim *resourceapi.ResourceClaim
 		}{{first, firstClaim}, {second, secondClaim}} {
 			deletePod(t, ctx, c, pc.pod)
-			waitFor(t, ctx, "claim "+pc.claim.Name+" unprepared", func() bool {
+			clustertest.Eventually(t, ctx, 2*time.Minute, "claim "+pc.claim.Name+" unprepared", func() bool {
 				return len(specFiles(t, rn, pc.claim)) == 0 && !checkpointHas(t, rn, driver, pc.claim)
 			})
 		}
@@ -280,7 +283,7 @@ func restartPlugin(t *testing.T, c *cluster.Cluster, rn *node.Node) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill gpudra's plugin (pid %d): %v", pid, err)
 	}
-	waitFor(t, ctx, "gpudra's container restarted and ready", func() bool {
+	clustertest.Eventually(t, ctx, 2*time.Minute, "gpudra's container restarted and ready", func() bool {
 		p, err := c.Client().CoreV1().Pods(pods.Items[0].Namespace).Get(ctx, pods.Items[0].Name, metav1.GetOptions{})
 		if err != nil || restarts(p, "plugin") <= before {
 			return false
