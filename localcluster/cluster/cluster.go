@@ -440,7 +440,7 @@ func (c *Cluster) Options() Options { return c.opts }
 // that the node's plugin was not watching for returns an error wrapping
 // sim.ErrNotWatched.
 func (c *Cluster) InjectHealth(node string, gpu int, e sim.HealthEvent) error {
-	if c.Node(node) == nil {
+	if c.SimNode(node) == nil {
 		return fmt.Errorf("inject %s: no node %q in the cluster", e, node)
 	}
 	return c.health.Inject(node, gpu, e)
@@ -456,11 +456,11 @@ func (c *Cluster) Client() kubernetes.Interface { return c.client }
 // ControlPlane returns the control plane.
 func (c *Cluster) ControlPlane() *controlplane.ControlPlane { return c.cp }
 
-// Nodes returns the simulated nodes in fleet order.
-func (c *Cluster) Nodes() []*simnode.Node { return c.nodes }
+// SimNodes returns the simulated nodes in fleet order.
+func (c *Cluster) SimNodes() []*simnode.Node { return c.nodes }
 
-// Node returns the simulated node called name, or nil.
-func (c *Cluster) Node(name string) *simnode.Node {
+// SimNode returns the simulated node called name, or nil.
+func (c *Cluster) SimNode(name string) *simnode.Node {
 	for _, n := range c.nodes {
 		if n.Name() == name {
 			return n

@@ -85,7 +85,7 @@ func (c *Cluster) startComputeDomains(ctx context.Context, progress func(string)
 	var errs []error
 	var wg sync.WaitGroup
 	for i, fn := range c.opts.Fleet.Nodes {
-		n := c.Node(fn.Name)
+		n := c.SimNode(fn.Name)
 		if n == nil {
 			continue
 		}

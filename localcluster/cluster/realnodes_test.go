@@ -74,8 +74,8 @@ func TestRealNodesFallBack(t *testing.T) {
 	if got := c.RealNodesDropped(); !strings.Contains(got, lacking.Error()) {
 		t.Errorf("RealNodesDropped %q, want it to say %q", got, lacking)
 	}
-	if len(c.RealNodes()) != 0 || len(c.Nodes()) != 1 || c.Nodes()[0].Name() != "n0" {
-		t.Errorf("%d real and %d simulated nodes, want n0 simulated", len(c.RealNodes()), len(c.Nodes()))
+	if len(c.RealNodes()) != 0 || len(c.SimNodes()) != 1 || c.SimNodes()[0].Name() != "n0" {
+		t.Errorf("%d real and %d simulated nodes, want n0 simulated", len(c.RealNodes()), len(c.SimNodes()))
 	}
 	if !slices.ContainsFunc(progress, func(l string) bool { return strings.Contains(l, "simulated nodes only") }) {
 		t.Errorf("progress %q does not say the cluster runs without real nodes", progress)

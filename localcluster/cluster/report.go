@@ -223,7 +223,7 @@ func (c *Cluster) podReport(ctx context.Context, pod *corev1.Pod) (PodReport, er
 		Reason: PodReason(pod), Claims: []ClaimReport{}, Containers: []ContainerReport{},
 	}
 	var devices map[string]simnode.ContainerDevices
-	if n := c.Node(pod.Spec.NodeName); n != nil {
+	if n := c.SimNode(pod.Spec.NodeName); n != nil {
 		devices, _ = n.Containers(pod)
 	}
 	finished := pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed

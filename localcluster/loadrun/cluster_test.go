@@ -53,7 +53,7 @@ func TestMixedLoadRound(t *testing.T) {
 	migDevices := func() int {
 		t.Helper()
 		n := 0
-		for _, node := range c.Nodes() {
+		for _, node := range c.SimNodes() {
 			inv, err := node.Hardware().Discover(ctx)
 			if err != nil {
 				t.Fatal(err)

@@ -82,7 +82,7 @@ func (v *loadVerifier) pod(ctx context.Context, pod *corev1.Pod) error {
 	if pod.Status.Phase != corev1.PodRunning {
 		return fmt.Errorf("phase %s", pod.Status.Phase)
 	}
-	node := v.c.Node(pod.Spec.NodeName)
+	node := v.c.SimNode(pod.Spec.NodeName)
 	if node == nil {
 		return fmt.Errorf("on unknown node %q", pod.Spec.NodeName)
 	}

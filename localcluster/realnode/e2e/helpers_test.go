@@ -24,14 +24,12 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpudra/gpudra/pkg/checkpoint"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/realnode/containerruntime"
 	"github.com/gpudra/gpudra/localcluster/realnode/node"
 	"github.com/gpudra/gpudra/localcluster/realnode/probe"
-	"github.com/gpudra/gpudra/localcluster/simnode"
 	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
@@ -196,9 +194,9 @@ func gpuNodes(seen *probe.Seen) []string {
 }
 
 // specFiles returns the claim's CDI spec files in the node's CDI directory.
-func specFiles(t *testing.T, rn *node.Node, claim *resourceapi.ResourceClaim) []string {
+func specFiles(t *testing.T, n cluster.Node, claim *resourceapi.ResourceClaim) []string {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(rn.Layout().CDIDir(), "*"+string(claim.UID)+"*"))
+	files, err := filepath.Glob(filepath.Join(n.CDIDir(), "*"+string(claim.UID)+"*"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,9 +204,9 @@ func specFiles(t *testing.T, rn *node.Node, claim *resourceapi.ResourceClaim) []
 }
 
 // checkpointHas reports whether the plugin's checkpoint holds the claim.
-func checkpointHas(t *testing.T, rn *node.Node, driver string, claim *resourceapi.ResourceClaim) bool {
+func checkpointHas(t *testing.T, n cluster.Node, claim *resourceapi.ResourceClaim) bool {
 	t.Helper()
-	st, err := simnode.PeekCheckpoint(filepath.Join(rn.Layout().PluginsDir(), driver), checkpoint.WithDriverName(driver))
+	st, err := n.Checkpoint()
 	if err != nil {
 		t.Fatal(err)
 	}

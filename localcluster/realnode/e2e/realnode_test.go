@@ -4,11 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"os"
-	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,7 +22,6 @@ import (
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
-	"github.com/gpudra/gpudra/localcluster/realnode/node"
 	"github.com/gpudra/gpudra/localcluster/realnode/probe"
 	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
@@ -49,6 +45,12 @@ const fleet = "dgx-a100-mig"
 func TestRealNode(t *testing.T) {
 	c, ctx := startCluster(t, fleet)
 	rn := c.RealNodes()[0]
+	// What the test does with the node that any node does (CDI specs,
+	// checkpoint, plugin restart), it does through cluster.Node.
+	n := c.Node(rn.Name())
+	if n == nil || !n.Real() {
+		t.Fatalf("cluster.Node(%s) = %v, want the real node", rn.Name(), n)
+	}
 	driver := c.Options().DriverName
 	client := c.Client()
 	const ns = metav1.NamespaceDefault
@@ -56,10 +58,10 @@ func TestRealNode(t *testing.T) {
 
 	t.Run("one GPU", func(t *testing.T) {
 		pod, claim, seen := runProbe(t, ctx, c, gpu, "one-gpu")
-		checkGPUClaim(t, rn, claim, seen)
+		checkGPUClaim(t, n, claim, seen)
 		// kubectl logs: kube-apiserver reaches the kubelet's API, which
 		// listens on loopback, and the kubelet reads the same file.
-		want, err := rn.ContainerLog(pod, "ctr")
+		want, err := n.ContainerLog(pod, "ctr")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -90,7 +92,7 @@ func TestRealNode(t *testing.T) {
 		})
 		deletePod(t, ctx, c, pod)
 		clustertest.Eventually(t, ctx, 2*time.Minute, "claim unprepared", func() bool {
-			return len(specFiles(t, rn, claim)) == 0 && !checkpointHas(t, rn, driver, claim)
+			return len(specFiles(t, n, claim)) == 0 && !checkpointHas(t, n, claim)
 		})
 	})
 
@@ -115,7 +117,7 @@ func TestRealNode(t *testing.T) {
 		if len(caps) != 2 {
 			t.Errorf("MIG device %s: capability nodes %v, want its GI's and CI's", dev, caps)
 		}
-		if want := specDeviceNodes(t, rn, claim); !sameSet(seen.DeviceNodes, want) {
+		if want := specDeviceNodes(t, n, claim); !sameSet(seen.DeviceNodes, want) {
 			t.Errorf("MIG device %s: the container saw %v, the claim's CDI spec names %v", dev, seen.DeviceNodes, want)
 		}
 		deletePod(t, ctx, c, pod)
@@ -134,12 +136,12 @@ func TestRealNode(t *testing.T) {
 		if seen.MPSPipeDirectory == "" {
 			t.Errorf("MPS claim: the container has no MPS pipe directory (CUDA_MPS_PIPE_DIRECTORY=%q)", seen.Env["CUDA_MPS_PIPE_DIRECTORY"])
 		}
-		if want := specDeviceNodes(t, rn, claim); !sameSet(seen.DeviceNodes, want) {
+		if want := specDeviceNodes(t, n, claim); !sameSet(seen.DeviceNodes, want) {
 			t.Errorf("MPS claim: the container saw %v, the claim's CDI spec names %v", seen.DeviceNodes, want)
 		}
 		deletePod(t, ctx, c, pod)
 		clustertest.Eventually(t, ctx, 2*time.Minute, "MPS claim unprepared", func() bool {
-			return len(specFiles(t, rn, claim)) == 0 && !checkpointHas(t, rn, driver, claim)
+			return len(specFiles(t, n, claim)) == 0 && !checkpointHas(t, n, claim)
 		})
 	})
 
@@ -150,7 +152,9 @@ func TestRealNode(t *testing.T) {
 		if err := rn.RestartKubelet(ctx, client); err != nil {
 			t.Fatal(err)
 		}
-		restartPlugin(t, c, rn)
+		if err := n.RestartPlugin(ctx); err != nil {
+			t.Fatal(err)
+		}
 
 		// The running pod keeps its container (same ID, no restart) and
 		// its claim stays prepared.
@@ -161,12 +165,12 @@ func TestRealNode(t *testing.T) {
 		if p.Status.Phase != corev1.PodRunning || containerID(p) != ctrID {
 			t.Errorf("after the restarts pod %s is %s with container %s, want Running with %s", p.Name, p.Status.Phase, containerID(p), ctrID)
 		}
-		if len(specFiles(t, rn, firstClaim)) == 0 || !checkpointHas(t, rn, driver, firstClaim) {
+		if len(specFiles(t, n, firstClaim)) == 0 || !checkpointHas(t, n, firstClaim) {
 			t.Errorf("after the restarts claim %s lost its CDI spec or checkpoint entry", firstClaim.Name)
 		}
 		// A new pod gets another GPU, and sees only that one.
 		second, secondClaim, seen := runProbe(t, ctx, c, gpu, "after-restart")
-		checkGPUClaim(t, rn, secondClaim, seen)
+		checkGPUClaim(t, n, secondClaim, seen)
 		if a, b := firstClaim.Status.Allocation.Devices.Results[0].Device, secondClaim.Status.Allocation.Devices.Results[0].Device; a == b {
 			t.Errorf("both pods got %s", a)
 		}
@@ -177,7 +181,7 @@ func TestRealNode(t *testing.T) {
 		}{{first, firstClaim}, {second, secondClaim}} {
 			deletePod(t, ctx, c, pc.pod)
 			clustertest.Eventually(t, ctx, 2*time.Minute, "claim "+pc.claim.Name+" unprepared", func() bool {
-				return len(specFiles(t, rn, pc.claim)) == 0 && !checkpointHas(t, rn, driver, pc.claim)
+				return len(specFiles(t, n, pc.claim)) == 0 && !checkpointHas(t, n, pc.claim)
 			})
 		}
 	})
@@ -186,7 +190,7 @@ func TestRealNode(t *testing.T) {
 // checkGPUClaim checks what a container with a one-GPU claim saw: its
 // GPU's node and the control nodes, nothing else, and every variable of
 // the claim's CDI spec.
-func checkGPUClaim(t *testing.T, rn *node.Node, claim *resourceapi.ResourceClaim, seen *probe.Seen) {
+func checkGPUClaim(t *testing.T, n cluster.Node, claim *resourceapi.ResourceClaim, seen *probe.Seen) {
 	t.Helper()
 	dev := claim.Status.Allocation.Devices.Results[0].Device
 	minor, ok := strings.CutPrefix(dev, "gpu-")
@@ -197,7 +201,7 @@ func checkGPUClaim(t *testing.T, rn *node.Node, claim *resourceapi.ResourceClaim
 	if !sameSet(seen.DeviceNodes, want) {
 		t.Errorf("claim of %s: the container saw %v, want exactly %v", dev, seen.DeviceNodes, want)
 	}
-	env := specEnv(t, rn, claim)
+	env := specEnv(t, n, claim)
 	if len(env) == 0 {
 		t.Fatalf("claim of %s: its CDI spec sets no environment", dev)
 	}
@@ -210,11 +214,11 @@ func checkGPUClaim(t *testing.T, rn *node.Node, claim *resourceapi.ResourceClaim
 }
 
 // specs reads the claim's CDI specs.
-func specs(t *testing.T, rn *node.Node, claim *resourceapi.ResourceClaim) []cdispec.Spec {
+func specs(t *testing.T, n cluster.Node, claim *resourceapi.ResourceClaim) []cdispec.Spec {
 	t.Helper()
-	files := specFiles(t, rn, claim)
+	files := specFiles(t, n, claim)
 	if len(files) == 0 {
-		t.Fatalf("claim %s has no CDI spec in %s", claim.Name, rn.Layout().CDIDir())
+		t.Fatalf("claim %s has no CDI spec in %s", claim.Name, n.CDIDir())
 	}
 	var out []cdispec.Spec
 	for _, f := range files {
@@ -232,9 +236,9 @@ func specs(t *testing.T, rn *node.Node, claim *resourceapi.ResourceClaim) []cdis
 }
 
 // specEnv returns the environment the claim's CDI specs set.
-func specEnv(t *testing.T, rn *node.Node, claim *resourceapi.ResourceClaim) []string {
+func specEnv(t *testing.T, n cluster.Node, claim *resourceapi.ResourceClaim) []string {
 	var env []string
-	for _, s := range specs(t, rn, claim) {
+	for _, s := range specs(t, n, claim) {
 		env = append(env, s.ContainerEdits.Env...)
 		for _, d := range s.Devices {
 			env = append(env, d.ContainerEdits.Env...)
@@ -244,9 +248,9 @@ func specEnv(t *testing.T, rn *node.Node, claim *resourceapi.ResourceClaim) []st
 }
 
 // specDeviceNodes returns the device nodes the claim's CDI specs name.
-func specDeviceNodes(t *testing.T, rn *node.Node, claim *resourceapi.ResourceClaim) []string {
+func specDeviceNodes(t *testing.T, n cluster.Node, claim *resourceapi.ResourceClaim) []string {
 	var out []string
-	for _, s := range specs(t, rn, claim) {
+	for _, s := range specs(t, n, claim) {
 		for _, d := range s.ContainerEdits.DeviceNodes {
 			out = append(out, d.Path)
 		}
@@ -265,73 +269,4 @@ func containerID(p *corev1.Pod) string {
 		return ""
 	}
 	return p.Status.ContainerStatuses[0].ContainerID
-}
-
-// restartPlugin kills gpudra's plugin process in its container (found by
-// its command line: kubelet-plugin with the real node's registration
-// directory), waits until the kubelet has restarted the container and
-// the plugin has published its slices again.
-func restartPlugin(t *testing.T, c *cluster.Cluster, rn *node.Node) {
-	t.Helper()
-	ctx := t.Context()
-	pid := pluginPID(t, rn)
-	pods, err := c.Client().CoreV1().Pods(c.Release().Namespace).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + rn.Name()})
-	if err != nil || len(pods.Items) != 1 {
-		t.Fatalf("gpudra's pod on %s: %v, %d pods", rn.Name(), err, len(pods.Items))
-	}
-	before := restarts(&pods.Items[0], "plugin")
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		t.Fatalf("kill gpudra's plugin (pid %d): %v", pid, err)
-	}
-	clustertest.Eventually(t, ctx, 2*time.Minute, "gpudra's container restarted and ready", func() bool {
-		p, err := c.Client().CoreV1().Pods(pods.Items[0].Namespace).Get(ctx, pods.Items[0].Name, metav1.GetOptions{})
-		if err != nil || restarts(p, "plugin") <= before {
-			return false
-		}
-		for _, cs := range p.Status.ContainerStatuses {
-			if cs.Name == "plugin" {
-				return cs.Ready
-			}
-		}
-		return false
-	})
-}
-
-func restarts(p *corev1.Pod, container string) int32 {
-	for _, cs := range p.Status.ContainerStatuses {
-		if cs.Name == container {
-			return cs.RestartCount
-		}
-	}
-	return -1
-}
-
-// pluginPID finds the process of `gpudra kubelet-plugin` of the real node
-// (its --registrar-dir is the node's).
-func pluginPID(t *testing.T, rn *node.Node) int {
-	t.Helper()
-	want := "--registrar-dir=" + rn.Layout().RegistryDir()
-	var found []int
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(b), "\x00")
-		if len(args) > 1 && args[1] == "kubelet-plugin" && slices.Contains(args, want) {
-			found = append(found, pid)
-		}
-	}
-	if len(found) != 1 {
-		t.Fatalf("gpudra kubelet-plugin processes with %s: %v, want one", want, found)
-	}
-	return found[0]
 }

@@ -75,7 +75,7 @@ func pluginIdentity(c *cluster.Cluster, node string) kubernetes.Interface {
 // ValidatingAdmissionPolicy and with its message, while it may its own.
 func TestChartPolicyRefusesOtherNodesSlices(t *testing.T) {
 	ctx := testContext(t, time.Minute)
-	nodes := demo.Nodes()
+	nodes := demo.SimNodes()
 	if len(nodes) < 2 {
 		t.Fatalf("the demo fleet has %d nodes", len(nodes))
 	}

@@ -143,7 +143,7 @@ func TestComputeDomainChannels(t *testing.T) {
 		if pod.Spec.NodeName != node {
 			t.Fatalf("pod %s on %s, want %s", podName, pod.Spec.NodeName, node)
 		}
-		devs, ok := c.Node(node).Containers(pod)
+		devs, ok := c.SimNode(node).Containers(pod)
 		if !ok {
 			t.Fatalf("node %s has no containers of pod %s", node, podName)
 		}
@@ -186,7 +186,7 @@ func TestComputeDomainChannels(t *testing.T) {
 	claimUID := claimUIDOf(t, ctx, c, "cd-demo", "domain-b")
 	specsOf := func() []string {
 		var out []string
-		entries, _ := os.ReadDir(c.Node("nvl-0").CDIDir())
+		entries, _ := os.ReadDir(c.SimNode("nvl-0").CDIDir())
 		for _, e := range entries {
 			if strings.Contains(e.Name(), claimUID) {
 				out = append(out, e.Name())

@@ -149,7 +149,7 @@ func TestDevicePluginMode(t *testing.T) {
 	for i := range pods {
 		pod := &pods[i]
 		perNode[pod.Spec.NodeName]++
-		ctrs, ok := c.Node(pod.Spec.NodeName).Containers(pod)
+		ctrs, ok := c.SimNode(pod.Spec.NodeName).Containers(pod)
 		if !ok || len(ctrs["ctr"].CDIDevices) != 1 {
 			t.Fatalf("%s on %s: containers %+v", pod.Name, pod.Spec.NodeName, ctrs)
 		}
@@ -184,7 +184,7 @@ func TestDevicePluginMode(t *testing.T) {
 	// of two GPUs, spread over both.
 	apply(t, ctx, classicDeployment("mixed", "mig", 2, "nvidia.com/mig-1g.10gb", ""))
 	for _, pod := range waitRunning(t, ctx, c, "mixed", "mig", 2) {
-		ctrs, _ := c.Node(pod.Spec.NodeName).Containers(&pod)
+		ctrs, _ := c.SimNode(pod.Spec.NodeName).Containers(&pod)
 		caps := slices.ContainsFunc(ctrs["ctr"].DeviceNodes, func(n string) bool { return strings.HasPrefix(n, "/dev/nvidia-caps/") })
 		if pod.Spec.NodeName != "dp-mixed" || !caps {
 			t.Errorf("MIG pod %s on %s with nodes %v, want dp-mixed and MIG capability nodes", pod.Name, pod.Spec.NodeName, ctrs["ctr"].DeviceNodes)
@@ -193,7 +193,7 @@ func TestDevicePluginMode(t *testing.T) {
 	apply(t, ctx, classicDeployment("sliced", "slices", 4, "nvidia.com/gpu.shared", ""))
 	gpus := map[string]int{}
 	for _, pod := range waitRunning(t, ctx, c, "sliced", "slices", 4) {
-		ctrs, _ := c.Node(pod.Spec.NodeName).Containers(&pod)
+		ctrs, _ := c.SimNode(pod.Spec.NodeName).Containers(&pod)
 		gpus[strings.Join(ctrs["ctr"].CDIDevices, ",")]++
 	}
 	if len(gpus) != 2 || gpus[firstKey(gpus)] != 2 {
@@ -204,7 +204,7 @@ func TestDevicePluginMode(t *testing.T) {
 	// daemon through its pipe directory.
 	apply(t, ctx, classicDeployment("mps", "clients", 2, "nvidia.com/gpu.mps", ""))
 	for _, pod := range waitRunning(t, ctx, c, "mps", "clients", 2) {
-		ctrs, _ := c.Node(pod.Spec.NodeName).Containers(&pod)
+		ctrs, _ := c.SimNode(pod.Spec.NodeName).Containers(&pod)
 		got := ctrs["ctr"]
 		if pod.Spec.NodeName != "dp-mps" || len(got.CDIDevices) != 1 || got.CDIDevices[0] != "k8s.gpu.nvidia.com/device=gpu-0-mps" ||
 			got.Env["CUDA_MPS_PIPE_DIRECTORY"] != "/tmp/nvidia-mps" || !slices.Contains(got.Mounts, "/tmp/nvidia-mps") {
@@ -215,7 +215,7 @@ func TestDevicePluginMode(t *testing.T) {
 	// Single strategy: the MIG devices are nvidia.com/gpu.
 	apply(t, ctx, classicDeployment("single", "mig", 2, "nvidia.com/gpu", "      nodeSelector: {kubernetes.io/hostname: dp-single}\n"))
 	for _, pod := range waitRunning(t, ctx, c, "single", "mig", 2) {
-		ctrs, _ := c.Node(pod.Spec.NodeName).Containers(&pod)
+		ctrs, _ := c.SimNode(pod.Spec.NodeName).Containers(&pod)
 		if cdi := ctrs["ctr"].CDIDevices; len(cdi) != 1 || !strings.Contains(cdi[0], "-mig-2g20gb-") {
 			t.Errorf("single-strategy pod %s: CDI devices %v, want a 2g.20gb MIG device", pod.Name, cdi)
 		}
@@ -224,7 +224,7 @@ func TestDevicePluginMode(t *testing.T) {
 	// A kubelet restart: the plugin registers again and running pods keep
 	// their GPUs; a replacement pod gets the GPU its predecessor freed,
 	// not one a running pod holds.
-	node := c.Node("dp-classic")
+	node := c.SimNode("dp-classic")
 	before := node.DevicePlugin().Registrations()
 	if err := node.RestartKubelet(); err != nil {
 		t.Fatal(err)
@@ -249,7 +249,7 @@ func TestDevicePluginMode(t *testing.T) {
 	clustertest.Eventually(t, ctx, 0, "the replacement pod runs", func() bool {
 		for _, p := range podsOf(t, ctx, c, "classic", "train") {
 			if p.Name != victim.Name && p.Status.Phase == corev1.PodRunning && !slices.ContainsFunc(pods, func(q corev1.Pod) bool { return q.Name == p.Name }) {
-				ctrs, ok := c.Node(p.Spec.NodeName).Containers(&p)
+				ctrs, ok := c.SimNode(p.Spec.NodeName).Containers(&p)
 				if !ok {
 					return false
 				}
@@ -276,14 +276,14 @@ func migrateToDRA(t *testing.T, ctx context.Context, c *cluster.Cluster, notSing
 	clustertest.Eventually(t, ctx, 0, "the classic namespace's pods to go (the drain)", func() bool {
 		return len(podsOf(t, ctx, c, "classic", "train")) == 0
 	})
-	if err := c.Node("dp-classic").MigrateToDRA(ctx); err != nil {
+	if err := c.SimNode("dp-classic").MigrateToDRA(ctx); err != nil {
 		t.Fatal(err)
 	}
 	apply(t, ctx, classicDeployment("after", "train", 6, "nvidia.com/gpu", notSingle))
 	perNode := map[string]int{}
 	for _, pod := range waitRunning(t, ctx, c, "after", "train", 6) {
 		perNode[pod.Spec.NodeName]++
-		ctrs, _ := c.Node(pod.Spec.NodeName).Containers(&pod)
+		ctrs, _ := c.SimNode(pod.Spec.NodeName).Containers(&pod)
 		if pod.Status.ExtendedResourceClaimStatus == nil || len(ctrs["ctr"].CDIDevices) != 1 || !strings.HasPrefix(ctrs["ctr"].CDIDevices[0], "k8s.gpu.nvidia.com/claim=") {
 			t.Errorf("after the migration %s on %s: extended claim %+v, CDI devices %v; want a DRA claim", pod.Name, pod.Spec.NodeName, pod.Status.ExtendedResourceClaimStatus, ctrs["ctr"].CDIDevices)
 		}

@@ -88,7 +88,7 @@ func TestExamples(t *testing.T) {
 		{"two-pods-distinct-gpus", "pod0", []check{isType("gpu", 1)}},
 		{"two-pods-distinct-gpus", "pod1", []check{isType("gpu", 1)}},
 		{"shared-claim", "pod", []check{isType("gpu", 1), func(t *testing.T, pod *corev1.Pod, _ []resourceapi.Device) {
-			ctrs, _ := demo.Node(pod.Spec.NodeName).Containers(pod)
+			ctrs, _ := demo.SimNode(pod.Spec.NodeName).Containers(pod)
 			if a, b := ctrs["ctr0"].CDIDevices, ctrs["ctr1"].CDIDevices; len(a) == 0 || !slices.Equal(a, b) {
 				t.Errorf("containers do not share the claim's devices: ctr0 %v, ctr1 %v", a, b)
 			}
@@ -122,7 +122,7 @@ func TestExamples(t *testing.T) {
 			if root == "" || root != attr(nic, "resource.kubernetes.io/pcieRoot") {
 				t.Errorf("GPU %s under %q and NIC %s under %q, want one PCIe root", gpu.Name, root, nic.Name, attr(nic, "resource.kubernetes.io/pcieRoot"))
 			}
-			ctrs, _ := demo.Node(pod.Spec.NodeName).Containers(pod)
+			ctrs, _ := demo.SimNode(pod.Spec.NodeName).Containers(pod)
 			got := ctrs["ctr"]
 			hca := attr(nic, "rdmaDevice")
 			uverbs := "/dev/infiniband/uverbs" + strings.TrimPrefix(hca, "mlx5_")
@@ -150,7 +150,7 @@ func TestExamples(t *testing.T) {
 		}}},
 		{"gpu-config", "pod", []check{isType("gpu", 1)}},
 		{"mps-sharing", "pod", []check{isType("gpu", 1), func(t *testing.T, pod *corev1.Pod, _ []resourceapi.Device) {
-			ctrs, _ := demo.Node(pod.Spec.NodeName).Containers(pod)
+			ctrs, _ := demo.SimNode(pod.Spec.NodeName).Containers(pod)
 			for _, name := range []string{"trainer", "evaluator"} {
 				if got := ctrs[name].Env["CUDA_MPS_PIPE_DIRECTORY"]; got != "/tmp/nvidia-mps" {
 					t.Errorf("container %s: CUDA_MPS_PIPE_DIRECTORY=%q, want /tmp/nvidia-mps", name, got)
@@ -158,7 +158,7 @@ func TestExamples(t *testing.T) {
 			}
 		}}},
 		{"vfio-passthrough", "vm", []check{isType("vfio", 1), func(t *testing.T, pod *corev1.Pod, _ []resourceapi.Device) {
-			ctrs, _ := demo.Node(pod.Spec.NodeName).Containers(pod)
+			ctrs, _ := demo.SimNode(pod.Spec.NodeName).Containers(pod)
 			nodes := ctrs["launcher"].DeviceNodes
 			if !slices.Contains(nodes, "/dev/iommu") || !slices.ContainsFunc(nodes, func(p string) bool { return strings.HasPrefix(p, "/dev/vfio/devices/vfio") }) {
 				t.Errorf("VFIO container's nodes %v, want /dev/iommu and /dev/vfio/devices/vfioN", nodes)
@@ -220,7 +220,7 @@ func TestExamples(t *testing.T) {
 				// The demo's device-plugin node: the kubelet's device
 				// manager gave the container one of gpudra's device-plugin
 				// devices, and no claim was made.
-				ctrs, _ := demo.Node(pod.Spec.NodeName).Containers(pod)
+				ctrs, _ := demo.SimNode(pod.Spec.NodeName).Containers(pod)
 				if cdi := ctrs["ctr"].CDIDevices; len(cdi) != 1 || !strings.HasPrefix(cdi[0], "k8s.gpu.nvidia.com/device=gpu-") || pod.Status.ExtendedResourceClaimStatus != nil {
 					t.Errorf("%s on the device-plugin node: CDI devices %v, extended claim %+v", pod.Name, cdi, pod.Status.ExtendedResourceClaimStatus)
 				}
@@ -260,7 +260,7 @@ func TestExamples(t *testing.T) {
 			t.Errorf("%d job pods, want 4", len(pods.Items))
 		}
 		for _, pod := range pods.Items {
-			ctrs, ok := demo.Node(pod.Spec.NodeName).Containers(&pod)
+			ctrs, ok := demo.SimNode(pod.Spec.NodeName).Containers(&pod)
 			if pod.Status.Phase != corev1.PodSucceeded || !ok || len(ctrs["ctr"].CDIDevices) != 1 {
 				t.Errorf("job pod %s: phase %s, containers %+v", pod.Name, pod.Status.Phase, ctrs)
 			}
@@ -347,7 +347,7 @@ func checkComputeDomainExample(t *testing.T, ctx context.Context) {
 			t.Errorf("workers %s and %s both on %s", other, pod.Name, pod.Spec.NodeName)
 		}
 		nodes[pod.Spec.NodeName] = pod.Name
-		ctrs, ok := demo.Node(pod.Spec.NodeName).Containers(&pod)
+		ctrs, ok := demo.SimNode(pod.Spec.NodeName).Containers(&pod)
 		var imexNodes []string
 		for _, d := range ctrs["ctr"].DeviceNodes {
 			if strings.HasPrefix(d, "/dev/nvidia-caps-imex-channels/") {

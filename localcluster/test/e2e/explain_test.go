@@ -87,7 +87,7 @@ func gpusPerNode(t *testing.T, ctx context.Context) (total, most int, mostNode s
 			}
 		}
 	}
-	for _, n := range demo.Nodes() {
+	for _, n := range demo.SimNodes() {
 		if c := perNode[n.Name()]; c > most || (c == most && n.Name() < mostNode) {
 			most, mostNode = c, n.Name()
 		}

@@ -75,10 +75,10 @@ func TestFractionalGPUs(t *testing.T) {
 			pod := waitForPod(t, ctx, ns, "pod", "Running", running)
 			devs := devicesOf(t, ctx, pod)
 			claim := allocatedClaim(t, ctx, pod)
-			if _, err := mpsfake.ReadRecord(c.Node(node).MPSDirs(string(claim.UID)).Log); err == nil {
+			if _, err := mpsfake.ReadRecord(c.SimNode(node).MPSDirs(string(claim.UID)).Log); err == nil {
 				t.Errorf("%s: a claim that asked for nothing got a capped share with an MPS daemon", node)
 			}
-			if got, _ := c.Node(node).TimeSlice(attr(devs[0], "uuid")); got != "Medium" {
+			if got, _ := c.SimNode(node).TimeSlice(attr(devs[0], "uuid")); got != "Medium" {
 				t.Errorf("%s: time slice %q, want Medium", node, got)
 			}
 			// The GPU is taken whole: a share of it does not fit.
@@ -185,7 +185,7 @@ spec:
 		apply(t, ctx, sharedPods("ts-long", "share-any", nothing, ts("Long"), "pod"))
 		long := waitForPod(t, ctx, "ts-long", "pod", "Running", running)
 		gpu := attr(devicesOf(t, ctx, long)[0], "uuid")
-		if got, _ := c.Node("share-any").TimeSlice(gpu); got != "Long" {
+		if got, _ := c.SimNode("share-any").TimeSlice(gpu); got != "Long" {
 			t.Errorf("GPU time slice %q, want Long", got)
 		}
 		apply(t, ctx, sharedPods("ts-short", "share-any", nothing, ts("Short"), "pod"))
@@ -233,7 +233,7 @@ func checkShares(t *testing.T, ctx context.Context, ns string, pods []string, th
 		} else {
 			shareIDs[string(*r.ShareID)] = true
 		}
-		rec, err := mpsfake.ReadRecord(demo.Node(pod.Spec.NodeName).MPSDirs(string(claim.UID)).Log)
+		rec, err := mpsfake.ReadRecord(demo.SimNode(pod.Spec.NodeName).MPSDirs(string(claim.UID)).Log)
 		if err != nil {
 			t.Errorf("%s: no MPS daemon for its share: %v", name, err)
 			continue

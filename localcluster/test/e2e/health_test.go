@@ -129,14 +129,14 @@ func resourceHealth(p *corev1.Pod) corev1.ResourceHealthStatus {
 // scrape reads the node's metrics over HTTP.
 func scrape(t *testing.T, c *cluster.Cluster, node string) string {
 	t.Helper()
-	resp, err := http.Get(c.Node(node).MetricsURL())
+	resp, err := http.Get(c.SimNode(node).MetricsURL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = resp.Body.Close() }()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %s %v: %s", c.Node(node).MetricsURL(), resp.Status, err, body)
+		t.Fatalf("GET %s: %s %v: %s", c.SimNode(node).MetricsURL(), resp.Status, err, body)
 	}
 	return string(body)
 }
@@ -150,11 +150,11 @@ func TestPluginProbes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(report.Nodes) != len(demo.Nodes()) {
-		t.Fatalf("report has %d nodes, the cluster %d", len(report.Nodes), len(demo.Nodes()))
+	if len(report.Nodes) != len(demo.SimNodes()) {
+		t.Fatalf("report has %d nodes, the cluster %d", len(report.Nodes), len(demo.SimNodes()))
 	}
 	for _, n := range report.Nodes {
-		if want := demo.Node(n.Name).HTTPEndpoint(); n.HTTPEndpoint != want {
+		if want := demo.SimNode(n.Name).HTTPEndpoint(); n.HTTPEndpoint != want {
 			t.Errorf("node %s: report's endpoint %q, the node's %q", n.Name, n.HTTPEndpoint, want)
 		}
 		if n.HTTPEndpoint == "" {

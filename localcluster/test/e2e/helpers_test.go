@@ -235,7 +235,7 @@ func asksForExtendedGPUs(c *corev1.Container) bool {
 // the simulated NIC driver an RDMA uverbs node.
 func checkContainersSeeDevices(t *testing.T, pod *corev1.Pod, devs []resourceapi.Device) {
 	t.Helper()
-	ctrs, ok := demo.Node(pod.Spec.NodeName).Containers(pod)
+	ctrs, ok := demo.SimNode(pod.Spec.NodeName).Containers(pod)
 	if !ok {
 		t.Errorf("%s: node %s has no container record", pod.Name, pod.Spec.NodeName)
 		return

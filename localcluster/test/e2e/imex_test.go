@@ -162,7 +162,7 @@ func TestComputeDomainIMEXDaemons(t *testing.T) {
 	}()
 	for i, n := range nodes {
 		pod := waitForPodIn(t, ctx, c, "imex-demo", fmt.Sprintf("worker-%d", i), "Running", running)
-		devs, ok := c.Node(n).Containers(pod)
+		devs, ok := c.SimNode(n).Containers(pod)
 		if !ok || !slices.Contains(devs["ctr"].DeviceNodes, channel) {
 			t.Errorf("pod worker-%d on %s: device nodes %v, want %s", i, n, devs["ctr"].DeviceNodes, channel)
 		}
@@ -176,7 +176,7 @@ func TestComputeDomainIMEXDaemons(t *testing.T) {
 		ips[imex.PeerName(n.Index)] = n.IPAddress
 	}
 	for _, n := range nodes {
-		node := c.Node(n)
+		node := c.SimNode(n)
 		var peers map[string]string
 		var rec imexfake.Record
 		err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
@@ -194,7 +194,7 @@ func TestComputeDomainIMEXDaemons(t *testing.T) {
 
 	// A SIGKILLed daemon is restarted; the domain is Ready again with the
 	// same indices.
-	victim := c.Node("nvl-1").IMEX().Supervisor()
+	victim := c.SimNode("nvl-1").IMEX().Supervisor()
 	old := victim.Status().PID
 	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -335,13 +335,13 @@ spec:
 			}
 		}
 		for _, n := range nodes {
-			entries, _ := os.ReadDir(c.Node(n).CDIDir())
+			entries, _ := os.ReadDir(c.SimNode(n).CDIDir())
 			for _, e := range entries {
 				if strings.Contains(e.Name(), "compute-domain") && strings.HasSuffix(e.Name(), ".json") {
 					left = append(left, n+" CDI spec "+e.Name())
 				}
 			}
-			if pid := c.Node(n).IMEX().Supervisor().Status().PID; pid != 0 {
+			if pid := c.SimNode(n).IMEX().Supervisor().Status().PID; pid != 0 {
 				left = append(left, fmt.Sprintf("%s daemon pid %d", n, pid))
 			}
 		}

@@ -64,7 +64,7 @@ func TestKubeletAPI(t *testing.T) {
 			node.Name, addrs, node.Status.DaemonEndpoints.KubeletEndpoint.Port, node.Name)
 	}
 
-	ctrs, _ := demo.Node(mpsPod.Spec.NodeName).Containers(mpsPod)
+	ctrs, _ := demo.SimNode(mpsPod.Spec.NodeName).Containers(mpsPod)
 	devs := devicesOf(t, ctx, mpsPod)
 	if len(devs) != 1 || len(ctrs["gpu"].CDIDevices) != 1 {
 		t.Fatalf("pod mps: devices %v, container gpu %+v", devs, ctrs["gpu"])
@@ -74,6 +74,14 @@ func TestKubeletAPI(t *testing.T) {
 		t.Fatalf("logs of mps/gpu: %v", err)
 	}
 	t.Logf("logs of mps/gpu:\n%s", logs)
+	// The same text through cluster.Node, as a test reads a real node's.
+	n := demo.Node(mpsPod.Spec.NodeName)
+	if direct, err := n.ContainerLog(mpsPod, "gpu"); err != nil || direct != logs || n.Real() {
+		t.Errorf("cluster.Node(%s).ContainerLog: %q, %v (real %v); want what kubectl logs shows", mpsPod.Spec.NodeName, direct, err, n.Real())
+	}
+	if _, err := n.ContainerLog(mpsPod, "nosuch"); err == nil {
+		t.Error("cluster.Node.ContainerLog of a container the pod does not have succeeded")
+	}
 	for _, want := range []string{
 		"CDI device: " + ctrs["gpu"].CDIDevices[0],
 		"device node: /dev/nvidia" + attr(devs[0], "minor") + "\n",

@@ -103,7 +103,7 @@ func memorySlices(d resourceapi.Device) []int {
 // instancesOn lists the MIG devices that exist on a GPU of migNode.
 func instancesOn(t *testing.T, ctx context.Context, gpuUUID string) []hardware.MIGDevice {
 	t.Helper()
-	inv, err := demo.Node(migNode).Hardware().Discover(ctx)
+	inv, err := demo.SimNode(migNode).Hardware().Discover(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -37,7 +37,7 @@ func TestMigratedMIGLayout(t *testing.T) {
 	c := startFleet(t, ctx, "migrated", migratedFleet, cluster.Options{})
 	useAsDemo(t, c)
 	layout := func(ctx context.Context) []hardware.MIGDevice {
-		inv, err := c.Node("migrated-0").Hardware().Discover(ctx)
+		inv, err := c.SimNode("migrated-0").Hardware().Discover(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -28,7 +28,7 @@ func TestMPSClaim(t *testing.T) {
 		t.Fatalf("got %d devices, want 1", len(devs))
 	}
 	uid := claimUIDs(t, ctx, pod)[0]
-	node := demo.Node(pod.Spec.NodeName)
+	node := demo.SimNode(pod.Spec.NodeName)
 	dirs := node.MPSDirs(uid)
 	rec, err := mpsfake.ReadRecord(dirs.Log)
 	if err != nil {

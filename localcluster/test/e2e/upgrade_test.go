@@ -66,7 +66,7 @@ func TestUpgradeUnderLoad(t *testing.T) {
 	time.Sleep(time.Second)
 	start := time.Now()
 	upgraded := 0
-	for _, n := range c.Nodes() {
+	for _, n := range c.SimNodes() {
 		if fn, err := fleet.Node(n.Name()); err != nil || fn.Mode == sim.ModeDevicePlugin {
 			continue // the DaemonSet's plugin does not run on a device-plugin node
 		}
@@ -87,7 +87,7 @@ func TestUpgradeUnderLoad(t *testing.T) {
 	}
 
 	var prepareFailed, unprepareFailed int64
-	for _, n := range c.Nodes() {
+	for _, n := range c.SimNodes() {
 		p, u := n.DRACallFailures()
 		prepareFailed += p
 		unprepareFailed += u

@@ -64,7 +64,7 @@ func freeVFIOGPU(t *testing.T, ctx context.Context) (node, uuid, busID string) {
 func TestVFIOPassthrough(t *testing.T) {
 	ctx := testContext(t, 2*time.Minute)
 	node, gpu, busID := freeVFIOGPU(t, ctx)
-	fake := demo.Node(node).Sysfs()
+	fake := demo.SimNode(node).Sysfs()
 	pod := func(ns, class string) {
 		t.Helper()
 		create(t, ctx, demo, clustertest.Namespace(ns),
@@ -80,7 +80,7 @@ func TestVFIOPassthrough(t *testing.T) {
 	if b, _ := fake.Binding(busID); b.Driver != "vfio-pci" {
 		t.Errorf("GPU %s bound to %q while passed through, want vfio-pci", busID, b.Driver)
 	}
-	ctrs, _ := demo.Node(node).Containers(vm)
+	ctrs, _ := demo.SimNode(node).Containers(vm)
 	nodes := ctrs["ctr"].DeviceNodes
 	if !slices.Contains(nodes, "/dev/vfio/vfio") || !slices.ContainsFunc(nodes, func(p string) bool { return strings.HasPrefix(p, "/dev/vfio/") && p != "/dev/vfio/vfio" }) {
 		t.Errorf("VFIO container's device nodes %v, want /dev/vfio/<group> and /dev/vfio/vfio", nodes)
