@@ -132,7 +132,7 @@ func runScale(b *testing.B, nodes, domains int, limit time.Duration) *scaleResul
 	})
 	ctrlDone := make(chan error, 1)
 	go func() { ctrlDone <- ctrl.Run(ctx) }()
-	defer func() { cancel(); <-ctrlDone }()
+	defer func() { cancel(); <-ctrlDone }() //nolint:errcheck // the controller stops with the context
 
 	// The reporters start (and watch nothing yet) before the clock does.
 	tallies := make([]*requestTally, nodes)

@@ -244,7 +244,7 @@ func TestKubeletPluginDeviceStatus(t *testing.T) {
 		}
 		for _, mf := range after.ManagedFields {
 			if mf.Manager == onA.FieldManager() {
-				t.Errorf("field manager %s still owns fields: %s", mf.Manager, mf.FieldsV1.Raw)
+				t.Errorf("field manager %s still owns fields: %s", mf.Manager, mf.FieldsV1.GetRawString())
 			}
 		}
 		// Again: nothing to remove is a no-op.
