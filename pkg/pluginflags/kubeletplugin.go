@@ -25,19 +25,18 @@ import (
 	"github.com/gpudra/gpudra/pkg/timeslice"
 )
 
-
 // KubeletPlugin is the flags of `gpudra kubelet-plugin`.
 type KubeletPlugin struct {
-	HW                Discovery
-	CDI               CDI
-	Sharing           Sharing
-	VFIO              VFIO
-	GPUSharing        GPUSharing
-	Health            Health
-	HTTPEndpoint      string
-	MetricsPath       string
-	DriverName        string
-	NodeName          string
+	HW           Discovery
+	CDI          CDI
+	Sharing      Sharing
+	VFIO         VFIO
+	GPUSharing   GPUSharing
+	Health       Health
+	HTTPEndpoint string
+	MetricsPath  string
+	DriverName   string
+	NodeName     string
 	kubeclient.Flags
 	PluginDataDir     string
 	RegistrarDir      string
