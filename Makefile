@@ -25,7 +25,7 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
 # The local cluster: a real control plane with simulated GPU nodes, running
 # every example, and the fleet's first node real where the machine allows
-# it (docs/real-node.md): the real kubelet, containerd and runc, gpudra from
+# it (docs/development/real-node.md): the real kubelet, containerd and runc, gpudra from
 # the chart as a container of its image, and a probe pod that prints what
 # its container sees. Where the machine cannot run a real node (not root,
 # no runc or busybox-static, no overlayfs, no cgroup controller) it says
@@ -89,7 +89,7 @@ TIDY_MODULES := $(LINT_MODULES) localcluster/realnode/containerd localcluster/re
 tidy-check:
 	@set -e; for m in $(TIDY_MODULES); do echo "go mod tidy -diff: $$m"; (cd $$m && $(GO) mod tidy -diff); done
 
-# The real node's container runtime (localcluster/realnode, docs/real-node.md):
+# The real node's container runtime (localcluster/realnode, docs/development/real-node.md):
 # builds containerd, its runc shim, ctr and the CNI plugins from Go modules
 # into the user's cache directory (about 3 minutes the first time), starts
 # containerd and runs busybox containers with gpudra's CDI devices through
@@ -137,13 +137,13 @@ bench:
 	cd localcluster && $(GO) test -run '^$$' -bench . -benchtime 300x ./test/preparebench/
 
 # gpudra's own work in one Prepare against the writes it needs, six runs
-# for benchstat (docs/performance.md): make bench-prepare > new.txt, then
+# for benchstat (docs/design/performance.md): make bench-prepare > new.txt, then
 # benchstat old.txt new.txt.
 bench-prepare:
 	$(GO) test -run '^$$' -bench 'BenchmarkPrepareOwnWork$$|BenchmarkPrepareWritesFloor$$|BenchmarkPrepareOneClaim$$' \
 		-benchtime 300x -count 6 ./pkg/plugin/
 
-# ComputeDomain benchmarks in the local cluster (docs/computedomain.md,
+# ComputeDomain benchmarks in the local cluster (docs/guides/computedomain.md,
 # Benchmarks); not part of test or bench. bench-computedomain: one 18-node
 # domain on gb200-nvl72 with fake IMEX daemons, CD_RUNS runs.
 # bench-computedomain-scale: CD_NODES simulated nodes in CD_DOMAINS domains
@@ -193,7 +193,7 @@ fuzz:
 # The local cluster's load run: 800 pods with one-GPU claims on 100
 # simulated 8-GPU nodes, served in alternating rounds by gpudra and by the
 # baseline driver (localcluster/baseline); prints the ratios
-# (docs/performance.md). Twice: the scheduler searches a node's devices in
+# (docs/design/performance.md). Twice: the scheduler searches a node's devices in
 # the order of their drivers' names, and the driver whose devices come
 # first pays for evaluating the other's claims' selectors on them; the
 # baseline's name sorts before gpu.nvidia.com in the first run and after
@@ -203,7 +203,7 @@ load:
 	cd localcluster && $(GO) run ./cmd/gpudra-sim load --pods 800 --nodes 100
 	cd localcluster && $(GO) run ./cmd/gpudra-sim load --pods 800 --nodes 100 --baseline-driver sim.baseline.gpudra
 
-# The chaos run (docs/chaos.md): 1,000 trials of random claims on a real
+# The chaos run (docs/development/chaos.md): 1,000 trials of random claims on a real
 # plugin process whose simulated hardware outlives it, SIGKILLed at random
 # moments, its checkpoint lost now and then, handed claims allocated to
 # devices it holds, rolled to a second instance, with a 30 s API outage in

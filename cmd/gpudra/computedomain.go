@@ -29,7 +29,7 @@ its containers the channel its ComputeDomain holds (status.channel, which
 compute-domain-controller assigns). A node with no GPU in a multi-node
 NVLink clique cannot join a domain: it publishes an empty pool, logs why,
 and publishes its devices once discovery finds the fabric. See
-docs/computedomain.md.`,
+docs/guides/computedomain.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runComputeDomainPlugin(cmd, o)

@@ -24,7 +24,7 @@ func newDevicePluginCommand() *cobra.Command {
 		Long: `Serves the kubelet's device-plugin API v1beta1 from the same discovery and device model as the
 DRA kubelet plugin: nvidia.com/gpu, MIG resources under NVIDIA's strategies (nvidia.com/mig-<profile>
 with mixed), and time-slicing replicas from NVIDIA's device-plugin config file. A node runs this or
-the DRA plugin, never both: each refuses to start while the other serves the node. See docs/migration.md.`,
+the DRA plugin, never both: each refuses to start while the other serves the node. See docs/guides/migration.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runDevicePlugin(cmd, o) },
 	}
@@ -41,7 +41,7 @@ func runDevicePlugin(cmd *cobra.Command, o *pluginflags.DevicePlugin) error {
 		return err
 	}
 	if sock := nodemode.DRAPluginListening(o.DRAPluginDir); sock != "" {
-		return fmt.Errorf("a DRA kubelet plugin of %s serves this node (it listens on %s): a node runs the DRA plugin or the device plugin, never both, or its GPUs would be admitted twice. Move the node to one mode (label %s, docs/migration.md)", o.DriverName, sock, nodemode.Label)
+		return fmt.Errorf("a DRA kubelet plugin of %s serves this node (it listens on %s): a node runs the DRA plugin or the device plugin, never both, or its GPUs would be admitted twice. Move the node to one mode (label %s, docs/guides/migration.md)", o.DriverName, sock, nodemode.Label)
 	}
 	if err := os.MkdirAll(o.DevicePluginDir, 0o750); err != nil {
 		return fmt.Errorf("--device-plugin-dir: %w", err)

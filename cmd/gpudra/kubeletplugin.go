@@ -43,7 +43,7 @@ func (o *kubeletPluginOptions) run(cmd *cobra.Command) error {
 		return err
 	}
 	if sock := nodemode.DevicePluginListening(o.DevicePluginDir); sock != "" {
-		return fmt.Errorf("a device plugin for NVIDIA GPUs serves this node (it listens on %s): a node runs the DRA plugin or a device plugin, never both, or its GPUs would be admitted twice. Move the node to one mode (label %s, docs/migration.md)", sock, nodemode.Label)
+		return fmt.Errorf("a device plugin for NVIDIA GPUs serves this node (it listens on %s): a node runs the DRA plugin or a device plugin, never both, or its GPUs would be admitted twice. Move the node to one mode (label %s, docs/guides/migration.md)", sock, nodemode.Label)
 	}
 	for _, dir := range []string{o.PluginDataDir, o.RegistrarDir} {
 		if err := os.MkdirAll(dir, 0o750); err != nil {

@@ -5,7 +5,7 @@
 // allocator) and the API server (package apiserver, behind a proxy that
 // can cut it), while the plugin is SIGKILLed at random moments. After
 // every kill and at the end of each trial the node is checked against
-// the driver's invariants (invariants.go). docs/chaos.md says what is run
+// the driver's invariants (invariants.go). docs/development/chaos.md says what is run
 // and how to replay a failing trial.
 package chaos
 
@@ -67,7 +67,7 @@ type Options struct {
 	Trace bool
 	// API gives each trial the API server the plugin talks to; nil: a
 	// package apiserver server of its own. The local cluster's module
-	// passes its real etcd and kube-apiserver (docs/chaos.md).
+	// passes its real etcd and kube-apiserver (docs/development/chaos.md).
 	API APIServerFactory
 	// ReplayCommand is the command that replays a failing seed, with %d
 	// for the seed; empty: `make chaos`'s.

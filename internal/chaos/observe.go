@@ -50,7 +50,7 @@ type observed struct {
 }
 
 // ckptClaim is a claim of the checkpoint file, read as the file says
-// (an independent reading of the v2/v5 format, docs/checkpoint.md).
+// (an independent reading of the v2/v5 format, docs/design/checkpoint.md).
 type ckptClaim struct {
 	UID     string `json:"uid"`
 	Phase   string `json:"phase"`

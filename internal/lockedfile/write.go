@@ -20,7 +20,7 @@ const tempInfix = ".tmp-"
 // 0600) in the same directory, stat it, rename it over path. Readers see the old content or the new, never a mix,
 // and a process crash at any point leaves one of the two (plus, at worst, a
 // stale temp file). It does not fsync: after a power loss the file may be
-// empty or torn (docs/checkpoint.md says why the checkpoint accepts that).
+// empty or torn (docs/design/checkpoint.md says why the checkpoint accepts that).
 func Write(path string, data []byte) error {
 	f, _, err := Replace(path, data)
 	if f != nil {

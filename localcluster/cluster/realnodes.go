@@ -35,7 +35,7 @@ import (
 // RealNodes make the first Count nodes of the fleet real (package
 // realnode/node): the real kubelet, containerd and runc, with gpudra
 // installed from the chart's DaemonSet as a container of gpudra's image,
-// simulating the fleet's node of the same name (docs/real-node.md).
+// simulating the fleet's node of the same name (docs/development/real-node.md).
 type RealNodes struct {
 	// Count is how many. All real nodes share the machine, so each needs
 	// host paths of its own: with more than one, each gets its own copy

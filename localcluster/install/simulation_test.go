@@ -8,7 +8,7 @@ import (
 )
 
 // TestSimulationValues checks the values the local cluster's real nodes
-// install the chart with (docs/real-node.md): simulation.fleet and
+// install the chart with (docs/development/real-node.md): simulation.fleet and
 // stateDir reach the plugin's and the init container's command lines,
 // the state directory is mounted at its own path, /sys is left out, and
 // hostNetwork and env reach the pod; a fleet file is the host's, mounted

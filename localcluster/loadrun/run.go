@@ -4,7 +4,7 @@
 // fleet costs, then creates pods with one-device claims in rounds that
 // alternate the two drivers, checks every round's outcome, and reports
 // the makespans, CPU per pod, each driver's own CPU and the API requests
-// per pod. docs/performance.md holds its figures.
+// per pod. docs/design/performance.md holds its figures.
 package loadrun
 
 import (

@@ -221,7 +221,7 @@ func (n *Node) admit(ctx context.Context, dm *devicemanager.ManagerImpl, pod *co
 }
 
 // MigrateToDRA moves a drained device-plugin node to DRA, as
-// docs/migration.md tells an operator to: the device plugin stops, the
+// docs/guides/migration.md tells an operator to: the device plugin stops, the
 // kubelet drops its resources from the Node (a real kubelet does so five
 // minutes after the plugin's socket went away, or at its next restart),
 // and gpudra's DRA plugin starts and publishes the node's GPUs. Pods that

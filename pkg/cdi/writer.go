@@ -71,7 +71,7 @@ const tempInfix = ".tmp-"
 // which a crash leaves unattributable, so it had to be written into a
 // staging subdirectory and renamed a second time), it goes through
 // os.File, and it opens the directory for every rename
-// (docs/performance.md).
+// (docs/design/performance.md).
 func (w *Writer) Write(claimUID string, spec *cdispec.Spec) error {
 	if err := w.write(claimUID, spec); err != nil {
 		return fmt.Errorf("write CDI spec for claim %s: %w", claimUID, err)

@@ -9,7 +9,7 @@
 // file that requires a record this process does not know is left alone
 // like a newer version, so a new feature needs no new schema version. The
 // file is replaced atomically (temp file, rename) without fsync, because
-// its content is only valid for the boot that wrote it; docs/checkpoint.md
+// its content is only valid for the boot that wrote it; docs/design/checkpoint.md
 // gives the reasoning.
 //
 // A lost file (unreadable, not a regular file, or gone) is moved aside and

@@ -11,7 +11,7 @@ import (
 // v3 and v4 kept what gpudra set up for a device in per-feature device
 // fields: v3 added devices[].dynamicMIG, v4 devices[].sharing and
 // devices[].vfio. v5 keeps the same facts as claim records, one per
-// configurator, in the formats below (docs/checkpoint.md). These formats
+// configurator, in the formats below (docs/design/checkpoint.md). These formats
 // are fixed as of the migration; from v5 on each configurator owns its
 // record's format, and the packages that decode them must keep reading
 // what the migration writes.

@@ -18,7 +18,7 @@ import (
 // NVIDIA's DRA driver (kubernetes-sigs/dra-driver-nvidia-gpu) keeps its
 // prepared claims in the same file, checkpoint.json in the plugin data
 // directory of driver gpu.nvidia.com, in a format of its own:
-// docs/checkpoint.md ("NVIDIA's checkpoint") describes it. Reading it lets
+// docs/design/checkpoint.md ("NVIDIA's checkpoint") describes it. Reading it lets
 // gpudra replace that driver on a node without draining it: the claims it
 // prepared are converted into gpudra records (adopted) at Open.
 //

@@ -17,7 +17,7 @@ import (
 // The committed NVIDIA DRA driver checkpoints in testdata/nvidia are written
 // by TestNVIDIAFixtures the way NVIDIA's driver writes them (its
 // cmd/gpu-kubelet-plugin on main after v25.12.0, read for this;
-// docs/checkpoint.md names the commits): the Go types below have the JSON
+// docs/design/checkpoint.md names the commits): the Go types below have the JSON
 // layout of NVIDIA's checkpoint types (same field names, order and
 // omitempty), the file is json.Marshal's output of the whole checkpoint, and
 // both checksums are the kubelet checkpointmanager's (KubeletChecksum) over

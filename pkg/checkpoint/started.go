@@ -22,7 +22,7 @@ import (
 // the node names that setup, and adoption, which finds completed claims by
 // their CDI specs, would leave it held by no one. A preparation keeps its
 // file from its start record until it completes or is rolled back; see
-// docs/checkpoint.md.
+// docs/design/checkpoint.md.
 const StartedDirName = "started"
 
 // startedSuffix ends the name of a start record's file.

@@ -40,7 +40,7 @@ type OpenReport struct {
 	// BootIDChanged reports that the file held state of a previous boot,
 	// which was discarded: the devices it describes were reset by the
 	// reboot. This includes a file left unreadable by a power loss (moved
-	// aside, see docs/checkpoint.md), which is expected and not Corrupt.
+	// aside, see docs/design/checkpoint.md), which is expected and not Corrupt.
 	BootIDChanged bool
 	// Corrupt is set when the checkpoint of the current boot was lost: Open
 	// moved an unreadable file (or a directory, socket, ... in its place)

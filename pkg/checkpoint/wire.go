@@ -16,7 +16,7 @@ import (
 // in-memory types so that a change there cannot silently change the file.
 // Never rename or retype a field of a released version; within a version,
 // add only optional fields that an older reader of the same version may drop
-// on rewrite without harm (docs/checkpoint.md).
+// on rewrite without harm (docs/design/checkpoint.md).
 
 // v5 is v2 plus claims[].records, what each device configurator set up for
 // the claim in the configurator's own format, and requires, the names of

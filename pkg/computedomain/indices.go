@@ -42,7 +42,7 @@ var DefaultIndexBackoff = wait.Backoff{Duration: 10 * time.Millisecond, Factor: 
 // so that the nodes of a rack starting together mostly take different
 // ones at the first try. An update checked against the resourceVersion
 // would let one node of all those racing win per round: at 1,000 nodes the
-// retries overloaded the API server (docs/computedomain.md, Benchmarks).
+// retries overloaded the API server (docs/guides/computedomain.md, Benchmarks).
 // An index is taken once per node per clique and kept: a node that leaves
 // every domain keeps its index for when it joins again.
 type IndexRegistry struct {

@@ -101,7 +101,7 @@ func randomShareRequests(rng *rand.Rand, s devicemodel.Sharing, memory int64) []
 }
 
 // wouldConsume is what a share asking for reqs takes of a device sharing
-// as s, by the rules docs/sharing.md states; false when the request is
+// as s, by the rules docs/guides/sharing.md states; false when the request is
 // outside them.
 func wouldConsume(s devicemodel.Sharing, total int64, reqs []string) (map[resourceapi.QualifiedName]int64, bool) {
 	asked := map[resourceapi.QualifiedName]int64{}

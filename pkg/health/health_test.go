@@ -17,7 +17,7 @@ func ev(kind hardware.HealthEventKind, xid uint64) hardware.HealthEvent {
 	return hardware.HealthEvent{GPUUUID: "GPU-a", Kind: kind, XID: xid, GIID: hardware.NoInstance, CIID: hardware.NoInstance, Time: time.Unix(100, 0)}
 }
 
-// The policy table of docs/health.md: each sequence of events ends in the
+// The policy table of docs/guides/health.md: each sequence of events ends in the
 // taints the row gives.
 func TestPolicyTable(t *testing.T) {
 	noSched, noExec := resourceapi.DeviceTaintEffectNoSchedule, resourceapi.DeviceTaintEffectNoExecute

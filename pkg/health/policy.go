@@ -2,7 +2,7 @@
 // a node publishes: which events taint (the policy), what each GPU's
 // condition is (the state, a pure function of the events), which device
 // taints follow from it (KEP-5055), and how often a changing condition may
-// be republished (the debouncer). docs/health.md has the table.
+// be republished (the debouncer). docs/guides/health.md has the table.
 package health
 
 import (

@@ -25,7 +25,7 @@ type Condition struct {
 	Since time.Time
 	// Source says where the last event came from: "" for the GPU as a
 	// whole, "MIG device GI 1, CI 0" for one of its MIG devices. Every
-	// fault gpudra taints for is taken as GPU-wide (docs/health.md).
+	// fault gpudra taints for is taken as GPU-wide (docs/guides/health.md).
 	Source string
 }
 

@@ -10,5 +10,5 @@
 // named by DNS names, one per clique index (compute-domain-daemon-NNNN),
 // which resolve through a block of a hosts file that gpudra rewrites
 // ([HostsFile]); the daemon re-resolves them on SIGUSR1, so a node joining
-// or leaving never restarts it. docs/computedomain.md has the design.
+// or leaving never restarts it. docs/guides/computedomain.md has the design.
 package imex

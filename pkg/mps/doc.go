@@ -15,5 +15,5 @@
 //
 // How a daemon is started is behind [Launcher]; [ProcessLauncher] starts it
 // as a detached process, optionally as a unit of the host's systemd
-// ([SystemdRun]). docs/mps.md explains the choice.
+// ([SystemdRun]). docs/guides/mps.md explains the choice.
 package mps

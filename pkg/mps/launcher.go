@@ -53,7 +53,7 @@ type Launcher interface {
 // whole cgroup when the container stops) and, without hostPID, in its PID
 // namespace (the kernel kills the namespace when its init exits). Wrap with
 // [SystemdRun] to start the daemon as a unit of the host's systemd instead;
-// see docs/mps.md.
+// see docs/guides/mps.md.
 type ProcessLauncher struct {
 	// Wrap, if set, rewrites the command line (and the environment it is
 	// run with), e.g. to start the daemon through the host's init.

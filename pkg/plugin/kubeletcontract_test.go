@@ -17,7 +17,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
-// What the kubelet's DRA manager assumes of a plugin (docs/kubelet-plugin.md,
+// What the kubelet's DRA manager assumes of a plugin (docs/design/kubelet-plugin.md,
 // "What the kubelet assumes of a plugin"), over the plugin's real gRPC
 // socket. Assumptions tested elsewhere: idempotent Prepare and Unprepare,
 // Unprepare of a claim never seen (TestPrepareUnprepareOverGRPC), claims of

@@ -10,7 +10,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
-// Health flags set the health policy (docs/health.md).
+// Health flags set the health policy (docs/guides/health.md).
 type Health struct {
 	ignoreXIDs     string
 	faultEffect    string
@@ -21,7 +21,7 @@ type Health struct {
 // AddFlags adds the flags to fs.
 func (f *Health) AddFlags(fs *pflag.FlagSet) {
 	d := health.DefaultPolicy()
-	fs.StringVar(&f.ignoreXIDs, "health-ignore-xids", health.FormatXIDs(d.IgnoreXIDs), "XIDs that taint nothing (application errors), comma-separated; the default is NVIDIA's list. See docs/health.md")
+	fs.StringVar(&f.ignoreXIDs, "health-ignore-xids", health.FormatXIDs(d.IgnoreXIDs), "XIDs that taint nothing (application errors), comma-separated; the default is NVIDIA's list. See docs/guides/health.md")
 	fs.StringVar(&f.faultEffect, "health-effect", string(d.FaultEffect), "effect of the taints of a GPU's XID and double-bit ECC errors, one of None, NoSchedule, NoExecute")
 	fs.StringVar(&f.lostEffect, "health-lost-effect", string(d.LostEffect), "effect of the taint of a GPU lost off the bus, one of None, NoSchedule, NoExecute")
 	fs.DurationVar(&f.reportInterval, "health-report-interval", plugin.DefaultHealthReportInterval, fmt.Sprintf("how often the devices' health is sent to the kubelet again when nothing changed (KEP-4680); under the %v the kubelet keeps a report, so a device never decays to Unknown", plugin.HealthCheckTimeout))

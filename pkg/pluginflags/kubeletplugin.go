@@ -25,19 +25,18 @@ import (
 	"github.com/gpudra/gpudra/pkg/timeslice"
 )
 
-
 // KubeletPlugin is the flags of `gpudra kubelet-plugin`.
 type KubeletPlugin struct {
-	HW                Discovery
-	CDI               CDI
-	Sharing           Sharing
-	VFIO              VFIO
-	GPUSharing        GPUSharing
-	Health            Health
-	HTTPEndpoint      string
-	MetricsPath       string
-	DriverName        string
-	NodeName          string
+	HW           Discovery
+	CDI          CDI
+	Sharing      Sharing
+	VFIO         VFIO
+	GPUSharing   GPUSharing
+	Health       Health
+	HTTPEndpoint string
+	MetricsPath  string
+	DriverName   string
+	NodeName     string
 	kubeclient.Flags
 	PluginDataDir     string
 	RegistrarDir      string
@@ -82,7 +81,7 @@ func (o *KubeletPlugin) AddFlags(fs *pflag.FlagSet) {
 	o.Sharing.AddFlags(fs)
 	o.VFIO.AddFlags(fs)
 	o.Health.AddFlags(fs)
-	o.GPUSharing.AddFlags(fs, "how full GPUs are shared between claims (KEP-5075 consumable capacity), one of none, memory-compute, shares=<N>, unlimited; a capped share gets an MPS daemon with its caps. See docs/sharing.md")
+	o.GPUSharing.AddFlags(fs, "how full GPUs are shared between claims (KEP-5075 consumable capacity), one of none, memory-compute, shares=<N>, unlimited; a capped share gets an MPS daemon with its caps. See docs/guides/sharing.md")
 	fs.StringVar(&o.DriverName, "driver-name", "gpu.nvidia.com", "DRA driver name; NVIDIA's DRA driver uses gpu.nvidia.com")
 	fs.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node, also the pool name (env NODE_NAME)")
 	o.Flags.AddFlags(fs)

@@ -32,7 +32,7 @@ type Sharing struct {
 // AddFlags adds the flags to fs.
 func (f *Sharing) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&f.nvidiaSMI, "nvidia-smi-path", "", "nvidia-smi, as this process sees it, for time-slicing (default: usr/bin/nvidia-smi under --container-driver-root); time-slicing is refused when it is missing")
-	fs.StringVar(&f.mpsRoot, "mps-root", "/run/gpudra/mps", "directory of the MPS daemons' pipe, log and shm directories, on tmpfs and at the same path on the host and in the plugin's container (see docs/mps.md)")
+	fs.StringVar(&f.mpsRoot, "mps-root", "/run/gpudra/mps", "directory of the MPS daemons' pipe, log and shm directories, on tmpfs and at the same path on the host and in the plugin's container (see docs/guides/mps.md)")
 	fs.StringVar(&f.mpsControl, "mps-control-binary", "", "nvidia-cuda-mps-control, as this process sees it (default: usr/bin/nvidia-cuda-mps-control under --container-driver-root); MPS is refused when it is missing")
 	fs.StringVar(&f.mpsLauncher, "mps-launcher", launcherProcess, fmt.Sprintf("how MPS daemons are started, one of [%s %s]: %s forks them from this process (a plugin on the host); %s starts each as a transient unit of the host's systemd, so it outlives a plugin container", launcherProcess, launcherSystemdRun, launcherProcess, launcherSystemdRun))
 	fs.StringVar(&f.nsenterPath, "nsenter-path", "/usr/bin/nsenter", "with --mps-launcher=systemd-run: nsenter in the plugin's container, to reach the host's systemd (empty when the plugin runs on the host)")

@@ -23,5 +23,5 @@
 // each write, in tests and on simulated nodes. [ReadPCIDevice] gives the
 // vendor and device IDs and IOMMU group that discovery publishes.
 //
-// See docs/vfio.md for the crash story and what is and is not checked.
+// See docs/guides/vfio.md for the crash story and what is and is not checked.
 package vfio

@@ -48,7 +48,7 @@ const (
 	ChannelAllocationModeSingle ChannelAllocationMode = "Single"
 	// ChannelAllocationModeAll gives the container every channel of the
 	// node, as NVIDIA's driver does; it forgoes the isolation between
-	// domains that one channel per domain gives (docs/computedomain.md).
+	// domains that one channel per domain gives (docs/guides/computedomain.md).
 	ChannelAllocationModeAll ChannelAllocationMode = "All"
 )
 

@@ -67,7 +67,7 @@ Starts a fleet of simulated 8-GPU nodes that run gpudra's plugin and a
 baseline driver side by side, measures what the idle fleet costs, then creates
 --pods pods with one-device claims in rounds that alternate the two drivers,
 checks every round's outcome, and reports the makespans, CPU per pod, each
-driver's own CPU and the API requests per pod (docs/performance.md). Not for CI.
+driver's own CPU and the API requests per pod (docs/design/performance.md). Not for CI.
 
 Flags:
 `
@@ -112,7 +112,7 @@ func (inv *invocation) flagSet(out io.Writer) *flag.FlagSet {
 		fs.BoolVar(&o.KeepRunning, "keep-running", o.KeepRunning, "keep the cluster running after the report, until interrupted, and write a kubeconfig")
 		fs.StringVar(&o.Kubeconfig, "kubeconfig", o.Kubeconfig, "with --keep-running: where to write the kubeconfig")
 		fs.DurationVar(&o.SettleTimeout, "settle-timeout", o.SettleTimeout, "how long to wait for the pods to settle")
-		fs.IntVar(&o.RealNodes, "real-nodes", o.RealNodes, "make the fleet's first N nodes real: the real kubelet, containerd and runc, gpudra installed from the chart as a container of its image, and a probe pod whose container prints what it sees (docs/real-node.md); where the machine cannot run one, say what is missing and run without it")
+		fs.IntVar(&o.RealNodes, "real-nodes", o.RealNodes, "make the fleet's first N nodes real: the real kubelet, containerd and runc, gpudra installed from the chart as a container of its image, and a probe pod whose container prints what it sees (docs/development/real-node.md); where the machine cannot run one, say what is missing and run without it")
 		fs.StringVar(&o.FleetView, "fleet-view", o.FleetView, "serve the fleet view page (as gpudra fleet-view) of the local cluster on this address, e.g. 127.0.0.1:8090, while the cluster runs (with --keep-running until interrupted)")
 	}
 	fs.StringVar(&inv.log.file, "log-file", inv.log.file, "write the components' logs to this file (default: discard them)")

@@ -4,5 +4,5 @@
 // in many domains against a real in-process kube-apiserver, the
 // controller and one NodeReporter per node (BenchmarkComputeDomainScale).
 // The figures are reported as benchmark metrics, never checked against a
-// limit; docs/computedomain.md records them.
+// limit; docs/guides/computedomain.md records them.
 package cdbench

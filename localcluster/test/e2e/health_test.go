@@ -141,7 +141,7 @@ func scrape(t *testing.T, c *cluster.Cluster, node string) string {
 	return string(body)
 }
 
-// TestPluginProbes gets each path docs/metrics.md lists for the plugin's
+// TestPluginProbes gets each path docs/guides/metrics.md lists for the plugin's
 // HTTP endpoint from every simulated node: the metrics and the probes a
 // real node's kubelet and Prometheus use, at the endpoint the report
 // gives. A node of gpudra's device plugin serves none.
@@ -240,7 +240,7 @@ func TestDeviceHealth(t *testing.T) {
 	injected := inject(badGPU, "xid:79")
 	took := waitTaints(t, ctx, c, "xid 79 taint on "+badDev, func(m map[string]string) bool { return m[badDev] == xid79 })
 	// A figure for the log, not a pass/fail: on a loaded machine it varies
-	// (docs/health.md has the measurements).
+	// (docs/guides/health.md has the measurements).
 	t.Logf("fatal XID injected -> %s tainted in the API server: %v", badDev, took)
 	// Every device of the GPU (the node offers each GPU for passthrough
 	// too, as gpu-vfio-<minor>) and none of the others.

@@ -27,7 +27,7 @@ nodes:
     - {profile: 3g.40gb, placementStart: 4}
 `
 
-// TestMigratedMIGLayout walks docs/migration.md's MIG section: a pod
+// TestMigratedMIGLayout walks docs/guides/migration.md's MIG section: a pod
 // asking for the operator's existing 1g.10gb runs on it, with no MIG device
 // created or destroyed; a pod asking for a 2g.20gb gets one created in the
 // memory slices the layout leaves free; deleting both pods leaves exactly

@@ -243,7 +243,7 @@ func TestFleetViewInChromium(t *testing.T) {
 		t.Errorf("search for fv/trainer lists %v, want its claim's devices %v", got, want)
 	}
 
-	// The screenshot in docs/fleetview/ is this page: the demo fleet with
+	// The screenshot in docs/guides/fleetview/ is this page: the demo fleet with
 	// the search for the trainer pod.
 	if path := os.Getenv("GPUDRA_FLEETVIEW_SCREENSHOT"); path != "" {
 		shot, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))

@@ -9,7 +9,7 @@
 // records it in the claim's record and its [Configurator.Guard] refuses,
 // inside the checkpoint transaction, a claim whose channel another domain
 // holds on the node, or a claim that would open every channel (allocation
-// mode All) next to another domain. docs/computedomain.md says what the
+// mode All) next to another domain. docs/guides/computedomain.md says what the
 // isolation relies on.
 //
 // Nothing on the node changes: the channel device nodes exist while the
@@ -125,13 +125,13 @@ func (*Configurator) Name() string { return Name }
 // claim must be configured by a ComputeDomainChannelConfig naming one and
 // the same domain, whose channel it asks of [Channels]. Daemon devices are
 // refused: gpudra does not run IMEX daemons through claims (see
-// docs/computedomain.md).
+// docs/guides/computedomain.md).
 func (c *Configurator) Plan(ctx context.Context, claim *preparer.Claim) (json.RawMessage, error) {
 	var rec *Record
 	for _, d := range claim.Devices {
 		switch d.Model.Kind {
 		case devicemodel.KindDaemon:
-			return nil, fmt.Errorf("device %s (request %s): IMEX daemon devices are not prepared by gpudra yet: the node's plugin runs the IMEX daemon itself (docs/computedomain.md)",
+			return nil, fmt.Errorf("device %s (request %s): IMEX daemon devices are not prepared by gpudra yet: the node's plugin runs the IMEX daemon itself (docs/guides/computedomain.md)",
 				d.State.Name, requestsOf(d))
 		case devicemodel.KindChannel:
 		default:

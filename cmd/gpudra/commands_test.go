@@ -11,11 +11,14 @@ import (
 	logsapi "k8s.io/component-base/logs/api/v1"
 )
 
-// TestREADMEDocumentsEveryFlag keeps the flag reference in README.md in
+// commandReference is the page that documents every subcommand's flags.
+const commandReference = "../../docs/reference/commands.md"
+
+// TestCommandReferenceDocumentsEveryFlag keeps the command reference in
 // step with the code: every flag of every subcommand is named there, except
-// the standard logging flags, which README.md names as a group.
-func TestREADMEDocumentsEveryFlag(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+// the standard logging flags, which the page names as a group.
+func TestCommandReferenceDocumentsEveryFlag(t *testing.T) {
+	doc, err := os.ReadFile(commandReference)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,18 +29,18 @@ func TestREADMEDocumentsEveryFlag(t *testing.T) {
 			if f.Name == "help" || logging.Lookup(f.Name) != nil {
 				return
 			}
-			if !strings.Contains(string(readme), "`--"+f.Name+"`") {
-				t.Errorf("README.md does not document %s --%s", cmd.Name(), f.Name)
+			if !strings.Contains(string(doc), "`--"+f.Name+"`") {
+				t.Errorf("%s does not document %s --%s", commandReference, cmd.Name(), f.Name)
 			}
 		})
 	}
 }
 
-// TestREADMEFlagTablesMatchHelp: every flag a README table names exists
-// in that subcommand, and a default the table gives as one literal value is
-// the flag's default in --help.
-func TestREADMEFlagTablesMatchHelp(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+// TestCommandReferenceMatchesHelp: every flag a table of the command
+// reference names exists in that subcommand, and a default the table gives
+// as one literal value is the flag's default in --help.
+func TestCommandReferenceMatchesHelp(t *testing.T) {
+	doc, err := os.ReadFile(commandReference)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,13 +53,18 @@ func TestREADMEFlagTablesMatchHelp(t *testing.T) {
 	var section *pflag.FlagSet
 	var sectionName string
 	rows := 0
-	for _, line := range strings.Split(string(readme), "\n") {
-		if name, ok := strings.CutPrefix(line, "### `gpudra "); ok {
+	for _, line := range strings.Split(string(doc), "\n") {
+		if name, ok := strings.CutPrefix(line, "## `gpudra "); ok {
 			sectionName, _, _ = strings.Cut(name, "`")
 			section = commands[sectionName]
 			if section == nil {
-				t.Errorf("README.md has a section for gpudra %s, which is no subcommand", sectionName)
+				t.Errorf("%s has a section for gpudra %s, which is no subcommand", commandReference, sectionName)
 			}
+			continue
+		}
+		if strings.HasPrefix(line, "#") {
+			// Any other heading ends the section.
+			section = nil
 			continue
 		}
 		if section == nil || !strings.HasPrefix(line, "| `-") {
@@ -64,7 +72,7 @@ func TestREADMEFlagTablesMatchHelp(t *testing.T) {
 		}
 		cells := strings.Split(strings.Trim(line, "|"), "|")
 		if len(cells) < 3 {
-			t.Errorf("README.md %s row %q: want flag | default | meaning", sectionName, line)
+			t.Errorf("%s %s row %q: want flag | default | meaning", commandReference, sectionName, line)
 			continue
 		}
 		names := flagName.FindAllStringSubmatch(cells[0], -1)
@@ -77,7 +85,7 @@ func TestREADMEFlagTablesMatchHelp(t *testing.T) {
 				f = section.ShorthandLookup(name)
 			}
 			if f == nil {
-				t.Errorf("README.md documents gpudra %s %s, which --help does not list", sectionName, m[1])
+				t.Errorf("%s documents gpudra %s %s, which --help does not list", commandReference, sectionName, m[1])
 				continue
 			}
 			// An empty default in --help is worked out at run time; the
@@ -86,11 +94,11 @@ func TestREADMEFlagTablesMatchHelp(t *testing.T) {
 			if v == nil || len(names) != 1 || f.DefValue == "" || sameDefault(f, v[1]) {
 				continue
 			}
-			t.Errorf("README.md gives gpudra %s %s the default %q, --help %q", sectionName, m[1], v[1], f.DefValue)
+			t.Errorf("%s gives gpudra %s %s the default %q, --help %q", commandReference, sectionName, m[1], v[1], f.DefValue)
 		}
 	}
 	if rows < 20 {
-		t.Errorf("found %d flags in README.md's tables; the parser no longer reads them", rows)
+		t.Errorf("found %d flags in the tables of %s; the parser no longer reads them", rows, commandReference)
 	}
 }
 
