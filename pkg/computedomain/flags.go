@@ -20,7 +20,6 @@ import (
 	"github.com/gpudra/gpudra/pkg/kubeclient"
 )
 
-
 // DefaultLeaseName is the leader-election Lease's name unless
 // --leader-election-id says otherwise.
 const DefaultLeaseName = "gpudra-compute-domain-controller"

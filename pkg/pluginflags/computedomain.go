@@ -27,9 +27,9 @@ import (
 // parses the Helm chart's compute-domains container arguments with the
 // same flag set.
 type ComputeDomainPlugin struct {
-	HW                Discovery
-	DriverName        string
-	NodeName          string
+	HW         Discovery
+	DriverName string
+	NodeName   string
 	kubeclient.Flags
 	PluginDataDir     string
 	RegistrarDir      string

@@ -40,4 +40,3 @@ func ValidateHTTPEndpoint(flag, endpoint string) error {
 	}
 	return nil
 }
-
