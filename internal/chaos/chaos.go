@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/gpudra/gpudra/internal/cutproxy"
-	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
+	"github.com/gpudra/gpudra/internal/mpsfake"
 )
 
 // Options configure a run.

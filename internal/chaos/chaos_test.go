@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/gpudra/gpudra/internal/chaos"
-	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
+	"github.com/gpudra/gpudra/internal/mpsfake"
 )
 
 // TestMain runs the fake MPS control binary when the test binary is

@@ -23,8 +23,8 @@ import (
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/gpudra/gpudra/internal/cutproxy"
+	"github.com/gpudra/gpudra/internal/mpsfake"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
-	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
 
 // Names of the simulated node.

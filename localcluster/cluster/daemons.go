@@ -7,10 +7,10 @@ import (
 	"path/filepath"
 	"sync/atomic"
 
-	"github.com/gpudra/gpudra/pkg/fakeprog"
+	"github.com/gpudra/gpudra/internal/fakeprog"
+	"github.com/gpudra/gpudra/internal/imexfake"
+	"github.com/gpudra/gpudra/internal/mpsfake"
 	"github.com/gpudra/gpudra/pkg/imex"
-	"github.com/gpudra/gpudra/pkg/imex/imexfake"
-	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
 
 // canRunFakes is set by Main: the running program dispatches to the fake

@@ -8,9 +8,9 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/gpudra/gpudra/internal/imexfake"
 	"github.com/gpudra/gpudra/pkg/computedomain"
 	"github.com/gpudra/gpudra/pkg/features/imexchannel"
-	"github.com/gpudra/gpudra/pkg/imex/imexfake"
 	"github.com/gpudra/gpudra/pkg/pluginflags"
 )
 

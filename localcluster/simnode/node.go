@@ -95,7 +95,7 @@ type Config struct {
 	// Sharing is how the node's plugin shares full GPUs (--sharing).
 	Sharing devicemodel.Sharing
 	// MPSControlBinary, if set, is the nvidia-cuda-mps-control the node's
-	// plugin runs MPS daemons with (a fake: see pkg/mps/mpsfake); without
+	// plugin runs MPS daemons with (a fake: see internal/mpsfake); without
 	// it the node refuses MPS claims.
 	MPSControlBinary string
 	// KubeletTLS, if set, is the TLS config of the node's kubelet API

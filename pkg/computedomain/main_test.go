@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/gpudra/gpudra/pkg/imex/imexfake"
+	"github.com/gpudra/gpudra/internal/imexfake"
 )
 
 // fakeIMEXBin holds the fake nvidia-imex and nvidia-imex-ctl.

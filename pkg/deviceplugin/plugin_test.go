@@ -20,11 +20,11 @@ import (
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/gpudra/gpudra/internal/mpsfake"
 	"github.com/gpudra/gpudra/internal/shorttemp"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/mps"
-	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 	"github.com/gpudra/gpudra/pkg/nodemode"
 )
 

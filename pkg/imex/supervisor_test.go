@@ -13,8 +13,8 @@ import (
 
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/gpudra/gpudra/internal/imexfake"
 	"github.com/gpudra/gpudra/pkg/imex"
-	"github.com/gpudra/gpudra/pkg/imex/imexfake"
 	"github.com/gpudra/gpudra/pkg/proctable"
 )
 

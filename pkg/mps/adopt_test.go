@@ -8,8 +8,8 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/gpudra/gpudra/internal/mpsfake"
 	"github.com/gpudra/gpudra/pkg/mps"
-	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
 
 func TestNewManagerAdoptsRunningDaemon(t *testing.T) {

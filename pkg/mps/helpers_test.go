@@ -15,9 +15,9 @@ import (
 
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/gpudra/gpudra/internal/mpsfake"
 	"github.com/gpudra/gpudra/internal/shorttemp"
 	"github.com/gpudra/gpudra/pkg/mps"
-	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
 
 const (

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpudra/gpudra/internal/mpsfake"
 	"github.com/gpudra/gpudra/pkg/mps"
-	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
 
 // hookLauncher runs the real launcher, then after.

@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
+	"github.com/gpudra/gpudra/internal/mpsfake"
 )
 
 // fakeBin is the directory with the fake programs (symlinks to the test

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpudra/gpudra/internal/mpsfake"
 	"github.com/gpudra/gpudra/pkg/mps"
-	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
 
 func TestStop(t *testing.T) {

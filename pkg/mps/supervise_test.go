@@ -11,8 +11,8 @@ import (
 
 	testingclock "k8s.io/utils/clock/testing"
 
+	"github.com/gpudra/gpudra/internal/mpsfake"
 	"github.com/gpudra/gpudra/pkg/mps"
-	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
 
 func TestSuperviseRestartsACrashedDaemonWithItsLimits(t *testing.T) {

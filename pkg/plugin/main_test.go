@@ -5,7 +5,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
+	"github.com/gpudra/gpudra/internal/mpsfake"
 )
 
 // fakeMPSBin holds a fake nvidia-cuda-mps-control (this test binary, run

@@ -1,6 +1,6 @@
 // Command fakemps is the simulated nvidia-cuda-mps-control (and
 // nvidia-cuda-mps-server) of a real node's simulated GPUs (package
-// pkg/mps/mpsfake): a static program, copied under both names into the
+// internal/mpsfake): a static program, copied under both names into the
 // node's driver root, where gpudra's container finds it as
 // usr/bin/nvidia-cuda-mps-control under its --container-driver-root.
 package main
@@ -9,7 +9,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
+	"github.com/gpudra/gpudra/internal/mpsfake"
 )
 
 func main() {

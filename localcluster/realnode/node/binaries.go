@@ -93,7 +93,7 @@ func BuildBinaries(ctx context.Context, opts ...BuildOption) (Binaries, error) {
 		return Binaries{}, err
 	}
 	// Built every time (seconds when cached by Go): it follows the
-	// checkout's pkg/mps/mpsfake.
+	// checkout's internal/mpsfake.
 	fakeMPS := filepath.Join(cache, "fake-mps")
 	build := exec.CommandContext(ctx, "go", "build", "-o", fakeMPS, "./realnode/fakemps")
 	build.Dir = filepath.Join(root, "localcluster")

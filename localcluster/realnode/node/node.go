@@ -18,7 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
-	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
+	"github.com/gpudra/gpudra/internal/mpsfake"
 
 	"github.com/gpudra/gpudra/localcluster/realnode/containerruntime"
 	"github.com/gpudra/gpudra/localcluster/realnode/kubelet"

@@ -4,7 +4,7 @@ import (
 	"maps"
 	"net/url"
 
-	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
+	"github.com/gpudra/gpudra/internal/mpsfake"
 )
 
 // ChartValues returns the values that install gpudra's chart onto a real

@@ -12,8 +12,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/internal/chaos"
+	"github.com/gpudra/gpudra/internal/mpsfake"
 	"github.com/gpudra/gpudra/localcluster/test/chaosreal"
-	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
 
 // TestMain runs the fake MPS control binary when the test binary is

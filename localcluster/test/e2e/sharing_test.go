@@ -10,9 +10,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/gpudra/gpudra/internal/mpsfake"
 	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 	"github.com/gpudra/gpudra/pkg/mps"
-	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
 )
 
 // TestMPSClaim: a claim with sharing strategy MPS, used by two containers,

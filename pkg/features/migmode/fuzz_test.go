@@ -4,9 +4,9 @@ import (
 	"context"
 	"testing"
 
+	"github.com/gpudra/gpudra/internal/featuretest"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
-	"github.com/gpudra/gpudra/pkg/features/featuretest"
 	"github.com/gpudra/gpudra/pkg/features/migmode"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"

@@ -8,9 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpudra/gpudra/internal/featuretest"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
-	"github.com/gpudra/gpudra/pkg/features/featuretest"
 	"github.com/gpudra/gpudra/pkg/features/mpsdaemon"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/mps"

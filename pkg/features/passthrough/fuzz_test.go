@@ -5,9 +5,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpudra/gpudra/internal/featuretest"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
-	"github.com/gpudra/gpudra/pkg/features/featuretest"
 	"github.com/gpudra/gpudra/pkg/features/passthrough"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/preparer"

@@ -7,7 +7,7 @@ import (
 	"os"
 
 	"github.com/gpudra/gpudra/internal/chaos"
-	"github.com/gpudra/gpudra/pkg/mps/mpsfake"
+	"github.com/gpudra/gpudra/internal/mpsfake"
 )
 
 func main() {

@@ -46,7 +46,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/gpudra/gpudra/pkg/fakeprog"
+	"github.com/gpudra/gpudra/internal/fakeprog"
 	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/proctable"
 )

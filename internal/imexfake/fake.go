@@ -1,8 +1,8 @@
 // Package imexfake is a fake nvidia-imex and nvidia-imex-ctl for tests and
 // the local cluster, built into the program that uses it the way
-// pkg/mps/mpsfake fakes the MPS control daemon: [Main] runs it when the
+// internal/mpsfake fakes the MPS control daemon: [Main] runs it when the
 // program is executed through a symlink of that name ([Install] makes
-// them, through pkg/fakeprog).
+// them, through internal/fakeprog).
 //
 // It keeps the real daemon's failure behaviour: nvidia-imex -c <config>
 // reads its config and the peer list it names only at start, and fails
@@ -40,7 +40,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/gpudra/gpudra/pkg/fakeprog"
+	"github.com/gpudra/gpudra/internal/fakeprog"
 	"github.com/gpudra/gpudra/pkg/imex"
 	"github.com/gpudra/gpudra/pkg/proctable"
 )

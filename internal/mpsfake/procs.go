@@ -4,7 +4,7 @@ import (
 	"path/filepath"
 	"slices"
 
-	"github.com/gpudra/gpudra/pkg/fakeprog"
+	"github.com/gpudra/gpudra/internal/fakeprog"
 	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/proctable"
 )

@@ -34,7 +34,7 @@ func testdataDir(tb testing.TB) string {
 	if !ok {
 		tb.Fatal("cannot locate the featuretest package")
 	}
-	return filepath.Join(filepath.Dir(file), "..", "..", "checkpoint", "testdata")
+	return filepath.Join(filepath.Dir(file), "..", "..", "pkg", "checkpoint", "testdata")
 }
 
 // Seeds returns every record named name in the committed example

@@ -1,7 +1,7 @@
 // Package fakeprog installs fake programs for tests and the local cluster:
 // symlinks, under the real programs' names, to the running executable,
 // which looks at the name it was started by (os.Args[0]) and runs the fake
-// instead of itself. pkg/mps/mpsfake and pkg/imex/imexfake use it, so a
+// instead of itself. internal/mpsfake and internal/imexfake use it, so a
 // test binary or gpudra-sim carries every fake daemon it needs with no
 // separate build.
 package fakeprog
