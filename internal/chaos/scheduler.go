@@ -7,18 +7,15 @@ import (
 	"math/rand/v2"
 	"slices"
 
-	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/cel"
-	"k8s.io/dynamic-resource-allocation/structured"
 
 	"github.com/gpudra/gpudra/deployments/deviceclasses"
+	"github.com/gpudra/gpudra/pkg/allocation"
 )
 
 // kind is a kind of claim the harness makes.
@@ -116,7 +113,7 @@ func claimSpec(k kind, rng *rand.Rand, migProfiles []string) resourceapi.Resourc
 // yet released.
 type scheduler struct {
 	client  kubeClient
-	classes classLister
+	classes allocation.Classes
 	cel     *cel.Cache
 	live    map[types.UID]*resourceapi.AllocationResult
 	// slices are the published slices, listed again after refresh.
@@ -131,54 +128,12 @@ type kubeClient interface {
 	listSlices(ctx context.Context) ([]*resourceapi.ResourceSlice, error)
 }
 
-// classLister serves gpudra's DeviceClasses to the allocator.
-type classLister []*resourceapi.DeviceClass
-
-func (l classLister) List() ([]*resourceapi.DeviceClass, error) { return l, nil }
-
-func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
-	for _, c := range l {
-		if c.Name == name {
-			return c, nil
-		}
-	}
-	return nil, apierrors.NewNotFound(resourceapi.Resource("deviceclasses"), name)
-}
-
 func newScheduler(client kubeClient) (*scheduler, error) {
 	classes, err := deviceclasses.All()
 	if err != nil {
 		return nil, err
 	}
 	return &scheduler{client: client, classes: classes, cel: cel.NewCache(100, cel.Features{}), live: map[types.UID]*resourceapi.AllocationResult{}}, nil
-}
-
-// features are the scheduler's DRA features as Kubernetes 1.37 enables
-// them by default.
-var features = structured.Features{PartitionableDevices: true, ConsumableCapacity: true, FractionalCapacityRange: true, PrioritizedList: true, DeviceBindingAndStatus: true}
-
-// state is what the scheduler knows of the live allocations, built as
-// kube-scheduler's dynamicresources plugin builds it.
-func (s *scheduler) state() structured.AllocatedState {
-	st := structured.AllocatedState{
-		AllocatedDevices:         sets.New[structured.DeviceID](),
-		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
-		AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
-	}
-	for _, uid := range slices.Sorted(maps.Keys(s.live)) {
-		for _, r := range s.live[uid].Devices.Results {
-			id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
-			if r.ShareID == nil {
-				st.AllocatedDevices.Insert(id)
-				continue
-			}
-			st.AllocatedSharedDeviceIDs.Insert(structured.MakeSharedDeviceID(id, r.ShareID))
-			if r.ConsumedCapacity != nil {
-				st.AggregatedCapacity.Insert(structured.NewDeviceConsumedCapacity(id, r.ConsumedCapacity))
-			}
-		}
-	}
-	return st
 }
 
 // allocate allocates the claim and remembers the result as live; nil
@@ -191,16 +146,16 @@ func (s *scheduler) allocate(ctx context.Context, claim *resourceapi.ResourceCla
 		}
 		s.slices = published
 	}
-	a, err := structured.NewAllocator(ctx, features, s.state(), s.classes, s.slices, s.cel)
-	if err != nil {
+	live := make([]*resourceapi.AllocationResult, 0, len(s.live))
+	for _, uid := range slices.Sorted(maps.Keys(s.live)) {
+		live = append(live, s.live[uid])
+	}
+	result, err := allocation.Allocate(ctx, allocation.Features, s.classes, s.cel, s.slices, live, nodeName, claim)
+	if err != nil || result == nil {
 		return nil, err
 	}
-	results, err := a.Allocate(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, []*resourceapi.ResourceClaim{claim})
-	if err != nil || results == nil {
-		return nil, err
-	}
-	s.live[claim.UID] = &results[0]
-	return &results[0], nil
+	s.live[claim.UID] = result
+	return result, nil
 }
 
 // release forgets an allocation: the claim was unprepared.

@@ -10,35 +10,20 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/dynamic-resource-allocation/structured"
 
 	"github.com/gpudra/gpudra/deployments/deviceclasses"
+	"github.com/gpudra/gpudra/pkg/allocation"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 )
 
 const driverName = "gpu.nvidia.com"
-
-// classLister serves gpudra's DeviceClasses to the allocator.
-type classLister []*resourceapi.DeviceClass
-
-func (l classLister) List() ([]*resourceapi.DeviceClass, error) { return l, nil }
-
-func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
-	for _, c := range l {
-		if c.Name == name {
-			return c, nil
-		}
-	}
-	return nil, apierrors.NewNotFound(resourceapi.Resource("deviceclasses"), name)
-}
 
 // resourceSlices turns the pools of res into the ResourceSlices the
 // resourceslice controller would publish for node.
@@ -286,7 +271,7 @@ func TestDynamicMIGAllocation(t *testing.T) {
 			t.Cleanup(func() { structured.EnableAllocators() })
 			var allocated, noFit, passedThrough int
 			for seed := range uint64(seeds) {
-				a, n, v := runAllocationSequence(t, seed, steps, classLister(classes), celCache, profiles)
+				a, n, v := runAllocationSequence(t, seed, steps, allocation.Classes(classes), celCache, profiles)
 				allocated, noFit, passedThrough = allocated+a, noFit+n, passedThrough+v
 				if t.Failed() {
 					t.Fatalf("seed %d failed", seed)
@@ -308,7 +293,7 @@ func TestDynamicMIGAllocation(t *testing.T) {
 // runAllocationSequence runs one seed's node and claims; it reports how
 // many claims were allocated, how many found no fit, and how many VFIO
 // devices were allocated.
-func runAllocationSequence(t *testing.T, seed uint64, steps int, classes classLister, celCache *cel.Cache, profiles []string) (allocated, noFit, passedThrough int) {
+func runAllocationSequence(t *testing.T, seed uint64, steps int, classes allocation.Classes, celCache *cel.Cache, profiles []string) (allocated, noFit, passedThrough int) {
 	t.Helper()
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(seed, 0x677075647261))
@@ -340,11 +325,7 @@ func runAllocationSequence(t *testing.T, seed uint64, steps int, classes classLi
 			continue
 		}
 		var held []string
-		state := structured.AllocatedState{
-			AllocatedDevices:         sets.New[structured.DeviceID](),
-			AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
-			AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
-		}
+		state := allocation.NewState()
 		for _, c := range order {
 			for _, d := range live[c] {
 				held = append(held, d)

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"testing"
 
-	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpudra/gpudra/deployments/deviceclasses"
+	"github.com/gpudra/gpudra/pkg/allocation"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
@@ -42,7 +42,7 @@ type shareNode struct {
 	features structured.Features
 	model    *devicemodel.Model
 	slices   []*resourceapi.ResourceSlice
-	classes  classLister
+	classes  allocation.Classes
 	cel      *cel.Cache
 	live     map[string]*resourceapi.AllocationResult // by claim name
 	seq      int
@@ -63,36 +63,9 @@ func newShareNode(t *testing.T, features structured.Features, inv *hardware.Inve
 	}
 	return &shareNode{
 		t: t, features: features, model: m, slices: resourceSlices("node-0", m.DriverResources("node-0")),
-		classes: classLister(classes), cel: cel.NewCache(100, cel.Features{}),
+		classes: allocation.Classes(classes), cel: cel.NewCache(100, cel.Features{}),
 		live: map[string]*resourceapi.AllocationResult{},
 	}
-}
-
-// state is what the scheduler knows of the live allocations, built as
-// k8s.io/kubernetes pkg/scheduler/framework/plugins/dynamicresources
-// (allocateddevices.go) builds it: a result with a share ID is a share,
-// its consumed capacity added up per device; any other result holds its
-// device whole.
-func (n *shareNode) state() structured.AllocatedState {
-	s := structured.AllocatedState{
-		AllocatedDevices:         sets.New[structured.DeviceID](),
-		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
-		AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
-	}
-	for _, name := range slices.Sorted(maps.Keys(n.live)) {
-		for _, r := range n.live[name].Devices.Results {
-			id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
-			if r.ShareID == nil {
-				s.AllocatedDevices.Insert(id)
-				continue
-			}
-			s.AllocatedSharedDeviceIDs.Insert(structured.MakeSharedDeviceID(id, r.ShareID))
-			if r.ConsumedCapacity != nil {
-				s.AggregatedCapacity.Insert(structured.NewDeviceConsumedCapacity(id, r.ConsumedCapacity))
-			}
-		}
-	}
-	return s
 }
 
 // allocate runs the allocator for claim and keeps the result as live; nil
@@ -100,19 +73,19 @@ func (n *shareNode) state() structured.AllocatedState {
 func (n *shareNode) allocate(claim *resourceapi.ResourceClaim) *resourceapi.AllocationResult {
 	n.t.Helper()
 	ctx := context.Background()
-	a, err := structured.NewAllocator(ctx, n.features, n.state(), n.classes, n.slices, n.cel)
-	if err != nil {
-		n.t.Fatalf("NewAllocator: %v", err)
+	live := make([]*resourceapi.AllocationResult, 0, len(n.live))
+	for _, name := range slices.Sorted(maps.Keys(n.live)) {
+		live = append(live, n.live[name])
 	}
-	results, err := a.Allocate(ctx, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-0"}}, []*resourceapi.ResourceClaim{claim})
+	result, err := allocation.Allocate(ctx, n.features, n.classes, n.cel, n.slices, live, "node-0", claim)
 	if err != nil {
 		n.t.Fatalf("Allocate %s: %v", claim.Name, err)
 	}
-	if results == nil {
+	if result == nil {
 		return nil
 	}
-	n.live[claim.Name] = &results[0]
-	return &results[0]
+	n.live[claim.Name] = result
+	return result
 }
 
 // release drops a live claim; false if it was not allocated.

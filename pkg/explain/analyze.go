@@ -10,7 +10,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
@@ -19,22 +18,9 @@ import (
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
-)
 
-// allocatorFeatures are the scheduler's DRA features as Kubernetes 1.37 enables
-// them by default (k8s.io/kubernetes pkg/features at v1.37.1): admin
-// access, prioritized lists and device taints are GA, partitionable
-// devices, binding conditions, consumable capacity and fractional
-// capacity ranges beta.
-var allocatorFeatures = structured.Features{
-	AdminAccess:             true,
-	PrioritizedList:         true,
-	PartitionableDevices:    true,
-	DeviceTaints:            true,
-	DeviceBindingAndStatus:  true,
-	ConsumableCapacity:      true,
-	FractionalCapacityRange: true,
-}
+	"github.com/gpudra/gpudra/pkg/allocation"
+)
 
 // analyzer holds what one explanation works with.
 type analyzer struct {
@@ -61,7 +47,7 @@ func Analyze(ctx context.Context, in *Input) (*Report, error) {
 			}
 		}
 	}
-	a := &analyzer{in: in, cel: cel.NewCache(200, cel.Features{EnableConsumableCapacity: allocatorFeatures.ConsumableCapacity}), classes: map[string]*resourceapi.DeviceClass{}}
+	a := &analyzer{in: in, cel: cel.NewCache(200, cel.Features{EnableConsumableCapacity: allocation.Features.ConsumableCapacity}), classes: map[string]*resourceapi.DeviceClass{}}
 	for _, c := range in.Classes {
 		a.classes[c.Name] = c
 	}
@@ -98,7 +84,7 @@ func Analyze(ctx context.Context, in *Input) (*Report, error) {
 		return nil, err
 	}
 	rep.Warnings = append(rep.Warnings, a.inv.warnings...)
-	if a.alloc, err = structured.NewAllocator(ctx, allocatorFeatures, a.allocated, classLister(in.Classes), in.Slices, a.cel); err != nil {
+	if a.alloc, err = structured.NewAllocator(ctx, allocation.Features, a.allocated, allocation.Classes(in.Classes), in.Slices, a.cel); err != nil {
 		return nil, fmt.Errorf("start the scheduler's allocator: %w", err)
 	}
 
@@ -132,11 +118,7 @@ func Analyze(ctx context.Context, in *Input) (*Report, error) {
 // DynamicResources plugin builds it: devices given for admin access are
 // not held; shared devices hold capacity.
 func (a *analyzer) allocatedState() {
-	a.allocated = structured.AllocatedState{
-		AllocatedDevices:         sets.New[structured.DeviceID](),
-		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
-		AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
-	}
+	a.allocated = allocation.NewState()
 	a.owners = map[structured.DeviceID]string{}
 	explained := sets.New[string]()
 	for _, c := range a.in.Claims {
@@ -155,14 +137,7 @@ func (a *analyzer) allocatedState() {
 			if a.owners[id] == "" {
 				a.owners[id] = key
 			}
-			if r.ShareID == nil {
-				a.allocated.AllocatedDevices.Insert(id)
-				continue
-			}
-			a.allocated.AllocatedSharedDeviceIDs.Insert(structured.MakeSharedDeviceID(id, r.ShareID))
-			if r.ConsumedCapacity != nil {
-				a.allocated.AggregatedCapacity.Insert(structured.NewDeviceConsumedCapacity(id, r.ConsumedCapacity))
-			}
+			allocation.Hold(&a.allocated, &r)
 		}
 	}
 }
@@ -282,22 +257,6 @@ func nodeOfPool(all []*resourceapi.ResourceSlice, driver, pool, dev string) stri
 		}
 	}
 	return ""
-}
-
-// classLister serves the cluster's DeviceClasses to the allocator.
-type classLister []*resourceapi.DeviceClass
-
-// List implements [structured.DeviceClassLister].
-func (l classLister) List() ([]*resourceapi.DeviceClass, error) { return l, nil }
-
-// Get implements [structured.DeviceClassLister].
-func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
-	for _, c := range l {
-		if c.Name == name {
-			return c, nil
-		}
-	}
-	return nil, apierrors.NewNotFound(resourceapi.Resource("deviceclasses"), name)
 }
 
 // classNames lists the classes, sorted.

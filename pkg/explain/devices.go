@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/utils/ptr"
+
+	"github.com/gpudra/gpudra/pkg/allocation"
 )
 
 // deviceState is whether a device can be given to one more claim,
@@ -215,7 +217,7 @@ func state(d *device, allocated structured.AllocatedState, owners map[structured
 func reach(nodes []*corev1.Node, nodeName *string, allNodes *bool, selector *corev1.NodeSelector) (sets.Set[string], error) {
 	out := sets.New[string]()
 	for _, n := range nodes {
-		ok, err := structured.NodeMatches(allocatorFeatures, n, ptr.Deref(nodeName, ""), ptr.Deref(allNodes, false), selector)
+		ok, err := structured.NodeMatches(allocation.Features, n, ptr.Deref(nodeName, ""), ptr.Deref(allNodes, false), selector)
 		if err != nil {
 			return nil, err
 		}
