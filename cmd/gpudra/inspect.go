@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
+	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/checkpoint"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/features"
@@ -57,7 +58,7 @@ starts.`,
 	o.hw.AddFlags(fs)
 	fs.StringVar(&o.node, "node", "", "node to show: a node of the fleet (default: all of them), or the name to give this node (default: its hostname)")
 	fs.StringVarP(&o.output, "output", "o", inspect.Formats[0], "output format: "+strings.Join(inspect.Formats, "|"))
-	fs.StringVar(&o.driverName, "driver-name", "gpu.nvidia.com", "DRA driver name")
+	fs.StringVar(&o.driverName, "driver-name", v1beta1.GPUDriverName, "DRA driver name")
 	o.vfio.AddFlags(fs)
 	o.sharing.AddFlags(fs, "as for kubelet-plugin: none, memory-compute, shares=<N> or unlimited (a simulated fleet's node may set its own)")
 	fs.StringVar(&o.pluginDir, "plugin-data-dir", "", "the kubelet plugin's directory on this node (default /var/lib/kubelet/plugins/<driver-name>): its checkpoint says which MIG instances are gpudra's, and -o yaml and -o json are refused while a plugin listens there, since its slices already publish this node's pool")

@@ -27,6 +27,8 @@ import (
 
 	resourceapi "k8s.io/api/resource/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/gpudra/gpudra/api/resource/v1beta1"
 )
 
 //go:embed *.yaml
@@ -37,7 +39,7 @@ var computeDomainFiles embed.FS
 
 // Names of the DeviceClasses, sorted.
 const (
-	GPU  = "gpu.nvidia.com"
+	GPU  = v1beta1.GPUDriverName
 	MIG  = "mig.nvidia.com"
 	VFIO = "vfio.gpu.nvidia.com"
 

@@ -20,6 +20,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/gpudra/gpudra/api/resource/v1beta1"
 )
 
 //go:embed *.yaml
@@ -28,7 +30,7 @@ var files embed.FS
 // Defaults the YAML files are written for.
 const (
 	DefaultNamespace  = "gpudra"
-	DefaultDriverName = "gpu.nvidia.com"
+	DefaultDriverName = v1beta1.GPUDriverName
 )
 
 // KubeletPluginName is the name of the kubelet plugin's ServiceAccount,

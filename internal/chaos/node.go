@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
+	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/internal/cutproxy"
 	"github.com/gpudra/gpudra/internal/mpsfake"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
@@ -29,7 +30,7 @@ import (
 
 // Names of the simulated node.
 const (
-	driverName = "gpu.nvidia.com"
+	driverName = v1beta1.GPUDriverName
 	nodeName   = "chaos-0"
 	namespace  = "default"
 )

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/restmapper"
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/computedomain"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
@@ -39,7 +40,7 @@ import (
 )
 
 // DefaultDriverName is gpudra's default DRA driver name.
-const DefaultDriverName = "gpu.nvidia.com"
+const DefaultDriverName = v1beta1.GPUDriverName
 
 // Options configure a local cluster.
 type Options struct {

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 )
 
@@ -65,7 +66,7 @@ const nvidiaAsideInfix = ".nvidia-"
 
 // defaultNVIDIADriverName is the driver name whose allocation results a
 // started NVIDIA claim holds ([WithDriverName]).
-const defaultNVIDIADriverName = "gpu.nvidia.com"
+const defaultNVIDIADriverName = v1beta1.GPUDriverName
 
 type nvFile struct {
 	Version  string          `json:"version"`

@@ -36,7 +36,7 @@ const (
 	// with the domain's UID.
 	DomainLabel = "resource.nvidia.com/computeDomain"
 	// DriverName is the channel driver.
-	DriverName = "compute-domain.nvidia.com"
+	DriverName = v1beta1.ComputeDomainDriverName
 	// ChannelDeviceClass is the class of the channel claims' devices.
 	ChannelDeviceClass = "compute-domain-default-channel.nvidia.com"
 	// ChannelRequest is the request name in the claim template.

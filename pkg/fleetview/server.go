@@ -13,13 +13,15 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/api/resource/v1beta1"
 )
 
 //go:embed web
 var web embed.FS
 
 // DefaultDriver is the driver whose devices a fleet view shows by default.
-const DefaultDriver = "gpu.nvidia.com"
+const DefaultDriver = v1beta1.GPUDriverName
 
 // Options configure a [Server].
 type Options struct {

@@ -12,6 +12,7 @@ import (
 	logsapi "k8s.io/component-base/logs/api/v1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
+	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/health"
 	"github.com/gpudra/gpudra/pkg/nodemode"
@@ -56,7 +57,7 @@ func (o *DevicePlugin) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.CDIAnnotationPrefix, "cdi-annotation-prefix", "cdi.k8s.io/", "annotation prefix of the cdi-annotations strategy")
 	fs.StringVar(&o.DevicePluginDir, "device-plugin-dir", nodemode.DefaultDevicePluginDir, "the kubelet's device-plugin directory, with its kubelet.sock")
 	fs.StringVar(&o.CDIDir, "cdi-dir", "/var/run/cdi", "directory for the node's CDI spec (k8s.<driver-name>/device); the container runtime must read it")
-	fs.StringVar(&o.DriverName, "driver-name", "gpu.nvidia.com", "driver name: the CDI vendor is k8s.<driver-name>, and a DRA plugin of this name must not serve the node")
+	fs.StringVar(&o.DriverName, "driver-name", v1beta1.GPUDriverName, "driver name: the CDI vendor is k8s.<driver-name>, and a DRA plugin of this name must not serve the node")
 	fs.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node, for a simulated fleet's node (env NODE_NAME)")
 	fs.StringVar(&o.DRAPluginDir, "dra-plugin-data-dir", "", "the DRA plugin's directory on this node (default /var/lib/kubelet/plugins/<driver-name>): the device plugin refuses to start while a DRA plugin listens there")
 	fs.StringVar(&o.IgnoreXIDs, "health-ignore-xids", health.FormatXIDs(health.DefaultPolicy().IgnoreXIDs), "XIDs that leave a GPU Healthy (application errors), comma-separated; other XIDs, double-bit ECC errors and a lost GPU make its devices Unhealthy until it recovers")

@@ -16,6 +16,7 @@ import (
 	_ "k8s.io/component-base/logs/json/register" // --logging-format=json
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
+	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/kubeclient"
@@ -82,7 +83,7 @@ func (o *KubeletPlugin) AddFlags(fs *pflag.FlagSet) {
 	o.VFIO.AddFlags(fs)
 	o.Health.AddFlags(fs)
 	o.GPUSharing.AddFlags(fs, "how full GPUs are shared between claims (KEP-5075 consumable capacity), one of none, memory-compute, shares=<N>, unlimited; a capped share gets an MPS daemon with its caps. See docs/guides/sharing.md")
-	fs.StringVar(&o.DriverName, "driver-name", "gpu.nvidia.com", "DRA driver name; NVIDIA's DRA driver uses gpu.nvidia.com")
+	fs.StringVar(&o.DriverName, "driver-name", v1beta1.GPUDriverName, "DRA driver name; NVIDIA's DRA driver uses gpu.nvidia.com")
 	fs.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "name of this node, also the pool name (env NODE_NAME)")
 	o.Flags.AddFlags(fs)
 	fs.StringVar(&o.PluginDataDir, "plugin-data-dir", "", "directory for the DRA socket and the checkpoint (default /var/lib/kubelet/plugins/<driver-name>)")

@@ -44,13 +44,15 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/klog/v2"
+
+	"github.com/gpudra/gpudra/api/resource/v1beta1"
 )
 
 // defaultNames are the drivers' names in NVIDIA's DRA driver, which gpudra
 // uses by default.
 var defaultNames = map[Driver]string{
-	GPUDriver:           "gpu.nvidia.com",
-	ComputeDomainDriver: "compute-domain.nvidia.com",
+	GPUDriver:           v1beta1.GPUDriverName,
+	ComputeDomainDriver: v1beta1.ComputeDomainDriverName,
 }
 
 // DefaultDriverName returns the name d has unless configured otherwise.

@@ -8,6 +8,16 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
+// The DRA driver names whose opaque configs this package holds, shared
+// with the NVIDIA DRA driver: the GPU driver's (GpuConfig, MigDeviceConfig,
+// VfioDeviceConfig) and the ComputeDomain driver's
+// (ComputeDomainChannelConfig, ComputeDomainDaemonConfig). They are the
+// default driver names of gpudra's plugins, chart and tools.
+const (
+	GPUDriverName           = "gpu.nvidia.com"
+	ComputeDomainDriverName = "compute-domain.nvidia.com"
+)
+
 const (
 	// GroupName is the API group of the opaque configs, shared with the
 	// NVIDIA DRA driver.
