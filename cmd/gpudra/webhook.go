@@ -8,12 +8,10 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	"k8s.io/klog/v2"
 
-	"github.com/gpudra/gpudra/pkg/version"
+	"github.com/gpudra/gpudra/pkg/kubeclient"
 	"github.com/gpudra/gpudra/pkg/webhook"
 )
 
@@ -80,16 +78,9 @@ func (o *webhookOptions) serve(ctx context.Context, cfg webhook.Config) error {
 }
 
 func (o *webhookOptions) kubeClient() (kubernetes.Interface, error) {
-	var cfg *rest.Config
-	var err error
-	if o.Kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", o.Kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
-	}
+	cfg, err := kubeclient.Config(o.Kubeconfig, "webhook")
 	if err != nil {
-		return nil, fmt.Errorf("API client config (--kubeconfig): %w", err)
+		return nil, err
 	}
-	cfg.UserAgent = "gpudra-webhook/" + version.Get().UserAgentVersion()
 	return kubernetes.NewForConfig(cfg)
 }

@@ -59,18 +59,29 @@ func (f *Flags) Validate() error {
 // RESTConfig is the client configuration of the flags, for component (a
 // gpudra command), which names it in the user agent.
 func (f *Flags) RESTConfig(component string) (*rest.Config, error) {
+	cfg, err := Config(f.Kubeconfig, component)
+	if err != nil {
+		return nil, err
+	}
+	cfg.QPS = f.KubeAPIQPS
+	cfg.Burst = f.KubeAPIBurst
+	return cfg, nil
+}
+
+// Config is the client configuration of a kubeconfig file (the in-cluster
+// configuration when empty) for component, with client-go's default rate
+// limits: for commands without the rate-limit flags (the webhook).
+func Config(kubeconfig, component string) (*rest.Config, error) {
 	var cfg *rest.Config
 	var err error
-	if f.Kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", f.Kubeconfig)
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
 	} else {
 		cfg, err = rest.InClusterConfig()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("API client config: %w", err)
+		return nil, fmt.Errorf("API client config (--kubeconfig %q): %w", kubeconfig, err)
 	}
-	cfg.QPS = f.KubeAPIQPS
-	cfg.Burst = f.KubeAPIBurst
 	cfg.UserAgent = "gpudra-" + component + "/" + version.Get().UserAgentVersion()
 	return cfg, nil
 }
