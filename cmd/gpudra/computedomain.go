@@ -68,7 +68,7 @@ func runComputeDomainPlugin(cmd *cobra.Command, o *pluginflags.ComputeDomainPlug
 	if err != nil {
 		return err
 	}
-	// A nil *NodeDaemon must stay a nil interface: channels only.
+	// A nil *node.Daemon must stay a nil interface: channels only.
 	var daemon imexchannel.Daemon
 	if imexd != nil {
 		daemon = imexd

@@ -10,14 +10,14 @@ import (
 	"k8s.io/client-go/kubernetes"
 	logsapi "k8s.io/component-base/logs/api/v1"
 
-	"github.com/gpudra/gpudra/pkg/computedomain"
+	cdcontroller "github.com/gpudra/gpudra/pkg/computedomain/controller"
 )
 
 // newComputeDomainControllerCommand runs the controller; package
 // computedomain holds its flags so that the local cluster parses the Helm
 // chart's arguments with the same flag set.
 func newComputeDomainControllerCommand() *cobra.Command {
-	o := computedomain.NewControllerFlags()
+	o := cdcontroller.NewFlags()
 	cmd := &cobra.Command{
 		Use:   "compute-domain-controller",
 		Short: "Run the ComputeDomain controller: claim templates, IMEX channels, finalizers and status of ComputeDomains",

@@ -30,6 +30,7 @@ import (
 
 	"github.com/gpudra/gpudra/localcluster/install"
 	"github.com/gpudra/gpudra/localcluster/simnode"
+	cdcontroller "github.com/gpudra/gpudra/pkg/computedomain/controller"
 )
 
 // computeDomains is the ComputeDomain driver as the chart installed it:
@@ -125,7 +126,7 @@ func (c *Cluster) startComputeDomainController(ctx, runCtx context.Context, pod 
 	if len(args) == 0 || args[0] != "compute-domain-controller" {
 		return fmt.Errorf("%s: command line %q: want gpudra compute-domain-controller", pod.Owner, args)
 	}
-	flags, err := computedomain.ParseControllerFlags(args[1:])
+	flags, err := cdcontroller.ParseFlags(args[1:])
 	if err != nil {
 		return fmt.Errorf("%s: %w", pod.Owner, err)
 	}

@@ -9,14 +9,14 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/gpudra/gpudra/internal/imexfake"
-	"github.com/gpudra/gpudra/pkg/computedomain"
+	cdnode "github.com/gpudra/gpudra/pkg/computedomain/node"
 	"github.com/gpudra/gpudra/pkg/features/imexchannel"
 	"github.com/gpudra/gpudra/pkg/pluginflags"
 )
 
 // imexRun is a node's running IMEX side.
 type imexRun struct {
-	daemon *computedomain.NodeDaemon
+	daemon *cdnode.Daemon
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -74,7 +74,7 @@ func (n *Node) startIMEX(ctx context.Context, kube kubernetes.Interface, dyn dyn
 
 // IMEX returns the node's IMEX side, nil when its channel plugin runs
 // without one.
-func (n *Node) IMEX() *computedomain.NodeDaemon {
+func (n *Node) IMEX() *cdnode.Daemon {
 	n.imex.mu.Lock()
 	defer n.imex.mu.Unlock()
 	if n.imex.run == nil {

@@ -14,6 +14,9 @@ import (
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
 )
 
+// DriverName is the channel driver's name.
+const DriverName = v1beta1.ComputeDomainDriverName
+
 // GVR is the ComputeDomain resource.
 var GVR = schema.GroupVersionResource{Group: v1beta1.GroupName, Version: v1beta1.Version, Resource: v1beta1.ComputeDomainResource}
 

@@ -13,7 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
-	"github.com/gpudra/gpudra/pkg/computedomain"
+	cdnode "github.com/gpudra/gpudra/pkg/computedomain/node"
 	"github.com/gpudra/gpudra/pkg/imex"
 	"github.com/gpudra/gpudra/pkg/proctable"
 )
@@ -130,7 +130,7 @@ func (f *IMEXFlags) validateNode() error {
 // NodeDaemon returns the node's IMEX side, or nil (channels only) when the
 // daemon is off, or when it is auto and the binary is missing, which it
 // logs. dataDir is the plugin's data directory, the default's parent.
-func (f *IMEXFlags) NodeDaemon(ctx context.Context, kube kubernetes.Interface, dyn dynamic.Interface, nodeName, dataDir string) (*computedomain.NodeDaemon, error) {
+func (f *IMEXFlags) NodeDaemon(ctx context.Context, kube kubernetes.Interface, dyn dynamic.Interface, nodeName, dataDir string) (*cdnode.Daemon, error) {
 	logger := klog.FromContext(ctx)
 	if f.Daemon == IMEXDaemonOff {
 		logger.Info("IMEX daemon supervision is off (--imex-daemon=off): serving IMEX channels only")
@@ -154,7 +154,7 @@ func (f *IMEXFlags) NodeDaemon(ctx context.Context, kube kubernetes.Interface, d
 	if f.Launcher == imex.LauncherSystemdRun {
 		launcher = imex.SystemdRunLauncher{SystemdRun: proctable.SystemdRun{NsenterPath: f.NsenterPath, SystemdRunPath: f.SystemdRunPath}}
 	}
-	return computedomain.NewNodeDaemon(computedomain.NodeDaemonConfig{
+	return cdnode.NewDaemon(cdnode.DaemonConfig{
 		Supervisor: imex.Options{
 			Config:   imex.Config{Dir: dir, NodeIP: f.NodeIP, ServerPort: f.Port, CmdPort: f.CmdPort, MaxNodes: f.MaxNodes},
 			Binary:   f.Binary,
@@ -163,9 +163,9 @@ func (f *IMEXFlags) NodeDaemon(ctx context.Context, kube kubernetes.Interface, d
 			Env:      f.DaemonEnv,
 			IdleStop: f.IdleStop,
 		},
-		Reporter: computedomain.ReporterConfig{
+		Reporter: cdnode.ReporterConfig{
 			Dynamic:   dyn,
-			Indices:   &computedomain.IndexRegistry{Client: kube, Namespace: f.CliqueNamespace, MaxNodes: f.MaxNodes},
+			Indices:   &cdnode.IndexRegistry{Client: kube, Namespace: f.CliqueNamespace, MaxNodes: f.MaxNodes},
 			Namespace: f.CliqueNamespace,
 			NodeName:  nodeName,
 			NodeIP:    f.NodeIP,

@@ -31,6 +31,8 @@ import (
 	"github.com/gpudra/gpudra/pkg/computedomain"
 
 	"github.com/gpudra/gpudra/localcluster/controlplane"
+	cdcontroller "github.com/gpudra/gpudra/pkg/computedomain/controller"
+	cdnode "github.com/gpudra/gpudra/pkg/computedomain/node"
 )
 
 var (
@@ -51,7 +53,7 @@ const (
 // BenchmarkComputeDomainScale: -cdbench.nodes simulated nodes in
 // -cdbench.domains ComputeDomains (domain d on clique d, numNodes its
 // node count), against a real kube-apiserver in process, the controller,
-// and one NodeReporter per node with its own client at client-go's
+// and one node.Reporter per node with its own client at client-go's
 // default 5 QPS; every node's daemon is ready from the start, and every
 // node joins its domain as soon as the domain exists (as the first
 // channel claim's Prepare on it would). Reported: time from creation to
@@ -126,7 +128,7 @@ func runScale(b *testing.B, nodes, domains int, limit time.Duration) *scaleResul
 		}
 	}
 	ctrlCfg := cp.RESTConfig("compute-domain-controller", adminQPS, adminBurst)
-	ctrl := computedomain.NewController(computedomain.ControllerConfig{
+	ctrl := cdcontroller.New(cdcontroller.Config{
 		KubeClient: kubernetes.NewForConfigOrDie(ctrlCfg), DynamicClient: dynamic.NewForConfigOrDie(ctrlCfg),
 		CliqueNamespace: "gpudra", MaxChannels: 2048,
 	})
@@ -136,16 +138,16 @@ func runScale(b *testing.B, nodes, domains int, limit time.Duration) *scaleResul
 
 	// The reporters start (and watch nothing yet) before the clock does.
 	tallies := make([]*requestTally, nodes)
-	reporters := make([]*computedomain.NodeReporter, nodes)
+	reporters := make([]*cdnode.Reporter, nodes)
 	maxPerDomain := (nodes + domains - 1) / domains
 	for i := range nodes {
 		tallies[i] = &requestTally{}
 		cfg := cp.RESTConfig("gpudra-node-"+strconv.Itoa(i), nodeQPS, nodeBurst)
 		tally := tallies[i]
 		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &countingTransport{next: rt, tally: tally} })
-		reporters[i] = computedomain.NewReporter(computedomain.ReporterConfig{
+		reporters[i] = cdnode.NewReporter(cdnode.ReporterConfig{
 			Dynamic:   dynamic.NewForConfigOrDie(cfg),
-			Indices:   &computedomain.IndexRegistry{Client: kubernetes.NewForConfigOrDie(cfg), Namespace: "gpudra", MaxNodes: max(maxPerDomain, 18)},
+			Indices:   &cdnode.IndexRegistry{Client: kubernetes.NewForConfigOrDie(cfg), Namespace: "gpudra", MaxNodes: max(maxPerDomain, 18)},
 			Namespace: "gpudra", NodeName: fmt.Sprintf("node-%04d", i), NodeIP: fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255),
 		})
 		reporters[i].SetReady(true)

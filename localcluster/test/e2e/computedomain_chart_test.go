@@ -19,6 +19,7 @@ import (
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/install"
 	"github.com/gpudra/gpudra/localcluster/test/clustertest"
+	cdcontroller "github.com/gpudra/gpudra/pkg/computedomain/controller"
 )
 
 // takeVerb removes verb from the rules of the ClusterRole name in the
@@ -104,11 +105,11 @@ func TestChartRBACIsAllTheComputeDomainDriverHas(t *testing.T) {
 		if err != nil {
 			return false, err
 		}
-		cond = meta.FindStatusCondition(cd.Status.Conditions, computedomain.ConditionTemplateCreated)
-		return cond != nil && cond.Status == metav1.ConditionFalse && cond.Reason == computedomain.ReasonCreateFailed && strings.Contains(cond.Message, wantCtrl), nil
+		cond = meta.FindStatusCondition(cd.Status.Conditions, cdcontroller.ConditionTemplateCreated)
+		return cond != nil && cond.Status == metav1.ConditionFalse && cond.Reason == cdcontroller.ReasonCreateFailed && strings.Contains(cond.Message, wantCtrl), nil
 	})
 	if err != nil {
-		t.Fatalf("the domain does not show the refused template creation (want %s=False, %s, %q; got %+v): %v", computedomain.ConditionTemplateCreated, computedomain.ReasonCreateFailed, wantCtrl, cond, err)
+		t.Fatalf("the domain does not show the refused template creation (want %s=False, %s, %q; got %+v): %v", cdcontroller.ConditionTemplateCreated, cdcontroller.ReasonCreateFailed, wantCtrl, cond, err)
 	}
 	t.Logf("without create on resourceclaimtemplates: %s", cond.Message)
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/test/clustertest"
+	cdcontroller "github.com/gpudra/gpudra/pkg/computedomain/controller"
 )
 
 // cdFleet is two GB200 compute trays of one NVLink clique.
@@ -97,7 +98,7 @@ func TestComputeDomainChannels(t *testing.T) {
 	bad := &resourceapi.ResourceClaim{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "cd-demo", Name: "misspelt-domain"},
 		Spec: resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{
-			Requests: []resourceapi.DeviceRequest{{Name: "channel", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: computedomain.ChannelDeviceClass}}},
+			Requests: []resourceapi.DeviceRequest{{Name: "channel", Exactly: &resourceapi.ExactDeviceRequest{DeviceClassName: cdcontroller.ChannelDeviceClass}}},
 			Config: []resourceapi.DeviceClaimConfiguration{{DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
 				Driver: computedomain.DriverName, Parameters: runtime.RawExtension{Raw: []byte(misspeltChannelConfig)},
 			}}}},

@@ -1,4 +1,4 @@
-package computedomain
+package node
 
 import (
 	"context"
@@ -16,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/gpudra/gpudra/pkg/computedomain"
 )
 
 // IndexRegistryPrefix starts the name of a clique's index registry, a
@@ -101,7 +103,7 @@ func (r *IndexRegistry) Take(ctx context.Context, cliqueID, node string) (int, e
 			WithData(map[string]string{strconv.Itoa(pick): node})
 		// Without Force: a key another node's manager holds is a
 		// conflict, and the loop reads again.
-		if _, err := cms.Apply(ctx, apply, metav1.ApplyOptions{FieldManager: NodeFieldManager(node)}); err != nil {
+		if _, err := cms.Apply(ctx, apply, metav1.ApplyOptions{FieldManager: computedomain.NodeFieldManager(node)}); err != nil {
 			return err
 		}
 		index = pick

@@ -1,4 +1,4 @@
-package computedomain
+package node
 
 import (
 	"context"
@@ -13,36 +13,36 @@ import (
 	"github.com/gpudra/gpudra/pkg/imex"
 )
 
-// NodeDaemon is the IMEX side of the node's channel plugin: the node's one
+// Daemon is the IMEX side of the node's channel plugin: the node's one
 // supervised nvidia-imex and its reports in the domains' cliques. It
 // implements [imexchannel.Daemon]: channel claims hold it.
-type NodeDaemon struct {
+type Daemon struct {
 	supervisor *imex.Supervisor
-	reporter   *NodeReporter
+	reporter   *Reporter
 	hosts      imex.HostsFile
 
 	mu     sync.Mutex
 	claims map[string]string // claim UID -> domain UID
 }
 
-var _ imexchannel.Daemon = &NodeDaemon{}
+var _ imexchannel.Daemon = &Daemon{}
 
-// NodeDaemonConfig configures a [NodeDaemon].
-type NodeDaemonConfig struct {
-	// Supervisor is the daemon's options; OnReady is set by NewNodeDaemon.
+// DaemonConfig configures a [Daemon].
+type DaemonConfig struct {
+	// Supervisor is the daemon's options; OnReady is set by NewDaemon.
 	Supervisor imex.Options
 	// Reporter configures the node's reports; Peers is set by
-	// NewNodeDaemon.
+	// NewDaemon.
 	Reporter ReporterConfig
 	// HostsFile is where the peers' names resolve.
 	HostsFile string
 }
 
-// NewNodeDaemon wires a supervisor and a reporter: readiness goes into the
+// NewDaemon wires a supervisor and a reporter: readiness goes into the
 // reports, the peers seen in the cliques go into the hosts file, and the
 // daemon gets SIGUSR1 when they changed.
-func NewNodeDaemon(cfg NodeDaemonConfig) (*NodeDaemon, error) {
-	n := &NodeDaemon{hosts: imex.HostsFile{Path: cfg.HostsFile}, claims: map[string]string{}}
+func NewDaemon(cfg DaemonConfig) (*Daemon, error) {
+	n := &Daemon{hosts: imex.HostsFile{Path: cfg.HostsFile}, claims: map[string]string{}}
 	rc := cfg.Reporter
 	rc.Peers = n.writePeers
 	n.reporter = NewReporter(rc)
@@ -64,13 +64,13 @@ func NewNodeDaemon(cfg NodeDaemonConfig) (*NodeDaemon, error) {
 }
 
 // Supervisor returns the daemon's supervisor.
-func (n *NodeDaemon) Supervisor() *imex.Supervisor { return n.supervisor }
+func (n *Daemon) Supervisor() *imex.Supervisor { return n.supervisor }
 
 // Reporter returns the node's reporter.
-func (n *NodeDaemon) Reporter() *NodeReporter { return n.reporter }
+func (n *Daemon) Reporter() *Reporter { return n.reporter }
 
 // Run supervises the daemon and reports until ctx ends.
-func (n *NodeDaemon) Run(ctx context.Context) error {
+func (n *Daemon) Run(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -83,7 +83,7 @@ func (n *NodeDaemon) Run(ctx context.Context) error {
 
 // writePeers rewrites the hosts block and has a running daemon resolve
 // its peers again.
-func (n *NodeDaemon) writePeers(ctx context.Context, peers map[int]string) {
+func (n *Daemon) writePeers(ctx context.Context, peers map[int]string) {
 	logger := klog.FromContext(ctx)
 	changed, err := n.hosts.Write(peers)
 	if err != nil {
@@ -100,7 +100,7 @@ func (n *NodeDaemon) writePeers(ctx context.Context, peers map[int]string) {
 }
 
 // Hold implements [imexchannel.Daemon].
-func (n *NodeDaemon) Hold(ctx context.Context, claimUID, domainUID, cliqueID string) error {
+func (n *Daemon) Hold(ctx context.Context, claimUID, domainUID, cliqueID string) error {
 	if cliqueID == "" {
 		return errors.New("the node's NVLink clique is unknown: it cannot join an IMEX domain")
 	}
@@ -116,7 +116,7 @@ func (n *NodeDaemon) Hold(ctx context.Context, claimUID, domainUID, cliqueID str
 
 // Release implements [imexchannel.Daemon]: the node leaves a domain when
 // its last claim of the domain is gone.
-func (n *NodeDaemon) Release(ctx context.Context, claimUID string) error {
+func (n *Daemon) Release(ctx context.Context, claimUID string) error {
 	n.mu.Lock()
 	domain, ok := n.claims[claimUID]
 	delete(n.claims, claimUID)
@@ -133,4 +133,4 @@ func (n *NodeDaemon) Release(ctx context.Context, claimUID string) error {
 }
 
 // WaitReady implements [imexchannel.Daemon].
-func (n *NodeDaemon) WaitReady(ctx context.Context) error { return n.supervisor.WaitReady(ctx) }
+func (n *Daemon) WaitReady(ctx context.Context) error { return n.supervisor.WaitReady(ctx) }

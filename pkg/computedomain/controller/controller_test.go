@@ -1,4 +1,4 @@
-package computedomain
+package controller
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
+	"github.com/gpudra/gpudra/pkg/computedomain"
 )
 
 type controllerHarness struct {
@@ -40,8 +41,8 @@ func newControllerHarness(t *testing.T, max int, domains ...*v1beta1.ComputeDoma
 	_, ctx := ktesting.NewTestContext(t)
 	h := &controllerHarness{t: t, ctx: ctx, kube: fake.NewClientset()}
 	h.dyn = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{GVR: "ComputeDomainList"}, objs...)
-	h.c = NewController(ControllerConfig{KubeClient: h.kube, DynamicClient: h.dyn, MaxChannels: max})
+		map[schema.GroupVersionResource]string{computedomain.GVR: "ComputeDomainList"}, objs...)
+	h.c = New(Config{KubeClient: h.kube, DynamicClient: h.dyn, MaxChannels: max})
 	if err := h.c.seed(h.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -76,11 +77,11 @@ func (h *controllerHarness) reconcile(name string) {
 
 func (h *controllerHarness) get(name string) *v1beta1.ComputeDomain {
 	h.t.Helper()
-	obj, err := h.dyn.Resource(GVR).Namespace("demo").Get(h.ctx, name, metav1.GetOptions{})
+	obj, err := h.dyn.Resource(computedomain.GVR).Namespace("demo").Get(h.ctx, name, metav1.GetOptions{})
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	cd, err := FromUnstructured(obj)
+	cd, err := computedomain.FromUnstructured(obj)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -116,7 +117,7 @@ func TestControllerCreatesTemplateAndChannel(t *testing.T) {
 	}
 	// The template's config decodes as the plugin decodes it, strictly.
 	cfgs := tmpl.Spec.Spec.Devices.Config
-	if len(cfgs) != 1 || cfgs[0].Opaque == nil || cfgs[0].Opaque.Driver != DriverName {
+	if len(cfgs) != 1 || cfgs[0].Opaque == nil || cfgs[0].Opaque.Driver != computedomain.DriverName {
 		t.Fatalf("template config %+v", cfgs)
 	}
 	decoded, err := v1beta1.Decode(cfgs[0].Opaque.Parameters.Raw)
@@ -213,7 +214,7 @@ func TestControllerDeletionCleansUp(t *testing.T) {
 	a.Finalizers = append(a.Finalizers, "example.com/other")
 	now := metav1.Now()
 	a.DeletionTimestamp = &now
-	if _, err := h.dyn.Resource(GVR).Namespace("demo").Update(h.ctx, toUnstructured(t, a), metav1.UpdateOptions{}); err != nil {
+	if _, err := h.dyn.Resource(computedomain.GVR).Namespace("demo").Update(h.ctx, toUnstructured(t, a), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	h.reconcile("a")
@@ -227,7 +228,7 @@ func TestControllerDeletionCleansUp(t *testing.T) {
 		t.Errorf("finalizers after cleanup %v, want only the other controller's", got)
 	}
 	// Its channel is free again: with two channels, a third domain fits.
-	if _, err := h.dyn.Resource(GVR).Namespace("demo").Create(h.ctx, toUnstructured(t, newDomain("c", "c-channel", "")), metav1.CreateOptions{}); err != nil {
+	if _, err := h.dyn.Resource(computedomain.GVR).Namespace("demo").Create(h.ctx, toUnstructured(t, newDomain("c", "c-channel", "")), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	h.reconcile("c")
@@ -265,7 +266,7 @@ func TestControllerRestartChangesNothing(t *testing.T) {
 	h.dyn.ClearActions()
 	h.kube.ClearActions()
 
-	h.c = NewController(ControllerConfig{KubeClient: h.kube, DynamicClient: h.dyn, MaxChannels: 8})
+	h.c = New(Config{KubeClient: h.kube, DynamicClient: h.dyn, MaxChannels: 8})
 	if err := h.c.seed(h.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -306,7 +307,7 @@ func TestControllerDeletionWaitsForClaims(t *testing.T) {
 	a := h.get("a")
 	now := metav1.Now()
 	a.DeletionTimestamp = &now
-	if _, err := h.dyn.Resource(GVR).Namespace("demo").Update(h.ctx, toUnstructured(t, a), metav1.UpdateOptions{}); err != nil {
+	if _, err := h.dyn.Resource(computedomain.GVR).Namespace("demo").Update(h.ctx, toUnstructured(t, a), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	err = h.c.Reconcile(h.ctx, "demo/a")
@@ -338,7 +339,7 @@ func TestControllerStatusFromCliques(t *testing.T) {
 	cd := newDomain("a", "a-channel", "")
 	cd.Spec.NumNodes = 2
 	h := newControllerHarness(t, 8, cd)
-	h.c = NewController(ControllerConfig{KubeClient: h.kube, DynamicClient: h.dyn, MaxChannels: 8, CliqueNamespace: "gpudra"})
+	h.c = New(Config{KubeClient: h.kube, DynamicClient: h.dyn, MaxChannels: 8, CliqueNamespace: "gpudra"})
 	if err := h.c.seed(h.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -355,8 +356,8 @@ func TestControllerStatusFromCliques(t *testing.T) {
 		return &v1beta1.ComputeDomainDaemonInfo{NodeName: node, IPAddress: "10.0.0.1", CliqueID: cliqueID, Index: index, Status: status}
 	}
 	store := h.c.cliques.GetStore()
-	_ = store.Add(clique(CliqueName("uid-a", "c.1"), daemon("n-b", "c.1", 1, v1beta1.ComputeDomainStatusNotReady), daemon("n-a", "c.1", 0, v1beta1.ComputeDomainStatusReady)))
-	_ = store.Add(clique(CliqueName("uid-other", "c.1"), daemon("n-x", "c.1", 0, v1beta1.ComputeDomainStatusReady)))
+	_ = store.Add(clique(computedomain.CliqueName("uid-a", "c.1"), daemon("n-b", "c.1", 1, v1beta1.ComputeDomainStatusNotReady), daemon("n-a", "c.1", 0, v1beta1.ComputeDomainStatusReady)))
+	_ = store.Add(clique(computedomain.CliqueName("uid-other", "c.1"), daemon("n-x", "c.1", 0, v1beta1.ComputeDomainStatusReady)))
 	h.reconcile("a")
 	got := h.get("a")
 	var names []string
@@ -366,7 +367,7 @@ func TestControllerStatusFromCliques(t *testing.T) {
 	if strings.Join(names, ",") != "n-a,n-b" || got.Status.Status != v1beta1.ComputeDomainStatusNotReady {
 		t.Fatalf("nodes %v, status %s: want n-a,n-b (by index) and NotReady (1 of numNodes 2 ready)", names, got.Status.Status)
 	}
-	_ = store.Update(clique(CliqueName("uid-a", "c.1"), daemon("n-b", "c.1", 1, v1beta1.ComputeDomainStatusReady), daemon("n-a", "c.1", 0, v1beta1.ComputeDomainStatusReady)))
+	_ = store.Update(clique(computedomain.CliqueName("uid-a", "c.1"), daemon("n-b", "c.1", 1, v1beta1.ComputeDomainStatusReady), daemon("n-a", "c.1", 0, v1beta1.ComputeDomainStatusReady)))
 	h.reconcile("a")
 	if got := h.get("a"); got.Status.Status != v1beta1.ComputeDomainStatusReady {
 		t.Errorf("status %s with both nodes ready, want Ready", got.Status.Status)

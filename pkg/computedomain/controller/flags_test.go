@@ -1,4 +1,4 @@
-package computedomain
+package controller
 
 import (
 	"strings"
@@ -6,16 +6,16 @@ import (
 	"time"
 )
 
-func TestControllerFlags(t *testing.T) {
+func TestFlags(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		args    []string
 		wantErr string
-		check   func(t *testing.T, f *ControllerFlags)
+		check   func(t *testing.T, f *Flags)
 	}{
 		{
 			name: "defaults",
-			check: func(t *testing.T, f *ControllerFlags) {
+			check: func(t *testing.T, f *Flags) {
 				if !f.LeaderElect || f.LeaseName != DefaultLeaseName || f.LeaseNamespace != "kube-system" || f.MaxChannels <= 0 {
 					t.Errorf("defaults %+v", f)
 				}
@@ -27,7 +27,7 @@ func TestControllerFlags(t *testing.T) {
 				"--leader-election-id=cd", "--leader-election-namespace=gpudra", "--leader-election-lease-duration=30s",
 				"--leader-election-renew-deadline=20s", "--leader-election-retry-period=4s", "--kube-api-qps=7.5", "--kube-api-burst=9",
 				"--v=6", "--logging-format=json"},
-			check: func(t *testing.T, f *ControllerFlags) {
+			check: func(t *testing.T, f *Flags) {
 				if f.MaxChannels != 128 || f.Resync != time.Hour || f.CliqueNamespace != "gpudra" || f.LeaseName != "cd" ||
 					f.LeaseNamespace != "gpudra" || f.LeaseDuration != 30*time.Second || f.KubeAPIQPS != 7.5 || f.KubeAPIBurst != 9 {
 					t.Errorf("parsed %+v", f)
@@ -43,7 +43,7 @@ func TestControllerFlags(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv("POD_NAMESPACE", "")
-			f, err := ParseControllerFlags(tc.args)
+			f, err := ParseFlags(tc.args)
 			if err == nil {
 				err = f.Validate()
 			}

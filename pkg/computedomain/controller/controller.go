@@ -1,4 +1,4 @@
-package computedomain
+package controller
 
 import (
 	"context"
@@ -25,6 +25,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
+	"github.com/gpudra/gpudra/pkg/computedomain"
 )
 
 // Names the controller uses, NVIDIA's where NVIDIA's driver has them.
@@ -35,8 +36,6 @@ const (
 	// DomainLabel marks the objects the controller created for a domain,
 	// with the domain's UID.
 	DomainLabel = "resource.nvidia.com/computeDomain"
-	// DriverName is the channel driver.
-	DriverName = v1beta1.ComputeDomainDriverName
 	// ChannelDeviceClass is the class of the channel claims' devices.
 	ChannelDeviceClass = "compute-domain-default-channel.nvidia.com"
 	// ChannelRequest is the request name in the claim template.
@@ -59,8 +58,8 @@ const (
 	ReasonCreateFailed         = "CreateFailed"
 )
 
-// ControllerConfig is what the controller needs.
-type ControllerConfig struct {
+// Config is what the controller needs.
+type Config struct {
 	KubeClient    kubernetes.Interface
 	DynamicClient dynamic.Interface
 	// MaxChannels is the nodes' IMEX channel count; channels are handed
@@ -85,11 +84,11 @@ type ControllerConfig struct {
 // that cleans up, and its status. One worker reconciles, so the channel
 // assigner has one owner; run it leader-elected, one per cluster.
 type Controller struct {
-	cfg      ControllerConfig
+	cfg      Config
 	informer cache.SharedIndexInformer
-	// cliques is nil without ControllerConfig.CliqueNamespace.
+	// cliques is nil without Config.CliqueNamespace.
 	cliques cache.SharedIndexInformer
-	// sizes is nil without ControllerConfig.ChannelDriver.
+	// sizes is nil without Config.ChannelDriver.
 	sizes *cliqueSizes
 	queue workqueue.TypedRateLimitingInterface[string]
 
@@ -102,15 +101,15 @@ type Controller struct {
 	keys map[types.UID]string
 }
 
-// NewController returns a controller; Run starts it.
-func NewController(cfg ControllerConfig) *Controller {
+// New returns a controller; Run starts it.
+func New(cfg Config) *Controller {
 	if cfg.Resync <= 0 {
 		cfg.Resync = 5 * time.Minute
 	}
 	factory := dynamicinformer.NewDynamicSharedInformerFactory(cfg.DynamicClient, cfg.Resync)
 	c := &Controller{
 		cfg:      cfg,
-		informer: factory.ForResource(GVR).Informer(),
+		informer: factory.ForResource(computedomain.GVR).Informer(),
 		queue:    workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		uids:     map[string]types.UID{},
 		keys:     map[types.UID]string{},
@@ -136,7 +135,7 @@ func NewController(cfg ControllerConfig) *Controller {
 	}
 	if cfg.CliqueNamespace != "" {
 		cf := dynamicinformer.NewFilteredDynamicSharedInformerFactory(cfg.DynamicClient, cfg.Resync, cfg.CliqueNamespace, nil)
-		c.cliques = cf.ForResource(CliqueGVR).Informer()
+		c.cliques = cf.ForResource(computedomain.CliqueGVR).Informer()
 		enqueueDomain := func(obj any) {
 			key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
 			if err != nil {
@@ -195,13 +194,13 @@ func (c *Controller) Run(ctx context.Context) error {
 // cache), so that a new leader never hands out a channel its predecessor
 // gave away.
 func (c *Controller) seed(ctx context.Context) error {
-	list, err := c.cfg.DynamicClient.Resource(GVR).List(ctx, metav1.ListOptions{})
+	list, err := c.cfg.DynamicClient.Resource(computedomain.GVR).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return fmt.Errorf("list ComputeDomains: %w", err)
 	}
 	var domains []*v1beta1.ComputeDomain
 	for i := range list.Items {
-		cd, err := FromUnstructured(&list.Items[i])
+		cd, err := computedomain.FromUnstructured(&list.Items[i])
 		if err != nil {
 			return err
 		}
@@ -246,7 +245,7 @@ func (c *Controller) Reconcile(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	obj, err := c.cfg.DynamicClient.Resource(GVR).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
+	obj, err := c.cfg.DynamicClient.Resource(computedomain.GVR).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		c.mu.Lock()
 		if uid, ok := c.uids[key]; ok {
@@ -260,7 +259,7 @@ func (c *Controller) Reconcile(ctx context.Context, key string) error {
 	if err != nil {
 		return fmt.Errorf("get ComputeDomain %s: %w", key, err)
 	}
-	cd, err := FromUnstructured(obj)
+	cd, err := computedomain.FromUnstructured(obj)
 	if err != nil {
 		return err
 	}
@@ -347,11 +346,11 @@ func (c *Controller) writeStatus(ctx context.Context, cd *v1beta1.ComputeDomain,
 	if err != nil {
 		return err
 	}
-	obj, err := c.cfg.DynamicClient.Resource(GVR).Namespace(cd.Namespace).Patch(ctx, cd.Name, types.MergePatchType, data, metav1.PatchOptions{FieldManager: FieldManager}, "status")
+	obj, err := c.cfg.DynamicClient.Resource(computedomain.GVR).Namespace(cd.Namespace).Patch(ctx, cd.Name, types.MergePatchType, data, metav1.PatchOptions{FieldManager: FieldManager}, "status")
 	if err != nil {
 		return fmt.Errorf("write status of ComputeDomain %s/%s: %w", cd.Namespace, cd.Name, err)
 	}
-	updated, err := FromUnstructured(obj)
+	updated, err := computedomain.FromUnstructured(obj)
 	if err != nil {
 		return err
 	}
@@ -499,7 +498,7 @@ func channelTemplate(cd *v1beta1.ComputeDomain) (*resourceapi.ResourceClaimTempl
 				Config: []resourceapi.DeviceClaimConfiguration{{
 					Requests: []string{ChannelRequest},
 					DeviceConfiguration: resourceapi.DeviceConfiguration{Opaque: &resourceapi.OpaqueDeviceConfiguration{
-						Driver: DriverName, Parameters: runtime.RawExtension{Raw: raw},
+						Driver: computedomain.DriverName, Parameters: runtime.RawExtension{Raw: raw},
 					}},
 				}},
 			}},
@@ -564,7 +563,7 @@ func (c *Controller) finalize(ctx context.Context, cd *v1beta1.ComputeDomain) er
 			if !ok || !strings.HasPrefix(u.GetName(), prefix) {
 				continue
 			}
-			err := c.cfg.DynamicClient.Resource(CliqueGVR).Namespace(c.cfg.CliqueNamespace).Delete(ctx, u.GetName(), metav1.DeleteOptions{})
+			err := c.cfg.DynamicClient.Resource(computedomain.CliqueGVR).Namespace(c.cfg.CliqueNamespace).Delete(ctx, u.GetName(), metav1.DeleteOptions{})
 			if err != nil && !apierrors.IsNotFound(err) {
 				return fmt.Errorf("delete ComputeDomainClique %s/%s: %w", c.cfg.CliqueNamespace, u.GetName(), err)
 			}
@@ -601,14 +600,14 @@ func (c *Controller) patchMeta(ctx context.Context, cd *v1beta1.ComputeDomain, o
 	if err != nil {
 		return err
 	}
-	obj, err := c.cfg.DynamicClient.Resource(GVR).Namespace(cd.Namespace).Patch(ctx, cd.Name, types.JSONPatchType, data, metav1.PatchOptions{FieldManager: FieldManager})
+	obj, err := c.cfg.DynamicClient.Resource(computedomain.GVR).Namespace(cd.Namespace).Patch(ctx, cd.Name, types.JSONPatchType, data, metav1.PatchOptions{FieldManager: FieldManager})
 	if err != nil {
 		if apierrors.IsInvalid(err) || strings.Contains(err.Error(), "test operation") {
 			return fmt.Errorf("patch finalizers of ComputeDomain %s/%s: changed meanwhile, retrying: %w", cd.Namespace, cd.Name, err)
 		}
 		return fmt.Errorf("patch finalizers of ComputeDomain %s/%s: %w", cd.Namespace, cd.Name, err)
 	}
-	updated, err := FromUnstructured(obj)
+	updated, err := computedomain.FromUnstructured(obj)
 	if err != nil {
 		return err
 	}
@@ -620,7 +619,7 @@ func (c *Controller) patchMeta(ctx context.Context, cd *v1beta1.ComputeDomain, o
 // claim carries for the channel driver, or "" when it carries none.
 func ClaimDomain(claim *resourceapi.ResourceClaim) string {
 	for _, cfg := range claim.Spec.Devices.Config {
-		if cfg.Opaque == nil || cfg.Opaque.Driver != DriverName {
+		if cfg.Opaque == nil || cfg.Opaque.Driver != computedomain.DriverName {
 			continue
 		}
 		obj, err := v1beta1.DecodeLenient(cfg.Opaque.Parameters.Raw)

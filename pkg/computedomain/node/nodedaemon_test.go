@@ -1,4 +1,4 @@
-package computedomain
+package node
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/klog/v2/ktesting"
 
+	"github.com/gpudra/gpudra/pkg/computedomain"
 	"github.com/gpudra/gpudra/pkg/imex"
 )
 
@@ -41,12 +42,12 @@ func TestNodeDaemonJoinsAndLeavesPerDomain(t *testing.T) {
 	kube := fake.NewClientset()
 	(&applyConfigMaps{}).install(kube)
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{CliqueGVR: "ComputeDomainCliqueList"})
+		map[schema.GroupVersionResource]string{computedomain.CliqueGVR: "ComputeDomainCliqueList"})
 	rec := &cliqueRecorder{}
 	rec.install(dyn)
 	dir := t.TempDir()
 	port, cmdPort := twoFreePorts(t)
-	n, err := NewNodeDaemon(NodeDaemonConfig{
+	n, err := NewDaemon(DaemonConfig{
 		Supervisor: imex.Options{
 			Config:        imex.Config{Dir: filepath.Join(dir, "imex"), NodeIP: "127.0.0.1", ServerPort: port, CmdPort: cmdPort, MaxNodes: 4},
 			Binary:        filepath.Join(fakeIMEXBin, imex.DaemonName),
@@ -90,7 +91,7 @@ func TestNodeDaemonJoinsAndLeavesPerDomain(t *testing.T) {
 	rec.taken()
 	// The cliques as the API server holds them, for the leaves' gets.
 	for _, d := range []string{"dom-a", "dom-b"} {
-		name := CliqueName(d, clique)
+		name := computedomain.CliqueName(d, clique)
 		rec.objs[name] = &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{"name": name},
 			"daemons": []any{map[string]any{"nodeName": "node-a", "index": int64(0)}}}}
 	}
@@ -112,7 +113,7 @@ func TestNodeDaemonJoinsAndLeavesPerDomain(t *testing.T) {
 			left = append(left, p.GetName())
 		}
 	}
-	if !slices.Equal(left, []string{CliqueName("dom-a", clique)}) {
+	if !slices.Equal(left, []string{computedomain.CliqueName("dom-a", clique)}) {
 		t.Errorf("left %v, want only dom-a's clique", left)
 	}
 	if got := n.Reporter().Domains(); !slices.Equal(got, []string{"dom-b"}) {

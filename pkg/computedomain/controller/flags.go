@@ -1,4 +1,4 @@
-package computedomain
+package controller
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	logsapi "k8s.io/component-base/logs/api/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/pkg/computedomain"
 	"github.com/gpudra/gpudra/pkg/features/imexchannel"
 	"github.com/gpudra/gpudra/pkg/kubeclient"
 )
@@ -24,10 +25,10 @@ import (
 // --leader-election-id says otherwise.
 const DefaultLeaseName = "gpudra-compute-domain-controller"
 
-// ControllerFlags are the flags of `gpudra compute-domain-controller`. The
+// Flags are the flags of `gpudra compute-domain-controller`. The
 // binary parses its command line with them, and the local cluster parses
 // the Helm chart's controller container arguments with the same flag set.
-type ControllerFlags struct {
+type Flags struct {
 	kubeclient.Flags
 	MaxChannels     int
 	Resync          time.Duration
@@ -42,16 +43,16 @@ type ControllerFlags struct {
 	Logging         *logsapi.LoggingConfiguration
 }
 
-// NewControllerFlags returns the flags' holder with its logging
+// NewFlags returns the flags' holder with its logging
 // configuration.
-func NewControllerFlags() *ControllerFlags {
-	return &ControllerFlags{Logging: logsapi.NewLoggingConfiguration()}
+func NewFlags() *Flags {
+	return &Flags{Logging: logsapi.NewLoggingConfiguration()}
 }
 
-// ParseControllerFlags parses args (the flags after `gpudra
+// ParseFlags parses args (the flags after `gpudra
 // compute-domain-controller`) with the command's flag set.
-func ParseControllerFlags(args []string) (*ControllerFlags, error) {
-	o := NewControllerFlags()
+func ParseFlags(args []string) (*Flags, error) {
+	o := NewFlags()
 	fs := pflag.NewFlagSet("compute-domain-controller", pflag.ContinueOnError)
 	fs.SetOutput(&strings.Builder{})
 	o.AddFlags(fs)
@@ -65,12 +66,12 @@ func ParseControllerFlags(args []string) (*ControllerFlags, error) {
 }
 
 // AddFlags adds every flag of `gpudra compute-domain-controller` to fs.
-func (o *ControllerFlags) AddFlags(fs *pflag.FlagSet) {
+func (o *Flags) AddFlags(fs *pflag.FlagSet) {
 	o.Flags.AddFlags(fs)
 	fs.IntVar(&o.MaxChannels, "max-channels", imexchannel.DefaultMaxChannels, "IMEX channels handed out to domains, 0..N-1: the nodes' channel count (NVreg_ImexChannelCount); at most this many domains live at once")
 	fs.DurationVar(&o.Resync, "resync-interval", 5*time.Minute, "how often every ComputeDomain is reconciled again")
 	fs.StringVar(&o.CliqueNamespace, "clique-namespace", os.Getenv("POD_NAMESPACE"), "the driver's namespace, where nodes report their IMEX daemons in ComputeDomainCliques; the domains' status.nodes are derived from them (env POD_NAMESPACE); empty: no status.nodes")
-	fs.StringVar(&o.ChannelDriver, "channel-driver-name", DriverName, "the channel driver, whose ResourceSlices tell each NVLink clique's size: a domain whose spec.numNodes exceeds the largest gets FitsInClique=False; empty: not checked")
+	fs.StringVar(&o.ChannelDriver, "channel-driver-name", computedomain.DriverName, "the channel driver, whose ResourceSlices tell each NVLink clique's size: a domain whose spec.numNodes exceeds the largest gets FitsInClique=False; empty: not checked")
 	fs.BoolVar(&o.LeaderElect, "leader-elect", true, "elect a leader among replicas through a Lease; false runs the controller at once (one replica only)")
 	fs.StringVar(&o.LeaseName, "leader-election-id", DefaultLeaseName, "name of the leader-election Lease")
 	fs.StringVar(&o.LeaseNamespace, "leader-election-namespace", os.Getenv("POD_NAMESPACE"), "namespace of the leader-election Lease (env POD_NAMESPACE; default kube-system)")
@@ -81,7 +82,7 @@ func (o *ControllerFlags) AddFlags(fs *pflag.FlagSet) {
 }
 
 // Validate checks the flags and fills in the Lease's default namespace.
-func (o *ControllerFlags) Validate() error {
+func (o *Flags) Validate() error {
 	if o.MaxChannels <= 0 {
 		return fmt.Errorf("--max-channels %d: must be above zero", o.MaxChannels)
 	}
@@ -109,12 +110,12 @@ func (o *ControllerFlags) Validate() error {
 // error, so that the process exits and a restart competes again with a
 // fresh controller (its channel assigner seeded from the API server, not
 // from memory).
-func (o *ControllerFlags) Run(ctx context.Context, kube kubernetes.Interface, dyn dynamic.Interface, identity string) error {
+func (o *Flags) Run(ctx context.Context, kube kubernetes.Interface, dyn dynamic.Interface, identity string) error {
 	if err := o.Validate(); err != nil {
 		return err
 	}
 	run := func(ctx context.Context) error {
-		return NewController(ControllerConfig{
+		return New(Config{
 			KubeClient: kube, DynamicClient: dyn, MaxChannels: o.MaxChannels, Resync: o.Resync, CliqueNamespace: o.CliqueNamespace, ChannelDriver: o.ChannelDriver,
 		}).Run(ctx)
 	}

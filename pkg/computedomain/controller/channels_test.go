@@ -1,4 +1,4 @@
-package computedomain
+package controller
 
 import (
 	"strings"

@@ -1,9 +1,7 @@
-package computedomain
+package node
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -17,37 +15,19 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
+	"github.com/gpudra/gpudra/pkg/computedomain"
 )
-
-// CliqueLabel labels a ComputeDomainClique with its NVLink clique (see
-// CliqueLabelValue), so that a node watches only its own clique's objects.
-const CliqueLabel = "resource.nvidia.com/computeDomainClique"
-
-// CliqueLabelValue is the CliqueLabel value of a clique: its ID where that
-// is a valid label value (a cluster UUID and a number are), else a hash.
-func CliqueLabelValue(cliqueID string) string {
-	if len(validation.IsValidLabelValue(cliqueID)) == 0 {
-		return cliqueID
-	}
-	sum := sha256.Sum256([]byte(cliqueID))
-	return "h" + hex.EncodeToString(sum[:15])
-}
-
-// NodeFieldManager is the server-side apply field manager of a node's
-// entries in ComputeDomainCliques.
-func NodeFieldManager(node string) string { return "gpudra-node-" + node }
 
 // reportRetry is how soon a failed report is tried again.
 const reportRetry = 2 * time.Second
 
-// ReporterConfig configures a [NodeReporter].
+// ReporterConfig configures a [Reporter].
 type ReporterConfig struct {
 	Dynamic dynamic.Interface
 	// Indices hands out the node's IMEX index per clique.
@@ -62,13 +42,13 @@ type ReporterConfig struct {
 	Peers func(ctx context.Context, peers map[int]string)
 }
 
-// NodeReporter writes this node's entry, and only it, in the
+// Reporter writes this node's entry, and only it, in the
 // ComputeDomainClique of each domain the node serves: its IMEX index, IP
 // and daemon readiness, by server-side apply under the node's own field
 // manager, and only when the entry changed. The controller derives the
 // domain's status from these objects. It also watches the objects of the
 // node's clique for the peers' addresses.
-type NodeReporter struct {
+type Reporter struct {
 	cfg  ReporterConfig
 	wake chan struct{}
 
@@ -80,9 +60,9 @@ type NodeReporter struct {
 	peers    map[int]string
 }
 
-// NewReporter returns a reporter; [NodeReporter.Run] starts its watch.
-func NewReporter(cfg ReporterConfig) *NodeReporter {
-	return &NodeReporter{
+// NewReporter returns a reporter; [Reporter.Run] starts its watch.
+func NewReporter(cfg ReporterConfig) *Reporter {
+	return &Reporter{
 		cfg:      cfg,
 		wake:     make(chan struct{}, 1),
 		domains:  map[string]string{},
@@ -94,7 +74,7 @@ func NewReporter(cfg ReporterConfig) *NodeReporter {
 // Join makes the node a member of the domain in cliqueID: it takes the
 // node's index in the clique (once) and reports its entry. A domain whose
 // report failed stays joined: Run tries again.
-func (r *NodeReporter) Join(ctx context.Context, domainUID, cliqueID string) error {
+func (r *Reporter) Join(ctx context.Context, domainUID, cliqueID string) error {
 	r.mu.Lock()
 	r.domains[domainUID] = cliqueID
 	r.mu.Unlock()
@@ -102,7 +82,7 @@ func (r *NodeReporter) Join(ctx context.Context, domainUID, cliqueID string) err
 }
 
 // index returns the node's index in cliqueID, taking it the first time.
-func (r *NodeReporter) index(ctx context.Context, cliqueID string) (int, error) {
+func (r *Reporter) index(ctx context.Context, cliqueID string) (int, error) {
 	r.mu.Lock()
 	index, ok := r.indices[cliqueID]
 	r.mu.Unlock()
@@ -123,7 +103,7 @@ func (r *NodeReporter) index(ctx context.Context, cliqueID string) (int, error) 
 // Leave removes the node's entry from the domain's clique object with a
 // JSON patch that tests the entry is the node's: unlike an apply, a patch
 // never creates the object again once the controller deleted it.
-func (r *NodeReporter) Leave(ctx context.Context, domainUID string) error {
+func (r *Reporter) Leave(ctx context.Context, domainUID string) error {
 	r.mu.Lock()
 	cliqueID, ok := r.domains[domainUID]
 	delete(r.domains, domainUID)
@@ -131,8 +111,8 @@ func (r *NodeReporter) Leave(ctx context.Context, domainUID string) error {
 	if !ok {
 		return nil
 	}
-	name := CliqueName(domainUID, cliqueID)
-	client := r.cfg.Dynamic.Resource(CliqueGVR).Namespace(r.cfg.Namespace)
+	name := computedomain.CliqueName(domainUID, cliqueID)
+	client := r.cfg.Dynamic.Resource(computedomain.CliqueGVR).Namespace(r.cfg.Namespace)
 	for attempt := 0; ; attempt++ {
 		u, err := client.Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
@@ -153,7 +133,7 @@ func (r *NodeReporter) Leave(ctx context.Context, domainUID string) error {
 			{"op": "test", "path": fmt.Sprintf("/daemons/%d/nodeName", at), "value": r.cfg.NodeName},
 			{"op": "remove", "path": fmt.Sprintf("/daemons/%d", at)},
 		})
-		_, err = client.Patch(ctx, name, types.JSONPatchType, patch, metav1.PatchOptions{FieldManager: NodeFieldManager(r.cfg.NodeName)})
+		_, err = client.Patch(ctx, name, types.JSONPatchType, patch, metav1.PatchOptions{FieldManager: computedomain.NodeFieldManager(r.cfg.NodeName)})
 		if err == nil || apierrors.IsNotFound(err) {
 			break
 		}
@@ -169,7 +149,7 @@ func (r *NodeReporter) Leave(ctx context.Context, domainUID string) error {
 }
 
 // SetReady records the node's IMEX daemon readiness; Run reports it.
-func (r *NodeReporter) SetReady(ready bool) {
+func (r *Reporter) SetReady(ready bool) {
 	r.mu.Lock()
 	r.ready = ready
 	r.mu.Unlock()
@@ -177,13 +157,13 @@ func (r *NodeReporter) SetReady(ready bool) {
 }
 
 // Domains returns the UIDs of the domains the node reports in.
-func (r *NodeReporter) Domains() []string {
+func (r *Reporter) Domains() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Sorted(maps.Keys(r.domains))
 }
 
-func (r *NodeReporter) poke() {
+func (r *Reporter) poke() {
 	select {
 	case r.wake <- struct{}{}:
 	default:
@@ -191,7 +171,7 @@ func (r *NodeReporter) poke() {
 }
 
 // entry is what the node's entry in the domain's clique should be.
-func (r *NodeReporter) entry(domainUID string) (name string, e v1beta1.ComputeDomainDaemonInfo, ok bool) {
+func (r *Reporter) entry(domainUID string) (name string, e v1beta1.ComputeDomainDaemonInfo, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	cliqueID, ok := r.domains[domainUID]
@@ -203,11 +183,11 @@ func (r *NodeReporter) entry(domainUID string) (name string, e v1beta1.ComputeDo
 		status = v1beta1.ComputeDomainStatusReady
 	}
 	e = v1beta1.ComputeDomainDaemonInfo{NodeName: r.cfg.NodeName, IPAddress: r.cfg.NodeIP, CliqueID: cliqueID, Index: r.indices[cliqueID], Status: status}
-	return CliqueName(domainUID, cliqueID), e, true
+	return computedomain.CliqueName(domainUID, cliqueID), e, true
 }
 
 // report applies the node's entry of one domain if it changed.
-func (r *NodeReporter) report(ctx context.Context, domainUID string) error {
+func (r *Reporter) report(ctx context.Context, domainUID string) error {
 	r.mu.Lock()
 	cliqueID, ok := r.domains[domainUID]
 	r.mu.Unlock()
@@ -231,14 +211,14 @@ func (r *NodeReporter) report(ctx context.Context, domainUID string) error {
 		"apiVersion": v1beta1.GroupName + "/" + v1beta1.Version,
 		"kind":       v1beta1.ComputeDomainCliqueKind,
 		"metadata": map[string]any{"name": name, "namespace": r.cfg.Namespace,
-			"labels": map[string]any{CliqueLabel: CliqueLabelValue(e.CliqueID)}},
+			"labels": map[string]any{computedomain.CliqueLabel: computedomain.CliqueLabelValue(e.CliqueID)}},
 	}}
 	entry, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&e)
 	if err != nil {
 		return err
 	}
 	u.Object["daemons"] = []any{entry}
-	_, err = r.cfg.Dynamic.Resource(CliqueGVR).Namespace(r.cfg.Namespace).Apply(ctx, name, u, metav1.ApplyOptions{FieldManager: NodeFieldManager(r.cfg.NodeName), Force: true})
+	_, err = r.cfg.Dynamic.Resource(computedomain.CliqueGVR).Namespace(r.cfg.Namespace).Apply(ctx, name, u, metav1.ApplyOptions{FieldManager: computedomain.NodeFieldManager(r.cfg.NodeName), Force: true})
 	if err != nil {
 		return fmt.Errorf("report node %s in ComputeDomainClique %s/%s: %w", r.cfg.NodeName, r.cfg.Namespace, name, err)
 	}
@@ -252,7 +232,7 @@ func (r *NodeReporter) report(ctx context.Context, domainUID string) error {
 // Run reports changed entries until ctx ends (readiness changes, and
 // reports that failed), and watches the objects of the node's clique (by
 // CliqueLabel: a node never watches other cliques' objects) for its peers.
-func (r *NodeReporter) Run(ctx context.Context) {
+func (r *Reporter) Run(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	w := &cliqueWatch{}
 	defer w.stop()
@@ -286,7 +266,7 @@ func (r *NodeReporter) Run(ctx context.Context) {
 
 // clique returns the clique the node has an index in (a node is in one);
 // "" before its first join.
-func (r *NodeReporter) clique() string {
+func (r *Reporter) clique() string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ids := slices.Sorted(maps.Keys(r.indices))
@@ -303,14 +283,14 @@ type cliqueWatch struct {
 	cancel context.CancelFunc
 }
 
-func (w *cliqueWatch) start(ctx context.Context, r *NodeReporter, clique string) {
+func (w *cliqueWatch) start(ctx context.Context, r *Reporter, clique string) {
 	w.stop()
 	ctx, w.cancel = context.WithCancel(ctx)
-	selector := CliqueLabel + "=" + CliqueLabelValue(clique)
+	selector := computedomain.CliqueLabel + "=" + computedomain.CliqueLabelValue(clique)
 	f := dynamicinformer.NewFilteredDynamicSharedInformerFactory(r.cfg.Dynamic, 0, r.cfg.Namespace, func(o *metav1.ListOptions) {
 		o.LabelSelector = selector
 	})
-	w.inf = f.ForResource(CliqueGVR).Informer()
+	w.inf = f.ForResource(computedomain.CliqueGVR).Informer()
 	_, _ = w.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { r.poke() },
 		UpdateFunc: func(any, any) { r.poke() },
@@ -329,7 +309,7 @@ func (w *cliqueWatch) stop() {
 }
 
 // Peers returns the peers of the node's cliques as last seen.
-func (r *NodeReporter) Peers() map[int]string {
+func (r *Reporter) Peers() map[int]string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return maps.Clone(r.peers)
@@ -337,7 +317,7 @@ func (r *NodeReporter) Peers() map[int]string {
 
 // updatePeers computes the peers of the node's clique from the watched
 // objects and hands them to cfg.Peers when they changed.
-func (r *NodeReporter) updatePeers(ctx context.Context, clique string, store cache.Store) {
+func (r *Reporter) updatePeers(ctx context.Context, clique string, store cache.Store) {
 	peers := map[int]string{}
 	for _, obj := range store.List() {
 		u, ok := obj.(*unstructured.Unstructured)
