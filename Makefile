@@ -169,8 +169,8 @@ FUZZTIME ?= 2m
 FUZZMINIMIZETIME ?= 10s
 FUZZ_TARGETS := \
 	./api/resource/v1beta1:FuzzDecodeMatchesAPIMachinery \
-	./pkg/config:FuzzDecodeValidate \
-	./pkg/config:FuzzResolve \
+	./pkg/claimconfig:FuzzDecodeValidate \
+	./pkg/claimconfig:FuzzResolve \
 	./pkg/checkpoint:FuzzDecode \
 	./pkg/checkpoint:FuzzOpen \
 	./pkg/checkpoint:FuzzDecodeNVIDIA \
@@ -179,9 +179,9 @@ FUZZ_TARGETS := \
 	./pkg/cdi:FuzzValidateAgreesWithTheLibrary \
 	./pkg/features/migmode:FuzzRecord \
 	./pkg/features/dynamicmig:FuzzRecord \
-	./pkg/features/passthrough:FuzzRecord \
+	./pkg/features/vfio:FuzzRecord \
 	./pkg/features/timeslicing:FuzzRecord \
-	./pkg/features/mpsdaemon:FuzzRecord
+	./pkg/features/mps:FuzzRecord
 
 fuzz:
 	@set -e; for target in $(FUZZ_TARGETS); do \

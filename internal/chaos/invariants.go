@@ -13,9 +13,9 @@ import (
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/features/dynamicmig"
-	"github.com/gpudra/gpudra/pkg/features/mpsdaemon"
-	"github.com/gpudra/gpudra/pkg/features/passthrough"
+	"github.com/gpudra/gpudra/pkg/features/mps"
 	"github.com/gpudra/gpudra/pkg/features/timeslicing"
+	"github.com/gpudra/gpudra/pkg/features/vfio"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 )
 
@@ -242,8 +242,8 @@ func (o *observed) owned(live liveClaims) []string {
 				migs[placement{in.ParentUUID, in.Profile, in.Start}] = true
 			}
 		}
-		if r, ok, err := record[passthrough.Record](c, passthrough.Name); err != nil {
-			v = append(v, fmt.Sprintf("owned: claim %s: %s record: %v", uid, passthrough.Name, err))
+		if r, ok, err := record[vfio.Record](c, vfio.Name); err != nil {
+			v = append(v, fmt.Sprintf("owned: claim %s: %s record: %v", uid, vfio.Name, err))
 		} else if ok {
 			for _, p := range r.Devices {
 				for _, f := range p.Functions {
@@ -258,8 +258,8 @@ func (o *observed) owned(live liveClaims) []string {
 				holds[h.GPU] = append(holds[h.GPU], h.Interval)
 			}
 		}
-		if r, ok, err := record[mpsdaemon.Record](c, mpsdaemon.Name); err != nil {
-			v = append(v, fmt.Sprintf("owned: claim %s: %s record: %v", uid, mpsdaemon.Name, err))
+		if r, ok, err := record[mps.Record](c, mps.Name); err != nil {
+			v = append(v, fmt.Sprintf("owned: claim %s: %s record: %v", uid, mps.Name, err))
 		} else if ok {
 			for _, d := range r.Daemons {
 				daemons[d.ID] = true
@@ -369,9 +369,9 @@ func (o *observed) specMatches(c *claim, rec *ckptClaim, s *spec) []string {
 	}
 	prefix := cdi.Kind(driverName) + "="
 	migRec, _, _ := record[dynamicmig.Record](rec, dynamicmig.Name)
-	vfioRec, _, _ := record[passthrough.Record](rec, passthrough.Name)
+	vfioRec, _, _ := record[vfio.Record](rec, vfio.Name)
 	tsRec, _, _ := record[timeslicing.Record](rec, timeslicing.Name)
-	mpsRec, hasMPS, _ := record[mpsdaemon.Record](rec, mpsdaemon.Name)
+	mpsRec, hasMPS, _ := record[mps.Record](rec, mps.Name)
 	for _, id := range c.cdiIDs {
 		name, ok := strings.CutPrefix(id, prefix)
 		sd := specDevices[name]
@@ -422,7 +422,7 @@ func (o *observed) specMatches(c *claim, rec *ckptClaim, s *spec) []string {
 				}
 			}
 			busID := p.str("resource.kubernetes.io/pciBusID")
-			i := slices.IndexFunc(vfioRec.Devices, func(d passthrough.Passthrough) bool { return d.Device == deviceName })
+			i := slices.IndexFunc(vfioRec.Devices, func(d vfio.Passthrough) bool { return d.Device == deviceName })
 			f, ok := o.sysfs.Functions[busID]
 			switch {
 			case i < 0:

@@ -6,15 +6,15 @@ import (
 	"github.com/gpudra/gpudra/pkg/features/dynamicmig"
 	"github.com/gpudra/gpudra/pkg/features/imexchannel"
 	"github.com/gpudra/gpudra/pkg/features/migmode"
-	"github.com/gpudra/gpudra/pkg/features/mpsdaemon"
-	"github.com/gpudra/gpudra/pkg/features/passthrough"
+	"github.com/gpudra/gpudra/pkg/features/mps"
 	"github.com/gpudra/gpudra/pkg/features/timeslicing"
+	"github.com/gpudra/gpudra/pkg/features/vfio"
 )
 
 // CheckpointRecords are the names of the claim records gpudra's plugins
 // write, every feature's: a checkpoint read with all of them known is
 // read whatever the plugin recorded, as `gpudra inspect` reads it.
-var CheckpointRecords = []string{migmode.Name, dynamicmig.Name, passthrough.Name, timeslicing.Name, mpsdaemon.Name, imexchannel.Name}
+var CheckpointRecords = []string{migmode.Name, dynamicmig.Name, vfio.Name, timeslicing.Name, mps.Name, imexchannel.Name}
 
 // PeekCheckpoint reads the prepared claims of the gpudra checkpoint in dir
 // (a plugin's data directory) as the plugin would find them, read-only:

@@ -12,10 +12,10 @@ import (
 	"github.com/gpudra/gpudra/pkg/features/dynamicmig"
 	"github.com/gpudra/gpudra/pkg/features/imexchannel"
 	"github.com/gpudra/gpudra/pkg/features/migmode"
-	"github.com/gpudra/gpudra/pkg/features/mpsdaemon"
-	"github.com/gpudra/gpudra/pkg/features/passthrough"
+	mpsfeature "github.com/gpudra/gpudra/pkg/features/mps"
 	"github.com/gpudra/gpudra/pkg/features/sharing"
 	"github.com/gpudra/gpudra/pkg/features/timeslicing"
+	"github.com/gpudra/gpudra/pkg/features/vfio"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/preparer"
@@ -33,7 +33,7 @@ type Options struct {
 	MIGModeSwitcher hardware.MIGModeSwitcher
 	MIGModeNode     migmode.Node
 	// VFIO, if set, offers GPUs for passthrough.
-	VFIO *passthrough.Config
+	VFIO *vfio.Config
 	// TimeSlicer sets time slices (nil refuses TimeSlicing); DataDir holds
 	// its lock file and State reads the checkpoint.
 	TimeSlicer timeslice.Setter
@@ -77,7 +77,7 @@ func New(o Options) (*Set, error) {
 	if dynamic && o.MIGModeSwitcher != nil {
 		switchable, switcher = migmode.CanSwitch, o.MIGModeSwitcher
 	}
-	vfio, err := passthrough.New(o.VFIO)
+	vfio, err := vfio.New(o.VFIO)
 	if err != nil {
 		return nil, err
 	}
@@ -96,7 +96,7 @@ func New(o Options) (*Set, error) {
 			dynamicmig.New(o.MIG, migPublisher.Dynamic),
 			vfio,
 			timeslicing.New(o.TimeSlicer, o.DataDir, o.State, o.MPS != nil),
-			mpsdaemon.New(o.MPS, o.MPSUnavailable, o.TimeSlicer != nil),
+			mpsfeature.New(o.MPS, o.MPSUnavailable, o.TimeSlicer != nil),
 		},
 		Publishers: publishers,
 		MIG:        migPublisher,

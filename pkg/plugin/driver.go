@@ -29,7 +29,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/devicestatus"
 	"github.com/gpudra/gpudra/pkg/features"
 	"github.com/gpudra/gpudra/pkg/features/devicehealth"
-	"github.com/gpudra/gpudra/pkg/features/passthrough"
+	"github.com/gpudra/gpudra/pkg/features/vfio"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/health"
 	"github.com/gpudra/gpudra/pkg/metrics"
@@ -164,7 +164,7 @@ const (
 var MIGModes = []MIGMode{MIGModeDynamic, MIGModeStatic}
 
 // VFIOConfig is what VFIO passthrough needs on this node.
-type VFIOConfig = passthrough.Config
+type VFIOConfig = vfio.Config
 
 // Step names a point in the preparation of a claim at which the crash
 // tests inject failures.

@@ -9,8 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/gpudra/gpudra/pkg/claimconfig"
 	"github.com/gpudra/gpudra/pkg/claimstate"
-	"github.com/gpudra/gpudra/pkg/config"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/preparer"
@@ -18,7 +18,7 @@ import (
 
 // configFeatures is what the opaque configs are validated against, the
 // same as the webhook's.
-var configFeatures = config.ValidationFeatures
+var configFeatures = claimconfig.ValidationFeatures
 
 // node is the preparer's view of the node: the published devices and the
 // API server's allocations. It implements [preparer.Node].
@@ -69,14 +69,14 @@ func (n *node) Claim(ctx context.Context, claim *resourceapi.ResourceClaim, inte
 		}
 		c.Devices = append(c.Devices, &preparer.Device{State: &cd, Model: dev})
 	}
-	kindOf := func(r resourceapi.DeviceRequestAllocationResult) (config.DeviceKind, error) {
+	kindOf := func(r resourceapi.DeviceRequestAllocationResult) (claimconfig.DeviceKind, error) {
 		dev, ok := pub.Model.Lookup(r.Device)
 		if !ok {
 			return "", fmt.Errorf("device %s is not a device of this node", r.Device)
 		}
 		return configKind(dev), nil
 	}
-	resolved, err := config.Resolve(d.cfg.DriverName, claim, kindOf, configFeatures)
+	resolved, err := claimconfig.Resolve(d.cfg.DriverName, claim, kindOf, configFeatures)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -147,18 +147,18 @@ func (n *node) Model() *devicemodel.Model {
 }
 
 // configKind is the config kind a device of the model takes.
-func configKind(dev *devicemodel.Device) config.DeviceKind {
+func configKind(dev *devicemodel.Device) claimconfig.DeviceKind {
 	switch dev.Kind {
 	case devicemodel.KindMIG:
-		return config.MIG
+		return claimconfig.MIG
 	case devicemodel.KindVFIO:
-		return config.VFIO
+		return claimconfig.VFIO
 	case devicemodel.KindChannel:
-		return config.Channel
+		return claimconfig.Channel
 	case devicemodel.KindDaemon:
-		return config.Daemon
+		return claimconfig.Daemon
 	}
-	return config.GPU
+	return claimconfig.GPU
 }
 
 // modeSwitchNode is what the MIG mode configurator needs of the plugin.

@@ -17,8 +17,8 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
+	"github.com/gpudra/gpudra/pkg/claimconfig"
 	"github.com/gpudra/gpudra/pkg/claimstate"
-	"github.com/gpudra/gpudra/pkg/config"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
 )
@@ -161,7 +161,7 @@ type Device struct {
 	// replaces it with what the container gets (the device it created).
 	Model *devicemodel.Device
 	// Config is the device's resolved opaque config, with its origin.
-	Config config.Device
+	Config claimconfig.Device
 	// Edits are added to the device's CDI edits.
 	Edits *cdispec.ContainerEdits
 }

@@ -9,7 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/gpudra/gpudra/deployments/deviceclasses"
-	"github.com/gpudra/gpudra/pkg/config"
+	"github.com/gpudra/gpudra/pkg/claimconfig"
 )
 
 // deviceTypeSelector finds the device type a DeviceClass's CEL selector
@@ -20,12 +20,12 @@ var deviceTypeSelector = regexp.MustCompile(`\.type == '(gpu|mig|vfio)'`)
 // which the Helm chart installs under the same names) to the kind of
 // device it selects. The webhook reads no DeviceClass from the API server:
 // a claim that names a class of its own is left to Prepare.
-var classKinds = func() map[string]config.DeviceKind {
+var classKinds = func() map[string]claimconfig.DeviceKind {
 	classes, err := deviceclasses.All()
 	if err != nil {
 		panic(err) // the embedded files are tested
 	}
-	kinds := map[string]config.DeviceKind{}
+	kinds := map[string]claimconfig.DeviceKind{}
 	for _, c := range classes {
 		var found []string
 		for _, s := range c.Spec.Selectors {
@@ -36,14 +36,14 @@ var classKinds = func() map[string]config.DeviceKind {
 			}
 		}
 		if len(found) == 1 {
-			kinds[c.Name] = config.DeviceKind(found[0])
+			kinds[c.Name] = claimconfig.DeviceKind(found[0])
 		}
 	}
 	return kinds
 }()
 
-// classKind implements [config.ClassKindFunc] for gpudra's classes.
-func classKind(className string) (config.DeviceKind, bool) {
+// classKind implements [claimconfig.ClassKindFunc] for gpudra's classes.
+func classKind(className string) (claimconfig.DeviceKind, bool) {
 	k, ok := classKinds[className]
 	return k, ok
 }
@@ -64,7 +64,7 @@ var claimSpecs = map[string]func(raw []byte) (*resourceapi.ResourceClaimSpec, er
 }
 
 // validateFit refuses the GPU driver's configs that cannot fit the devices
-// their requests' DeviceClasses select ([config.CheckFit]): a
+// their requests' DeviceClasses select ([claimconfig.CheckFit]): a
 // MigDeviceConfig for a request of class gpu.nvidia.com is refused here
 // rather than at Prepare.
 func (v *validator) validateFit(path *field.Path, spec *resourceapi.ResourceClaimSpec) []fieldError {
@@ -73,7 +73,7 @@ func (v *validator) validateFit(path *field.Path, spec *resourceapi.ResourceClai
 		return nil
 	}
 	var errs []fieldError
-	for _, ce := range config.CheckFit(driver, spec, classKind, config.ValidationFeatures) {
+	for _, ce := range claimconfig.CheckFit(driver, spec, classKind, claimconfig.ValidationFeatures) {
 		p := path.Index(ce.Origin.Index)
 		if len(ce.Origin.Requests) > 0 {
 			p = p.Child("requests")

@@ -9,7 +9,7 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	resourceapi "k8s.io/api/resource/v1"
 
-	"github.com/gpudra/gpudra/pkg/config"
+	"github.com/gpudra/gpudra/pkg/claimconfig"
 )
 
 // TestFit: a config whose kind cannot fit the device its request's
@@ -90,8 +90,10 @@ func TestFitRefusedAtPrepareToo(t *testing.T) {
 	c.Status.Allocation = &resourceapi.AllocationResult{Devices: resourceapi.DeviceAllocationResult{
 		Results: []resourceapi.DeviceRequestAllocationResult{{Request: "gpu", Driver: gpuDriver, Pool: "node", Device: "gpu-0"}},
 	}}
-	_, err := config.Resolve(gpuDriver, c, func(resourceapi.DeviceRequestAllocationResult) (config.DeviceKind, error) { return config.GPU, nil }, config.ValidationFeatures)
-	var ce *config.ConfigError
+	_, err := claimconfig.Resolve(gpuDriver, c, func(resourceapi.DeviceRequestAllocationResult) (claimconfig.DeviceKind, error) {
+		return claimconfig.GPU, nil
+	}, claimconfig.ValidationFeatures)
+	var ce *claimconfig.ConfigError
 	if !errors.As(err, &ce) || !strings.Contains(ce.Error(), "cannot configure device") {
 		t.Errorf("Resolve = %v, want the plugin's refusal", err)
 	}

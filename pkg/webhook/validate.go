@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
-	"github.com/gpudra/gpudra/pkg/config"
+	"github.com/gpudra/gpudra/pkg/claimconfig"
 )
 
 // Driver is one of gpudra's DRA drivers, whatever name it is deployed
@@ -56,7 +56,7 @@ type validator struct {
 
 // validateParameters validates the parameters of one opaque config of the
 // driver called name. The GPU driver's parameters go through
-// [config.DecodeParameters] with [config.ValidationFeatures], exactly as
+// [claimconfig.DecodeParameters] with [claimconfig.ValidationFeatures], exactly as
 // the kubelet plugin decodes them at Prepare, so its error is returned
 // unchanged.
 func (v *validator) validateParameters(d Driver, name string, raw []byte) error {
@@ -67,7 +67,7 @@ func (v *validator) validateParameters(d Driver, name string, raw []byte) error 
 	if len(kindsOf[d]) == 0 {
 		return nil
 	}
-	cfg, err := config.DecodeParameters(raw, config.ValidationFeatures)
+	cfg, err := claimconfig.DecodeParameters(raw, claimconfig.ValidationFeatures)
 	if err != nil {
 		return err
 	}

@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/gpudra/gpudra/pkg/config"
+	"github.com/gpudra/gpudra/pkg/claimconfig"
 )
 
 const (
@@ -76,7 +76,7 @@ func class(configs ...resourceapi.DeviceConfiguration) *resourceapi.DeviceClass 
 // pluginMessage is the kubelet plugin's message for parameters.
 func pluginMessage(t *testing.T, params string) string {
 	t.Helper()
-	_, err := config.DecodeParameters([]byte(params), config.ValidationFeatures)
+	_, err := claimconfig.DecodeParameters([]byte(params), claimconfig.ValidationFeatures)
 	if err == nil {
 		t.Fatalf("the plugin accepts %s", params)
 	}
@@ -275,9 +275,11 @@ func TestMessageIsThePluginsAtPrepare(t *testing.T) {
 			Results: []resourceapi.DeviceRequestAllocationResult{{Request: "gpu", Driver: gpuDriver, Pool: "node", Device: "gpu-0"}},
 			Config:  []resourceapi.DeviceAllocationConfiguration{{Source: resourceapi.AllocationConfigSourceClaim, DeviceConfiguration: c.Spec.Devices.Config[0].DeviceConfiguration}},
 		}}
-		gpu := func(resourceapi.DeviceRequestAllocationResult) (config.DeviceKind, error) { return config.GPU, nil }
-		_, err := config.Resolve(gpuDriver, c, gpu, config.ValidationFeatures)
-		var ce *config.ConfigError
+		gpu := func(resourceapi.DeviceRequestAllocationResult) (claimconfig.DeviceKind, error) {
+			return claimconfig.GPU, nil
+		}
+		_, err := claimconfig.Resolve(gpuDriver, c, gpu, claimconfig.ValidationFeatures)
+		var ce *claimconfig.ConfigError
 		if !errors.As(err, &ce) {
 			t.Fatalf("%s: Resolve = %v, want a ConfigError", params, err)
 		}

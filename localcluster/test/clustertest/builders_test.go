@@ -9,7 +9,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
-	"github.com/gpudra/gpudra/pkg/config"
+	"github.com/gpudra/gpudra/pkg/claimconfig"
 )
 
 // TestConfig: a typed config comes out as parameters the plugin decodes to
@@ -23,7 +23,7 @@ func TestConfig(t *testing.T) {
 	if c.Opaque == nil || c.Opaque.Driver != "gpu.nvidia.com" || len(c.Requests) != 1 || c.Requests[0] != "gpu" {
 		t.Fatalf("config %+v, want gpu.nvidia.com's for request gpu", c)
 	}
-	decoded, err := config.DecodeParameters(c.Opaque.Parameters.Raw, config.ValidationFeatures)
+	decoded, err := claimconfig.DecodeParameters(c.Opaque.Parameters.Raw, claimconfig.ValidationFeatures)
 	if err != nil {
 		t.Fatalf("the plugin refuses %s: %v", c.Opaque.Parameters.Raw, err)
 	}
@@ -37,7 +37,7 @@ func TestConfig(t *testing.T) {
 	if string(raw.Opaque.Parameters.Raw) != misspelt {
 		t.Errorf("raw parameters %s, want %s", raw.Opaque.Parameters.Raw, misspelt)
 	}
-	if _, err := config.DecodeParameters(raw.Opaque.Parameters.Raw, config.ValidationFeatures); err == nil || !strings.Contains(err.Error(), "intervall") {
+	if _, err := claimconfig.DecodeParameters(raw.Opaque.Parameters.Raw, claimconfig.ValidationFeatures); err == nil || !strings.Contains(err.Error(), "intervall") {
 		t.Errorf("the misspelt parameters decode: %v", err)
 	}
 }

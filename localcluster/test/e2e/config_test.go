@@ -13,7 +13,7 @@ import (
 // naming both, whether it names the request or names none (for all
 // requests, of which this is the only one): the webhook refuses what
 // Prepare would refuse whatever the allocator picks. Prepare's own refusal
-// of the same config is tested in the driver module (pkg/config,
+// of the same config is tested in the driver module (pkg/claimconfig,
 // pkg/webhook), where the webhook cannot decide (another class,
 // firstAvailable alternatives).
 func TestConfigOfTheWrongKindIsRefused(t *testing.T) {

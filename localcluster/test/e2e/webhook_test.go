@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
-	"github.com/gpudra/gpudra/pkg/config"
+	"github.com/gpudra/gpudra/pkg/claimconfig"
 
 	"github.com/gpudra/gpudra/localcluster/manifests"
 )
@@ -59,7 +59,7 @@ func claimWithConfig(name, params string) *resourceapi.ResourceClaim {
 // pluginMessage is what the kubelet plugin says of params at Prepare.
 func pluginMessage(t *testing.T, params string) string {
 	t.Helper()
-	_, err := config.DecodeParameters([]byte(params), config.ValidationFeatures)
+	_, err := claimconfig.DecodeParameters([]byte(params), claimconfig.ValidationFeatures)
 	if err == nil {
 		t.Fatalf("the plugin accepts %s", params)
 	}

@@ -21,8 +21,8 @@ import (
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/checkpoint"
+	"github.com/gpudra/gpudra/pkg/claimconfig"
 	"github.com/gpudra/gpudra/pkg/claimstate"
-	"github.com/gpudra/gpudra/pkg/config"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/features/imexchannel"
 	"github.com/gpudra/gpudra/pkg/hardware"
@@ -83,14 +83,14 @@ func newFakeNode(t *testing.T) *fakeNode {
 }
 
 func (n *fakeNode) Claim(_ context.Context, claim *resourceapi.ResourceClaim, intent claimstate.Intent) (*preparer.Claim, *cdispec.ContainerEdits, error) {
-	kindOf := func(r resourceapi.DeviceRequestAllocationResult) (config.DeviceKind, error) {
+	kindOf := func(r resourceapi.DeviceRequestAllocationResult) (claimconfig.DeviceKind, error) {
 		d, ok := n.model.Lookup(r.Device)
 		if !ok {
 			return "", errors.New("not published")
 		}
-		return config.DeviceKind(d.Kind), nil
+		return claimconfig.DeviceKind(d.Kind), nil
 	}
-	resolved, err := config.Resolve(driver, claim, kindOf, v1beta1.Features{})
+	resolved, err := claimconfig.Resolve(driver, claim, kindOf, v1beta1.Features{})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -20,8 +20,8 @@ import (
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/internal/lockedfile"
+	"github.com/gpudra/gpudra/pkg/claimconfig"
 	"github.com/gpudra/gpudra/pkg/claimstate"
-	"github.com/gpudra/gpudra/pkg/config"
 	"github.com/gpudra/gpudra/pkg/features/sharing"
 	"github.com/gpudra/gpudra/pkg/preparer"
 	"github.com/gpudra/gpudra/pkg/timeslice"
@@ -122,7 +122,7 @@ func (c *Configurator) Plan(_ context.Context, cl *preparer.Claim) (json.RawMess
 			return nil, fmt.Errorf("device %s: %s: sharing.strategy TimeSlicing: the device is a share of a GPU shared by %s, whose caps only MPS enforces; allowed here: sharing.strategy MPS, or no sharing setting",
 				d.Model.Name(), d.Config.Origin, d.Model.Sharing)
 		}
-		if d.Config.Kind == config.MIG {
+		if d.Config.Kind == claimconfig.MIG {
 			continue
 		}
 		if c.setter == nil {

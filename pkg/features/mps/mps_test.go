@@ -1,4 +1,4 @@
-package mpsdaemon_test
+package mps_test
 
 import (
 	"encoding/json"
@@ -6,16 +6,16 @@ import (
 	"testing"
 
 	"github.com/gpudra/gpudra/pkg/claimstate"
-	"github.com/gpudra/gpudra/pkg/features/mpsdaemon"
+	"github.com/gpudra/gpudra/pkg/features/mps"
 )
 
 // TestGuardOneMPSClaimPerPod: a container reaches one MPS daemon, so a
 // pod gets one MPS claim per node; other pods and non-MPS claims are fine.
 func TestGuardOneMPSClaimPerPod(t *testing.T) {
-	c := mpsdaemon.New(nil, "", false)
+	c := mps.New(nil, "", false)
 	rec := json.RawMessage(`{"daemons":[{"id":"x","devices":["gpu-0"]}]}`)
 	s := claimstate.New()
-	s.Claims["mps"] = &claimstate.Claim{UID: "mps", Consumers: []claimstate.Consumer{{Name: "pod", UID: "pod-1"}}, Records: map[string]json.RawMessage{mpsdaemon.Name: rec}}
+	s.Claims["mps"] = &claimstate.Claim{UID: "mps", Consumers: []claimstate.Consumer{{Name: "pod", UID: "pod-1"}}, Records: map[string]json.RawMessage{mps.Name: rec}}
 	s.Claims["plain"] = &claimstate.Claim{UID: "plain", Consumers: []claimstate.Consumer{{Name: "other", UID: "pod-2"}}}
 	for _, tc := range []struct {
 		pod     string
@@ -27,7 +27,7 @@ func TestGuardOneMPSClaimPerPod(t *testing.T) {
 	} {
 		claim := &claimstate.Claim{UID: "new", Consumers: []claimstate.Consumer{{Name: tc.pod, UID: tc.pod}}}
 		err := c.Guard(s, claim, rec)
-		if got := errors.Is(err, mpsdaemon.ErrMPSConsumer); got != tc.refused {
+		if got := errors.Is(err, mps.ErrMPSConsumer); got != tc.refused {
 			t.Errorf("pod %s: Guard = %v, want refused %v", tc.pod, err, tc.refused)
 		}
 	}

@@ -1,9 +1,9 @@
-// Package passthrough is the configurator of VFIO passthrough: GPUs
+// Package vfio is the configurator of VFIO passthrough: GPUs
 // published as gpu-vfio-<minor> devices whose IOMMU group is bound to a
 // VFIO driver at Prepare and given back at Unprepare. Its record names
 // each PCI function and the driver to give it back to before any is
 // unbound.
-package passthrough
+package vfio
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-// Package config resolves the effective opaque configuration of every device
+// Package claimconfig resolves the effective opaque configuration of every device
 // a ResourceClaim was allocated from this driver. It is pure: the kubelet
 // plugin calls Resolve on the claims it prepares, and the webhook calls
 // ValidateOpaque on the configs of the claims it admits, so both accept and
@@ -33,7 +33,7 @@
 // Every config of this driver is decoded strictly, normalized and validated,
 // even one that a later config overrides, so that a claim the webhook admits is
 // a claim the plugin can prepare and the other way round.
-package config
+package claimconfig
 
 import (
 	"encoding/json"

@@ -1,4 +1,4 @@
-package passthrough_test
+package vfio_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"github.com/gpudra/gpudra/internal/featuretest"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
-	"github.com/gpudra/gpudra/pkg/features/passthrough"
+	vfiofeature "github.com/gpudra/gpudra/pkg/features/vfio"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/preparer"
 	"github.com/gpudra/gpudra/pkg/vfio"
@@ -34,7 +34,7 @@ func FuzzRecord(f *testing.F) {
 		f.Fatal(err)
 	}
 	bus := inv.GPUs[0].PCIBusID
-	for _, seed := range featuretest.Seeds(f, passthrough.Name,
+	for _, seed := range featuretest.Seeds(f, vfiofeature.Name,
 		`{"devices":[{"device":"gpu-vfio-0","gpu":"`+bus+`","iommuGroup":-1,"functions":[{"busID":"`+bus+`","driver":"vfio-pci","originalDriver":"nvidia"}]}]}`,
 		`{"devices":[{"device":"gpu-vfio-0","gpu":"`+bus+`","iommuGroup":0,"functions":[{"busID":"../../../x","driver":"vfio-pci"}]}]}`,
 		`{"devices":[{"device":"gpu-vfio-0","gpu":"`+bus+`","iommuGroup":0,"functions":[{"busID":"`+bus+`","driver":"nvidia","originalDriver":"vfio-pci"}]}]}`,
@@ -50,8 +50,8 @@ func FuzzRecord(f *testing.F) {
 		}
 		var writes []string
 		fs.OnWrite(func(name string) { writes = append(writes, name) })
-		cfg := &passthrough.Config{Mode: devicemodel.VFIOBeside, FS: fs, Busy: fs, Modules: fs}
-		c, err := passthrough.New(cfg)
+		cfg := &vfiofeature.Config{Mode: devicemodel.VFIOBeside, FS: fs, Busy: fs, Modules: fs}
+		c, err := vfiofeature.New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -68,17 +68,17 @@ func FuzzRecord(f *testing.F) {
 		cl := &preparer.Claim{UID: "mine", Inventory: inv, Devices: []*preparer.Device{{
 			State: &claimstate.Device{Pool: "dgx-h100-0", Name: dev.Name()}, Model: dev}}}
 		err = c.Edits(ctx, cl, rec)
-		featuretest.CheckRefusal[passthrough.Record](t, passthrough.Name, "Edits", rec, err)
+		featuretest.CheckRefusal[vfiofeature.Record](t, vfiofeature.Name, "Edits", rec, err)
 
 		// Undo, twice: it is idempotent.
 		err = c.Undo(ctx, "mine", rec)
-		featuretest.CheckRefusal[passthrough.Record](t, passthrough.Name, "Undo", rec, err)
+		featuretest.CheckRefusal[vfiofeature.Record](t, vfiofeature.Name, "Undo", rec, err)
 		if err == nil {
 			if err := c.Undo(ctx, "mine", rec); err != nil {
 				t.Fatalf("second Undo of a record the first undid: %v", err)
 			}
 		}
-		if r, err := preparer.Record[passthrough.Record](passthrough.Name, rec); err == nil {
+		if r, err := preparer.Record[vfiofeature.Record](vfiofeature.Name, rec); err == nil {
 			for _, w := range writes {
 				if !named(r, w) {
 					t.Fatalf("Undo of %q wrote %s, which the record does not name", rec, w)
@@ -95,7 +95,7 @@ func FuzzRecord(f *testing.F) {
 
 // named reports whether the sysfs path written is one of a function the
 // record names, or a bind or unbind file of a driver it names.
-func named(r *passthrough.Record, path string) bool {
+func named(r *vfiofeature.Record, path string) bool {
 	if path == "bus/pci/drivers_probe" {
 		return true
 	}

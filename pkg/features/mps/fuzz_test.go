@@ -1,4 +1,4 @@
-package mpsdaemon_test
+package mps_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"github.com/gpudra/gpudra/internal/featuretest"
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
-	"github.com/gpudra/gpudra/pkg/features/mpsdaemon"
+	mpsfeature "github.com/gpudra/gpudra/pkg/features/mps"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/preparer"
@@ -23,7 +23,7 @@ import (
 // not decode is refused as damage, naming the record; and the CDI edits a
 // record gives a claim's devices mount nothing outside the MPS root.
 func FuzzRecord(f *testing.F) {
-	for _, seed := range featuretest.Seeds(f, mpsdaemon.Name,
+	for _, seed := range featuretest.Seeds(f, mpsfeature.Name,
 		`{"daemons":[{"id":"../../..","devices":["gpu-0"]}]}`,
 		`{"daemons":[{"id":"/etc","devices":["gpu-0"]}]}`,
 		`{"daemons":[{"id":"","devices":["gpu-0"]},{"id":"ok","devices":["gpu-0","gpu-0"]}]}`,
@@ -45,12 +45,12 @@ func FuzzRecord(f *testing.F) {
 	gpu.API.Name = "gpu-0"
 	f.Fuzz(func(t *testing.T, rec []byte) {
 		ctx := context.Background()
-		c := mpsdaemon.New(manager, "", false)
+		c := mpsfeature.New(manager, "", false)
 
 		dev := &preparer.Device{State: &claimstate.Device{Pool: "node-1", Name: "gpu-0"}, Model: gpu}
 		cl := &preparer.Claim{UID: "mine", Inventory: &hardware.Inventory{}, Devices: []*preparer.Device{dev}}
 		err := c.Edits(ctx, cl, rec)
-		featuretest.CheckRefusal[mpsdaemon.Record](t, mpsdaemon.Name, "Edits", rec, err)
+		featuretest.CheckRefusal[mpsfeature.Record](t, mpsfeature.Name, "Edits", rec, err)
 		if dev.Edits != nil {
 			for _, m := range dev.Edits.Mounts {
 				if rel, err := filepath.Rel(root, m.HostPath); err != nil || rel == "." || strings.HasPrefix(rel, "..") {
@@ -60,10 +60,10 @@ func FuzzRecord(f *testing.F) {
 		}
 
 		err = c.Undo(ctx, "mine", rec)
-		featuretest.CheckRefusal[mpsdaemon.Record](t, mpsdaemon.Name, "Undo", rec, err)
+		featuretest.CheckRefusal[mpsfeature.Record](t, mpsfeature.Name, "Undo", rec, err)
 		err = c.Restore(ctx, []*claimstate.Claim{{UID: "mine", Phase: claimstate.PrepareCompleted,
-			Records: map[string]json.RawMessage{mpsdaemon.Name: rec}}})
-		featuretest.CheckRefusal[mpsdaemon.Record](t, mpsdaemon.Name, "Restore", rec, err)
+			Records: map[string]json.RawMessage{mpsfeature.Name: rec}}})
+		featuretest.CheckRefusal[mpsfeature.Record](t, mpsfeature.Name, "Restore", rec, err)
 		if left, err := os.ReadDir(root); err != nil || len(left) != 0 {
 			t.Fatalf("the MPS root holds %v (%v) after the record %q", left, err, rec)
 		}

@@ -1,11 +1,11 @@
-// Package mpsdaemon is the configurator of MPS: a claim whose config asks
+// Package mps is the configurator of MPS: a claim whose config asks
 // for sharing strategy MPS, or that holds capped shares of a shared GPU
 // (fractional GPUs), gets one MPS control daemon with its limits, started
 // at Prepare after its MIG devices exist, supervised, adopted after a
 // restart, and stopped at Unprepare before anything it serves is torn
 // down. A container reaches one daemon (one pipe directory), so a claim
 // has at most one, and a pod at most one MPS claim on a node.
-package mpsdaemon
+package mps
 
 import (
 	"context"
@@ -20,8 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
+	"github.com/gpudra/gpudra/pkg/claimconfig"
 	"github.com/gpudra/gpudra/pkg/claimstate"
-	"github.com/gpudra/gpudra/pkg/config"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/features/sharing"
 	"github.com/gpudra/gpudra/pkg/mps"
@@ -87,7 +87,7 @@ type plan struct {
 	// config is the claim's MPS config; nil when the daemon serves
 	// fractional shares only.
 	config *v1beta1.MpsConfig
-	origin config.Origin
+	origin claimconfig.Origin
 	// shares are the caps of the fractional shares it serves, by index.
 	shares map[int]devicemodel.ShareLimits
 }
@@ -95,7 +95,7 @@ type plan struct {
 // planOf works out the claim's daemon, or nil.
 func (c *Configurator) planOf(cl *preparer.Claim) (*plan, error) {
 	var p *plan
-	add := func(i int, mc *v1beta1.MpsConfig, origin config.Origin, withConfig bool) error {
+	add := func(i int, mc *v1beta1.MpsConfig, origin claimconfig.Origin, withConfig bool) error {
 		if p == nil {
 			p = &plan{id: cl.UID, shares: map[int]devicemodel.ShareLimits{}}
 		}
@@ -150,7 +150,7 @@ func (c *Configurator) planOf(cl *preparer.Claim) (*plan, error) {
 		}
 	}
 	// Config values (a thread percentage of 0, a limit that is no whole
-	// MiB) were refused by config.Resolve, with the webhook's rule.
+	// MiB) were refused by claimconfig.Resolve, with the webhook's rule.
 	return p, nil
 }
 
