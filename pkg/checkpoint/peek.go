@@ -28,24 +28,12 @@ func Peek(dir string, opts ...Option) (*claimstate.State, error) {
 	if _, err := os.Stat(filepath.Join(dir, AdoptPendingFileName)); err == nil {
 		return nil, fmt.Errorf("%s: %w", path, ErrNeedsAdoption)
 	}
-	f, err := os.Open(path)
+	d, err := newSchema(o).decodeFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return claimstate.New(), nil
 	}
 	if err != nil {
 		return nil, err
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
-	}
-	if len(data) > maxFileSize {
-		return nil, fmt.Errorf("%s: larger than %d bytes", path, maxFileSize)
-	}
-	d, err := newSchema(o).decode(data)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	if d.bootID != "" {
 		if boot, err := readBootID(o.bootIDPath); err == nil && boot != d.bootID {
@@ -53,4 +41,28 @@ func Peek(dir string, opts ...Option) (*claimstate.State, error) {
 		}
 	}
 	return d.state, nil
+}
+
+// decodeFile reads and decodes the file at path, refusing one larger than
+// maxFileSize, for readers that neither lock nor pin it (Peek, the start
+// record files). Its errors name the path; a missing file's matches
+// fs.ErrNotExist.
+func (sc schema) decodeFile(path string) (decoded, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return decoded{}, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
+	if err != nil {
+		return decoded{}, fmt.Errorf("read %s: %w", path, err)
+	}
+	if len(data) > maxFileSize {
+		return decoded{}, fmt.Errorf("%s: larger than %d bytes", path, maxFileSize)
+	}
+	d, err := sc.decode(data)
+	if err != nil {
+		return decoded{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return d, nil
 }

@@ -138,11 +138,7 @@ func (s *Store) Started() (StartedFiles, error) {
 // readStarted reads one start record file: nil, nil for one of an earlier
 // boot, which it removes.
 func (s *Store) readStarted(path, uid string) (*claimstate.Claim, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	d, err := s.schema.decode(data)
+	d, err := s.schema.decodeFile(path)
 	if err != nil {
 		return nil, err
 	}

@@ -35,7 +35,8 @@ func TestReferenceDocumentsEveryAttributeAndCapacity(t *testing.T) {
 	numbered := regexp.MustCompile(`[0-9]+$`)
 	names := map[string]string{} // name -> where it was seen
 	for _, fleet := range []string{"dgx-h100", "dgx-a100-mig", "gb200-nvl72"} {
-		inv := discover(t, builtin(fleet)(t), builtin(fleet)(t).Nodes[0].Name)
+		f := builtin(fleet)(t)
+		inv := discover(t, f, f.Nodes[0].Name)
 		for set, opts := range optionSets {
 			m, err := devicemodel.Build(inv, opts...)
 			if err != nil {

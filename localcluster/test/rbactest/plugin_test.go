@@ -24,7 +24,6 @@ import (
 	"github.com/gpudra/gpudra/deployments/rbac"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 
-	"github.com/gpudra/gpudra/localcluster/controlplane"
 	"github.com/gpudra/gpudra/localcluster/simnode"
 	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
@@ -83,16 +82,8 @@ func TestKubeletPluginRunsAsServiceAccount(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	start := time.Now()
-	cp, err := controlplane.Start(ctx, controlplane.Options{AuthorizationModes: []string{"Node", "RBAC"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := cp.Stop(); err != nil {
-			t.Errorf("stop control plane: %v", err)
-		}
-	}()
-	admin := kubernetes.NewForConfigOrDie(cp.RESTConfig("rbactest-admin", 100, 200))
+	cp, admin, stop := startControlPlane(t, ctx)
+	defer stop()
 
 	objs, err := rbac.KubeletPlugin(pluginNS, driver)
 	if err != nil {

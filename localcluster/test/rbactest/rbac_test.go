@@ -74,21 +74,30 @@ var pluginDevices = []devicestatus.Device{
 // TestKubeletPluginDeviceStatus walks one claim through the cases, in
 // order: no binding, binding, the wrong node, no node, another driver, a
 // repeated record, a recreated claim, removal, a deleted claim.
-func TestKubeletPluginDeviceStatus(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+// startControlPlane starts a control plane that authorizes with Node and
+// RBAC, and returns it with an admin client and the function that stops
+// it (to defer).
+func startControlPlane(t *testing.T, ctx context.Context) (*controlplane.ControlPlane, kubernetes.Interface, func()) {
+	t.Helper()
 	start := time.Now()
 	cp, err := controlplane.Start(ctx, controlplane.Options{AuthorizationModes: []string{"Node", "RBAC"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
+	stop := func() {
 		if err := cp.Stop(); err != nil {
 			t.Errorf("stop control plane: %v", err)
 		}
-	}()
+	}
 	t.Logf("control plane with Node,RBAC ready in %v", time.Since(start))
-	admin := kubernetes.NewForConfigOrDie(cp.RESTConfig("rbactest-admin", 100, 200))
+	return cp, kubernetes.NewForConfigOrDie(cp.RESTConfig("rbactest-admin", 100, 200)), stop
+}
+
+func TestKubeletPluginDeviceStatus(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cp, admin, stop := startControlPlane(t, ctx)
+	defer stop()
 
 	objs, err := rbac.KubeletPlugin(pluginNS, driver)
 	if err != nil {
