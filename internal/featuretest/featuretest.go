@@ -94,7 +94,7 @@ func Seeds(tb testing.TB, name string, extra ...string) [][]byte {
 // decodes may be refused for other reasons, or accepted.
 func CheckRefusal[T any](t *testing.T, name, op string, rec []byte, err error) {
 	t.Helper()
-	if _, decodeErr := preparer.Record[T](name, rec); decodeErr == nil {
+	if _, decodeErr := (preparer.Codec[T]{Name: name}).Decode(rec); decodeErr == nil {
 		return
 	}
 	var recErr *preparer.RecordError
@@ -106,7 +106,7 @@ func CheckRefusal[T any](t *testing.T, name, op string, rec []byte, err error) {
 // Valid reports whether rec decodes as T, as the configurator's own
 // decoding does.
 func Valid[T any](name string, rec []byte) bool {
-	_, err := preparer.Record[T](name, rec)
+	_, err := (preparer.Codec[T]{Name: name}).Decode(rec)
 	return err == nil
 }
 

@@ -15,7 +15,7 @@ import (
 	mpsfeature "github.com/gpudra/gpudra/pkg/features/mps"
 	"github.com/gpudra/gpudra/pkg/features/sharing"
 	"github.com/gpudra/gpudra/pkg/features/timeslicing"
-	"github.com/gpudra/gpudra/pkg/features/vfio"
+	vfiofeature "github.com/gpudra/gpudra/pkg/features/vfio"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/preparer"
@@ -33,7 +33,7 @@ type Options struct {
 	MIGModeSwitcher hardware.MIGModeSwitcher
 	MIGModeNode     migmode.Node
 	// VFIO, if set, offers GPUs for passthrough.
-	VFIO *vfio.Config
+	VFIO *vfiofeature.Config
 	// TimeSlicer sets time slices (nil refuses TimeSlicing); DataDir holds
 	// its lock file and State reads the checkpoint.
 	TimeSlicer timeslice.Setter
@@ -77,7 +77,7 @@ func New(o Options) (*Set, error) {
 	if dynamic && o.MIGModeSwitcher != nil {
 		switchable, switcher = migmode.CanSwitch, o.MIGModeSwitcher
 	}
-	vfio, err := vfio.New(o.VFIO)
+	vfio, err := vfiofeature.New(o.VFIO)
 	if err != nil {
 		return nil, err
 	}
@@ -92,11 +92,11 @@ func New(o Options) (*Set, error) {
 	}
 	return &Set{
 		Configurators: []preparer.Configurator{
-			migmode.New(switcher, o.MIGModeNode),
-			dynamicmig.New(o.MIG, migPublisher.Dynamic),
-			vfio,
-			timeslicing.New(o.TimeSlicer, o.DataDir, o.State, o.MPS != nil),
-			mpsfeature.New(o.MPS, o.MPSUnavailable, o.TimeSlicer != nil),
+			preparer.Adapt[migmode.Record](migmode.New(switcher, o.MIGModeNode)),
+			preparer.Adapt[dynamicmig.Record](dynamicmig.New(o.MIG, migPublisher.Dynamic)),
+			preparer.Adapt[vfiofeature.Record](vfio),
+			preparer.Adapt[timeslicing.Record](timeslicing.New(o.TimeSlicer, o.DataDir, o.State, o.MPS != nil)),
+			preparer.Adapt[mpsfeature.Record](mpsfeature.New(o.MPS, o.MPSUnavailable, o.TimeSlicer != nil)),
 		},
 		Publishers: publishers,
 		MIG:        migPublisher,
@@ -124,9 +124,11 @@ type ComputeDomainOptions struct {
 func NewComputeDomain(o ComputeDomainOptions) *Set {
 	p := imexchannel.NewPublisher(o.SharedChannel)
 	return &Set{
-		Configurators: []preparer.Configurator{imexchannel.New(o.Channels, o.MaxChannels).WithDaemon(o.Daemon)},
-		Publishers:    []preparer.Publisher{p},
-		Build:         p.Build,
+		Configurators: []preparer.Configurator{
+			preparer.Adapt[imexchannel.Record](imexchannel.New(o.Channels, o.MaxChannels).WithDaemon(o.Daemon)),
+		},
+		Publishers: []preparer.Publisher{p},
+		Build:      p.Build,
 	}
 }
 

@@ -193,21 +193,6 @@ func (d *Device) AddEdits(e *cdispec.ContainerEdits) {
 	d.Edits = &merged
 }
 
-// Record decodes a configurator's record strictly: a record of this
-// plugin's own making that does not decode is damage, reported as such.
-func Record[T any](name string, rec json.RawMessage) (*T, error) {
-	var out T
-	if err := json.Unmarshal(rec, &out); err != nil {
-		return nil, &RecordError{Name: name, Err: err}
-	}
-	return &out, nil
-}
-
-// Encode encodes a record.
-func Encode(rec any) (json.RawMessage, error) {
-	return json.Marshal(rec)
-}
-
 // RecordError says a record in the checkpoint cannot be read.
 type RecordError struct {
 	Name string

@@ -9,7 +9,6 @@ package dynamicmig
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -74,13 +73,17 @@ type Configurator struct {
 }
 
 var (
-	_ preparer.Configurator   = &Configurator{}
-	_ preparer.Guard          = &Configurator{}
-	_ preparer.Editor         = &Configurator{}
-	_ preparer.Adopter        = &Configurator{}
-	_ preparer.StatusReporter = &Configurator{}
-	_ preparer.Checker        = &Configurator{}
+	_ preparer.Feature[Record]        = &Configurator{}
+	_ preparer.FeatureGuard[Record]   = &Configurator{}
+	_ preparer.FeatureEditor[Record]  = &Configurator{}
+	_ preparer.Adopter                = &Configurator{}
+	_ preparer.StatusReporter         = &Configurator{}
+	_ preparer.FeatureChecker[Record] = &Configurator{}
 )
+
+// codec reads the records of the other claims and writes those Adopt
+// finds.
+var codec = preparer.Codec[Record]{Name: Name}
 
 // New returns the configurator; mig nil means the hardware cannot create
 // MIG devices (static MIG only): claims of dynamic MIG devices are then
@@ -90,16 +93,16 @@ func New(mig hardware.MIGManager, dynamic func() bool) *Configurator {
 	return &Configurator{mig: mig, dynamic: dynamic}
 }
 
-// Name implements [preparer.Configurator].
+// Name implements [preparer.Feature].
 func (c *Configurator) Name() string { return Name }
 
 // ReportsDeviceStatus implements [preparer.StatusReporter]: a created MIG
 // device's UUID exists only from Prepare on and is published nowhere else.
 func (c *Configurator) ReportsDeviceStatus() bool { return true }
 
-// Plan implements [preparer.Configurator]: one instance per dynamic MIG
+// Plan implements [preparer.Feature]: one instance per dynamic MIG
 // device of the claim (a device allocated for two requests is one).
-func (c *Configurator) Plan(_ context.Context, cl *preparer.Claim) (json.RawMessage, error) {
+func (c *Configurator) Plan(_ context.Context, cl *preparer.Claim) (*Record, error) {
 	var rec Record
 	for _, d := range cl.Devices {
 		p := d.Model.Placement
@@ -117,24 +120,23 @@ func (c *Configurator) Plan(_ context.Context, cl *preparer.Claim) (json.RawMess
 	if len(rec.Devices) == 0 {
 		return nil, nil
 	}
-	return preparer.Encode(rec)
+	return &rec, nil
 }
 
-// Guard implements [preparer.Guard]: no placement of the claim overlaps an
+// Guard implements [preparer.FeatureGuard]: no placement of the claim overlaps an
 // instance another claim holds or is about to create.
-func (c *Configurator) Guard(s *claimstate.State, claim *claimstate.Claim, raw json.RawMessage) error {
-	rec, err := preparer.Record[Record](Name, raw)
-	if err != nil {
-		return err
-	}
+func (c *Configurator) Guard(s *claimstate.State, claim *claimstate.Claim, rec *Record) error {
 	for _, uid := range slices.Sorted(maps.Keys(s.Claims)) {
 		other := s.Claims[uid]
-		if uid == claim.UID || other.Records[Name] == nil {
+		if uid == claim.UID {
 			continue
 		}
-		held, err := preparer.Record[Record](Name, other.Records[Name])
+		held, err := codec.Of(other)
 		if err != nil {
 			return err
+		}
+		if held == nil {
+			continue
 		}
 		for i := range rec.Devices {
 			for j := range held.Devices {
@@ -147,14 +149,10 @@ func (c *Configurator) Guard(s *claimstate.State, claim *claimstate.Claim, raw j
 	return nil
 }
 
-// Apply implements [preparer.Configurator]: it creates the instances in
+// Apply implements [preparer.Feature]: it creates the instances in
 // order. On failure the preparer undoes the whole record (destroying an
 // instance that does not exist is a no-op).
-func (c *Configurator) Apply(ctx context.Context, cl *preparer.Claim, raw json.RawMessage) (json.RawMessage, error) {
-	rec, err := preparer.Record[Record](Name, raw)
-	if err != nil {
-		return nil, err
-	}
+func (c *Configurator) Apply(ctx context.Context, cl *preparer.Claim, rec *Record) (*Record, error) {
 	if c.mig == nil {
 		return nil, errors.New("this node cannot create MIG devices (static MIG)")
 	}
@@ -170,16 +168,12 @@ func (c *Configurator) Apply(ctx context.Context, cl *preparer.Claim, raw json.R
 		in.UUID, in.GIID, in.CIID = m.UUID, m.GIID, m.CIID
 		fill(cl, in, &m)
 	}
-	return preparer.Encode(rec)
+	return rec, nil
 }
 
-// Edits implements [preparer.Editor]: the claim's devices become the MIG
+// Edits implements [preparer.FeatureEditor]: the claim's devices become the MIG
 // devices its record says were created.
-func (c *Configurator) Edits(_ context.Context, cl *preparer.Claim, raw json.RawMessage) error {
-	rec, err := preparer.Record[Record](Name, raw)
-	if err != nil {
-		return err
-	}
+func (c *Configurator) Edits(_ context.Context, cl *preparer.Claim, rec *Record) error {
 	for i := range rec.Devices {
 		in := &rec.Devices[i]
 		m := findByUUID(cl.Inventory, in.UUID)
@@ -206,13 +200,9 @@ func fill(cl *preparer.Claim, in *Instance, m *hardware.MIGDevice) {
 	}
 }
 
-// Undo implements [preparer.Configurator]: it destroys every instance the
+// Undo implements [preparer.Feature]: it destroys every instance the
 // record names, all of them even if one fails.
-func (c *Configurator) Undo(ctx context.Context, _ string, raw json.RawMessage) error {
-	rec, err := preparer.Record[Record](Name, raw)
-	if err != nil {
-		return err
-	}
+func (c *Configurator) Undo(ctx context.Context, _ string, rec *Record) error {
 	if c.mig == nil {
 		return errors.New("the claim holds MIG devices created on demand, but this node cannot destroy MIG devices now (static MIG); destroy them by hand or run the plugin in dynamic MIG mode")
 	}
@@ -256,11 +246,11 @@ func (c *Configurator) Adopt(_ context.Context, a *preparer.Adoption) error {
 	// instance in use.
 	var owned []Instance
 	for _, uid := range slices.Sorted(maps.Keys(a.Claims)) {
-		if raw := a.Claims[uid].Records[Name]; raw != nil {
-			rec, err := preparer.Record[Record](Name, raw)
-			if err != nil {
-				return fmt.Errorf("claim %s: %w", uid, err)
-			}
+		rec, err := codec.Of(a.Claims[uid])
+		if err != nil {
+			return fmt.Errorf("claim %s: %w", uid, err)
+		}
+		if rec != nil {
 			owned = append(owned, rec.Devices...)
 		}
 	}
@@ -323,14 +313,10 @@ func (c *Configurator) Adopt(_ context.Context, a *preparer.Adoption) error {
 	return nil
 }
 
-// Check implements [preparer.Checker]: every instance the record names
+// Check implements [preparer.FeatureChecker]: every instance the record names
 // still exists. One destroyed while the checkpoint was lost (the sweep
 // undid another owner) makes the adopted claim be prepared again.
-func (c *Configurator) Check(_ context.Context, raw json.RawMessage, inv *hardware.Inventory) error {
-	rec, err := preparer.Record[Record](Name, raw)
-	if err != nil {
-		return err
-	}
+func (c *Configurator) Check(_ context.Context, rec *Record, inv *hardware.Inventory) error {
 	for i := range rec.Devices {
 		in := &rec.Devices[i]
 		if in.UUID == "" || findByUUID(inv, in.UUID) == nil {
@@ -360,15 +346,7 @@ func reportedCreated(claim *resourceapi.ResourceClaim, d *claimstate.Device, m *
 }
 
 func setRecord(cl *claimstate.Claim, found []Instance) error {
-	raw, err := preparer.Encode(Record{Devices: found})
-	if err != nil {
-		return err
-	}
-	if cl.Records == nil {
-		cl.Records = map[string]json.RawMessage{}
-	}
-	cl.Records[Name] = raw
-	return nil
+	return codec.Set(cl, &Record{Devices: found})
 }
 
 // findByUUID finds an existing MIG device in the inventory.

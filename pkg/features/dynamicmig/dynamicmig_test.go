@@ -30,7 +30,7 @@ func at(name string, start, size int) dynamicmig.Instance {
 // TestGuardRefusesOverlappingPlacements: the driver is the last guard
 // against two claims' MIG devices sharing a memory slice of one GPU.
 func TestGuardRefusesOverlappingPlacements(t *testing.T) {
-	c := dynamicmig.New(nil, func() bool { return true })
+	c := preparer.Adapt[dynamicmig.Record](dynamicmig.New(nil, func() bool { return true }))
 	held := &claimstate.Claim{UID: "held", Namespace: "ns", Name: "held", Records: map[string]json.RawMessage{dynamicmig.Name: record(t, at("a", 0, 2))}}
 	s := claimstate.New()
 	s.Claims["held"] = held

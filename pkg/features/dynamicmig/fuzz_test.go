@@ -64,7 +64,7 @@ func FuzzRecord(f *testing.F) {
 		if !ok {
 			t.Fatal("simulated hardware manages no MIG devices")
 		}
-		c := dynamicmig.New(migs, func() bool { return true })
+		c := preparer.Adapt[dynamicmig.Record](dynamicmig.New(migs, func() bool { return true }))
 		now, err := hw.Discover(ctx)
 		if err != nil {
 			t.Fatal(err)

@@ -133,12 +133,8 @@ func (p *Publisher) Fallbacks() []preparer.Fallback {
 func owned(s *claimstate.State) map[hardware.MIGPlacement]bool {
 	out := map[hardware.MIGPlacement]bool{}
 	for _, c := range s.Claims {
-		raw := c.Records[Name]
-		if raw == nil {
-			continue
-		}
-		rec, err := preparer.Record[Record](Name, raw)
-		if err != nil {
+		rec, err := codec.Of(c)
+		if err != nil || rec == nil {
 			continue
 		}
 		for i := range rec.Devices {

@@ -19,7 +19,6 @@ package imexchannel
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -88,7 +87,7 @@ type Record struct {
 }
 
 // Configurator prepares channel claims. It implements
-// [preparer.Configurator], [preparer.Guard] and [preparer.Editor].
+// [preparer.Feature], [preparer.FeatureGuard] and [preparer.FeatureEditor].
 type Configurator struct {
 	channels    Channels
 	maxChannels int
@@ -96,11 +95,15 @@ type Configurator struct {
 }
 
 var (
-	_ preparer.Configurator = &Configurator{}
-	_ preparer.Guard        = &Configurator{}
-	_ preparer.Editor       = &Configurator{}
-	_ preparer.Restorer     = &Configurator{}
+	_ preparer.Feature[Record]         = &Configurator{}
+	_ preparer.FeatureGuard[Record]    = &Configurator{}
+	_ preparer.FeatureEditor[Record]   = &Configurator{}
+	_ preparer.FeatureRestorer[Record] = &Configurator{}
+	_ preparer.RecordlessUndoer        = &Configurator{}
 )
+
+// codec reads the other claims' records.
+var codec = preparer.Codec[Record]{Name: Name}
 
 // New returns the configurator. maxChannels is the node's channel count;
 // 0 means DefaultMaxChannels.
@@ -118,15 +121,15 @@ func (c *Configurator) WithDaemon(d Daemon) *Configurator {
 	return c
 }
 
-// Name implements [preparer.Configurator].
+// Name implements [preparer.Feature].
 func (*Configurator) Name() string { return Name }
 
-// Plan implements [preparer.Configurator]: every channel device of the
+// Plan implements [preparer.Feature]: every channel device of the
 // claim must be configured by a ComputeDomainChannelConfig naming one and
 // the same domain, whose channel it asks of [Channels]. Daemon devices are
 // refused: gpudra does not run IMEX daemons through claims (see
 // docs/guides/computedomain.md).
-func (c *Configurator) Plan(ctx context.Context, claim *preparer.Claim) (json.RawMessage, error) {
+func (c *Configurator) Plan(ctx context.Context, claim *preparer.Claim) (*Record, error) {
 	var rec *Record
 	for _, d := range claim.Devices {
 		switch d.Model.Kind {
@@ -169,25 +172,24 @@ func (c *Configurator) Plan(ctx context.Context, claim *preparer.Claim) (json.Ra
 	if rec == nil {
 		return nil, nil
 	}
-	return preparer.Encode(rec)
+	return rec, nil
 }
 
-// Guard implements [preparer.Guard]: a channel serves one domain on the
+// Guard implements [preparer.FeatureGuard]: a channel serves one domain on the
 // node, a domain holds one channel on the node, and a claim of mode All
 // (every channel) shares the node with no other domain.
-func (c *Configurator) Guard(s *claimstate.State, claim *claimstate.Claim, raw json.RawMessage) error {
-	rec, err := preparer.Record[Record](Name, raw)
-	if err != nil {
-		return err
-	}
+func (c *Configurator) Guard(s *claimstate.State, claim *claimstate.Claim, rec *Record) error {
 	for _, uid := range sortedUIDs(s) {
 		other := s.Claims[uid]
-		if uid == claim.UID || other.Records[Name] == nil {
+		if uid == claim.UID {
 			continue
 		}
-		o, err := preparer.Record[Record](Name, other.Records[Name])
+		o, err := codec.Of(other)
 		if err != nil {
 			return err
+		}
+		if o == nil {
+			continue
 		}
 		who := fmt.Sprintf("claim %s/%s (uid %s)", other.Namespace, other.Name, other.UID)
 		switch {
@@ -206,19 +208,15 @@ func (c *Configurator) Guard(s *claimstate.State, claim *claimstate.Claim, raw j
 	return nil
 }
 
-// Apply implements [preparer.Configurator]: the channel device nodes go
+// Apply implements [preparer.Feature]: the channel device nodes go
 // into every channel device's CDI edits; with a [Daemon], the claim holds
 // the node's IMEX daemon and Prepare waits until it is ready (a failed
 // wait is rolled back through Undo, which drops the hold).
-func (c *Configurator) Apply(ctx context.Context, claim *preparer.Claim, raw json.RawMessage) (json.RawMessage, error) {
-	if err := c.Edits(ctx, claim, raw); err != nil {
+func (c *Configurator) Apply(ctx context.Context, claim *preparer.Claim, rec *Record) (*Record, error) {
+	if err := c.Edits(ctx, claim, rec); err != nil {
 		return nil, err
 	}
 	if c.daemon != nil {
-		rec, err := preparer.Record[Record](Name, raw)
-		if err != nil {
-			return nil, err
-		}
 		if err := c.daemon.Hold(ctx, claim.UID, rec.Domain, rec.Clique); err != nil {
 			return nil, fmt.Errorf("domainID %s: %w", rec.Domain, err)
 		}
@@ -226,22 +224,18 @@ func (c *Configurator) Apply(ctx context.Context, claim *preparer.Claim, raw jso
 			return nil, fmt.Errorf("domainID %s: %w", rec.Domain, err)
 		}
 	}
-	return raw, nil
+	return rec, nil
 }
 
-// Restore implements [preparer.Restorer]: the claims prepared before a
+// Restore implements [preparer.FeatureRestorer]: the claims prepared before a
 // restart hold the daemon again (a running one is taken over).
-func (c *Configurator) Restore(ctx context.Context, claims []*claimstate.Claim) error {
+func (c *Configurator) Restore(ctx context.Context, held []preparer.Held[Record]) error {
 	if c.daemon == nil {
 		return nil
 	}
 	var errs []error
-	for _, cl := range claims {
-		rec, err := preparer.Record[Record](Name, cl.Records[Name])
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
+	for _, h := range held {
+		cl, rec := h.Claim, h.Record
 		if err := c.daemon.Hold(ctx, cl.UID, rec.Domain, rec.Clique); err != nil {
 			errs = append(errs, fmt.Errorf("claim %s/%s: %w", cl.Namespace, cl.Name, err))
 		}
@@ -249,12 +243,8 @@ func (c *Configurator) Restore(ctx context.Context, claims []*claimstate.Claim) 
 	return errors.Join(errs...)
 }
 
-// Edits implements [preparer.Editor].
-func (c *Configurator) Edits(_ context.Context, claim *preparer.Claim, raw json.RawMessage) error {
-	rec, err := preparer.Record[Record](Name, raw)
-	if err != nil {
-		return err
-	}
+// Edits implements [preparer.FeatureEditor].
+func (c *Configurator) Edits(_ context.Context, claim *preparer.Claim, rec *Record) error {
 	if claim.Inventory == nil || claim.Inventory.Majors.IMEXChannels == 0 {
 		return errors.New("the IMEX channel major is unknown (no nvidia-caps-imex-channels in /proc/devices): the driver offers no IMEX channels")
 	}
@@ -278,14 +268,18 @@ func (c *Configurator) Edits(_ context.Context, claim *preparer.Claim, raw json.
 	return nil
 }
 
-// Undo implements [preparer.Configurator]: the claim's hold on the IMEX
+// Undo implements [preparer.Feature]: the claim's hold on the IMEX
 // daemon goes; nothing else was set up.
-func (c *Configurator) Undo(ctx context.Context, claimUID string, _ json.RawMessage) error {
+func (c *Configurator) Undo(ctx context.Context, claimUID string, _ *Record) error {
 	if c.daemon == nil {
 		return nil
 	}
 	return c.daemon.Release(ctx, claimUID)
 }
+
+// UndoesWithoutRecord implements [preparer.RecordlessUndoer]: the hold is
+// the claim's, whatever its record says.
+func (c *Configurator) UndoesWithoutRecord() {}
 
 func requestsOf(d *preparer.Device) string {
 	return fmt.Sprint(d.State.Requests)

@@ -137,7 +137,7 @@ func newDaemonHarness(t *testing.T, chans imexchannel.Channels, d imexchannel.Da
 	}
 	return &harness{cdiDir: cdiDir, prep: preparer.New(preparer.Config{
 		DriverName: driver, NodeName: node, Store: store, CDI: writer, Node: newFakeNode(t),
-		Configurators: []preparer.Configurator{imexchannel.New(chans, 0).WithDaemon(d)},
+		Configurators: []preparer.Configurator{preparer.Adapt[imexchannel.Record](imexchannel.New(chans, 0).WithDaemon(d))},
 	})}
 }
 

@@ -54,7 +54,7 @@ func FuzzRecord(f *testing.F) {
 		if !ok {
 			t.Fatal("simulated hardware cannot switch MIG modes")
 		}
-		c := migmode.New(switcher, node{hw})
+		c := preparer.Adapt[migmode.Record](migmode.New(switcher, node{hw}))
 		if err := c.Undo(ctx, "mine", rec); err != nil {
 			t.Fatalf("Undo of %q = %v; MIG modes stay as switched, so there is nothing to fail", rec, err)
 		}

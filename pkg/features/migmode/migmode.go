@@ -9,7 +9,6 @@ package migmode
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -51,7 +50,10 @@ type Configurator struct {
 	node     Node
 }
 
-var _ preparer.Configurator = &Configurator{}
+var (
+	_ preparer.Feature[Record]  = &Configurator{}
+	_ preparer.RecordlessUndoer = &Configurator{}
+)
 
 // New returns the configurator; switcher nil switches nothing.
 func New(switcher hardware.MIGModeSwitcher, node Node) *Configurator {
@@ -65,12 +67,12 @@ func CanSwitch(gpu hardware.GPU) bool {
 	return gpu.MIGCapable && gpu.Architecture != "" && gpu.Architecture != "Ampere"
 }
 
-// Name implements [preparer.Configurator].
+// Name implements [preparer.Feature].
 func (c *Configurator) Name() string { return Name }
 
-// Plan implements [preparer.Configurator]: MIG on for a dynamic MIG device
+// Plan implements [preparer.Feature]: MIG on for a dynamic MIG device
 // of a GPU in MIG mode off, MIG off for a full GPU in MIG mode on.
-func (c *Configurator) Plan(_ context.Context, cl *preparer.Claim) (json.RawMessage, error) {
+func (c *Configurator) Plan(_ context.Context, cl *preparer.Claim) (*Record, error) {
 	if c.switcher == nil {
 		return nil, nil
 	}
@@ -94,17 +96,13 @@ func (c *Configurator) Plan(_ context.Context, cl *preparer.Claim) (json.RawMess
 	if len(rec.GPUs) == 0 {
 		return nil, nil
 	}
-	return preparer.Encode(rec)
+	return &rec, nil
 }
 
-// Apply implements [preparer.Configurator]: it switches, discovers the
+// Apply implements [preparer.Feature]: it switches, discovers the
 // GPUs again and points the claim's devices at the GPUs as they are now.
 // A GPU whose switch to MIG mode fails is set back to a full GPU.
-func (c *Configurator) Apply(ctx context.Context, cl *preparer.Claim, raw json.RawMessage) (json.RawMessage, error) {
-	rec, err := preparer.Record[Record](Name, raw)
-	if err != nil {
-		return nil, err
-	}
+func (c *Configurator) Apply(ctx context.Context, cl *preparer.Claim, rec *Record) (*Record, error) {
 	if c.switcher == nil {
 		return nil, errors.New("this node cannot switch MIG modes")
 	}
@@ -139,12 +137,16 @@ func (c *Configurator) Apply(ctx context.Context, cl *preparer.Claim, raw json.R
 		}
 	}
 	cl.Inventory = inv
-	return raw, nil
+	return rec, nil
 }
 
-// Undo implements [preparer.Configurator]. The mode stays as switched (see
+// Undo implements [preparer.Feature]. The mode stays as switched (see
 // the package doc): nothing to undo.
-func (c *Configurator) Undo(context.Context, string, json.RawMessage) error { return nil }
+func (c *Configurator) Undo(context.Context, string, *Record) error { return nil }
+
+// UndoesWithoutRecord implements [preparer.RecordlessUndoer]: Undo does
+// nothing, whatever the record says.
+func (c *Configurator) UndoesWithoutRecord() {}
 
 func onOff(on bool) string {
 	if on {

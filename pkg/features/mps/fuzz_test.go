@@ -45,7 +45,7 @@ func FuzzRecord(f *testing.F) {
 	gpu.API.Name = "gpu-0"
 	f.Fuzz(func(t *testing.T, rec []byte) {
 		ctx := context.Background()
-		c := mpsfeature.New(manager, "", false)
+		c := preparer.Adapt[mpsfeature.Record](mpsfeature.New(manager, "", false))
 
 		dev := &preparer.Device{State: &claimstate.Device{Pool: "node-1", Name: "gpu-0"}, Model: gpu}
 		cl := &preparer.Claim{UID: "mine", Inventory: &hardware.Inventory{}, Devices: []*preparer.Device{dev}}

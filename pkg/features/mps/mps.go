@@ -9,7 +9,6 @@ package mps
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -59,12 +58,15 @@ type Configurator struct {
 }
 
 var (
-	_ preparer.Configurator = &Configurator{}
-	_ preparer.Guard        = &Configurator{}
-	_ preparer.Editor       = &Configurator{}
-	_ preparer.Restorer     = &Configurator{}
-	_ preparer.Adopter      = &Configurator{}
+	_ preparer.Feature[Record]         = &Configurator{}
+	_ preparer.FeatureGuard[Record]    = &Configurator{}
+	_ preparer.FeatureEditor[Record]   = &Configurator{}
+	_ preparer.FeatureRestorer[Record] = &Configurator{}
+	_ preparer.Adopter                 = &Configurator{}
 )
+
+// records writes the records of the claims Adopt finds.
+var codec = preparer.Codec[Record]{Name: Name}
 
 // New returns the configurator; manager nil refuses MPS, with unavailable
 // as the reason ("" gives the default). timeSlicing says whether the node
@@ -76,7 +78,7 @@ func New(manager *mps.Manager, unavailable string, timeSlicing bool) *Configurat
 	return &Configurator{mps: manager, unavailable: unavailable, timeSlicing: timeSlicing}
 }
 
-// Name implements [preparer.Configurator].
+// Name implements [preparer.Feature].
 func (c *Configurator) Name() string { return Name }
 
 // plan is the claim's daemon as its configs and shares ask for it.
@@ -154,8 +156,8 @@ func (c *Configurator) planOf(cl *preparer.Claim) (*plan, error) {
 	return p, nil
 }
 
-// Plan implements [preparer.Configurator].
-func (c *Configurator) Plan(_ context.Context, cl *preparer.Claim) (json.RawMessage, error) {
+// Plan implements [preparer.Feature].
+func (c *Configurator) Plan(_ context.Context, cl *preparer.Claim) (*Record, error) {
 	p, err := c.planOf(cl)
 	if err != nil || p == nil {
 		return nil, err
@@ -166,16 +168,16 @@ func (c *Configurator) Plan(_ context.Context, cl *preparer.Claim) (json.RawMess
 			d.Devices = append(d.Devices, name)
 		}
 	}
-	return preparer.Encode(Record{Daemons: []Daemon{d}})
+	return &Record{Daemons: []Daemon{d}}, nil
 }
 
-// Guard implements [preparer.Guard]: a pod must not get a second MPS claim
+// Guard implements [preparer.FeatureGuard]: a pod must not get a second MPS claim
 // on this node. Two claims' daemons in one container would leave it with
 // whichever pipe directory the runtime mounted last. The plugin sees pods,
 // not containers, so the refusal is per pod; it runs inside the checkpoint
 // update that records the start, so of two such claims prepared at once
 // exactly one is refused.
-func (c *Configurator) Guard(s *claimstate.State, cl *claimstate.Claim, _ json.RawMessage) error {
+func (c *Configurator) Guard(s *claimstate.State, cl *claimstate.Claim, _ *Record) error {
 	for _, uid := range slices.Sorted(maps.Keys(s.Claims)) {
 		other := s.Claims[uid]
 		if uid == cl.UID || other.Records[Name] == nil {
@@ -191,13 +193,10 @@ func (c *Configurator) Guard(s *claimstate.State, cl *claimstate.Claim, _ json.R
 	return nil
 }
 
-// Apply implements [preparer.Configurator]: it starts the daemon, now that
+// Apply implements [preparer.Feature]: it starts the daemon, now that
 // every device it serves has its UUID, and gives the devices its
 // directories and environment.
-func (c *Configurator) Apply(ctx context.Context, cl *preparer.Claim, raw json.RawMessage) (json.RawMessage, error) {
-	if _, err := preparer.Record[Record](Name, raw); err != nil {
-		return nil, err
-	}
+func (c *Configurator) Apply(ctx context.Context, cl *preparer.Claim, rec *Record) (*Record, error) {
 	if c.mps == nil {
 		return nil, fmt.Errorf("this node cannot run MPS daemons (%s)", c.unavailable)
 	}
@@ -220,15 +219,11 @@ func (c *Configurator) Apply(ctx context.Context, cl *preparer.Claim, raw json.R
 	for _, i := range p.devices {
 		cl.Devices[i].AddEdits(edits)
 	}
-	return raw, nil
+	return rec, nil
 }
 
-// Edits implements [preparer.Editor].
-func (c *Configurator) Edits(_ context.Context, cl *preparer.Claim, raw json.RawMessage) error {
-	rec, err := preparer.Record[Record](Name, raw)
-	if err != nil {
-		return err
-	}
+// Edits implements [preparer.FeatureEditor].
+func (c *Configurator) Edits(_ context.Context, cl *preparer.Claim, rec *Record) error {
 	for _, dm := range rec.Daemons {
 		if c.mps == nil {
 			return fmt.Errorf("devices %v are served by MPS daemon %s, but this node cannot run MPS daemons now (%s)", dm.Devices, dm.ID, c.unavailable)
@@ -248,12 +243,8 @@ func (c *Configurator) Edits(_ context.Context, cl *preparer.Claim, raw json.Raw
 	return nil
 }
 
-// Undo implements [preparer.Configurator]: it stops the claim's daemons.
-func (c *Configurator) Undo(ctx context.Context, _ string, raw json.RawMessage) error {
-	rec, err := preparer.Record[Record](Name, raw)
-	if err != nil {
-		return err
-	}
+// Undo implements [preparer.Feature]: it stops the claim's daemons.
+func (c *Configurator) Undo(ctx context.Context, _ string, rec *Record) error {
 	var errs []error
 	for _, dm := range rec.Daemons {
 		if c.mps == nil {
@@ -267,16 +258,12 @@ func (c *Configurator) Undo(ctx context.Context, _ string, raw json.RawMessage) 
 	return errors.Join(errs...)
 }
 
-// Restore implements [preparer.Restorer]: the recorded daemons are taken
+// Restore implements [preparer.FeatureRestorer]: the recorded daemons are taken
 // under supervision, and any that died is started again.
-func (c *Configurator) Restore(ctx context.Context, claims []*claimstate.Claim) error {
+func (c *Configurator) Restore(ctx context.Context, held []preparer.Held[Record]) error {
 	var errs []error
-	for _, cl := range claims {
-		rec, err := preparer.Record[Record](Name, cl.Records[Name])
-		if err != nil {
-			errs = append(errs, fmt.Errorf("claim %s: %w", cl.UID, err))
-			continue
-		}
+	for _, h := range held {
+		cl, rec := h.Claim, h.Record
 		for _, dm := range rec.Daemons {
 			if c.mps == nil {
 				errs = append(errs, fmt.Errorf("claim %s: MPS daemon %s cannot be supervised: this node cannot run MPS daemons now (%s)", cl.UID, dm.ID, c.unavailable))
@@ -310,14 +297,9 @@ func (c *Configurator) Adopt(_ context.Context, a *preparer.Adoption) error {
 				d.Devices = append(d.Devices, dev.Name)
 			}
 		}
-		raw, err := preparer.Encode(Record{Daemons: []Daemon{d}})
-		if err != nil {
+		if err := codec.Set(cl, &Record{Daemons: []Daemon{d}}); err != nil {
 			return err
 		}
-		if cl.Records == nil {
-			cl.Records = map[string]json.RawMessage{}
-		}
-		cl.Records[Name] = raw
 	}
 	return nil
 }

@@ -7,12 +7,13 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/features/mps"
+	"github.com/gpudra/gpudra/pkg/preparer"
 )
 
 // TestGuardOneMPSClaimPerPod: a container reaches one MPS daemon, so a
 // pod gets one MPS claim per node; other pods and non-MPS claims are fine.
 func TestGuardOneMPSClaimPerPod(t *testing.T) {
-	c := mps.New(nil, "", false)
+	c := preparer.Adapt[mps.Record](mps.New(nil, "", false))
 	rec := json.RawMessage(`{"daemons":[{"id":"x","devices":["gpu-0"]}]}`)
 	s := claimstate.New()
 	s.Claims["mps"] = &claimstate.Claim{UID: "mps", Consumers: []claimstate.Consumer{{Name: "pod", UID: "pod-1"}}, Records: map[string]json.RawMessage{mps.Name: rec}}

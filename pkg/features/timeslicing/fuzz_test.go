@@ -36,7 +36,7 @@ func FuzzRecord(f *testing.F) {
 			Records: map[string]json.RawMessage{timeslicing.Name: rec}}
 		read := func(context.Context) (*claimstate.State, error) { return state.Clone(), nil }
 		setter := &timeslice.Memory{}
-		c := timeslicing.New(setter, dir, read, true)
+		c := preparer.Adapt[timeslicing.Record](timeslicing.New(setter, dir, read, true))
 		mine := &claimstate.Claim{UID: "mine", Namespace: "ns", Name: "mine"}
 
 		// Another claim's record, read from the checkpoint.
@@ -55,7 +55,7 @@ func FuzzRecord(f *testing.F) {
 		featuretest.CheckRefusal[timeslicing.Record](t, timeslicing.Name, "Undo", rec, err)
 		if err == nil {
 			// The last holder gone, every GPU it held is back at Default.
-			r, _ := preparer.Record[timeslicing.Record](timeslicing.Name, rec)
+			r, _ := (preparer.Codec[timeslicing.Record]{Name: timeslicing.Name}).Decode(rec)
 			for _, h := range r.GPUs {
 				if got, _ := setter.Interval(h.GPU); got != "" && got != v1beta1.DefaultTimeSlice {
 					t.Fatalf("GPU %q left at %q after the only holder's Undo of %q", h.GPU, got, rec)

@@ -76,11 +76,14 @@ type Configurator struct {
 }
 
 var (
-	_ preparer.Cleaner      = &Configurator{}
-	_ preparer.Configurator = &Configurator{}
-	_ preparer.Guard        = &Configurator{}
-	_ preparer.Restorer     = &Configurator{}
+	_ preparer.Cleaner                 = &Configurator{}
+	_ preparer.Feature[Record]         = &Configurator{}
+	_ preparer.FeatureGuard[Record]    = &Configurator{}
+	_ preparer.FeatureRestorer[Record] = &Configurator{}
 )
+
+// records reads the other claims' records.
+var codec = preparer.Codec[Record]{Name: Name}
 
 // New returns the configurator. setter nil refuses the strategy; dataDir
 // holds the lock file; state reads the checkpoint; mpsAvailable says
@@ -90,17 +93,17 @@ func New(setter timeslice.Setter, dataDir string, state State, mpsAvailable bool
 		released: filepath.Join(dataDir, ReleasedFileName), mpsAvailable: mpsAvailable}
 }
 
-// Name implements [preparer.Configurator].
+// Name implements [preparer.Feature].
 func (c *Configurator) Name() string { return Name }
 
 // Unavailable says why the node cannot set time slices.
 const Unavailable = "no nvidia-smi: see --nvidia-smi-path"
 
-// Plan implements [preparer.Configurator]: the holds of the claim's full
+// Plan implements [preparer.Feature]: the holds of the claim's full
 // GPUs whose config asks for TimeSlicing. A MIG device's time slice cannot
 // be tuned: its containers share it with the driver's scheduling. A share
 // whose caps MPS enforces cannot be time-sliced instead.
-func (c *Configurator) Plan(_ context.Context, cl *preparer.Claim) (json.RawMessage, error) {
+func (c *Configurator) Plan(_ context.Context, cl *preparer.Claim) (*Record, error) {
 	var rec Record
 	intervals := timeslice.New()
 	claim := timeslice.Claim{UID: cl.UID, Namespace: cl.Namespace, Name: cl.Name}
@@ -146,18 +149,14 @@ func (c *Configurator) Plan(_ context.Context, cl *preparer.Claim) (json.RawMess
 	if len(rec.GPUs) == 0 {
 		return nil, nil
 	}
-	return preparer.Encode(rec)
+	return &rec, nil
 }
 
-// Guard implements [preparer.Guard]: another claim must not hold one of
+// Guard implements [preparer.FeatureGuard]: another claim must not hold one of
 // the claim's GPUs with another interval. It runs inside the checkpoint
 // update that records the start, so two claims cannot both pass with
 // different intervals.
-func (c *Configurator) Guard(s *claimstate.State, cl *claimstate.Claim, raw json.RawMessage) error {
-	rec, err := preparer.Record[Record](Name, raw)
-	if err != nil {
-		return err
-	}
+func (c *Configurator) Guard(s *claimstate.State, cl *claimstate.Claim, rec *Record) error {
 	policy, err := policyOf(s, cl.UID, nil)
 	if err != nil {
 		return err
@@ -171,7 +170,7 @@ func (c *Configurator) Guard(s *claimstate.State, cl *claimstate.Claim, raw json
 	return nil
 }
 
-// Apply implements [preparer.Configurator]: the policy, rebuilt from the
+// Apply implements [preparer.Feature]: the policy, rebuilt from the
 // other claims' records, gives the interval in force on each GPU, and it
 // is set, also when the claim joins holders of the same interval. A
 // joiner cannot tell whether the holder it joins is being unprepared right
@@ -180,11 +179,7 @@ func (c *Configurator) Guard(s *claimstate.State, cl *claimstate.Claim, raw json
 // later sees the joiner's start record and leaves the GPU alone. Setting
 // the interval in force again is harmless, and heals a GPU whose setting
 // was lost (a driver reload).
-func (c *Configurator) Apply(ctx context.Context, cl *preparer.Claim, raw json.RawMessage) (json.RawMessage, error) {
-	rec, err := preparer.Record[Record](Name, raw)
-	if err != nil {
-		return nil, err
-	}
+func (c *Configurator) Apply(ctx context.Context, cl *preparer.Claim, rec *Record) (*Record, error) {
 	if c.setter == nil {
 		return nil, fmt.Errorf("this node cannot set time slices (%s)", Unavailable)
 	}
@@ -215,18 +210,14 @@ func (c *Configurator) Apply(ctx context.Context, cl *preparer.Claim, raw json.R
 			return nil, fmt.Errorf("set time slice %s on GPU %s: %w", step.Interval, step.GPU, err)
 		}
 	}
-	return raw, nil
+	return rec, nil
 }
 
-// Undo implements [preparer.Configurator]: the GPUs of which the claim is
+// Undo implements [preparer.Feature]: the GPUs of which the claim is
 // the last holder go back to Default. The claim's record is still in the
 // checkpoint; the caller forgets it only once this succeeded, so a failed
 // reset is tried again.
-func (c *Configurator) Undo(ctx context.Context, claimUID string, raw json.RawMessage) error {
-	rec, err := preparer.Record[Record](Name, raw)
-	if err != nil {
-		return err
-	}
+func (c *Configurator) Undo(ctx context.Context, claimUID string, rec *Record) error {
 	if len(rec.GPUs) == 0 {
 		return nil
 	}
@@ -269,11 +260,11 @@ func (c *Configurator) Undo(ctx context.Context, claimUID string, raw json.RawMe
 	return c.updateReleased(s, claimUID, true)
 }
 
-// Restore implements [preparer.Restorer]: the intervals held are applied
+// Restore implements [preparer.FeatureRestorer]: the intervals held are applied
 // again, since the setting is lost when the driver reloads.
-func (c *Configurator) Restore(ctx context.Context, claims []*claimstate.Claim) error {
+func (c *Configurator) Restore(ctx context.Context, held []preparer.Held[Record]) error {
 	if c.setter == nil {
-		return fmt.Errorf("%d prepared claim(s) hold time slices, but this node cannot set time slices now (%s)", len(claims), Unavailable)
+		return fmt.Errorf("%d prepared claim(s) hold time slices, but this node cannot set time slices now (%s)", len(held), Unavailable)
 	}
 	unlock, err := c.acquire(ctx)
 	if err != nil {
@@ -281,8 +272,8 @@ func (c *Configurator) Restore(ctx context.Context, claims []*claimstate.Claim) 
 	}
 	defer unlock()
 	s := claimstate.New()
-	for _, cl := range claims {
-		s.Claims[cl.UID] = cl
+	for _, h := range held {
+		s.Claims[h.Claim.UID] = h.Claim
 	}
 	released, err := c.readReleased()
 	if err != nil {
@@ -332,13 +323,15 @@ func (c *Configurator) acquire(ctx context.Context) (func(), error) {
 func policyOf(s *claimstate.State, except string, released map[string]bool) (*timeslice.Policy, error) {
 	var records []timeslice.Record
 	for uid, cl := range s.Claims {
-		raw := cl.Records[Name]
-		if uid == except || raw == nil || released[uid] {
+		if uid == except || released[uid] {
 			continue
 		}
-		rec, err := preparer.Record[Record](Name, raw)
+		rec, err := codec.Of(cl)
 		if err != nil {
 			return timeslice.New(), fmt.Errorf("claim %s: %w", uid, err)
+		}
+		if rec == nil {
+			continue
 		}
 		for _, h := range rec.GPUs {
 			records = append(records, timeslice.Record{GPU: h.GPU, Claim: timeslice.Claim{UID: uid, Namespace: cl.Namespace, Name: cl.Name}, Interval: h.Interval})

@@ -80,8 +80,8 @@ func TestRollingUpdateResetAndJoin(t *testing.T) {
 	if err := setter.Memory.Set(context.Background(), gpu, v1beta1.LongTimeSlice); err != nil {
 		t.Fatal(err)
 	}
-	oldInstance := timeslicing.New(setter, dir, state.read, false)
-	newInstance := timeslicing.New(setter, dir, state.read, false)
+	oldInstance := preparer.Adapt[timeslicing.Record](timeslicing.New(setter, dir, state.read, false))
+	newInstance := preparer.Adapt[timeslicing.Record](timeslicing.New(setter, dir, state.read, false))
 	long := record(t, v1beta1.LongTimeSlice)
 	state.set("leaving", long)
 
@@ -127,10 +127,10 @@ func TestLastTwoHoldersUnpreparedAtOnce(t *testing.T) {
 			dir := t.TempDir()
 			state := &sharedState{s: claimstate.New()}
 			setter := &timeslice.Memory{}
-			first := timeslicing.New(setter, dir, state.read, false)
+			first := preparer.Adapt[timeslicing.Record](timeslicing.New(setter, dir, state.read, false))
 			second := first
 			if instances == 2 {
-				second = timeslicing.New(setter, dir, state.read, false)
+				second = preparer.Adapt[timeslicing.Record](timeslicing.New(setter, dir, state.read, false))
 			}
 			medium := record(t, v1beta1.MediumTimeSlice)
 			for _, uid := range []string{"a", "b"} {
@@ -181,7 +181,7 @@ func TestLastTwoHoldersUnpreparedAtOnce(t *testing.T) {
 func TestCleanUpRemovesTempFilesOfKilledWrites(t *testing.T) {
 	dir := t.TempDir()
 	st := &sharedState{s: claimstate.New()}
-	c := timeslicing.New(&timeslice.Memory{}, dir, st.read, false)
+	c := preparer.Adapt[timeslicing.Record](timeslicing.New(&timeslice.Memory{}, dir, st.read, false))
 	released := filepath.Join(dir, timeslicing.ReleasedFileName)
 	left := released + ".tmp-12345"
 	for path, content := range map[string]string{left: `["a"`, released: `["b"]`} {

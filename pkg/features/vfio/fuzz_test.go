@@ -51,10 +51,11 @@ func FuzzRecord(f *testing.F) {
 		var writes []string
 		fs.OnWrite(func(name string) { writes = append(writes, name) })
 		cfg := &vfiofeature.Config{Mode: devicemodel.VFIOBeside, FS: fs, Busy: fs, Modules: fs}
-		c, err := vfiofeature.New(cfg)
+		f, err := vfiofeature.New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
+		c := preparer.Adapt[vfiofeature.Record](f)
 
 		// Edits: the claim's spec is written again from the record.
 		model, err := devicemodel.Build(inv, cfg.ModelOption())
@@ -78,7 +79,7 @@ func FuzzRecord(f *testing.F) {
 				t.Fatalf("second Undo of a record the first undid: %v", err)
 			}
 		}
-		if r, err := preparer.Record[vfiofeature.Record](vfiofeature.Name, rec); err == nil {
+		if r, err := (preparer.Codec[vfiofeature.Record]{Name: vfiofeature.Name}).Decode(rec); err == nil {
 			for _, w := range writes {
 				if !named(r, w) {
 					t.Fatalf("Undo of %q wrote %s, which the record does not name", rec, w)

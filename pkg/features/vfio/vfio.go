@@ -7,7 +7,6 @@ package vfio
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -90,10 +89,10 @@ type Configurator struct {
 }
 
 var (
-	_ preparer.Configurator     = &Configurator{}
-	_ preparer.Editor           = &Configurator{}
-	_ preparer.Publisher        = &Configurator{}
-	_ preparer.FallbackProvider = &Configurator{}
+	_ preparer.Feature[Record]       = &Configurator{}
+	_ preparer.FeatureEditor[Record] = &Configurator{}
+	_ preparer.Publisher             = &Configurator{}
+	_ preparer.FallbackProvider      = &Configurator{}
 )
 
 // New returns the configurator; cfg nil means this node passes nothing
@@ -118,12 +117,12 @@ func New(cfg *Config) (*Configurator, error) {
 	return c, nil
 }
 
-// Name implements [preparer.Configurator].
+// Name implements [preparer.Feature].
 func (c *Configurator) Name() string { return Name }
 
-// Plan implements [preparer.Configurator]: it records, for each VFIO
+// Plan implements [preparer.Feature]: it records, for each VFIO
 // device, what binding its IOMMU group changes. It reads sysfs only.
-func (c *Configurator) Plan(_ context.Context, cl *preparer.Claim) (json.RawMessage, error) {
+func (c *Configurator) Plan(_ context.Context, cl *preparer.Claim) (*Record, error) {
 	var rec Record
 	for _, d := range cl.Devices {
 		if d.Model.Kind != devicemodel.KindVFIO || slices.ContainsFunc(rec.Devices, func(p Passthrough) bool { return p.Device == d.Model.Name() }) {
@@ -151,16 +150,12 @@ func (c *Configurator) Plan(_ context.Context, cl *preparer.Claim) (json.RawMess
 	if len(rec.Devices) == 0 {
 		return nil, nil
 	}
-	return preparer.Encode(rec)
+	return &rec, nil
 }
 
-// Apply implements [preparer.Configurator]: it binds the IOMMU groups and
+// Apply implements [preparer.Feature]: it binds the IOMMU groups and
 // gives each VFIO device its device nodes.
-func (c *Configurator) Apply(ctx context.Context, cl *preparer.Claim, raw json.RawMessage) (json.RawMessage, error) {
-	rec, err := preparer.Record[Record](Name, raw)
-	if err != nil {
-		return nil, err
-	}
+func (c *Configurator) Apply(ctx context.Context, cl *preparer.Claim, rec *Record) (*Record, error) {
 	if c.binder == nil {
 		return nil, errors.New("this node does not pass GPUs through (no --vfio)")
 	}
@@ -170,19 +165,15 @@ func (c *Configurator) Apply(ctx context.Context, cl *preparer.Claim, raw json.R
 			return nil, fmt.Errorf("device %s: pass GPU %s through: %w", p.Device, p.GPU, err)
 		}
 	}
-	if err := c.Edits(ctx, cl, raw); err != nil {
+	if err := c.Edits(ctx, cl, rec); err != nil {
 		return nil, err
 	}
-	return raw, nil
+	return rec, nil
 }
 
-// Edits implements [preparer.Editor]: the VFIO device nodes of each
+// Edits implements [preparer.FeatureEditor]: the VFIO device nodes of each
 // passed-through GPU, as the device's VfioDeviceConfig asks.
-func (c *Configurator) Edits(_ context.Context, cl *preparer.Claim, raw json.RawMessage) error {
-	rec, err := preparer.Record[Record](Name, raw)
-	if err != nil {
-		return err
-	}
+func (c *Configurator) Edits(_ context.Context, cl *preparer.Claim, rec *Record) error {
 	if c.cfg == nil {
 		return errors.New("this node does not pass GPUs through (no --vfio)")
 	}
@@ -210,13 +201,9 @@ func (c *Configurator) Edits(_ context.Context, cl *preparer.Claim, raw json.Raw
 	return nil
 }
 
-// Undo implements [preparer.Configurator]: it gives the IOMMU groups back
+// Undo implements [preparer.Feature]: it gives the IOMMU groups back
 // to their drivers. Idempotent, and safe on groups never bound.
-func (c *Configurator) Undo(ctx context.Context, _ string, raw json.RawMessage) error {
-	rec, err := preparer.Record[Record](Name, raw)
-	if err != nil {
-		return err
-	}
+func (c *Configurator) Undo(ctx context.Context, _ string, rec *Record) error {
 	var errs []error
 	for i := range rec.Devices {
 		p := &rec.Devices[i]
