@@ -131,7 +131,7 @@ image:
 
 # Benchmarks of Prepare over gRPC and of the checkpoint; not part of test.
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 300x ./pkg/plugin/ ./pkg/checkpoint/
+	$(GO) test -run '^$$' -bench . -benchtime 300x ./pkg/draplugin/ ./pkg/checkpoint/
 	$(GO) test -run '^$$' -bench . -benchtime 300x ./pkg/devicemodel/
 	$(GO) test -run '^$$' -bench . -benchtime 2000x ./pkg/deviceplugin/
 	cd localcluster && $(GO) test -run '^$$' -bench . -benchtime 300x ./test/preparebench/
@@ -141,7 +141,7 @@ bench:
 # benchstat old.txt new.txt.
 bench-prepare:
 	$(GO) test -run '^$$' -bench 'BenchmarkPrepareOwnWork$$|BenchmarkPrepareWritesFloor$$|BenchmarkPrepareOneClaim$$' \
-		-benchtime 300x -count 6 ./pkg/plugin/
+		-benchtime 300x -count 6 ./pkg/draplugin/
 
 # ComputeDomain benchmarks in the local cluster (docs/guides/computedomain.md,
 # Benchmarks); not part of test or bench. bench-computedomain: one 18-node

@@ -12,12 +12,12 @@ import (
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/checkpoint"
 	"github.com/gpudra/gpudra/pkg/claimstate"
+	"github.com/gpudra/gpudra/pkg/draplugin"
 	"github.com/gpudra/gpudra/pkg/features"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/inspect"
 	"github.com/gpudra/gpudra/pkg/nodemode"
-	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/pluginflags"
 	"github.com/gpudra/gpudra/pkg/preparer"
 )
@@ -62,7 +62,7 @@ starts.`,
 	o.vfio.AddFlags(fs)
 	o.sharing.AddFlags(fs, "as for kubelet-plugin: none, memory-compute, shares=<N> or unlimited (a simulated fleet's node may set its own)")
 	fs.StringVar(&o.pluginDir, "plugin-data-dir", "", "the kubelet plugin's directory on this node (default /var/lib/kubelet/plugins/<driver-name>): its checkpoint says which MIG instances are gpudra's, and -o yaml and -o json are refused while a plugin listens there, since its slices already publish this node's pool")
-	fs.StringVar(&o.migMode, "mig-mode", string(plugin.MIGModeDynamic), fmt.Sprintf("as for kubelet-plugin, one of %v (a simulated fleet's node may set its own) (MIG instances that no claim in the plugin's checkpoint under --plugin-data-dir owns, which it reads without changing it, are shown as the static MIG devices the plugin publishes them as; a simulated fleet without --plugin-data-dir has no claims)", plugin.MIGModes))
+	fs.StringVar(&o.migMode, "mig-mode", string(draplugin.MIGModeDynamic), fmt.Sprintf("as for kubelet-plugin, one of %v (a simulated fleet's node may set its own) (MIG instances that no claim in the plugin's checkpoint under --plugin-data-dir owns, which it reads without changing it, are shown as the static MIG devices the plugin publishes them as; a simulated fleet without --plugin-data-dir has no claims)", draplugin.MIGModes))
 	return cmd
 }
 
@@ -70,8 +70,8 @@ func (o *inspectOptions) run(cmd *cobra.Command) error {
 	if !slices.Contains(inspect.Formats, o.output) {
 		return fmt.Errorf("--output %q: supported values: %s", o.output, strings.Join(inspect.Formats, ", "))
 	}
-	if !slices.Contains(plugin.MIGModes, plugin.MIGMode(o.migMode)) {
-		return fmt.Errorf("--mig-mode %q: must be one of %v", o.migMode, plugin.MIGModes)
+	if !slices.Contains(draplugin.MIGModes, draplugin.MIGMode(o.migMode)) {
+		return fmt.Errorf("--mig-mode %q: must be one of %v", o.migMode, draplugin.MIGModes)
 	}
 	if err := o.hw.Validate(); err != nil {
 		return err
@@ -143,7 +143,7 @@ func (o *inspectOptions) run(cmd *cobra.Command) error {
 // Passthrough beside CUDA devices is shown as if the API server had
 // partitionable devices.
 func (o *inspectOptions) features(cmd *cobra.Command, node, migMode string, hw hardware.Hardware) (*features.Set, error) {
-	fo := features.Options{DynamicMIG: plugin.MIGMode(migMode) == plugin.MIGModeDynamic}
+	fo := features.Options{DynamicMIG: draplugin.MIGMode(migMode) == draplugin.MIGModeDynamic}
 	fo.MIG, _ = hw.(hardware.MIGManager)
 	fleetNode, err := o.hw.FleetNode(node)
 	if err != nil {

@@ -7,8 +7,8 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/gpudra/gpudra/pkg/draplugin"
 	"github.com/gpudra/gpudra/pkg/metrics"
-	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
 // listenHTTP listens on --http-endpoint before anything starts, so that a
@@ -27,9 +27,9 @@ func listenHTTP(endpoint string) (net.Listener, error) {
 // servePlugin starts a kubelet plugin (the GPU driver's or the
 // ComputeDomain driver's) with its metrics and probes on l (if any), and
 // serves until ctx ends.
-func servePlugin(ctx context.Context, cfg plugin.Config, l net.Listener, metricsPath string) error {
+func servePlugin(ctx context.Context, cfg draplugin.Config, l net.Listener, metricsPath string) error {
 	logger := klog.FromContext(ctx)
-	driver, err := plugin.Start(ctx, cfg)
+	driver, err := draplugin.Start(ctx, cfg)
 	if err != nil {
 		return err
 	}

@@ -24,7 +24,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/checkpoint"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/mps"
-	"github.com/gpudra/gpudra/pkg/timeslice"
+	"github.com/gpudra/gpudra/pkg/timeslicing"
 	"github.com/gpudra/gpudra/pkg/vfio/fakesysfs"
 )
 
@@ -129,7 +129,7 @@ func (n *node) observe(p pool) (*observed, error) {
 	if o.sysfs, err = fakesysfs.ReadState(n.sysfsState()); err != nil {
 		return nil, err
 	}
-	if o.slices, err = timeslice.ReadIntervals(n.timeSlicesState()); err != nil {
+	if o.slices, err = timeslicing.ReadIntervals(n.timeSlicesState()); err != nil {
 		return nil, err
 	}
 	if o.daemons, err = mpsDaemons(n.mpsRoot()); err != nil {

@@ -27,9 +27,9 @@ import (
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/computedomain"
+	"github.com/gpudra/gpudra/pkg/draplugin"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
-	"github.com/gpudra/gpudra/pkg/plugin"
 
 	"github.com/gpudra/gpudra/localcluster/controlplane"
 	"github.com/gpudra/gpudra/localcluster/install"
@@ -360,7 +360,7 @@ func (c *Cluster) startNode(ctx context.Context, index int, name string) (*simno
 			return pod.Args(install.Instance{NodeName: name, UID: podUID, Volume: nodeVolumes(nodeDir, c.opts.DriverName)})
 		},
 		Workers:      c.opts.NodeWorkers,
-		MIGMode:      plugin.MIGMode(fn.MIGMode),
+		MIGMode:      draplugin.MIGMode(fn.MIGMode),
 		Mode:         fn.Mode,
 		DevicePlugin: dpConfig,
 		NICs:         fn.NICs,

@@ -24,9 +24,9 @@ import (
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/computedomain"
+	"github.com/gpudra/gpudra/pkg/draplugin"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/imex"
-	"github.com/gpudra/gpudra/pkg/plugin"
 
 	"github.com/gpudra/gpudra/localcluster/install"
 	"github.com/gpudra/gpudra/localcluster/simnode"
@@ -39,7 +39,7 @@ import (
 type computeDomains struct {
 	cancel  context.CancelFunc
 	done    chan error
-	plugins []*plugin.Driver
+	plugins []*draplugin.Driver
 	// nodes are those whose plugin started, whose IMEX side stops with it.
 	nodes []*simnode.Node
 }
@@ -180,7 +180,7 @@ func (c *Cluster) startComputeDomainController(ctx, runCtx context.Context, pod 
 // node's daemon runs on this one machine, where the query port listens on
 // loopback: with the IMEX side on, the local cluster gives each node free
 // ports of its own in place of the chart's one pair (later flags win).
-func (c *Cluster) startComputeDomainPlugin(ctx context.Context, n *simnode.Node, index int, pod *install.Pod) (*plugin.Driver, error) {
+func (c *Cluster) startComputeDomainPlugin(ctx context.Context, n *simnode.Node, index int, pod *install.Pod) (*draplugin.Driver, error) {
 	if index >= 254 {
 		return nil, fmt.Errorf("node %s: the local cluster's node IPs 127.0.1.1-254 fit 254 nodes", n.Name())
 	}

@@ -9,7 +9,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/gpudra/gpudra/pkg/plugin"
+	"github.com/gpudra/gpudra/pkg/draplugin"
 	"github.com/gpudra/gpudra/pkg/pluginflags"
 )
 
@@ -26,7 +26,7 @@ import (
 // in the domains' cliques, as on a real node. It returns once the
 // node's DRA manager has it registered and its devices are published; the
 // caller stops it before the node.
-func (n *Node) StartComputeDomainPlugin(ctx context.Context, args []string, restConfig *rest.Config) (*plugin.Driver, error) {
+func (n *Node) StartComputeDomainPlugin(ctx context.Context, args []string, restConfig *rest.Config) (*draplugin.Driver, error) {
 	if len(args) == 0 || args[0] != "compute-domain-kubelet-plugin" {
 		return nil, fmt.Errorf("node %s: command line %q: want gpudra compute-domain-kubelet-plugin", n.cfg.Name, args)
 	}
@@ -67,7 +67,7 @@ func (n *Node) StartComputeDomainPlugin(ctx context.Context, args []string, rest
 		n.StopIMEX()
 		return nil, fmt.Errorf("node %s: compute-domain-kubelet-plugin: %w", n.cfg.Name, err)
 	}
-	d, err := plugin.Start(n.ctx, cfg)
+	d, err := draplugin.Start(n.ctx, cfg)
 	if err != nil {
 		n.StopIMEX()
 		return nil, fmt.Errorf("node %s: start ComputeDomain plugin: %w", n.cfg.Name, err)

@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpudra/gpudra/pkg/draplugin"
 	"github.com/gpudra/gpudra/pkg/metrics"
-	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
 // metricsPath is where the node serves its plugin's metrics: the
@@ -33,7 +33,7 @@ func startMetricsServer(n *Node) (*metricsServer, error) {
 	}
 	var (
 		mu      sync.Mutex
-		served  *plugin.Driver
+		served  *draplugin.Driver
 		handler http.Handler
 	)
 	current := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

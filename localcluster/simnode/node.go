@@ -32,19 +32,19 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
-	draplugin "k8s.io/kubernetes/pkg/kubelet/cm/dra/plugin"
+	kubeletdra "k8s.io/kubernetes/pkg/kubelet/cm/dra/plugin"
 	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
+	"github.com/gpudra/gpudra/pkg/draplugin"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/mps"
-	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/pluginflags"
-	"github.com/gpudra/gpudra/pkg/timeslice"
+	"github.com/gpudra/gpudra/pkg/timeslicing"
 	"github.com/gpudra/gpudra/pkg/vfio/fakesysfs"
 
 	"github.com/gpudra/gpudra/localcluster/baseline"
@@ -87,7 +87,7 @@ type Config struct {
 	// Labels are added to the Node.
 	Labels map[string]string
 	// MIGMode is the plugin's MIG mode (empty: its default, dynamic).
-	MIGMode plugin.MIGMode
+	MIGMode draplugin.MIGMode
 	// Sysfs, if set, is the node's PCI side for VFIO passthrough (a fake
 	// that models the kernel); the plugin then offers the GPUs for
 	// passthrough beside their CUDA devices.
@@ -144,7 +144,7 @@ type Node struct {
 	cancel   context.CancelFunc
 	node     *corev1.Node
 	manager  *dra.Manager
-	plugins  *draplugin.DRAPluginManager
+	plugins  *kubeletdra.DRAPluginManager
 	pmStop   chan struct{}
 	pmDone   chan struct{}
 	recorder record.EventRecorder
@@ -152,7 +152,7 @@ type Node struct {
 	loop     *podLoop
 
 	pluginMu sync.Mutex
-	plugin   *plugin.Driver
+	plugin   *draplugin.Driver
 	// podUID is the UID of the plugin's pod: its --pod-uid, kept across
 	// restarts of the plugin (a container restart keeps its pod).
 	podUID string
@@ -182,7 +182,7 @@ type Node struct {
 
 	// timeSlices holds the simulated GPUs' time-slice intervals; mpsRoot
 	// the node's MPS daemon directories (short: sockets live there).
-	timeSlices *timeslice.Memory
+	timeSlices *timeslicing.Memory
 	mpsRoot    string
 
 	// nics is the NIC driver, nil on a node without NICs.
@@ -212,7 +212,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, finalErr error) {
 	}
 	logger := klog.FromContext(ctx).WithName("node").WithValues("node", cfg.Name)
 	runCtx, cancel := context.WithCancel(klog.NewContext(context.WithoutCancel(ctx), logger))
-	n := &Node{cfg: cfg, logger: logger, ctx: runCtx, cancel: cancel, timeSlices: &timeslice.Memory{}, podUID: NewPodUID()}
+	n := &Node{cfg: cfg, logger: logger, ctx: runCtx, cancel: cancel, timeSlices: &timeslicing.Memory{}, podUID: NewPodUID()}
 	if cfg.MPSControlBinary != "" {
 		// Not under Dir: the daemons' sockets must stay under 108 bytes.
 		dir, err := os.MkdirTemp("/tmp", "gpudra-mps-")
@@ -262,7 +262,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, finalErr error) {
 		return nil, fmt.Errorf("node %s: start DRA manager: %w", cfg.Name, err)
 	}
 	handler := n.manager.GetWatcherHandler()
-	n.plugins, _ = handler.(*draplugin.DRAPluginManager)
+	n.plugins, _ = handler.(*kubeletdra.DRAPluginManager)
 	pm := pluginmanager.NewPluginManager(cfg.registryDir(), n.recorder)
 	pm.AddHandler("DRAPlugin", handler)
 	n.pmStop, n.pmDone = make(chan struct{}), make(chan struct{})
@@ -365,8 +365,8 @@ func (n *Node) StartPlugin(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("node %s: plugin: %w", n.cfg.Name, err)
 	}
-	var d *plugin.Driver
-	labeled(n.ctx, n.cfg.DriverName, func(ctx context.Context) { d, err = plugin.Start(ctx, cfg) })
+	var d *draplugin.Driver
+	labeled(n.ctx, n.cfg.DriverName, func(ctx context.Context) { d, err = draplugin.Start(ctx, cfg) })
 	if err != nil {
 		return fmt.Errorf("node %s: start plugin: %w", n.cfg.Name, err)
 	}
@@ -377,7 +377,7 @@ func (n *Node) StartPlugin(ctx context.Context) error {
 // pluginConfig returns the configuration of the node's plugin in the pod
 // with the given UID: parsed from its command line, with the simulated
 // node's parts (see Config.PluginArgs).
-func (n *Node) pluginConfig(podUID string) (plugin.Config, error) {
+func (n *Node) pluginConfig(podUID string) (draplugin.Config, error) {
 	args := []string{"kubelet-plugin",
 		"--driver-name=" + n.cfg.DriverName,
 		"--node-name=" + n.cfg.Name,
@@ -388,15 +388,15 @@ func (n *Node) pluginConfig(podUID string) (plugin.Config, error) {
 	if n.cfg.PluginArgs != nil {
 		var err error
 		if args, err = n.cfg.PluginArgs(podUID); err != nil {
-			return plugin.Config{}, err
+			return draplugin.Config{}, err
 		}
 	}
 	if len(args) == 0 || args[0] != "kubelet-plugin" {
-		return plugin.Config{}, fmt.Errorf("command line %q: want gpudra kubelet-plugin", args)
+		return draplugin.Config{}, fmt.Errorf("command line %q: want gpudra kubelet-plugin", args)
 	}
 	flags, fs, err := pluginflags.ParseKubeletPlugin(args[1:])
 	if err != nil {
-		return plugin.Config{}, err
+		return draplugin.Config{}, err
 	}
 	// The kubelet finds the plugin where it looks: the node's directories.
 	for _, f := range []struct{ flag, got, want string }{
@@ -407,7 +407,7 @@ func (n *Node) pluginConfig(podUID string) (plugin.Config, error) {
 		{"--cdi-dir", flags.CDIDir, n.cfg.CDIDir()},
 	} {
 		if f.got != f.want {
-			return plugin.Config{}, fmt.Errorf("%s %q: the simulated node's is %q", f.flag, f.got, f.want)
+			return draplugin.Config{}, fmt.Errorf("%s %q: the simulated node's is %q", f.flag, f.got, f.want)
 		}
 	}
 	host := pluginflags.Host{
@@ -417,7 +417,7 @@ func (n *Node) pluginConfig(podUID string) (plugin.Config, error) {
 		MPSUnavailable: "the simulated node has no MPS control binary",
 	}
 	if s := n.cfg.Sysfs; s != nil {
-		host.VFIO = &plugin.VFIOConfig{FS: s, Busy: s, Modules: s}
+		host.VFIO = &draplugin.VFIOConfig{FS: s, Busy: s, Modules: s}
 	} else {
 		host.NoVFIO = true
 	}
@@ -426,7 +426,7 @@ func (n *Node) pluginConfig(podUID string) (plugin.Config, error) {
 		// would have: it adopts the daemons its predecessor started.
 		m, err := mps.New(n.mpsRoot, mps.WithControlBinary(n.cfg.MPSControlBinary))
 		if err != nil {
-			return plugin.Config{}, fmt.Errorf("MPS: %w", err)
+			return draplugin.Config{}, fmt.Errorf("MPS: %w", err)
 		}
 		host.MPS, host.MPSUnavailable = m, ""
 	}
@@ -435,12 +435,12 @@ func (n *Node) pluginConfig(podUID string) (plugin.Config, error) {
 		rc := rest.CopyConfig(n.cfg.PluginRESTConfig)
 		rc.QPS, rc.Burst = flags.KubeAPIQPS, flags.KubeAPIBurst
 		if client, err = kubernetes.NewForConfig(rc); err != nil {
-			return plugin.Config{}, err
+			return draplugin.Config{}, err
 		}
 	}
 	cfg, err := flags.Config(fs, client, host)
 	if err != nil {
-		return plugin.Config{}, err
+		return draplugin.Config{}, err
 	}
 	if n.cfg.MIGMode != "" {
 		cfg.MIGMode = n.cfg.MIGMode
@@ -516,7 +516,7 @@ func (n *Node) UpgradePlugin(ctx context.Context) (time.Duration, error) {
 	if n.plugin == nil {
 		return 0, errors.New("no plugin running")
 	}
-	var before *draplugin.DRAPlugin
+	var before *kubeletdra.DRAPlugin
 	if n.plugins != nil {
 		before, _ = n.plugins.GetPlugin(n.cfg.DriverName)
 	}
@@ -526,8 +526,8 @@ func (n *Node) UpgradePlugin(ctx context.Context) (time.Duration, error) {
 		return 0, fmt.Errorf("node %s: new plugin: %w", n.cfg.Name, err)
 	}
 	start := time.Now()
-	var d *plugin.Driver
-	labeled(n.ctx, n.cfg.DriverName, func(ctx context.Context) { d, err = plugin.Start(ctx, cfg) })
+	var d *draplugin.Driver
+	labeled(n.ctx, n.cfg.DriverName, func(ctx context.Context) { d, err = draplugin.Start(ctx, cfg) })
 	if err != nil {
 		return 0, fmt.Errorf("node %s: start new plugin: %w", n.cfg.Name, err)
 	}

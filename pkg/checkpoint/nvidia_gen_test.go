@@ -277,7 +277,7 @@ func nvidiaFixtures(t *testing.T) map[string][]byte {
 			}}},
 		},
 	}}
-	// For pkg/plugin's test: node dgx-h100-0 of the simulated dgx-h100
+	// For pkg/draplugin's test: node dgx-h100-0 of the simulated dgx-h100
 	// fleet (its GPUs' UUIDs), in the plugin harness's boot.
 	const h100 = "dgx-h100-0"
 	plugin := &genV2{NodeBootID: "boot-1", PreparedClaims: map[string]genClaimV2{

@@ -1,7 +1,7 @@
 // Package claimstate holds the prepared-claim state machine of the kubelet
 // plugin: what each claim on this node holds and how far its preparation
 // got. It is pure: no files, no NVML, no API server. Package checkpoint
-// persists a [State]; package plugin carries the decided steps out.
+// persists a [State]; package draplugin carries the decided steps out.
 package claimstate
 
 import (

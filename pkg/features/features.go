@@ -14,12 +14,12 @@ import (
 	"github.com/gpudra/gpudra/pkg/features/migmode"
 	mpsfeature "github.com/gpudra/gpudra/pkg/features/mps"
 	"github.com/gpudra/gpudra/pkg/features/sharing"
-	"github.com/gpudra/gpudra/pkg/features/timeslicing"
+	timeslicingfeature "github.com/gpudra/gpudra/pkg/features/timeslicing"
 	vfiofeature "github.com/gpudra/gpudra/pkg/features/vfio"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/preparer"
-	"github.com/gpudra/gpudra/pkg/timeslice"
+	"github.com/gpudra/gpudra/pkg/timeslicing"
 )
 
 // Options are the node's feature settings.
@@ -36,9 +36,9 @@ type Options struct {
 	VFIO *vfiofeature.Config
 	// TimeSlicer sets time slices (nil refuses TimeSlicing); DataDir holds
 	// its lock file and State reads the checkpoint.
-	TimeSlicer timeslice.Setter
+	TimeSlicer timeslicing.Setter
 	DataDir    string
-	State      timeslicing.State
+	State      timeslicingfeature.State
 	// MPS runs MPS daemons (nil refuses MPS, MPSUnavailable says why).
 	MPS            *mps.Manager
 	MPSUnavailable string
@@ -95,7 +95,7 @@ func New(o Options) (*Set, error) {
 			preparer.Adapt[migmode.Record](migmode.New(switcher, o.MIGModeNode)),
 			preparer.Adapt[dynamicmig.Record](dynamicmig.New(o.MIG, migPublisher.Dynamic)),
 			preparer.Adapt[vfiofeature.Record](vfio),
-			preparer.Adapt[timeslicing.Record](timeslicing.New(o.TimeSlicer, o.DataDir, o.State, o.MPS != nil)),
+			preparer.Adapt[timeslicingfeature.Record](timeslicingfeature.New(o.TimeSlicer, o.DataDir, o.State, o.MPS != nil)),
 			preparer.Adapt[mpsfeature.Record](mpsfeature.New(o.MPS, o.MPSUnavailable, o.TimeSlicer != nil)),
 		},
 		Publishers: publishers,

@@ -15,11 +15,11 @@ import (
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 
 	"github.com/gpudra/gpudra/pkg/computedomain"
+	"github.com/gpudra/gpudra/pkg/draplugin"
 	"github.com/gpudra/gpudra/pkg/features"
 	"github.com/gpudra/gpudra/pkg/features/imexchannel"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/kubeclient"
-	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
 // ComputeDomainPlugin is the flags of `gpudra compute-domain-kubelet-plugin`.
@@ -80,9 +80,9 @@ func (o *ComputeDomainPlugin) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.RegistrarDir, "registrar-dir", kubeletplugin.KubeletRegistryDir, "the kubelet's plugin registration directory")
 	fs.StringVar(&o.CDIDir, "cdi-dir", "/var/run/cdi", "directory for the per-claim CDI specs; the container runtime must read it")
 	fs.StringVar(&o.PodUID, "pod-uid", os.Getenv("POD_UID"), "UID of the plugin's pod; enables rolling updates with two instances side by side (env POD_UID)")
-	fs.DurationVar(&o.DiscoveryInterval, "discovery-interval", plugin.DefaultDiscoveryInterval, "how often the IMEX channels and NVLink clique are discovered again (sooner while discovery fails)")
-	fs.DurationVar(&o.SweepInterval, "sweep-interval", plugin.DefaultSweepInterval, "how often stale prepared claims and orphaned CDI specs are cleaned up")
-	fs.DurationVar(&o.CallTimeout, "kubelet-call-timeout", plugin.DefaultCallTimeout, "the kubelet's timeout for one DRA call; older unfinished preparations are rolled back")
+	fs.DurationVar(&o.DiscoveryInterval, "discovery-interval", draplugin.DefaultDiscoveryInterval, "how often the IMEX channels and NVLink clique are discovered again (sooner while discovery fails)")
+	fs.DurationVar(&o.SweepInterval, "sweep-interval", draplugin.DefaultSweepInterval, "how often stale prepared claims and orphaned CDI specs are cleaned up")
+	fs.DurationVar(&o.CallTimeout, "kubelet-call-timeout", draplugin.DefaultCallTimeout, "the kubelet's timeout for one DRA call; older unfinished preparations are rolled back")
 	fs.IntVar(&o.MaxChannels, "max-channels", imexchannel.DefaultMaxChannels, "the node's IMEX channel count (the nvidia module's NVreg_ImexChannelCount): channels a domain may hold, and what allocation mode All opens")
 	fs.BoolVar(&o.SharedChannel, "shared-channel", true, "publish channel-0 for several claims at once (allowMultipleAllocations), so that more than one ComputeDomain, and more than one pod of a domain, run on a node; false: one claim at a time, as NVIDIA's driver")
 	fs.StringVar(&o.HTTPEndpoint, "http-endpoint", "", "TCP address of the HTTP server for metrics and probes (e.g. :8081); empty: no server")
@@ -123,19 +123,19 @@ func (o *ComputeDomainPlugin) Validate() error {
 // (otherwise NVML or the --fleet node), and daemon, if not nil, is the
 // node's IMEX daemon that channel claims hold (see [IMEXFlags.NodeDaemon];
 // nil serves channels only). It touches no directory.
-func (o *ComputeDomainPlugin) Config(kube kubernetes.Interface, dyn dynamic.Interface, hw hardware.Hardware, daemon imexchannel.Daemon) (plugin.Config, error) {
+func (o *ComputeDomainPlugin) Config(kube kubernetes.Interface, dyn dynamic.Interface, hw hardware.Hardware, daemon imexchannel.Daemon) (draplugin.Config, error) {
 	if err := o.Validate(); err != nil {
-		return plugin.Config{}, err
+		return draplugin.Config{}, err
 	}
 	if hw == nil {
 		var err error
 		if hw, _, err = o.HW.NodeHardware(o.NodeName); err != nil {
-			return plugin.Config{}, err
+			return draplugin.Config{}, err
 		}
 	}
 	channels := &computedomain.APIChannels{Client: dyn}
 	maxChannels, shared := o.MaxChannels, o.SharedChannel
-	return plugin.Config{
+	return draplugin.Config{
 		DriverName:        o.DriverName,
 		NodeName:          o.NodeName,
 		KubeClient:        kube,
@@ -147,7 +147,7 @@ func (o *ComputeDomainPlugin) Config(kube kubernetes.Interface, dyn dynamic.Inte
 		DiscoveryInterval: o.DiscoveryInterval,
 		CallTimeout:       o.CallTimeout,
 		SweepInterval:     o.SweepInterval,
-		Features: func(plugin.FeatureEnv) (*features.Set, error) {
+		Features: func(draplugin.FeatureEnv) (*features.Set, error) {
 			return features.NewComputeDomain(features.ComputeDomainOptions{
 				Channels:      channels,
 				MaxChannels:   maxChannels,

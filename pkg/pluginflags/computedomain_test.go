@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpudra/gpudra/pkg/draplugin"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
-	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
 // TestComputeDomainPluginConfig: what the flags say reaches the channel
@@ -33,7 +33,7 @@ func TestComputeDomainPluginConfig(t *testing.T) {
 		cfg.CallTimeout != 20*time.Second || cfg.Features == nil || cfg.Hardware == nil || o.KubeAPIQPS != 7.5 || o.HTTPEndpoint != ":9091" {
 		t.Errorf("config %+v does not say what the flags say", cfg)
 	}
-	set, err := cfg.Features(plugin.FeatureEnv{})
+	set, err := cfg.Features(draplugin.FeatureEnv{})
 	if err != nil || set == nil {
 		t.Errorf("features: %v", err)
 	}

@@ -6,8 +6,8 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/gpudra/gpudra/pkg/draplugin"
 	"github.com/gpudra/gpudra/pkg/health"
-	"github.com/gpudra/gpudra/pkg/plugin"
 )
 
 // Health flags set the health policy (docs/guides/health.md).
@@ -24,14 +24,14 @@ func (f *Health) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&f.ignoreXIDs, "health-ignore-xids", health.FormatXIDs(d.IgnoreXIDs), "XIDs that taint nothing (application errors), comma-separated; the default is NVIDIA's list. See docs/guides/health.md")
 	fs.StringVar(&f.faultEffect, "health-effect", string(d.FaultEffect), "effect of the taints of a GPU's XID and double-bit ECC errors, one of None, NoSchedule, NoExecute")
 	fs.StringVar(&f.lostEffect, "health-lost-effect", string(d.LostEffect), "effect of the taint of a GPU lost off the bus, one of None, NoSchedule, NoExecute")
-	fs.DurationVar(&f.reportInterval, "health-report-interval", plugin.DefaultHealthReportInterval, fmt.Sprintf("how often the devices' health is sent to the kubelet again when nothing changed (KEP-4680); under the %v the kubelet keeps a report, so a device never decays to Unknown", plugin.HealthCheckTimeout))
+	fs.DurationVar(&f.reportInterval, "health-report-interval", draplugin.DefaultHealthReportInterval, fmt.Sprintf("how often the devices' health is sent to the kubelet again when nothing changed (KEP-4680); under the %v the kubelet keeps a report, so a device never decays to Unknown", draplugin.HealthCheckTimeout))
 }
 
 // ReportInterval returns --health-report-interval, checked: more than 0
 // and less than the lease the kubelet keeps a report for.
 func (f *Health) ReportInterval() (time.Duration, error) {
-	if f.reportInterval <= 0 || f.reportInterval >= plugin.HealthCheckTimeout {
-		return 0, fmt.Errorf("--health-report-interval %v: must be more than 0 and less than %v, the time the kubelet keeps a device's health", f.reportInterval, plugin.HealthCheckTimeout)
+	if f.reportInterval <= 0 || f.reportInterval >= draplugin.HealthCheckTimeout {
+		return 0, fmt.Errorf("--health-report-interval %v: must be more than 0 and less than %v, the time the kubelet keeps a device's health", f.reportInterval, draplugin.HealthCheckTimeout)
 	}
 	return f.reportInterval, nil
 }

@@ -18,12 +18,12 @@ import (
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/cdi"
+	"github.com/gpudra/gpudra/pkg/draplugin"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/kubeclient"
 	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/nodemode"
-	"github.com/gpudra/gpudra/pkg/plugin"
-	"github.com/gpudra/gpudra/pkg/timeslice"
+	"github.com/gpudra/gpudra/pkg/timeslicing"
 )
 
 // KubeletPlugin is the flags of `gpudra kubelet-plugin`.
@@ -91,10 +91,10 @@ func (o *KubeletPlugin) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.DevicePluginDir, "device-plugin-dir", nodemode.DefaultDevicePluginDir, "the kubelet's device-plugin directory: the DRA plugin refuses to start while a device plugin for NVIDIA GPUs (gpudra's or NVIDIA's) listens there")
 	fs.StringVar(&o.CDIDir, "cdi-dir", "/var/run/cdi", "directory for the per-claim CDI specs; the container runtime must read it")
 	fs.StringVar(&o.PodUID, "pod-uid", os.Getenv("POD_UID"), "UID of the plugin's pod; enables rolling updates with two instances side by side (env POD_UID)")
-	fs.DurationVar(&o.DiscoveryInterval, "discovery-interval", plugin.DefaultDiscoveryInterval, "how often GPUs are discovered again (sooner while discovery fails)")
-	fs.DurationVar(&o.SweepInterval, "sweep-interval", plugin.DefaultSweepInterval, "how often stale prepared claims and orphaned CDI specs are cleaned up; a claim the API server still has is asked about again after 1, 2, 4 ... up to 16 intervals (at once after a Prepare is refused because another claim holds its devices)")
-	fs.DurationVar(&o.CallTimeout, "kubelet-call-timeout", plugin.DefaultCallTimeout, "the kubelet's timeout for one DRA call; older unfinished preparations are rolled back")
-	fs.StringVar(&o.MIGMode, "mig-mode", string(plugin.MIGModeDynamic), fmt.Sprintf("how GPUs with MIG mode on are offered, one of %v: dynamic publishes every profile at every placement and creates the MIG device at Prepare; static publishes the MIG devices that exist and never creates or destroys one", plugin.MIGModes))
+	fs.DurationVar(&o.DiscoveryInterval, "discovery-interval", draplugin.DefaultDiscoveryInterval, "how often GPUs are discovered again (sooner while discovery fails)")
+	fs.DurationVar(&o.SweepInterval, "sweep-interval", draplugin.DefaultSweepInterval, "how often stale prepared claims and orphaned CDI specs are cleaned up; a claim the API server still has is asked about again after 1, 2, 4 ... up to 16 intervals (at once after a Prepare is refused because another claim holds its devices)")
+	fs.DurationVar(&o.CallTimeout, "kubelet-call-timeout", draplugin.DefaultCallTimeout, "the kubelet's timeout for one DRA call; older unfinished preparations are rolled back")
+	fs.StringVar(&o.MIGMode, "mig-mode", string(draplugin.MIGModeDynamic), fmt.Sprintf("how GPUs with MIG mode on are offered, one of %v: dynamic publishes every profile at every placement and creates the MIG device at Prepare; static publishes the MIG devices that exist and never creates or destroys one", draplugin.MIGModes))
 	fs.StringVar(&o.HTTPEndpoint, "http-endpoint", "", "TCP address of the HTTP server for metrics and probes (e.g. :8080; /livez, /readyz and the metrics at --metrics-path); empty: no server")
 	fs.StringVar(&o.MetricsPath, "metrics-path", "/metrics", "HTTP path of the Prometheus metrics on --http-endpoint")
 	fs.BoolVar(&o.MIGModeSwitching, "mig-mode-switching", false, "with --mig-mode=dynamic, offer Hopper and newer MIG-capable GPUs both as a full GPU and as MIG devices whatever their MIG mode, and switch the mode at Prepare as the allocated device needs")
@@ -107,8 +107,8 @@ func (o *KubeletPlugin) Validate() error {
 	if o.NodeName == "" {
 		return fmt.Errorf("--node-name (or env NODE_NAME) is required")
 	}
-	if !slices.Contains(plugin.MIGModes, plugin.MIGMode(o.MIGMode)) {
-		return fmt.Errorf("--mig-mode %q: must be one of %v", o.MIGMode, plugin.MIGModes)
+	if !slices.Contains(draplugin.MIGModes, draplugin.MIGMode(o.MIGMode)) {
+		return fmt.Errorf("--mig-mode %q: must be one of %v", o.MIGMode, draplugin.MIGModes)
 	}
 	for _, v := range []interface{ Validate() error }{&o.HW, &o.CDI, &o.Sharing, &o.VFIO} {
 		if err := v.Validate(); err != nil {
@@ -180,13 +180,13 @@ type Host struct {
 	// Hardware is the node's GPUs.
 	Hardware hardware.Hardware
 	// VFIO is the kernel side of passthrough (FS, Busy, Modules of a
-	// plugin.VFIOConfig); the mode, driver and GPUs still come from the
+	// draplugin.VFIOConfig); the mode, driver and GPUs still come from the
 	// flags. Set with NoVFIO for a node without it.
-	VFIO *plugin.VFIOConfig
+	VFIO *draplugin.VFIOConfig
 	// NoVFIO: the node offers no passthrough, whatever --vfio says.
 	NoVFIO bool
 	// TimeSlicer sets time slices.
-	TimeSlicer timeslice.Setter
+	TimeSlicer timeslicing.Setter
 	// MPS runs MPS daemons; with MPSUnavailable set instead, MPS claims
 	// are refused with that reason.
 	MPS            *mps.Manager
@@ -199,19 +199,19 @@ type Host struct {
 // client as its API client and host's parts where host sets them. It
 // touches no directory: the caller creates them and checks the node's
 // device plugins (see `gpudra kubelet-plugin`).
-func (o *KubeletPlugin) Config(fs *pflag.FlagSet, client kubernetes.Interface, host Host) (plugin.Config, error) {
+func (o *KubeletPlugin) Config(fs *pflag.FlagSet, client kubernetes.Interface, host Host) (draplugin.Config, error) {
 	if err := o.Validate(); err != nil {
-		return plugin.Config{}, err
+		return draplugin.Config{}, err
 	}
 	healthPolicy, err := o.Health.Policy()
 	if err != nil {
-		return plugin.Config{}, err
+		return draplugin.Config{}, err
 	}
 	reportInterval, err := o.Health.ReportInterval()
 	if err != nil {
-		return plugin.Config{}, err
+		return draplugin.Config{}, err
 	}
-	cfg := plugin.Config{
+	cfg := draplugin.Config{
 		HealthReportInterval: reportInterval,
 		DriverName:           o.DriverName,
 		NodeName:             o.NodeName,
@@ -223,7 +223,7 @@ func (o *KubeletPlugin) Config(fs *pflag.FlagSet, client kubernetes.Interface, h
 		DiscoveryInterval:    o.DiscoveryInterval,
 		CallTimeout:          o.CallTimeout,
 		SweepInterval:        o.SweepInterval,
-		MIGMode:              plugin.MIGMode(o.MIGMode),
+		MIGMode:              draplugin.MIGMode(o.MIGMode),
 		MIGModeSwitching:     o.MIGModeSwitching,
 		HealthPolicy:         healthPolicy,
 		Hardware:             host.Hardware,
@@ -235,37 +235,37 @@ func (o *KubeletPlugin) Config(fs *pflag.FlagSet, client kubernetes.Interface, h
 	if cfg.Hardware == nil {
 		hw, fleetMIGMode, err := o.HW.NodeHardware(o.NodeName)
 		if err != nil {
-			return plugin.Config{}, err
+			return draplugin.Config{}, err
 		}
 		cfg.Hardware = hw
 		if fleetMIGMode != "" && !fs.Changed("mig-mode") {
-			cfg.MIGMode = plugin.MIGMode(fleetMIGMode)
+			cfg.MIGMode = draplugin.MIGMode(fleetMIGMode)
 		}
 	}
 	fleetNode, err := o.HW.FleetNode(o.NodeName)
 	if err != nil {
-		return plugin.Config{}, err
+		return draplugin.Config{}, err
 	}
 	switch {
 	case host.NoVFIO:
 	case host.VFIO != nil:
 		if cfg.VFIO, err = o.VFIO.Config(&o.HW, nil); err != nil {
-			return plugin.Config{}, err
+			return draplugin.Config{}, err
 		}
 		if cfg.VFIO != nil {
 			cfg.VFIO.FS, cfg.VFIO.Busy, cfg.VFIO.Modules = host.VFIO.FS, host.VFIO.Busy, host.VFIO.Modules
 		}
 	default:
 		if cfg.VFIO, err = o.VFIO.Config(&o.HW, fleetNode); err != nil {
-			return plugin.Config{}, err
+			return draplugin.Config{}, err
 		}
 	}
 	if cfg.Sharing, err = o.GPUSharing.Resolve(fs, fleetNode); err != nil {
-		return plugin.Config{}, err
+		return draplugin.Config{}, err
 	}
 	if cfg.TimeSlicer == nil {
 		if cfg.TimeSlicer, err = o.Sharing.TimeSlicer(&o.HW); err != nil {
-			return plugin.Config{}, err
+			return draplugin.Config{}, err
 		}
 	}
 	if cfg.MPS == nil && cfg.MPSUnavailable == "" {

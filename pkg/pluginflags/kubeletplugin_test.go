@@ -6,9 +6,9 @@ import (
 	"time"
 
 	"github.com/gpudra/gpudra/pkg/cdi"
+	"github.com/gpudra/gpudra/pkg/draplugin"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
-	"github.com/gpudra/gpudra/pkg/plugin"
-	"github.com/gpudra/gpudra/pkg/timeslice"
+	"github.com/gpudra/gpudra/pkg/timeslicing"
 )
 
 // TestKubeletPluginConfig: what the flags say reaches the plugin's
@@ -28,14 +28,14 @@ func TestKubeletPluginConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	slicer := &timeslice.Memory{}
-	cfg, err := o.Config(fs, nil, Host{Hardware: hw, TimeSlicer: slicer, DriverEdits: cdi.NoDriverEdits{}, MPSUnavailable: "none here", VFIO: &plugin.VFIOConfig{}})
+	slicer := &timeslicing.Memory{}
+	cfg, err := o.Config(fs, nil, Host{Hardware: hw, TimeSlicer: slicer, DriverEdits: cdi.NoDriverEdits{}, MPSUnavailable: "none here", VFIO: &draplugin.VFIOConfig{}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.NodeName != fn.Name || cfg.RollingUpdateUID != "abc" || cfg.DriverName != "gpu.example.com" ||
 		cfg.PluginDataDir != "/p/gpu.example.com" || cfg.RegistrarDir != "/r" || cfg.CDIDir != "/c" ||
-		cfg.MIGMode != plugin.MIGModeStatic || cfg.Sharing.Shares != 4 || string(cfg.HealthPolicy.FaultEffect) != "NoExecute" ||
+		cfg.MIGMode != draplugin.MIGModeStatic || cfg.Sharing.Shares != 4 || string(cfg.HealthPolicy.FaultEffect) != "NoExecute" ||
 		cfg.HealthReportInterval != 5*time.Second {
 		t.Errorf("config %+v does not say what the flags say", cfg)
 	}

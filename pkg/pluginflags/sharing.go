@@ -10,7 +10,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/mps"
-	"github.com/gpudra/gpudra/pkg/timeslice"
+	"github.com/gpudra/gpudra/pkg/timeslicing"
 )
 
 // MPS launchers --mps-launcher accepts.
@@ -62,12 +62,12 @@ func (f *Sharing) Validate() error {
 // TimeSlicer returns the setter for time slices, or nil when nvidia-smi is
 // missing. Simulated GPUs (a fleet) keep their time slices in memory, or
 // in a file of --sim-state-dir.
-func (f *Sharing) TimeSlicer(hw *Discovery) (timeslice.Setter, error) {
+func (f *Sharing) TimeSlicer(hw *Discovery) (timeslicing.Setter, error) {
 	if hw.Fleet != "" {
 		if path := hw.SimStateFile(sim.TimeSlicesStateFile); path != "" {
-			return timeslice.LoadMemory(path)
+			return timeslicing.LoadMemory(path)
 		}
-		return &timeslice.Memory{}, nil
+		return &timeslicing.Memory{}, nil
 	}
 	path := f.nvidiaSMI
 	if path == "" {
@@ -76,16 +76,16 @@ func (f *Sharing) TimeSlicer(hw *Discovery) (timeslice.Setter, error) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, nil
 	}
-	var opts []timeslice.Option
+	var opts []timeslicing.Option
 	if hw.ContainerDriverRoot != "/" {
 		for _, lib := range []string{"usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1", "usr/lib64/libnvidia-ml.so.1", "usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1"} {
 			if p := filepath.Join(hw.ContainerDriverRoot, lib); fileExists(p) {
-				opts = append(opts, timeslice.WithNVMLLibrary(p))
+				opts = append(opts, timeslicing.WithNVMLLibrary(p))
 				break
 			}
 		}
 	}
-	return timeslice.NewNvidiaSMI(path, opts...), nil
+	return timeslicing.NewNvidiaSMI(path, opts...), nil
 }
 
 // MPSManager returns the MPS manager, or nil with the reason MPS is not

@@ -7,8 +7,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/draplugin"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
-	"github.com/gpudra/gpudra/pkg/plugin"
 	"github.com/gpudra/gpudra/pkg/vfio"
 )
 
@@ -54,11 +54,11 @@ func (f *VFIO) Validate() error {
 
 // Config returns the plugin's VFIO config: real sysfs, procfs and modprobe,
 // or for a simulated fleet's node a fake sysfs that models the kernel.
-func (f *VFIO) Config(hw *Discovery, fleetNode *sim.Node) (*plugin.VFIOConfig, error) {
+func (f *VFIO) Config(hw *Discovery, fleetNode *sim.Node) (*draplugin.VFIOConfig, error) {
 	if f.mode == vfioOff {
 		return nil, nil
 	}
-	c := &plugin.VFIOConfig{Mode: devicemodel.VFIOMode(f.mode), GPUDriver: f.driver, GPUs: f.gpus}
+	c := &draplugin.VFIOConfig{Mode: devicemodel.VFIOMode(f.mode), GPUDriver: f.driver, GPUs: f.gpus}
 	if fleetNode != nil {
 		fake, err := fleetNode.SysfsWithState(hw.SimStateFile(sim.SysfsStateFile))
 		if err != nil {

@@ -1,6 +1,6 @@
 // Package preparebench measures a one-claim Prepare against a real
 // kube-apiserver (the local cluster's etcd and API server, in process),
-// beside pkg/plugin's BenchmarkPrepareOneClaim over a fake clientset: the
+// beside pkg/draplugin's BenchmarkPrepareOneClaim over a fake clientset: the
 // kubeletplugin helper GETs the claim from the API server on every call,
 // and that GET is part of what users see.
 package preparebench
@@ -21,8 +21,8 @@ import (
 	"k8s.io/klog/v2"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
+	"github.com/gpudra/gpudra/pkg/draplugin"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
-	"github.com/gpudra/gpudra/pkg/plugin"
 
 	"github.com/gpudra/gpudra/localcluster/controlplane"
 	"github.com/gpudra/gpudra/localcluster/test/clustertest"
@@ -36,7 +36,7 @@ const (
 // BenchmarkPrepareOneClaimRealAPIServer: one NodePrepareResources call
 // with one full-GPU claim over gRPC, the plugin's client talking to a real
 // kube-apiserver on loopback (with seven other claims prepared, as in
-// pkg/plugin's benchmark); Unprepare runs outside the timer.
+// pkg/draplugin's benchmark); Unprepare runs outside the timer.
 func BenchmarkPrepareOneClaimRealAPIServer(b *testing.B) {
 	klog.SetOutput(discard{})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -66,10 +66,10 @@ func BenchmarkPrepareOneClaimRealAPIServer(b *testing.B) {
 	if err := os.WriteFile(boot, []byte("boot-1\n"), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	cfg := plugin.Config{
+	cfg := draplugin.Config{
 		DriverName: driver, NodeName: node, KubeClient: client, Hardware: n.Hardware(),
 		PluginDataDir: filepath.Join(dir, "plugin"), RegistrarDir: filepath.Join(dir, "registry"),
-		CDIDir: filepath.Join(dir, "cdi"), BootIDPath: boot, MIGMode: plugin.MIGModeStatic,
+		CDIDir: filepath.Join(dir, "cdi"), BootIDPath: boot, MIGMode: draplugin.MIGModeStatic,
 	}
 	if shm, err := os.MkdirTemp("/dev/shm", "gpudra-cdi"); err == nil {
 		defer os.RemoveAll(shm)
@@ -80,7 +80,7 @@ func BenchmarkPrepareOneClaimRealAPIServer(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	d, err := plugin.Start(klog.NewContext(ctx, klog.NewKlogr().V(10)), cfg)
+	d, err := draplugin.Start(klog.NewContext(ctx, klog.NewKlogr().V(10)), cfg)
 	if err != nil {
 		b.Fatal(err)
 	}

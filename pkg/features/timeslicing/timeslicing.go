@@ -1,7 +1,7 @@
 // Package timeslicing is the configurator of GpuConfig sharing strategy
 // TimeSlicing: one time-slice interval per GPU, held by every claim that
 // asked for it, set by the first holder and reset to Default by the last.
-// The holds live in the claims' records; timeslice.Policy decides from
+// The holds live in the claims' records; timeslicing.Policy decides from
 // them what to set.
 package timeslicing
 
@@ -24,7 +24,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/features/sharing"
 	"github.com/gpudra/gpudra/pkg/preparer"
-	"github.com/gpudra/gpudra/pkg/timeslice"
+	"github.com/gpudra/gpudra/pkg/timeslicing"
 )
 
 // Name is the configurator's record name in the checkpoint.
@@ -63,7 +63,7 @@ type State func(ctx context.Context) (*claimstate.State, error)
 
 // Configurator sets time slices.
 type Configurator struct {
-	setter timeslice.Setter
+	setter timeslicing.Setter
 	state  State
 	// lock serializes every change of a GPU's time slice, in this
 	// process and across plugin instances (a rolling update), so that a
@@ -88,7 +88,7 @@ var codec = preparer.Codec[Record]{Name: Name}
 // New returns the configurator. setter nil refuses the strategy; dataDir
 // holds the lock file; state reads the checkpoint; mpsAvailable says
 // whether the node offers MPS instead.
-func New(setter timeslice.Setter, dataDir string, state State, mpsAvailable bool) *Configurator {
+func New(setter timeslicing.Setter, dataDir string, state State, mpsAvailable bool) *Configurator {
 	return &Configurator{setter: setter, state: state, lock: lockedfile.NewMutex(filepath.Join(dataDir, LockFileName)),
 		released: filepath.Join(dataDir, ReleasedFileName), mpsAvailable: mpsAvailable}
 }
@@ -105,8 +105,8 @@ const Unavailable = "no nvidia-smi: see --nvidia-smi-path"
 // whose caps MPS enforces cannot be time-sliced instead.
 func (c *Configurator) Plan(_ context.Context, cl *preparer.Claim) (*Record, error) {
 	var rec Record
-	intervals := timeslice.New()
-	claim := timeslice.Claim{UID: cl.UID, Namespace: cl.Namespace, Name: cl.Name}
+	intervals := timeslicing.New()
+	claim := timeslicing.Claim{UID: cl.UID, Namespace: cl.Namespace, Name: cl.Name}
 	for _, d := range cl.Devices {
 		if d.State.AdminAccess {
 			// Admin access (monitoring) must not change how the device is
@@ -161,7 +161,7 @@ func (c *Configurator) Guard(s *claimstate.State, cl *claimstate.Claim, rec *Rec
 	if err != nil {
 		return err
 	}
-	claim := timeslice.Claim{UID: cl.UID, Namespace: cl.Namespace, Name: cl.Name}
+	claim := timeslicing.Claim{UID: cl.UID, Namespace: cl.Namespace, Name: cl.Name}
 	for _, h := range rec.GPUs {
 		if _, err := policy.Acquire(h.GPU, claim, h.Interval); err != nil {
 			return &preparer.RefusedError{Err: err}
@@ -200,7 +200,7 @@ func (c *Configurator) Apply(ctx context.Context, cl *preparer.Claim, rec *Recor
 	if err := c.updateReleased(s, cl.UID, false); err != nil {
 		return nil, err
 	}
-	claim := timeslice.Claim{UID: cl.UID, Namespace: cl.Namespace, Name: cl.Name}
+	claim := timeslicing.Claim{UID: cl.UID, Namespace: cl.Namespace, Name: cl.Name}
 	for _, h := range sortedHolds(rec) {
 		step, err := policy.Acquire(h.GPU, claim, h.Interval)
 		if err != nil {
@@ -241,7 +241,7 @@ func (c *Configurator) Undo(ctx context.Context, claimUID string, rec *Record) e
 	if err != nil {
 		return err
 	}
-	claim := timeslice.Claim{UID: claimUID}
+	claim := timeslicing.Claim{UID: claimUID}
 	for _, h := range sortedHolds(rec) {
 		// Hold it in the policy, then release it: the step says whether
 		// this claim was the last holder. A hold the others contradict
@@ -320,24 +320,24 @@ func (c *Configurator) acquire(ctx context.Context) (func(), error) {
 // claim with UID except and the released claims. Unreadable records are an
 // error: a hold that cannot be read may be the one that keeps a GPU's
 // interval.
-func policyOf(s *claimstate.State, except string, released map[string]bool) (*timeslice.Policy, error) {
-	var records []timeslice.Record
+func policyOf(s *claimstate.State, except string, released map[string]bool) (*timeslicing.Policy, error) {
+	var records []timeslicing.Record
 	for uid, cl := range s.Claims {
 		if uid == except || released[uid] {
 			continue
 		}
 		rec, err := codec.Of(cl)
 		if err != nil {
-			return timeslice.New(), fmt.Errorf("claim %s: %w", uid, err)
+			return timeslicing.New(), fmt.Errorf("claim %s: %w", uid, err)
 		}
 		if rec == nil {
 			continue
 		}
 		for _, h := range rec.GPUs {
-			records = append(records, timeslice.Record{GPU: h.GPU, Claim: timeslice.Claim{UID: uid, Namespace: cl.Namespace, Name: cl.Name}, Interval: h.Interval})
+			records = append(records, timeslicing.Record{GPU: h.GPU, Claim: timeslicing.Claim{UID: uid, Namespace: cl.Namespace, Name: cl.Name}, Interval: h.Interval})
 		}
 	}
-	return timeslice.Rebuild(records)
+	return timeslicing.Rebuild(records)
 }
 
 // readReleased reads the released claims; the caller holds the lock.

@@ -13,10 +13,10 @@ import (
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/claimstate"
-	"github.com/gpudra/gpudra/pkg/features/timeslicing"
+	timeslicingfeature "github.com/gpudra/gpudra/pkg/features/timeslicing"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/preparer"
-	"github.com/gpudra/gpudra/pkg/timeslice"
+	"github.com/gpudra/gpudra/pkg/timeslicing"
 )
 
 const gpu = "GPU-0b5c1a52-7c1e-4a47-9b0e-3b8e0f1d2c3a"
@@ -41,12 +41,12 @@ func (st *sharedState) set(uid string, rec json.RawMessage) {
 		delete(st.s.Claims, uid)
 		return
 	}
-	st.s.Claims[uid] = &claimstate.Claim{UID: uid, Phase: claimstate.PrepareStarted, Records: map[string]json.RawMessage{timeslicing.Name: rec}}
+	st.s.Claims[uid] = &claimstate.Claim{UID: uid, Phase: claimstate.PrepareStarted, Records: map[string]json.RawMessage{timeslicingfeature.Name: rec}}
 }
 
 // gatedSetter blocks every reset to Default until released.
 type gatedSetter struct {
-	timeslice.Memory
+	timeslicing.Memory
 	entered chan struct{}
 	release chan struct{}
 }
@@ -61,7 +61,7 @@ func (g *gatedSetter) Set(ctx context.Context, gpuUUID string, interval v1beta1.
 
 func record(t *testing.T, interval v1beta1.TimeSliceInterval) json.RawMessage {
 	t.Helper()
-	rec, err := json.Marshal(timeslicing.Record{GPUs: []timeslicing.Hold{{Device: "gpu-0", GPU: gpu, Interval: interval}}})
+	rec, err := json.Marshal(timeslicingfeature.Record{GPUs: []timeslicingfeature.Hold{{Device: "gpu-0", GPU: gpu, Interval: interval}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,8 +80,8 @@ func TestRollingUpdateResetAndJoin(t *testing.T) {
 	if err := setter.Memory.Set(context.Background(), gpu, v1beta1.LongTimeSlice); err != nil {
 		t.Fatal(err)
 	}
-	oldInstance := preparer.Adapt[timeslicing.Record](timeslicing.New(setter, dir, state.read, false))
-	newInstance := preparer.Adapt[timeslicing.Record](timeslicing.New(setter, dir, state.read, false))
+	oldInstance := preparer.Adapt[timeslicingfeature.Record](timeslicingfeature.New(setter, dir, state.read, false))
+	newInstance := preparer.Adapt[timeslicingfeature.Record](timeslicingfeature.New(setter, dir, state.read, false))
 	long := record(t, v1beta1.LongTimeSlice)
 	state.set("leaving", long)
 
@@ -126,11 +126,11 @@ func TestLastTwoHoldersUnpreparedAtOnce(t *testing.T) {
 			ctx := context.Background()
 			dir := t.TempDir()
 			state := &sharedState{s: claimstate.New()}
-			setter := &timeslice.Memory{}
-			first := preparer.Adapt[timeslicing.Record](timeslicing.New(setter, dir, state.read, false))
+			setter := &timeslicing.Memory{}
+			first := preparer.Adapt[timeslicingfeature.Record](timeslicingfeature.New(setter, dir, state.read, false))
 			second := first
 			if instances == 2 {
-				second = preparer.Adapt[timeslicing.Record](timeslicing.New(setter, dir, state.read, false))
+				second = preparer.Adapt[timeslicingfeature.Record](timeslicingfeature.New(setter, dir, state.read, false))
 			}
 			medium := record(t, v1beta1.MediumTimeSlice)
 			for _, uid := range []string{"a", "b"} {
@@ -181,8 +181,8 @@ func TestLastTwoHoldersUnpreparedAtOnce(t *testing.T) {
 func TestCleanUpRemovesTempFilesOfKilledWrites(t *testing.T) {
 	dir := t.TempDir()
 	st := &sharedState{s: claimstate.New()}
-	c := preparer.Adapt[timeslicing.Record](timeslicing.New(&timeslice.Memory{}, dir, st.read, false))
-	released := filepath.Join(dir, timeslicing.ReleasedFileName)
+	c := preparer.Adapt[timeslicingfeature.Record](timeslicingfeature.New(&timeslicing.Memory{}, dir, st.read, false))
+	released := filepath.Join(dir, timeslicingfeature.ReleasedFileName)
 	left := released + ".tmp-12345"
 	for path, content := range map[string]string{left: `["a"`, released: `["b"]`} {
 		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {

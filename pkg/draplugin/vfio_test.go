@@ -1,0 +1,273 @@
+package draplugin_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	resourceapi "k8s.io/api/resource/v1"
+
+	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/draplugin"
+	"github.com/gpudra/gpudra/pkg/hardware"
+	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/vfio/fakesysfs"
+)
+
+// withVFIO runs the plugin with passthrough over the node's fake sysfs.
+func withVFIO(tb testing.TB, mode devicemodel.VFIOMode, fake **fakesysfs.Sysfs) func(*draplugin.Config) {
+	return func(cfg *draplugin.Config) {
+		tb.Helper()
+		fleet, err := sim.Load("dgx-h100")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		n, err := fleet.Node(nodeName)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		s, err := n.Sysfs()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		*fake = s
+		cfg.VFIO = &draplugin.VFIOConfig{Mode: mode, FS: s, Busy: s, Modules: s}
+	}
+}
+
+func (h *harness) device(name string) resourceapi.Device {
+	h.tb.Helper()
+	for _, d := range h.driver.Devices() {
+		if d.Name == name {
+			return d
+		}
+	}
+	h.tb.Fatalf("no device %s", name)
+	return resourceapi.Device{}
+}
+
+func TestVFIODevicesBesideCUDA(t *testing.T) {
+	var fake *fakesysfs.Sysfs
+	h := newHarness(t, withVFIO(t, devicemodel.VFIOBeside, &fake))
+	v := h.device("gpu-vfio-3")
+	if got := *v.Attributes[devicemodel.AttrType].StringValue; got != "vfio" {
+		t.Errorf("type %q, want vfio", got)
+	}
+	if got := *v.Attributes[devicemodel.AttrVendorID].StringValue; got != "0x10de" {
+		t.Errorf("vendorID %q", got)
+	}
+	if g := v.Attributes[devicemodel.AttrIOMMUGroup].IntValue; g == nil || *g != 23 {
+		t.Errorf("iommuGroup %v, want 23", g)
+	}
+	full := h.device("gpu-3")
+	if len(v.ConsumesCounters) != 1 || len(full.ConsumesCounters) != 1 || v.ConsumesCounters[0].CounterSet != full.ConsumesCounters[0].CounterSet {
+		t.Fatalf("VFIO device consumes %v, full GPU %v: want the same whole counter set", v.ConsumesCounters, full.ConsumesCounters)
+	}
+
+	bdf := *v.Attributes["resource.kubernetes.io/pciBusID"].StringValue
+	claim := h.claim("gpu-vfio-3")
+	h.mustPrepare(claim)
+	if b, _ := fake.Binding(bdf); b.Driver != "vfio-pci" {
+		t.Errorf("after prepare GPU %s is bound to %q, want vfio-pci", bdf, b.Driver)
+	}
+	spec := h.specContent(claim)
+	for _, want := range []string{"/dev/vfio/23", "/dev/vfio/vfio"} {
+		if !strings.Contains(spec, want) {
+			t.Errorf("CDI spec lacks %s:\n%s", want, spec)
+		}
+	}
+	for _, not := range []string{"/dev/nvidia3", "/dev/nvidiactl"} {
+		if strings.Contains(spec, not) {
+			t.Errorf("VFIO claim's CDI spec has NVIDIA driver node %s:\n%s", not, spec)
+		}
+	}
+	if cp := h.checkpoint(); !strings.Contains(cp, `"vfio":{"devices":[{"device":"`) || !strings.Contains(cp, `"gpu":"`+bdf+`"`) || !strings.HasPrefix(cp, `{"version":"v5"`) {
+		t.Errorf("checkpoint lacks the VFIO record: %s", cp)
+	}
+
+	// The driver is the last guard: the full GPU cannot go to another claim.
+	if msg := prepareError(h, h.claim("gpu-3")); !strings.Contains(msg, "already prepared for claim") {
+		t.Errorf("full GPU while passed through: %q, want a conflict", msg)
+	}
+
+	h.restart() // the record survives; unprepare still gives the GPU back
+	h.mustUnprepare(claim)
+	if b, _ := fake.Binding(bdf); b.Driver != "nvidia" || b.Override != "" {
+		t.Errorf("after unprepare GPU %s: %+v, want nvidia with no override", bdf, b)
+	}
+	h.mustPrepare(h.claim("gpu-3"))
+}
+
+func TestVFIOIOMMUFDAndRefusals(t *testing.T) {
+	var fake *fakesysfs.Sysfs
+	h := newHarness(t, withVFIO(t, devicemodel.VFIOBeside, &fake))
+	bdf := *h.device("gpu-vfio-5").Attributes["resource.kubernetes.io/pciBusID"].StringValue
+
+	fd := h.claim("gpu-vfio-5")
+	withConfig(fd, resourceapi.AllocationConfigSourceClaim, nil, `{"apiVersion":"resource.nvidia.com/v1beta1","kind":"VfioDeviceConfig","iommu":{"backendPolicy":"PreferIommuFD","enableAPIDevice":true}}`)
+	fd = h.update(fd)
+	h.mustPrepare(fd)
+	spec := h.specContent(fd)
+	if !strings.Contains(spec, "/dev/iommu") || !strings.Contains(spec, "/dev/vfio/devices/vfio") || strings.Contains(spec, "/dev/vfio/vfio") {
+		t.Errorf("iommufd claim's CDI spec:\n%s\nwant /dev/iommu and /dev/vfio/devices/vfioN, not the legacy container", spec)
+	}
+	h.mustUnprepare(fd)
+
+	// A GPU in use is refused and left as it was.
+	if err := fake.SetHolders(bdf, "python (pid 4242)"); err != nil {
+		t.Fatal(err)
+	}
+	busy := h.claim("gpu-vfio-5")
+	if msg := prepareError(h, busy); !strings.Contains(msg, "in use by python (pid 4242)") {
+		t.Errorf("busy GPU: %q, want the holder named", msg)
+	}
+	if b, _ := fake.Binding(bdf); b.Driver != "nvidia" {
+		t.Errorf("busy GPU rebound to %q", b.Driver)
+	}
+	if err := fake.SetHolders(bdf); err != nil {
+		t.Fatal(err)
+	}
+
+	// A bind that fails midway is rolled back.
+	fake.InjectFault(fakesysfs.Fault{Op: fakesysfs.OpWrite, Path: "bus/pci/drivers/vfio-pci/bind", Err: syscall.EIO, Times: 1})
+	if msg := prepareError(h, busy); !strings.Contains(msg, "input/output error") {
+		t.Errorf("failed bind: %q, want the sysfs error", msg)
+	}
+	if b, _ := fake.Binding(bdf); b.Driver != "nvidia" || b.Override != "" {
+		t.Errorf("after a failed bind GPU is %+v, want nvidia again", b)
+	}
+	if cp := h.checkpoint(); strings.Contains(cp, string(busy.ObjectMeta.UID)) {
+		t.Errorf("failed bind left a record: %s", cp)
+	}
+	h.mustPrepare(busy) // the fault wore off
+	h.mustUnprepare(busy)
+}
+
+func TestVFIOOnly(t *testing.T) {
+	var fake *fakesysfs.Sysfs
+	h := newHarness(t, withVFIO(t, devicemodel.VFIOOnly, &fake))
+	for _, d := range h.driver.Devices() {
+		if strings.HasPrefix(d.Name, "gpu-") && !strings.HasPrefix(d.Name, "gpu-vfio-") {
+			t.Errorf("device %s published in VFIO-only mode", d.Name)
+		}
+		if len(d.ConsumesCounters) != 0 {
+			t.Errorf("device %s consumes counters in VFIO-only mode", d.Name)
+		}
+	}
+	if len(h.driver.Devices()) != 8 {
+		t.Errorf("%d devices, want 8 VFIO devices", len(h.driver.Devices()))
+	}
+}
+
+// nvmlHidesVFIO is the node's hardware as NVML sees it: a GPU bound to
+// vfio-pci is not listed.
+type nvmlHidesVFIO struct {
+	hardware.Hardware
+	sysfs *fakesysfs.Sysfs
+}
+
+func (h nvmlHidesVFIO) Discover(ctx context.Context) (*hardware.Inventory, error) {
+	inv, err := h.Hardware.Discover(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := *inv
+	out.GPUs = slices.DeleteFunc(slices.Clone(inv.GPUs), func(g hardware.GPU) bool {
+		b, _ := h.sysfs.Binding(g.PCIBusID)
+		return b.Driver == "vfio-pci"
+	})
+	return &out, nil
+}
+
+func TestVFIOGPUStaysPublishedWhileNVMLCannotSeeIt(t *testing.T) {
+	var fake *fakesysfs.Sysfs
+	h := newHarness(t, withVFIO(t, devicemodel.VFIOBeside, &fake), func(c *draplugin.Config) {
+		c.Hardware = nvmlHidesVFIO{Hardware: c.Hardware, sysfs: fake}
+		c.DiscoveryInterval = 20 * time.Millisecond
+	})
+	claim := h.claim("gpu-vfio-3")
+	h.mustPrepare(claim)
+	inv, err := h.cfg.Hardware.Discover(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(inv.GPUs) != 7 {
+		t.Fatalf("NVML lists %d GPUs while one is passed through, want 7: the test would check nothing", len(inv.GPUs))
+	}
+	time.Sleep(200 * time.Millisecond) // several discoveries
+	for _, name := range []string{"gpu-3", "gpu-vfio-3"} {
+		if !slices.ContainsFunc(h.driver.Devices(), func(d resourceapi.Device) bool { return d.Name == name }) {
+			t.Errorf("%s no longer published while its GPU is passed through", name)
+		}
+	}
+	h.mustUnprepare(claim)
+	time.Sleep(100 * time.Millisecond)
+	if n := len(h.driver.Devices()); n != 16 {
+		t.Errorf("%d devices after the GPU came back, want 16", n)
+	}
+}
+
+// TestVFIORetryAfterAFailedRollback: the CDI write fails after the group
+// was bound, and giving it back fails too, so the start record stays with
+// the group half given back. The kubelet's retry rolls back first and plans
+// from the restored state: the record names nvidia as the driver to give
+// the GPU back to, and Unprepare does.
+func TestVFIORetryAfterAFailedRollback(t *testing.T) {
+	var fake *fakesysfs.Sysfs
+	var failWrite atomic.Bool
+	failWrite.Store(true)
+	h := newHarness(t, withVFIO(t, devicemodel.VFIOBeside, &fake), func(c *draplugin.Config) {
+		c.Faults = func(s draplugin.Step, _ string) error {
+			if s == draplugin.StepWriteCDISpec && failWrite.Load() {
+				return errors.New("disk full")
+			}
+			return nil
+		}
+	})
+	bdf := *h.device("gpu-vfio-4").Attributes["resource.kubernetes.io/pciBusID"].StringValue
+	fake.InjectFault(fakesysfs.Fault{Op: fakesysfs.OpWrite, Path: "bus/pci/drivers/nvidia/bind", Err: syscall.EIO, Times: 1})
+	c := h.claim("gpu-vfio-4")
+	if msg := prepareError(h, c); !strings.Contains(msg, "disk full") || !strings.Contains(msg, "kept the start record") {
+		t.Fatalf("first prepare: %q, want the injected failure and a kept start record", msg)
+	}
+	if b, _ := fake.Binding(bdf); b.Driver == "nvidia" {
+		t.Fatalf("after the failed rollback the GPU is back on nvidia; the test expects it left half done")
+	}
+	failWrite.Store(false)
+	h.mustPrepare(c)
+	if cp := h.checkpoint(); !strings.Contains(cp, `"originalDriver":"nvidia"`) || strings.Contains(cp, `"originalDriver":"vfio-pci"`) {
+		t.Errorf("retried record: %s, want nvidia as the original driver", cp)
+	}
+	h.mustUnprepare(c)
+	if b, _ := fake.Binding(bdf); b.Driver != "nvidia" || b.Override != "" {
+		t.Errorf("after unprepare the GPU is %+v, want nvidia with no override", b)
+	}
+}
+
+// TestVFIOSpecRepairedWhileBound: a prepared VFIO claim whose CDI spec
+// went missing gets it back, with the same nodes, while its GPU stays on
+// vfio-pci.
+func TestVFIOSpecRepairedWhileBound(t *testing.T) {
+	var fake *fakesysfs.Sysfs
+	h := newHarness(t, withVFIO(t, devicemodel.VFIOBeside, &fake))
+	c := h.claim("gpu-vfio-6")
+	h.mustPrepare(c)
+	before := h.specContent(c)
+	for _, f := range h.specFiles() {
+		if err := os.Remove(filepath.Join(h.cfg.CDIDir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.mustPrepare(c)
+	if after := h.specContent(c); after != before {
+		t.Errorf("repaired spec differs:\n%s\nwant\n%s", after, before)
+	}
+	h.mustUnprepare(c)
+}
