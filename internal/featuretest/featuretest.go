@@ -1,6 +1,6 @@
 // Package featuretest helps the features' tests: seeds for fuzzing a
 // configurator's record, taken from the committed example checkpoints as
-// the checkpoint package reads (and migrates) them, and the check that a
+// the checkpoint package reads them, and the check that a
 // record that does not decode is refused as damage.
 package featuretest
 
@@ -23,8 +23,9 @@ import (
 // exampleBootID is the boot of the committed example checkpoints.
 const exampleBootID = "3ee9bf4e-2bc3-4adb-a604-5bd7215f0766"
 
-// knownRecords are the record names the example checkpoints hold or
-// migrate to.
+// knownRecords are the record names of the features whose fuzz tests seed
+// from the example checkpoints; a Store reads a file only if it knows
+// every record the file holds.
 var knownRecords = []string{"migMode", "dynamicMIG", "vfio", "timeSlicing", "mps"}
 
 // testdataDir is pkg/checkpoint/testdata.
@@ -39,9 +40,9 @@ func testdataDir(tb testing.TB) string {
 
 // Seeds returns every record named name in the committed example
 // checkpoints (pkg/checkpoint/testdata), read through a checkpoint Store so
-// that records of older versions come as their migration writes them,
-// followed by extra and by damaged forms of all of them: cut short, of the
-// wrong JSON type, null, empty.
+// that they come as the plugin reads them (compacted), followed by extra
+// and by damaged forms of all of them: cut short, of the wrong JSON type,
+// null, empty.
 func Seeds(tb testing.TB, name string, extra ...string) [][]byte {
 	tb.Helper()
 	files, err := filepath.Glob(filepath.Join(testdataDir(tb), "v*.json"))

@@ -35,8 +35,8 @@ func (e *newerVersionError) Error() string {
 			"so it could not undo what they describe: %s",
 			e.path, e.version, strings.Join(e.unknown, ", "), advice)
 	}
-	return fmt.Sprintf("checkpoint %s has schema version %q, newer than %s which this plugin writes: %s",
-		e.path, e.version, currentVersion, advice)
+	return fmt.Sprintf("checkpoint %s has schema version %q, newer than the versions this plugin reads (%s): %s",
+		e.path, e.version, readableVersions, advice)
 }
 
 // Is makes errors.Is(err, ErrNewerVersion) hold.
@@ -45,7 +45,8 @@ func (e *newerVersionError) Is(target error) bool { return target == ErrNewerVer
 // decoded is the content of a readable checkpoint file.
 type decoded struct {
 	state *claimstate.State
-	// bootID is "" when the version did not record one (v1).
+	// bootID is "" when the file did not record one (NVIDIA's files
+	// without nodeBootID, or an empty bootID): its age then decides.
 	bootID string
 	// from is the version the file was written in.
 	from string
@@ -56,10 +57,11 @@ type decoded struct {
 	nvidia *nvidiaDecoded
 }
 
-// decode understands every version up to latestKnown. It returns a
-// *newerVersionError for a later version or for a file requiring records
-// sc does not know; any other error means the content is unreadable.
-// Unknown fields are ignored in every version.
+// decode reads v2 and v5, and NVIDIA's DRA driver's files. It returns a
+// *newerVersionError for a version above latestKnown or for a file
+// requiring records sc does not know; any other error means the content is
+// unreadable, a version this package does not read included. Unknown
+// fields are ignored in every version.
 func (sc schema) decode(data []byte) (decoded, error) {
 	if looksLikeNVIDIA(data) {
 		return sc.decodeNVIDIA(data)
@@ -67,7 +69,7 @@ func (sc schema) decode(data []byte) (decoded, error) {
 	if err := truncatedNVIDIA(data); err != nil {
 		return decoded{}, err
 	}
-	// v2 (v5 without records) or v5 is the common case: parse once.
+	// v2 (v5 without records) or v5: parse once.
 	var f fileV5
 	err := json.Unmarshal(data, &f)
 	if err == nil && written(f.Version) {
@@ -90,34 +92,16 @@ func (sc schema) decode(data []byte) (decoded, error) {
 	if envErr := json.Unmarshal(data, &env); envErr != nil {
 		return decoded{}, envErr
 	}
-	switch env.Version {
-	case versionV1:
-		var f1 fileV1
-		if err := json.Unmarshal(data, &f1); err != nil {
-			return decoded{}, err
-		}
-		f2, err := migrateV1(&f1)
-		if err != nil {
-			return decoded{}, fmt.Errorf("migrate from v1: %w", err)
-		}
-		return sc.fromFile(f2, versionV1)
-	case versionV3, versionV4:
-		var f4 fileV4
-		if err := json.Unmarshal(data, &f4); err != nil {
-			return decoded{}, err
-		}
-		f5, err := migrateV4(&f4)
-		if err != nil {
-			return decoded{}, fmt.Errorf("migrate from %s: %w", env.Version, err)
-		}
-		return sc.fromFile(f5, env.Version)
-	case versionV2, versionV5:
+	if written(env.Version) {
 		return decoded{}, err
 	}
 	if n, ok := versionNumber(env.Version); ok && n > latestKnown {
 		return decoded{}, &newerVersionError{version: env.Version}
 	}
-	return decoded{}, fmt.Errorf("unknown schema version %q", env.Version)
+	// Below latestKnown no plugin will come back for the file (the
+	// development schemas v1, v3 and v4 were never released), so it is
+	// unreadable, not left alone.
+	return decoded{}, fmt.Errorf("schema version %q is not one this plugin reads (it reads %s)", env.Version, readableVersions)
 }
 
 // fromFile turns a file in v5 shape, read from version from, into its state.

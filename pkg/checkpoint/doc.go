@@ -2,9 +2,9 @@
 // ([claimstate.State]) in one JSON file, checkpoint.json, in the plugin's
 // data directory.
 //
-// The file names its schema version and carries no checksum: older versions
-// are migrated when read, a newer version is never overwritten, and unknown
-// fields within a known version are tolerated. What each device
+// The file names its schema version and carries no checksum: v2 and v5 are
+// read, a newer version is never overwritten, any other version is
+// unreadable, and unknown fields within a known version are tolerated. What each device
 // configurator set up for a claim is kept as an opaque, named record; a
 // file that requires a record this process does not know is left alone
 // like a newer version, so a new feature needs no new schema version. The

@@ -55,7 +55,6 @@ func addCheckpointSeeds(f *testing.F, ops ...[]byte) {
 		[]byte(`{"version":"v2","bootID":"b","claims":{"a":null}}`),
 		[]byte(`{"version":"v2","bootID":"b","claims":{"a":{"uid":"a","phase":"PrepareCompleted","startedAt":"2026-01-01T00:00:00+02:00","devices":[{"name":"gpu-0"}]}}}`),
 		[]byte(`{"version":"v5","bootID":"b","requires":["example"],"claims":{"a":{"uid":"a","phase":"PrepareStarted","startedAt":"0001-01-01T00:00:00Z","devices":null,"records":{"example":{ "x" : "<&>" }}}}}`),
-		[]byte(`{"version":"v1","preparedClaims":{"a":{"status":"Started","devices":["gpu-0",""]}}}`),
 		[]byte(`{"version":"v4","bootID":"b","claims":{"a":{"uid":"a","phase":"PrepareCompleted","devices":[{"name":"m","dynamicMIG":{"profile":"1g.10gb"},"sharing":{"timeSlice":"Long","mpsDaemon":"d"},"vfio":{"gpu":"0000:01:00.0","functions":[{}]}}]}}}`),
 		[]byte(`{"version":`), []byte(`null`), []byte(`{"version":"v02"}`), []byte(``),
 	)
@@ -205,8 +204,8 @@ func mutation(st *claimstate.State, op byte, i int) func(*claimstate.State) erro
 
 // FuzzOpen puts arbitrary bytes in place as the checkpoint of the current
 // boot and opens a Store on it: Open never fails and never panics because
-// of the content; it uses the file, migrates it, leaves a newer one alone,
-// or moves it aside and asks for adoption. A file it used as it was reads
+// of the content; it uses the file, adopts NVIDIA's, leaves a newer one
+// alone, or moves it aside and asks for adoption. A file it used as it was reads
 // back as the state the Store serves.
 func FuzzOpen(f *testing.F) {
 	addCheckpointSeeds(f, nil)

@@ -42,8 +42,16 @@ func (e *testEnv) setBootID(tb testing.TB, id string) {
 	writeFile(tb, e.bootIDPath, id+"\n")
 }
 
-// testRecords are the record names the tests' Stores know: those the
-// migration from v3 and v4 writes and one of the tests' own.
+// Record names the committed v5 file holds.
+const (
+	recordDynamicMIG  = "dynamicMIG"
+	recordVFIO        = "vfio"
+	recordTimeSlicing = "timeSlicing"
+	recordMPS         = "mps"
+)
+
+// testRecords are the record names the tests' Stores know: those of the
+// committed v5 file and one of the tests' own.
 var testRecords = []string{recordDynamicMIG, recordVFIO, recordTimeSlicing, recordMPS, "example"}
 
 // testSchema reads files as a Store opened with e.options() does.

@@ -177,9 +177,9 @@ func (s *Store) loadFile(lost *lossRecord) (loaded, error) {
 		return loaded{}, fmt.Errorf("read %s: %w", s.path, err)
 	}
 	l := loaded{snapshot: snapshot{id: statID(fi)}, pin: f}
-	// With no fsync, a file of a previous boot may be torn; nor does v1
-	// record its boot. The mtime tells: any file written in this boot is
-	// younger than the boot.
+	// With no fsync, a file of a previous boot may be torn; nor does every
+	// NVIDIA file record its boot. The mtime tells: any file written in
+	// this boot is younger than the boot.
 	previousBoot := !s.bootTime.IsZero() && fi.ModTime().Before(s.bootTime)
 
 	var d decoded

@@ -41,7 +41,8 @@ func WithBootIDPath(path string) Option {
 // WithProcStatPath reads the boot time (its "btime" line) from path instead
 // of [DefaultProcStatPath]. A file last modified before the boot time is
 // known to come from a previous boot even when its content cannot tell
-// (v1 files, files torn by a power loss). When the boot time cannot be
+// (NVIDIA files without a boot ID, files torn by a power loss, files in a
+// version not read). When the boot time cannot be
 // read, such files are treated as written in the current boot.
 func WithProcStatPath(path string) Option {
 	return func(o *options) { o.procStatPath = path }
@@ -77,9 +78,9 @@ func WithKnownRecords(names ...string) Option {
 }
 
 // WithPool names this node's device pool (the node name). Devices read
-// without a pool, as v1 recorded them, get it, so that the conflict checks,
-// which compare pool and name, see them; and an Update that leaves a device
-// without a pool is refused. Without this option pools are kept as read.
+// without a pool (written by a Store without this option) get it, so that
+// the conflict checks, which compare pool and name, see them; and an
+// Update that leaves a device without a pool is refused. Without this option pools are kept as read.
 func WithPool(pool string) Option {
 	return func(o *options) { o.pool = pool }
 }

@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -14,57 +15,103 @@ import (
 	"github.com/gpudra/gpudra/pkg/claimstate"
 )
 
-func TestMigrateV1(t *testing.T) {
-	v1 := readFile(t, filepath.Join("testdata", "v1.json"))
-	want := &claimstate.State{Claims: map[string]*claimstate.Claim{
-		"5f0c9a38-2d7e-4b1a-9c61-0e8a7f3b2c10": {
-			UID: "5f0c9a38-2d7e-4b1a-9c61-0e8a7f3b2c10", Namespace: "ml-team", Name: "trainer-gpus",
-			Phase:   claimstate.PrepareCompleted,
-			Devices: []claimstate.Device{{Name: "gpu-0"}, {Name: "gpu-1"}},
-		},
-		"a1e4c7d2-6b3f-4e89-8d20-7c5b9e1f4a63": {
-			UID: "a1e4c7d2-6b3f-4e89-8d20-7c5b9e1f4a63", Namespace: "default", Name: "notebook-mig",
-			Phase:   claimstate.PrepareStarted,
-			Devices: []claimstate.Device{{Name: "gpu-3-mig-1g10gb-19-0"}},
-		},
-		"c9d8e7f6-1a2b-4c3d-9e8f-0a1b2c3d4e5f": {
-			UID: "c9d8e7f6-1a2b-4c3d-9e8f-0a1b2c3d4e5f", Namespace: "ci", Name: "no-devices-left",
-			Phase:   claimstate.PrepareCompleted,
-			Devices: []claimstate.Device{},
-		},
-	}}
+// TestVersionsNotRead: a file in a schema version this plugin does not
+// read is never misread and never lost. v1, v3 and v4 (development schemas,
+// never released) are unreadable like any other version up to v5 that is
+// not read: moved aside with their bytes, the Store then needing adoption
+// (or, for a file older than the boot, a quiet boot reset). A version above
+// v5 (v9) may be a newer plugin's and is left in place, untouched. Either
+// way the error names the versions that are read.
+func TestVersionsNotRead(t *testing.T) {
+	const claim = `"u":{"uid":"u","namespace":"n","name":"c","phase":"PrepareCompleted","startedAt":"2026-01-01T00:00:00Z","devices":[`
+	tests := []struct {
+		version, content string
+		// newer: left alone as a newer version, not moved aside.
+		newer bool
+	}{
+		{version: "v1", content: `{"version":"v1","preparedClaims":{"u":{"status":"Completed","namespace":"n","name":"c","devices":["gpu-0"]}}}`},
+		{version: "v3", content: `{"version":"v3","bootID":"boot-a","claims":{` + claim +
+			`{"requests":["mig"],"pool":"node-1","name":"gpu-1-mig-1g10gb-19-0","parentUUID":"GPU-a","dynamicMIG":{"profile":"1g.10gb","profileID":19,"start":0,"size":1,"giID":7}}]}}}`},
+		{version: "v4", content: `{"version":"v4","bootID":"boot-a","claims":{` + claim +
+			`{"requests":["gpus"],"pool":"node-1","name":"gpu-0","uuid":"GPU-0","sharing":{"timeSlice":"Long","mpsDaemon":"d"}},` +
+			`{"requests":["vm"],"pool":"node-1","name":"gpu-vfio-5","vfio":{"gpu":"0000:1b:00.0","iommuGroup":20,"functions":[{"busID":"0000:1b:00.0","driver":"vfio-pci"}]}}]}}}`},
+		{version: "v9", content: `{"version":"v9","bootID":"boot-a","claims":{` + claim + `{"pool":"node-1","name":"gpu-0"}]}}}`, newer: true},
+	}
+	for _, tt := range tests {
+		for _, previousBoot := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s previous boot %v", tt.version, previousBoot), func(t *testing.T) {
+				e := newTestEnv(t)
+				e.writeCheckpoint(t, tt.content, previousBoot)
 
-	t.Run("current boot", func(t *testing.T) {
-		e := newTestEnv(t)
-		e.writeCheckpoint(t, v1, false)
-		s, report := e.open(t)
-		if report != (OpenReport{Migrated: "v1"}) {
-			t.Errorf("report = %+v, want Migrated v1 only", report)
-		}
-		if got := mustRead(t, s); !reflect.DeepEqual(got, want) {
-			t.Errorf("migrated state = %+v\nwant %+v", got, want)
-		}
-		d, err := testSchema.decode([]byte(readFile(t, e.path())))
-		if err != nil || d.from != versionV2 || d.bootID != "boot-a" || !reflect.DeepEqual(d.state, want) {
-			t.Errorf("file after migration: from %q bootID %q err %v, state %+v", d.from, d.bootID, err, d.state)
-		}
-		_ = s.Close()
-		if _, report := e.open(t); report != (OpenReport{}) {
-			t.Errorf("second Open report = %+v, want zero", report)
-		}
-	})
+				// Peek only reads: an error, whatever the file's age.
+				_, peekErr := Peek(e.dir, e.options()...)
+				if tt.newer {
+					want := `schema version "` + tt.version + `", newer than the versions this plugin reads (v2 and v5)`
+					if !errors.Is(peekErr, ErrNewerVersion) || !strings.Contains(peekErr.Error(), want) {
+						t.Errorf("Peek = %v, want ErrNewerVersion saying %q", peekErr, want)
+					}
+					s, report := e.open(t)
+					if report != (OpenReport{NewerVersion: tt.version}) {
+						t.Errorf("report = %+v, want NewerVersion %s only", report, tt.version)
+					}
+					if err := s.Update(t.Context(), addClaim(testClaim("x"))); !errors.Is(err, ErrNewerVersion) || !strings.Contains(err.Error(), want) {
+						t.Errorf("Update = %v, want ErrNewerVersion saying %q", err, want)
+					}
+					if _, err := s.Read(t.Context()); !errors.Is(err, ErrNewerVersion) {
+						t.Errorf("Read = %v, want ErrNewerVersion", err)
+					}
+					if got := readFile(t, e.path()); got != tt.content {
+						t.Errorf("file changed to %s", got)
+					}
+					if kept := movedAside(t, e.dir); len(kept) != 0 {
+						t.Errorf("moved aside: %v", kept)
+					}
+					return
+				}
 
-	t.Run("previous boot", func(t *testing.T) {
-		e := newTestEnv(t)
-		e.writeCheckpoint(t, v1, true)
-		s, report := e.open(t)
-		if report != (OpenReport{Migrated: "v1", BootIDChanged: true}) {
-			t.Errorf("report = %+v, want Migrated v1 and BootIDChanged", report)
+				want := `schema version "` + tt.version + `" is not one this plugin reads (it reads v2 and v5)`
+				if peekErr == nil || errors.Is(peekErr, ErrNewerVersion) || !strings.Contains(peekErr.Error(), want) {
+					t.Errorf("Peek = %v, want an error saying %q", peekErr, want)
+				}
+				stamp := time.Date(2026, 11, 22, 8, 9, 10, 11, time.UTC)
+				s, report := e.open(t, WithClock(func() time.Time { return stamp }))
+				kept := movedAside(t, e.dir)
+				if len(kept) != 1 || readFile(t, kept[0]) != tt.content {
+					t.Fatalf("moved-aside files %v, want one holding the original bytes", kept)
+				}
+				if previousBoot {
+					if report != (OpenReport{BootIDChanged: true}) {
+						t.Errorf("report = %+v, want BootIDChanged only", report)
+					}
+					if got := mustRead(t, s); len(got.Claims) != 0 {
+						t.Errorf("state = %v, want empty", got.Claims)
+					}
+					return
+				}
+				if report.Corrupt == nil || report.Corrupt.Path != kept[0] || !strings.Contains(report.Corrupt.Err.Error(), want) {
+					t.Fatalf("report = %+v, want Corrupt at %s saying %q", report, kept[0], want)
+				}
+				if report.Migrated != "" || report.BootIDChanged || report.NewerVersion != "" {
+					t.Errorf("report = %+v, want only Corrupt", report)
+				}
+				// Its claims may still be prepared on the node: nothing is
+				// served until they are adopted.
+				if _, err := s.Read(t.Context()); !errors.Is(err, ErrNeedsAdoption) {
+					t.Errorf("Read = %v, want ErrNeedsAdoption", err)
+				}
+				if err := s.Recover(t.Context(), addClaim(testClaim("adopted"))); err != nil {
+					t.Fatalf("Recover: %v", err)
+				}
+				d, err := testSchema.decode([]byte(readFile(t, e.path())))
+				if err != nil || d.from != versionV2 || len(d.state.Claims) != 1 || d.state.Claims["adopted"] == nil {
+					t.Errorf("file after Recover: from %q, err %v, claims %v; want v2 with the adopted claim", d.from, err, d.state)
+				}
+				if got := readFile(t, kept[0]); got != tt.content {
+					t.Errorf("moved-aside file changed by Recover to %q", got)
+				}
+			})
 		}
-		if got := mustRead(t, s); len(got.Claims) != 0 {
-			t.Errorf("state of a previous boot kept: %v", got.Claims)
-		}
-	})
+	}
 }
 
 func TestUnreadableFileMovedAside(t *testing.T) {
@@ -76,20 +123,18 @@ func TestUnreadableFileMovedAside(t *testing.T) {
 		{"truncated", valid[:len(valid)/2], "unexpected end of JSON input"},
 		{"not JSON", "\x00\x00\x00\x00garbage", "invalid character"},
 		{"trailing garbage", valid + "}", "invalid character"},
-		{"JSON null", "null", `unknown schema version ""`},
+		{"JSON null", "null", `schema version "" is not one this plugin reads (it reads v2 and v5)`},
 		{"array", "[]", "cannot unmarshal array"},
-		{"no version", `{"claims":{}}`, `unknown schema version ""`},
+		{"no version", `{"claims":{}}`, `schema version "" is not one`},
 		{"version not a string", `{"version":2,"claims":{}}`, "cannot unmarshal number"},
-		{"version without v", `{"version":"3"}`, `unknown schema version "3"`},
-		{"version v0", `{"version":"v0"}`, `unknown schema version "v0"`},
-		{"version not canonical", `{"version":"v03"}`, `unknown schema version "v03"`},
+		{"version without v", `{"version":"3"}`, `schema version "3" is not one`},
+		{"version v0", `{"version":"v0"}`, `schema version "v0" is not one`},
+		{"version not canonical", `{"version":"v03"}`, `schema version "v03" is not one`},
 		{"claims wrong type", `{"version":"v2","bootID":"boot-a","claims":[]}`, "cannot unmarshal array"},
 		{"startedAt wrong type", strings.Replace(valid, `"2026-01-01T00:00:00Z"`, `17`, 1), "not a JSON string"},
 		{"null claim", `{"version":"v2","bootID":"boot-a","claims":{"u":null}}`, "null entry"},
 		{"uid differs from key", strings.Replace(valid, `"uid":"u"`, `"uid":"w"`, 1), "differs from its key"},
 		{"unknown phase", strings.Replace(valid, "PrepareCompleted", "Prepared", 1), `unknown phase "Prepared"`},
-		{"v1 unknown status", `{"version":"v1","preparedClaims":{"u":{"status":"Done"}}}`, `unknown status "Done"`},
-		{"v1 wrong type", `{"version":"v1","preparedClaims":{"u":{"devices":"gpu-0"}}}`, "cannot unmarshal string"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -33,8 +33,9 @@ var ErrClosed = errors.New("checkpoint store is closed")
 // OpenReport tells what Open found on disk and did about it. The zero value
 // means the file was current and was used as it was.
 type OpenReport struct {
-	// Migrated is the schema version the file was migrated from (e.g.
-	// "v1"), or "". The file has been rewritten in the current version
+	// Migrated is the format the file was converted from, NVIDIAv1 or
+	// NVIDIAv2 (see NVIDIA), or "": every gpudra version this plugin reads
+	// is one it writes. The file has been rewritten in gpudra's format
 	// (when Corrupt is set too, it will be at Recover).
 	Migrated string
 	// BootIDChanged reports that the file held state of a previous boot,
@@ -178,11 +179,12 @@ type request struct {
 }
 
 // Open loads dir/checkpoint.json, creating dir if needed, and starts the
-// Store. State of a previous boot is discarded, an older schema migrated, an
-// unreadable file (or anything but a regular file) moved aside: the report
-// tells which. Open fails only when the directory, lock, boot ID or file
-// cannot be accessed, or ctx ends while it waits for the lock; never because
-// of what the file contains.
+// Store. State of a previous boot is discarded, NVIDIA's DRA driver
+// checkpoint adopted, an unreadable file (a version this plugin does not
+// read included, or anything but a regular file) moved aside, a newer
+// version left alone: the report tells which. Open fails only when the
+// directory, lock, boot ID or file cannot be accessed, or ctx ends while it
+// waits for the lock; never because of what the file contains.
 func Open(ctx context.Context, dir string, opts ...Option) (*Store, OpenReport, error) {
 	o := defaultOptions()
 	for _, opt := range opts {

@@ -20,24 +20,25 @@ import (
 
 // v5 is v2 plus claims[].records, what each device configurator set up for
 // the claim in the configurator's own format, and requires, the names of
-// the records the file holds. It replaces v3's and v4's per-feature device
-// fields (legacy.go migrates them into records) and is the last version
-// bump a feature needs: a reader that does not know a required record
-// leaves the file alone as it would a newer version, because it could not
-// undo what the record describes. A v2 file is a v5 file without records,
-// and the Store writes v2 as long as no claim holds a record, so a rollback
-// to an older plugin keeps working on nodes whose claims never needed one.
+// the records the file holds. It is the last version bump a feature needs:
+// a reader that does not know a required record leaves the file alone as
+// it would a newer version, because it could not undo what the record
+// describes. A v2 file is a v5 file without records, and the Store writes
+// v2 as long as no claim holds a record, so a rollback to an older plugin
+// keeps working on nodes whose claims never needed one. v2 and v5 are the
+// only versions read: the development schemas v1, v3 and v4 were never
+// released, so no node holds one (docs/design/checkpoint.md).
 const (
-	versionV1 = "v1"
 	versionV2 = "v2"
-	versionV3 = "v3"
-	versionV4 = "v4"
 	versionV5 = "v5"
 	// currentVersion is the newest version Store writes (see encode).
 	currentVersion = versionV5
 	// latestKnown is the number of the newest version this package reads;
 	// a file with a higher number is left alone.
 	latestKnown = 5
+	// readableVersions names, for error messages, the versions decode
+	// reads.
+	readableVersions = versionV2 + " and " + versionV5
 )
 
 // Phases as v2 and later spell them.
@@ -112,7 +113,8 @@ func requiredRecords(st *claimstate.State) []string {
 }
 
 // written reports whether a file of version v is in a version the Store
-// writes, so that reading it needs no migration.
+// writes: every gpudra file it reads, unlike an adopted NVIDIA file, which
+// is rewritten at Open.
 func written(v string) bool { return v == versionV2 || v == versionV5 }
 
 func toV5(bootID string, st *claimstate.State) (*fileV5, error) {

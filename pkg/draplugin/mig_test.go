@@ -266,7 +266,7 @@ func TestMIGOwnershipRebuiltAfterCheckpointLoss(t *testing.T) {
 		dropCDI bool
 	}{
 		{"deleted", os.Remove, false},
-		{"corrupt", func(p string) error { return os.WriteFile(p, []byte(`{"version":"v3","claims":{`), 0o644) }, false},
+		{"corrupt", func(p string) error { return os.WriteFile(p, []byte(`{"version":"v5","claims":{`), 0o644) }, false},
 		{"deleted with the CDI specs", os.Remove, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -446,10 +446,10 @@ func TestDynamicMIGCrashBeforeCompletion(t *testing.T) {
 			parent := h.inventory().GPUs[0].UUID
 			h.stop()
 			uid := "00000000-0000-0000-0000-000000000001" // the harness's first claim
-			record := fmt.Sprintf(`{"version":"v3","bootID":"boot-1","claims":{%q:{"uid":%q,"namespace":"default","name":"claim-1",`+
-				`"phase":"PrepareStarted","startedAt":%q,"devices":[{"requests":["gpu0"],"pool":"mig-0","name":%q,"parentUUID":%q,`+
-				`"dynamicMIG":{"profile":"2g.20gb","profileID":14,"start":4,"size":2}}]}}}`,
-				uid, uid, time.Now().Add(-tc.age).UTC().Format(time.RFC3339Nano), name, parent)
+			record := fmt.Sprintf(`{"version":"v5","bootID":"boot-1","requires":["dynamicMIG"],"claims":{%q:{"uid":%q,"namespace":"default","name":"claim-1",`+
+				`"phase":"PrepareStarted","startedAt":%q,"devices":[{"requests":["gpu0"],"pool":"mig-0","name":%q,"parentUUID":%q}],`+
+				`"records":{"dynamicMIG":{"devices":[{"device":%q,"parentUUID":%q,"profile":"2g.20gb","profileID":14,"start":4,"size":2}]}}}}}`,
+				uid, uid, time.Now().Add(-tc.age).UTC().Format(time.RFC3339Nano), name, parent, name, parent)
 			if err := os.WriteFile(filepath.Join(h.cfg.PluginDataDir, "checkpoint.json"), []byte(record), 0o600); err != nil {
 				t.Fatal(err)
 			}
