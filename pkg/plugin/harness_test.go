@@ -22,8 +22,8 @@ import (
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/gpudra/gpudra/internal/shorttemp"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 const (
@@ -67,7 +67,7 @@ func newHarnessIn(tb testing.TB, dir string, mutate ...func(*plugin.Config)) *ha
 	if err := os.WriteFile(bootID, []byte("boot-1\n"), 0o644); err != nil {
 		tb.Fatal(err)
 	}
-	fleet, err := sim.Load("dgx-h100")
+	fleet, err := simfleet.Load("dgx-h100")
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -136,9 +136,9 @@ func withReactor(verb, resource string, fn k8stesting.ReactionFunc) func(*plugin
 func withFleet(tb testing.TB, fleetNameOrYAML, node string) func(*plugin.Config) {
 	return func(cfg *plugin.Config) {
 		tb.Helper()
-		fleet, err := sim.Load(fleetNameOrYAML)
+		fleet, err := simfleet.Load(fleetNameOrYAML)
 		if err != nil {
-			fleet, err = sim.Parse([]byte(fleetNameOrYAML), "test")
+			fleet, err = simfleet.Parse([]byte(fleetNameOrYAML), "test")
 		}
 		if err != nil {
 			tb.Fatal(err)

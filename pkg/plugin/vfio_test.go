@@ -16,8 +16,8 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/plugin"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 	"github.com/gpudra/gpudra/pkg/vfio/fakesysfs"
 )
 
@@ -25,7 +25,7 @@ import (
 func withVFIO(tb testing.TB, mode devicemodel.VFIOMode, fake **fakesysfs.Sysfs) func(*plugin.Config) {
 	return func(cfg *plugin.Config) {
 		tb.Helper()
-		fleet, err := sim.Load("dgx-h100")
+		fleet, err := simfleet.Load("dgx-h100")
 		if err != nil {
 			tb.Fatal(err)
 		}
