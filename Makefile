@@ -174,7 +174,7 @@ FUZZ_TARGETS := \
 	./pkg/checkpoint:FuzzDecode \
 	./pkg/checkpoint:FuzzOpen \
 	./pkg/checkpoint:FuzzDecodeNVIDIA \
-	./pkg/hardware/sim:FuzzParse \
+	./pkg/simfleet:FuzzParse \
 	./pkg/cdi:FuzzRead \
 	./pkg/cdi:FuzzValidateAgreesWithTheLibrary \
 	./pkg/features/migmode:FuzzRecord \

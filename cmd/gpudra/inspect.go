@@ -15,11 +15,11 @@ import (
 	"github.com/gpudra/gpudra/pkg/draplugin"
 	"github.com/gpudra/gpudra/pkg/features"
 	"github.com/gpudra/gpudra/pkg/hardware"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/inspect"
 	"github.com/gpudra/gpudra/pkg/nodemode"
 	"github.com/gpudra/gpudra/pkg/pluginflags"
 	"github.com/gpudra/gpudra/pkg/preparer"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 type inspectOptions struct {
@@ -192,7 +192,7 @@ func (o *inspectOptions) nodeNames() ([]string, error) {
 	if o.node != "" {
 		return []string{o.node}, nil
 	}
-	fleet, err := sim.Load(o.hw.Fleet)
+	fleet, err := simfleet.Load(o.hw.Fleet)
 	if err != nil {
 		return nil, err
 	}

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/gpudra/gpudra/internal/shorttemp"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // -o yaml and -o json are refused while a kubelet plugin listens in its
@@ -97,7 +97,7 @@ nodes:
 	if err := os.WriteFile(fleetPath, []byte(fleetYAML), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	fleet, err := sim.Load(fleetPath)
+	fleet, err := simfleet.Load(fleetPath)
 	if err != nil {
 		t.Fatal(err)
 	}

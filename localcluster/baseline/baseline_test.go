@@ -24,7 +24,7 @@ import (
 	"github.com/gpudra/gpudra/localcluster/baseline"
 	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 const (
@@ -40,7 +40,7 @@ func TestPublishPrepareUnprepare(t *testing.T) {
 	_, ctx := ktesting.NewTestContext(t)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	fleet, err := sim.Parse([]byte("nodes:\n- name: "+nodeName+"\n  gpus:\n  - {model: H100-SXM5-80GB, migEnabled: true}\n  - {model: H100-SXM5-80GB}\n"), "test")
+	fleet, err := simfleet.Parse([]byte("nodes:\n- name: "+nodeName+"\n  gpus:\n  - {model: H100-SXM5-80GB, migEnabled: true}\n  - {model: H100-SXM5-80GB}\n"), "test")
 	if err != nil {
 		t.Fatal(err)
 	}

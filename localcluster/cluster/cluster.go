@@ -30,6 +30,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/draplugin"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 
 	"github.com/gpudra/gpudra/localcluster/controlplane"
 	"github.com/gpudra/gpudra/localcluster/install"
@@ -45,7 +46,7 @@ const DefaultDriverName = v1beta1.GPUDriverName
 // Options configure a local cluster.
 type Options struct {
 	// Fleet is the simulated hardware; required.
-	Fleet *sim.Fleet
+	Fleet *simfleet.Fleet
 	// DriverName defaults to DefaultDriverName.
 	DriverName string
 	// Dir holds all state. Empty: a new temporary directory, removed by
@@ -381,7 +382,7 @@ const CliqueLabel = "nvidia.com/gpu.clique"
 // cliqueLabel returns the node's CliqueLabel, as GPU Feature Discovery
 // would set it: only where the fabric registration completed without
 // error.
-func cliqueLabel(fn *sim.Node) map[string]string {
+func cliqueLabel(fn *simfleet.Node) map[string]string {
 	f := fn.Fabric
 	if f == nil || (f.State != "" && f.State != string(hardware.FabricCompleted)) || f.Status != "" {
 		return nil
@@ -397,7 +398,7 @@ func cliqueLabel(fn *sim.Node) map[string]string {
 // node of the fleet has NICs: the class a network driver's chart would
 // install, as gpudra's installs gpu.nvidia.com.
 func (c *Cluster) installNICClass(ctx context.Context) error {
-	if !slices.ContainsFunc(c.opts.Fleet.Nodes, func(n sim.Node) bool { return len(n.NICs) > 0 }) {
+	if !slices.ContainsFunc(c.opts.Fleet.Nodes, func(n simfleet.Node) bool { return len(n.NICs) > 0 }) {
 		return nil
 	}
 	class := simnic.DeviceClass(simnic.DefaultDriverName)

@@ -25,8 +25,8 @@ import (
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/computedomain"
 	"github.com/gpudra/gpudra/pkg/draplugin"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/imex"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 
 	"github.com/gpudra/gpudra/localcluster/install"
 	"github.com/gpudra/gpudra/localcluster/simnode"
@@ -46,7 +46,7 @@ type computeDomains struct {
 
 // fleetHasClique reports whether a node of the fleet is in a multi-node
 // NVLink clique: the fleet the ComputeDomain driver is for.
-func fleetHasClique(f *sim.Fleet) bool {
+func fleetHasClique(f *simfleet.Fleet) bool {
 	for _, n := range f.Nodes {
 		if n.Fabric != nil {
 			return true

@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 func TestMain(m *testing.M) {
@@ -45,7 +45,7 @@ func TestSetUpDaemons(t *testing.T) {
 			wantMPS: "/opt/mps-control", wantIMEX: "/opt/imex"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fleet, err := sim.Parse([]byte(tc.fleet), tc.name)
+			fleet, err := simfleet.Parse([]byte(tc.fleet), tc.name)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -93,7 +93,7 @@ func TestSetUpDaemons(t *testing.T) {
 func TestStartRefusesFakesWithoutMain(t *testing.T) {
 	canRunFakes.Store(false)
 	t.Cleanup(func() { canRunFakes.Store(true) })
-	fleet, err := sim.Parse([]byte(plainFleet), "plain")
+	fleet, err := simfleet.Parse([]byte(plainFleet), "plain")
 	if err != nil {
 		t.Fatal(err)
 	}

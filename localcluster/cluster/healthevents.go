@@ -13,6 +13,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // ScheduledHealthEvent is one entry of a health events file (gpudra-sim
@@ -132,7 +133,7 @@ func parseHealthEvent(item *yaml.Node, source string) (ScheduledHealthEvent, err
 
 // CheckHealthEvents checks that every event names a node of the fleet
 // and one of its GPUs.
-func CheckHealthEvents(events []ScheduledHealthEvent, fleet *sim.Fleet) error {
+func CheckHealthEvents(events []ScheduledHealthEvent, fleet *simfleet.Fleet) error {
 	var errs []error
 	for _, e := range events {
 		n, err := fleet.Node(e.Node)

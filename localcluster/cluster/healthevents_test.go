@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 func TestParseHealthEvents(t *testing.T) {
@@ -97,7 +98,7 @@ func TestParseHealthEvents(t *testing.T) {
 }
 
 func TestCheckHealthEvents(t *testing.T) {
-	fleet, err := sim.Parse([]byte("nodes:\n- name: n1\n  gpus: [{model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}]\n"), "fleet")
+	fleet, err := simfleet.Parse([]byte("nodes:\n- name: n1\n  gpus: [{model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}]\n"), "fleet")
 	if err != nil {
 		t.Fatal(err)
 	}

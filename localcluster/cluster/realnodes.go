@@ -22,7 +22,7 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 
 	"github.com/gpudra/gpudra/localcluster/install"
 	"github.com/gpudra/gpudra/localcluster/manifests"
@@ -59,7 +59,7 @@ type RealNodes struct {
 }
 
 // validate checks the options against the fleet.
-func (r *RealNodes) validate(fleet *sim.Fleet) error {
+func (r *RealNodes) validate(fleet *simfleet.Fleet) error {
 	switch {
 	case r.Count < 0:
 		return fmt.Errorf("real nodes: %d; want 0 or more", r.Count)
@@ -69,7 +69,7 @@ func (r *RealNodes) validate(fleet *sim.Fleet) error {
 		return errors.New("real nodes: no fleet name: a built-in fleet or the fleet file the cluster's fleet came from")
 	}
 	for i := range r.Count {
-		if fleet.Nodes[i].Mode == sim.ModeDevicePlugin {
+		if fleet.Nodes[i].Mode == simfleet.ModeDevicePlugin {
 			return fmt.Errorf("real nodes: fleet node %s runs gpudra's device plugin; a real node runs the DRA plugin from the chart", fleet.Nodes[i].Name)
 		}
 	}
@@ -84,7 +84,7 @@ func (r *RealNodes) validate(fleet *sim.Fleet) error {
 // very nodes the cluster does; the copy keeps them the same if the user's
 // file changes while the cluster runs.
 func (r *RealNodes) containerFleet(dir string) (string, error) {
-	if slices.Contains(sim.BuiltinNames(), r.FleetName) {
+	if slices.Contains(simfleet.BuiltinNames(), r.FleetName) {
 		return r.FleetName, nil
 	}
 	data, err := os.ReadFile(r.FleetName)
@@ -217,7 +217,7 @@ func (c *Cluster) startRealNodes(ctx context.Context, progress func(string)) err
 // and its name and selector gain the node's name (label NodeNameLabel),
 // so that the DaemonSets of several real nodes neither share a name nor
 // select each other's pods.
-func (c *Cluster) realNodeDaemonSet(rn *node.Node, fn sim.Node, fleet string, own bool) (*appsv1.DaemonSet, error) {
+func (c *Cluster) realNodeDaemonSet(rn *node.Node, fn simfleet.Node, fleet string, own bool) (*appsv1.DaemonSet, error) {
 	ds, port, err := realNodeDaemonSet(c.chartValues, c.opts.ChartNamespace, rn.Name(), rn.Layout(), fn, fleet, c.cp.RESTConfig("real-node", 1, 1).Host, own)
 	if err != nil {
 		return nil, err
@@ -234,7 +234,7 @@ func (c *Cluster) realNodeDaemonSet(rn *node.Node, fn sim.Node, fleet string, ow
 // cluster's chart values and namespace, the node's name and layout, its
 // fleet node, the container's --fleet and the API server's URL. It also
 // returns the plugin's HTTP port.
-func realNodeDaemonSet(chartValues map[string]any, namespace, name string, layout node.Layout, fn sim.Node, fleet, apiServer string, own bool) (*appsv1.DaemonSet, int, error) {
+func realNodeDaemonSet(chartValues map[string]any, namespace, name string, layout node.Layout, fn simfleet.Node, fleet, apiServer string, own bool) (*appsv1.DaemonSet, int, error) {
 	over, err := node.ChartValues(layout, fleet, apiServer)
 	if err != nil {
 		return nil, 0, err

@@ -8,7 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 
 	"github.com/gpudra/gpudra/localcluster/realnode/node"
 )
@@ -30,7 +30,7 @@ func TestRealNodeSimulatesTheFleetFile(t *testing.T) {
 	if err := os.WriteFile(userFile, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	fleet, err := sim.Load(userFile)
+	fleet, err := simfleet.Load(userFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +49,7 @@ func TestRealNodeSimulatesTheFleetFile(t *testing.T) {
 	if !filepath.IsAbs(path) || filepath.Dir(path) != clusterDir {
 		t.Errorf("container fleet %q, want an absolute path in the cluster's directory %s", path, clusterDir)
 	}
-	copied, err := sim.Load(path)
+	copied, err := simfleet.Load(path)
 	if err != nil {
 		t.Fatalf("the container's fleet file: %v", err)
 	}

@@ -9,20 +9,21 @@ import (
 	"time"
 
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // TestRealNodesValidate checks the real node options refused before
 // anything starts.
 func TestRealNodesValidate(t *testing.T) {
-	fleet, err := sim.Load("dgx-a100-mig")
+	fleet, err := simfleet.Load("dgx-a100-mig")
 	if err != nil {
 		t.Fatal(err)
 	}
-	devicePlugin := &sim.Fleet{Nodes: []sim.Node{{Name: "dp-0", Mode: sim.ModeDevicePlugin}}}
+	devicePlugin := &simfleet.Fleet{Nodes: []simfleet.Node{{Node: sim.Node{Name: "dp-0"}, PluginSettings: simfleet.PluginSettings{Mode: simfleet.ModeDevicePlugin}}}}
 	for _, tc := range []struct {
 		name  string
 		r     RealNodes
-		fleet *sim.Fleet
+		fleet *simfleet.Fleet
 		want  string
 	}{
 		{"one", RealNodes{Count: 1, FleetName: "dgx-a100-mig"}, fleet, ""},
@@ -48,7 +49,7 @@ func TestRealNodesFallBack(t *testing.T) {
 	lacking := errors.New("no runc on PATH")
 	checkRealNodeMachine = func() error { return lacking }
 	t.Cleanup(func() { checkRealNodeMachine = realNodeMachine })
-	fleet, err := sim.Parse([]byte(plainFleet), "plain")
+	fleet, err := simfleet.Parse([]byte(plainFleet), "plain")
 	if err != nil {
 		t.Fatal(err)
 	}

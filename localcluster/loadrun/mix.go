@@ -7,7 +7,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // Mix is what the load run's pods ask for (Options.Mix, --mix).
@@ -142,7 +142,7 @@ func (m Mix) fits(n, nodes int) error {
 }
 
 // fleet describes n nodes of eight H100s each, laid out for the mix.
-func (m Mix) fleet(n int) (*sim.Fleet, error) {
+func (m Mix) fleet(n int) (*simfleet.Fleet, error) {
 	var b strings.Builder
 	b.WriteString("nodes:\n")
 	for i := range n {
@@ -162,7 +162,7 @@ func (m Mix) fleet(n int) (*sim.Fleet, error) {
 			b.WriteString("  - model: H100-SXM5-80GB\n")
 		}
 	}
-	return sim.Parse([]byte(b.String()), "load fleet")
+	return simfleet.Parse([]byte(b.String()), "load fleet")
 }
 
 // loadRequest is the device request of a load pod's claim of the given

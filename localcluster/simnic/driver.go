@@ -22,7 +22,7 @@ type Config struct {
 	DriverName string
 	// NodeName is the node's name, which is also the pool's.
 	NodeName string
-	// NICs are the node's NICs, defaults filled in (see sim.Parse).
+	// NICs are the node's NICs, defaults filled in (see sim.Resolve).
 	NICs []sim.NIC
 	// KubeClient publishes the slices and reads claims.
 	KubeClient kubernetes.Interface

@@ -16,12 +16,13 @@ import (
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // demoNode returns the NICs of the demo fleet's dgx-h100-0.
-func demoNode(t *testing.T) *sim.Node {
+func demoNode(t *testing.T) *simfleet.Node {
 	t.Helper()
-	f, err := sim.Load("demo")
+	f, err := simfleet.Load("demo")
 	if err != nil {
 		t.Fatal(err)
 	}

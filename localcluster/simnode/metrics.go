@@ -70,7 +70,7 @@ func (s *metricsServer) stop() {
 // MetricsURL is where the node serves its plugin's metrics in the
 // Prometheus text format (http://127.0.0.1:<port>/metrics); the probes
 // (/livez, /healthz, /readyz) are beside it, at [Node.HTTPEndpoint]. ""
-// on a node in sim.ModeDevicePlugin.
+// on a node in simfleet.ModeDevicePlugin.
 func (n *Node) MetricsURL() string {
 	if n.metrics == nil {
 		return ""
@@ -80,8 +80,8 @@ func (n *Node) MetricsURL() string {
 
 // HTTPEndpoint is the base URL of the node's DRA plugin's HTTP endpoint
 // (http://127.0.0.1:<port>), as the chart's kubeletPlugin.httpPort is on a
-// real node: metrics and probes. "" on a node in sim.ModeDevicePlugin:
-// gpudra's device plugin serves none.
+// real node: metrics and probes. "" on a node in
+// simfleet.ModeDevicePlugin: gpudra's device plugin serves none.
 func (n *Node) HTTPEndpoint() string {
 	if n.metrics == nil {
 		return ""

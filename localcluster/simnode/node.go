@@ -44,6 +44,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/pluginflags"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 	"github.com/gpudra/gpudra/pkg/timeslicing"
 	"github.com/gpudra/gpudra/pkg/vfio/fakesysfs"
 
@@ -107,8 +108,8 @@ type Config struct {
 	// KubeletVersion is the Node's status.nodeInfo.kubeletVersion.
 	KubeletVersion string
 	// Mode is which of gpudra's plugins serves the node's GPUs:
-	// sim.ModeDRA (the default) or sim.ModeDevicePlugin, gpudra's device
-	// plugin under the kubelet's own device manager.
+	// simfleet.ModeDRA (the default) or simfleet.ModeDevicePlugin,
+	// gpudra's device plugin under the kubelet's own device manager.
 	Mode string
 	// DevicePlugin is the device plugin's config (NVIDIA's format), nil
 	// for its defaults.
@@ -244,7 +245,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, finalErr error) {
 	var err error
 	// gpudra's device plugin serves no HTTP endpoint; its DRA plugin
 	// does (metrics and probes).
-	if cfg.Mode != sim.ModeDevicePlugin {
+	if cfg.Mode != simfleet.ModeDevicePlugin {
 		if n.metrics, err = startMetricsServer(n); err != nil {
 			return nil, fmt.Errorf("node %s: metrics: %w", cfg.Name, err)
 		}
@@ -272,14 +273,14 @@ func Start(ctx context.Context, cfg Config) (_ *Node, finalErr error) {
 	}()
 
 	switch cfg.Mode {
-	case sim.ModeDevicePlugin:
+	case simfleet.ModeDevicePlugin:
 		if err := n.startDeviceManager(); err != nil {
 			return nil, err
 		}
 		if err := n.startDevicePlugin(ctx); err != nil {
 			return nil, err
 		}
-	case "", sim.ModeDRA:
+	case "", simfleet.ModeDRA:
 		if err := n.StartPlugin(ctx); err != nil {
 			return nil, err
 		}
@@ -289,7 +290,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, finalErr error) {
 			}
 		}
 	default:
-		return nil, fmt.Errorf("node %s: mode %q: must be %s or %s", cfg.Name, cfg.Mode, sim.ModeDRA, sim.ModeDevicePlugin)
+		return nil, fmt.Errorf("node %s: mode %q: must be %s or %s", cfg.Name, cfg.Mode, simfleet.ModeDRA, simfleet.ModeDevicePlugin)
 	}
 	if err := n.startNICDriver(ctx); err != nil {
 		return nil, err

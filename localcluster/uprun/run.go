@@ -19,7 +19,7 @@ import (
 
 	sigsyaml "sigs.k8s.io/yaml"
 
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/manifests"
@@ -128,7 +128,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	fleet, err := sim.Load(o.Fleet)
+	fleet, err := simfleet.Load(o.Fleet)
 	if err != nil {
 		return nil, fmt.Errorf("--fleet: %w", err)
 	}

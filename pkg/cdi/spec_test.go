@@ -14,6 +14,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 const (
@@ -30,7 +31,7 @@ type node struct {
 
 func loadNode(t *testing.T) node {
 	t.Helper()
-	inv, err := sim.Discover(context.Background(), "dgx-a100-mig", "dgx-a100-0")
+	inv, err := simfleet.Discover(context.Background(), "dgx-a100-mig", "dgx-a100-0")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // benchMIGDriver is the driver name the benchmark's slices carry; its
@@ -28,7 +28,7 @@ const benchMIGDriver = "gpu.nvidia.com"
 // through the simulated NVML, with MIG mode on every GPU or on none.
 func benchDGXH100(b *testing.B, migEnabled bool) (string, *hardware.Inventory) {
 	b.Helper()
-	fleet, err := sim.Load("dgx-h100")
+	fleet, err := simfleet.Load("dgx-h100")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -7,10 +7,11 @@ import (
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 func TestBuildComputeDomain(t *testing.T) {
-	f, err := sim.Load("gb200-nvl72")
+	f, err := simfleet.Load("gb200-nvl72")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +47,7 @@ func TestBuildComputeDomain(t *testing.T) {
 	// clique (an H100 node, NVLink without a cluster UUID), publishes
 	// nothing: it cannot join a domain. GPUs in two cliques publish
 	// nothing and say why.
-	h100, err := sim.Load("dgx-h100")
+	h100, err := simfleet.Load("dgx-h100")
 	if err != nil {
 		t.Fatal(err)
 	}

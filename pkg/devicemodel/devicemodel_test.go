@@ -20,7 +20,7 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/ from the current output")
@@ -62,29 +62,29 @@ nodes:
     numaNode: -1
 `
 
-func builtin(name string) func(*testing.T) *sim.Fleet {
-	return func(t *testing.T) *sim.Fleet {
+func builtin(name string) func(*testing.T) *simfleet.Fleet {
+	return func(t *testing.T) *simfleet.Fleet {
 		t.Helper()
-		f, err := sim.Load(name)
+		f, err := simfleet.Load(name)
 		if err != nil {
-			t.Fatalf("sim.Load(%q): %v", name, err)
+			t.Fatalf("simfleet.Load(%q): %v", name, err)
 		}
 		return f
 	}
 }
 
-func parsed(data string) func(*testing.T) *sim.Fleet {
-	return func(t *testing.T) *sim.Fleet {
+func parsed(data string) func(*testing.T) *simfleet.Fleet {
+	return func(t *testing.T) *simfleet.Fleet {
 		t.Helper()
-		f, err := sim.Parse([]byte(data), t.Name())
+		f, err := simfleet.Parse([]byte(data), t.Name())
 		if err != nil {
-			t.Fatalf("sim.Parse: %v", err)
+			t.Fatalf("simfleet.Parse: %v", err)
 		}
 		return f
 	}
 }
 
-func discover(t *testing.T, f *sim.Fleet, node string) *hardware.Inventory {
+func discover(t *testing.T, f *simfleet.Fleet, node string) *hardware.Inventory {
 	t.Helper()
 	n, err := f.Node(node)
 	if err != nil {
@@ -109,7 +109,7 @@ func build(t *testing.T, inv *hardware.Inventory) *devicemodel.Model {
 // goldenCases are the nodes whose published devices are pinned in testdata.
 var goldenCases = []struct {
 	golden string
-	fleet  func(*testing.T) *sim.Fleet
+	fleet  func(*testing.T) *simfleet.Fleet
 	node   string
 }{
 	{"dgx-a100", builtin("dgx-a100"), "dgx-a100-0"},
@@ -320,7 +320,7 @@ func TestPublishedDevices(t *testing.T) {
 
 	tests := []struct {
 		name          string
-		fleet         func(*testing.T) *sim.Fleet
+		fleet         func(*testing.T) *simfleet.Fleet
 		node          string
 		facts         gpuFacts
 		driverVersion string
@@ -537,11 +537,11 @@ func checkQuantity(t *testing.T, d resourceapi.Device, name resourceapi.Qualifie
 // fleet, and the test fleet, against the API server's rules.
 func TestDevicesPassAPIValidation(t *testing.T) {
 	type nodeRef struct {
-		fleet func(*testing.T) *sim.Fleet
+		fleet func(*testing.T) *simfleet.Fleet
 		label string
 	}
 	var refs []nodeRef
-	for _, name := range sim.BuiltinNames() {
+	for _, name := range simfleet.BuiltinNames() {
 		refs = append(refs, nodeRef{builtin(name), name})
 	}
 	refs = append(refs, nodeRef{parsed(h100MIGFleet), "h100-mig"})

@@ -14,6 +14,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // dgxH100MIGFleet is a DGX H100 with MIG mode on on every GPU. Two GPUs
@@ -75,7 +76,7 @@ type goldenSlice struct {
 
 var dynamicGoldenCases = []struct {
 	golden string
-	fleet  func(*testing.T) *sim.Fleet
+	fleet  func(*testing.T) *simfleet.Fleet
 	node   string
 }{
 	{"dgx-h100-dynamic-mig", parsed(dgxH100MIGFleet), "dgx-h100-mig-0"},

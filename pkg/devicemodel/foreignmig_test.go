@@ -8,7 +8,7 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // operatorLayoutFleet is a node migrated from another driver: an H100 in
@@ -26,7 +26,7 @@ nodes:
 
 func operatorLayout(t *testing.T) *hardware.Inventory {
 	t.Helper()
-	f, err := sim.Parse([]byte(operatorLayoutFleet), "migrated")
+	f, err := simfleet.Parse([]byte(operatorLayoutFleet), "migrated")
 	if err != nil {
 		t.Fatal(err)
 	}

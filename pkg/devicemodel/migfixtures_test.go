@@ -13,6 +13,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // simModel returns the simulator's model of that name.
@@ -68,7 +69,7 @@ func hardwareProfiles(m sim.Model) []hardware.MIGProfile {
 // withMIGProfiles fills in the MIG profiles and memory slices of the
 // GPUs of a discovered node from the simulator's tables, where discovery
 // left them out.
-func withMIGProfiles(t testing.TB, inv *hardware.Inventory, node *sim.Node) {
+func withMIGProfiles(t testing.TB, inv *hardware.Inventory, node *simfleet.Node) {
 	t.Helper()
 	if len(inv.GPUs) != len(node.GPUs) {
 		t.Fatalf("inventory of %s has %d GPUs, the fleet %d", node.Name, len(inv.GPUs), len(node.GPUs))
@@ -84,7 +85,7 @@ func withMIGProfiles(t testing.TB, inv *hardware.Inventory, node *sim.Node) {
 }
 
 // discoverMIG discovers a node of a fleet, with MIG profiles.
-func discoverMIG(t *testing.T, f *sim.Fleet, node string) *hardware.Inventory {
+func discoverMIG(t *testing.T, f *simfleet.Fleet, node string) *hardware.Inventory {
 	t.Helper()
 	inv := discover(t, f, node)
 	n, err := f.Node(node)

@@ -12,7 +12,7 @@ import (
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	"github.com/gpudra/gpudra/pkg/devicemodel"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // TestDynamicMIGSlicesPassAPIValidation checks the slices of every
@@ -25,10 +25,10 @@ func TestDynamicMIGSlicesPassAPIValidation(t *testing.T) {
 	}
 	type ref struct {
 		label string
-		fleet func(*testing.T) *sim.Fleet
+		fleet func(*testing.T) *simfleet.Fleet
 	}
 	var refs []ref
-	for _, name := range sim.BuiltinNames() {
+	for _, name := range simfleet.BuiltinNames() {
 		refs = append(refs, ref{name, builtin(name)})
 	}
 	refs = append(refs, ref{"h100-mig", parsed(h100MIGFleet)}, ref{"dgx-h100-mig", parsed(dgxH100MIGFleet)},

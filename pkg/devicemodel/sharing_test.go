@@ -16,7 +16,7 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // The *Sharing flag value is a pflag.Value.
@@ -302,7 +302,7 @@ func TestSharedGPUCapacities(t *testing.T) {
 // TestSharingKeepsNamesAndAttributes: sharing adds capacities and
 // allowMultipleAllocations, nothing else, on every built-in fleet.
 func TestSharingKeepsNamesAndAttributes(t *testing.T) {
-	for _, name := range sim.BuiltinNames() {
+	for _, name := range simfleet.BuiltinNames() {
 		f := builtin(name)(t)
 		for _, node := range f.NodeNames() {
 			inv := discoverMIG(t, f, node)
@@ -342,10 +342,10 @@ func TestSharingKeepsNamesAndAttributes(t *testing.T) {
 // and the test fleets, in every sharing mode, with static MIG, dynamic MIG
 // and dynamic MIG with mode switching and VFIO, against the API's rules.
 func TestSharingPassesAPIValidation(t *testing.T) {
-	fleets := map[string]func(*testing.T) *sim.Fleet{
+	fleets := map[string]func(*testing.T) *simfleet.Fleet{
 		"h100-mig": parsed(h100MIGFleet), "dgx-h100-mig": parsed(dgxH100MIGFleet), "mixed": parsed(mixedMIGFleet),
 	}
-	for _, name := range sim.BuiltinNames() {
+	for _, name := range simfleet.BuiltinNames() {
 		fleets[name] = builtin(name)
 	}
 	variants := []struct {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/hardware"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // BenchmarkPreferred is GetPreferredAllocation's choice alone, on a DGX
@@ -69,7 +69,7 @@ func BenchmarkAllocateGRPC(b *testing.B) {
 
 func benchInventory(b *testing.B) *hardware.Inventory {
 	b.Helper()
-	f, err := sim.Load("dgx-h100")
+	f, err := simfleet.Load("dgx-h100")
 	if err != nil {
 		b.Fatal(err)
 	}

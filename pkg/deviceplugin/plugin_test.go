@@ -26,6 +26,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/mps"
 	"github.com/gpudra/gpudra/pkg/nodemode"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // fakeKubelet is the kubelet's Registration service on kubelet.sock.
@@ -105,7 +106,7 @@ func newRig(t testing.TB, fleet, node string, o deviceplugin.Options) *rig {
 	if err := os.MkdirAll(r.pluginDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	f, err := sim.Load(fleet)
+	f, err := simfleet.Load(fleet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -421,7 +422,7 @@ func TestMPSReplicas(t *testing.T) {
 	}
 
 	// Without MPS daemons the config is refused, naming the field.
-	f, _ := sim.Load("dgx-h100")
+	f, _ := simfleet.Load("dgx-h100")
 	n, _ := f.Node("dgx-h100-0")
 	dir := t.TempDir()
 	if _, err := deviceplugin.New(context.Background(), deviceplugin.Options{Hardware: n.Hardware(), DriverName: "gpu.nvidia.com", PluginDir: dir, CDIDir: dir,
@@ -431,7 +432,7 @@ func TestMPSReplicas(t *testing.T) {
 }
 
 func TestNewRefusesWhatTheNodeCannotServe(t *testing.T) {
-	f, err := sim.Load("dgx-a100-mig")
+	f, err := simfleet.Load("dgx-a100-mig")
 	if err != nil {
 		t.Fatal(err)
 	}

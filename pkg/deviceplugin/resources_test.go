@@ -8,15 +8,15 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/hardware"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // inventory discovers a simulated node (fleet YAML text or built-in name).
 func inventory(t testing.TB, fleet, node string) *hardware.Inventory {
 	t.Helper()
-	f, err := sim.Load(fleet)
+	f, err := simfleet.Load(fleet)
 	if err != nil {
-		f, err = sim.Parse([]byte(fleet), "test")
+		f, err = simfleet.Parse([]byte(fleet), "test")
 	}
 	if err != nil {
 		t.Fatal(err)

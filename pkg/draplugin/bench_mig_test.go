@@ -31,7 +31,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/draplugin"
 	"github.com/gpudra/gpudra/pkg/hardware"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // dgxH100MIGFleet is the built-in fleet dgx-h100 (8x H100 80GB) with MIG
@@ -55,11 +55,11 @@ var benchMIGNodes = []struct{ name, fleet string }{
 }
 
 // benchSimNode loads a node of a built-in fleet or of fleet YAML.
-func benchSimNode(b *testing.B, fleetNameOrYAML string) *sim.Node {
+func benchSimNode(b *testing.B, fleetNameOrYAML string) *simfleet.Node {
 	b.Helper()
-	fleet, err := sim.Load(fleetNameOrYAML)
+	fleet, err := simfleet.Load(fleetNameOrYAML)
 	if err != nil {
-		fleet, err = sim.Parse([]byte(fleetNameOrYAML), b.Name())
+		fleet, err = simfleet.Parse([]byte(fleetNameOrYAML), b.Name())
 	}
 	if err != nil {
 		b.Fatal(err)
@@ -80,7 +80,7 @@ type expectedPool struct {
 	slices      int
 }
 
-func expectPool(b *testing.B, node *sim.Node) expectedPool {
+func expectPool(b *testing.B, node *simfleet.Node) expectedPool {
 	b.Helper()
 	inv, err := node.Hardware().Discover(context.Background())
 	if err != nil {
@@ -137,7 +137,7 @@ func (want expectedPool) complete(pool map[string]*resourceapi.ResourceSlice) (b
 
 // benchPluginConfig is the harness's plugin configuration (newHarnessIn)
 // on directories under dir, for node, against client.
-func benchPluginConfig(b *testing.B, dir string, node *sim.Node, client *fake.Clientset) draplugin.Config {
+func benchPluginConfig(b *testing.B, dir string, node *simfleet.Node, client *fake.Clientset) draplugin.Config {
 	b.Helper()
 	for _, sub := range []string{"plugin", "registry", "cdi"} {
 		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {

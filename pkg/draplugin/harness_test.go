@@ -23,7 +23,7 @@ import (
 
 	"github.com/gpudra/gpudra/internal/shorttemp"
 	"github.com/gpudra/gpudra/pkg/draplugin"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 const (
@@ -67,7 +67,7 @@ func newHarnessIn(tb testing.TB, dir string, mutate ...func(*draplugin.Config)) 
 	if err := os.WriteFile(bootID, []byte("boot-1\n"), 0o644); err != nil {
 		tb.Fatal(err)
 	}
-	fleet, err := sim.Load("dgx-h100")
+	fleet, err := simfleet.Load("dgx-h100")
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -136,9 +136,9 @@ func withReactor(verb, resource string, fn k8stesting.ReactionFunc) func(*draplu
 func withFleet(tb testing.TB, fleetNameOrYAML, node string) func(*draplugin.Config) {
 	return func(cfg *draplugin.Config) {
 		tb.Helper()
-		fleet, err := sim.Load(fleetNameOrYAML)
+		fleet, err := simfleet.Load(fleetNameOrYAML)
 		if err != nil {
-			fleet, err = sim.Parse([]byte(fleetNameOrYAML), "test")
+			fleet, err = simfleet.Parse([]byte(fleetNameOrYAML), "test")
 		}
 		if err != nil {
 			tb.Fatal(err)

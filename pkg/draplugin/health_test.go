@@ -22,6 +22,7 @@ import (
 	"github.com/gpudra/gpudra/internal/shorttemp"
 	"github.com/gpudra/gpudra/pkg/draplugin"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // withHealthEvents runs the plugin on a fleet's node whose GPUs take
@@ -30,9 +31,9 @@ func withHealthEvents(tb testing.TB, inject *sim.HealthEvents, fleetNameOrYAML, 
 	return func(cfg *draplugin.Config) {
 		tb.Helper()
 		withFleet(tb, fleetNameOrYAML, node)(cfg)
-		fleet, err := sim.Load(fleetNameOrYAML)
+		fleet, err := simfleet.Load(fleetNameOrYAML)
 		if err != nil {
-			fleet, err = sim.Parse([]byte(fleetNameOrYAML), "test")
+			fleet, err = simfleet.Parse([]byte(fleetNameOrYAML), "test")
 		}
 		if err != nil {
 			tb.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/draplugin"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // switchFleet has an H100 and an A100, both with MIG mode off.
@@ -28,7 +29,7 @@ nodes:
 // simulated H100 and A100, with the given hardware options.
 func newSwitchHarness(t *testing.T, opts ...func(uuid string) sim.HardwareOption) *harness {
 	t.Helper()
-	fleet, err := sim.Parse([]byte(switchFleet), "test")
+	fleet, err := simfleet.Parse([]byte(switchFleet), "test")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/draplugin"
 	"github.com/gpudra/gpudra/pkg/hardware"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 	"github.com/gpudra/gpudra/pkg/vfio/fakesysfs"
 )
 
@@ -25,7 +25,7 @@ import (
 func withVFIO(tb testing.TB, mode devicemodel.VFIOMode, fake **fakesysfs.Sysfs) func(*draplugin.Config) {
 	return func(cfg *draplugin.Config) {
 		tb.Helper()
-		fleet, err := sim.Load("dgx-h100")
+		fleet, err := simfleet.Load("dgx-h100")
 		if err != nil {
 			tb.Fatal(err)
 		}

@@ -17,9 +17,9 @@ import (
 	"github.com/gpudra/gpudra/deployments/deviceclasses"
 	"github.com/gpudra/gpudra/pkg/features"
 	"github.com/gpudra/gpudra/pkg/hardware"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/inspect"
 	"github.com/gpudra/gpudra/pkg/preparer"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 const driver = "gpu.nvidia.com"
@@ -32,7 +32,7 @@ func fleetSlices(t *testing.T, fleets ...string) ([]runtime.Object, []string) {
 	var objs []runtime.Object
 	var names []string
 	for _, name := range fleets {
-		fleet, err := sim.Load(name)
+		fleet, err := simfleet.Load(name)
 		if err != nil {
 			t.Fatal(err)
 		}

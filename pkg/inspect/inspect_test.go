@@ -14,11 +14,12 @@ import (
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 func fleetNodes(t *testing.T, fleetName string) []Node {
 	t.Helper()
-	fleet, err := sim.Load(fleetName)
+	fleet, err := simfleet.Load(fleetName)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +157,7 @@ func TestTableShowsTaints(t *testing.T) {
 // over the simulated node: a GPU after an XID needs a reset, a lost GPU is
 // left out of discovery but still has a line.
 func TestTableShowsHealth(t *testing.T) {
-	fleet, err := sim.Load("dgx-h100")
+	fleet, err := simfleet.Load("dgx-h100")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,14 +6,14 @@ import (
 	"time"
 
 	"github.com/gpudra/gpudra/pkg/draplugin"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // TestComputeDomainPluginConfig: what the flags say reaches the channel
 // plugin's configuration, with the hardware given in place of NVML, and
 // bad flags are refused naming the flag.
 func TestComputeDomainPluginConfig(t *testing.T) {
-	fleet, err := sim.Load("gb200-nvl72")
+	fleet, err := simfleet.Load("gb200-nvl72")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/nvmlhw"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // Discovery flags choose between real NVML and a simulated fleet, and say
@@ -27,7 +28,7 @@ type Discovery struct {
 
 // AddFlags adds the flags to fs.
 func (f *Discovery) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&f.Fleet, "fleet", "", fmt.Sprintf("simulate the GPUs of a fleet file (YAML) or built-in fleet (%v) instead of using NVML", sim.BuiltinNames()))
+	fs.StringVar(&f.Fleet, "fleet", "", fmt.Sprintf("simulate the GPUs of a fleet file (YAML) or built-in fleet (%v) instead of using NVML", simfleet.BuiltinNames()))
 	fs.StringVar(&f.DriverRoot, "driver-root", "/", "the NVIDIA driver's root on the host, as CDI specs name it: / for a host-installed driver, /run/nvidia/driver with the GPU operator's driver container")
 	fs.StringVar(&f.ContainerDriverRoot, "container-driver-root", "", "where this process sees --driver-root, e.g. where a DaemonSet mounts it; libnvidia-ml.so.1 and the driver's files are looked up here (default: --driver-root)")
 	fs.StringVar(&f.SysfsRoot, "sysfs-root", "/sys", "sysfs mount, for PCIe roots and NUMA nodes")
@@ -83,7 +84,7 @@ func (f *Discovery) NodeHardware(node string) (hw hardware.Hardware, migMode str
 	if !f.Simulated() {
 		return nvmlhw.NewReal(nvmlhw.WithDriverRoot(f.ContainerDriverRoot), nvmlhw.WithSysfsRoot(f.SysfsRoot), nvmlhw.WithProcRoot(f.ProcRoot)), "", nil
 	}
-	fleet, err := sim.Load(f.Fleet)
+	fleet, err := simfleet.Load(f.Fleet)
 	if err != nil {
 		return nil, "", err
 	}
@@ -99,11 +100,11 @@ func (f *Discovery) NodeHardware(node string) (hw hardware.Hardware, migMode str
 }
 
 // FleetNode returns the simulated node, or nil when NVML is used.
-func (f *Discovery) FleetNode(node string) (*sim.Node, error) {
+func (f *Discovery) FleetNode(node string) (*simfleet.Node, error) {
 	if !f.Simulated() {
 		return nil, nil
 	}
-	fleet, err := sim.Load(f.Fleet)
+	fleet, err := simfleet.Load(f.Fleet)
 	if err != nil {
 		return nil, err
 	}

@@ -7,14 +7,14 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/cdi"
 	"github.com/gpudra/gpudra/pkg/draplugin"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 	"github.com/gpudra/gpudra/pkg/timeslicing"
 )
 
 // TestKubeletPluginConfig: what the flags say reaches the plugin's
 // configuration, and a Host's parts replace what the flags would make.
 func TestKubeletPluginConfig(t *testing.T) {
-	fleet, err := sim.Load("dgx-h100")
+	fleet, err := simfleet.Load("dgx-h100")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/mps"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 	"github.com/gpudra/gpudra/pkg/timeslicing"
 )
 
@@ -139,7 +140,7 @@ func (f *GPUSharing) Validate(fs *pflag.FlagSet) error {
 
 // Resolve returns the sharing the flags set, with what a simulated node
 // sets where a flag was not given.
-func (f *GPUSharing) Resolve(fs *pflag.FlagSet, fleetNode *sim.Node) (devicemodel.Sharing, error) {
+func (f *GPUSharing) Resolve(fs *pflag.FlagSet, fleetNode *simfleet.Node) (devicemodel.Sharing, error) {
 	s := devicemodel.Sharing{}
 	if fleetNode != nil {
 		var err error

@@ -9,6 +9,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/draplugin"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 	"github.com/gpudra/gpudra/pkg/vfio"
 )
 
@@ -54,7 +55,7 @@ func (f *VFIO) Validate() error {
 
 // Config returns the plugin's VFIO config: real sysfs, procfs and modprobe,
 // or for a simulated fleet's node a fake sysfs that models the kernel.
-func (f *VFIO) Config(hw *Discovery, fleetNode *sim.Node) (*draplugin.VFIOConfig, error) {
+func (f *VFIO) Config(hw *Discovery, fleetNode *simfleet.Node) (*draplugin.VFIOConfig, error) {
 	if f.mode == vfioOff {
 		return nil, nil
 	}

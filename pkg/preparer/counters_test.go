@@ -8,7 +8,7 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // twoMIGGPUs is a node of two MIG-enabled H100s, published with dynamic
@@ -24,7 +24,7 @@ nodes:
 
 func dynamicMIGModel(t *testing.T) *devicemodel.Model {
 	t.Helper()
-	fleet, err := sim.Parse([]byte(twoMIGGPUs), "test")
+	fleet, err := simfleet.Parse([]byte(twoMIGGPUs), "test")
 	if err != nil {
 		t.Fatal(err)
 	}

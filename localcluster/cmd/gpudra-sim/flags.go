@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 
 	"github.com/gpudra/gpudra/localcluster/loadrun"
 	"github.com/gpudra/gpudra/localcluster/uprun"
@@ -104,7 +104,7 @@ func (inv *invocation) flagSet(out io.Writer) *flag.FlagSet {
 		fs.StringVar(&o.CPUProfileIdle, "cpu-profile-idle", o.CPUProfileIdle, "write the CPU profile of the idle fleet (15 s before the rounds) to this file")
 	} else {
 		o := &inv.up
-		fs.StringVar(&o.Fleet, "fleet", o.Fleet, "simulated fleet: a built-in name ("+fmt.Sprint(sim.BuiltinNames())+") or a fleet YAML file")
+		fs.StringVar(&o.Fleet, "fleet", o.Fleet, "simulated fleet: a built-in name ("+fmt.Sprint(simfleet.BuiltinNames())+") or a fleet YAML file")
 		fs.StringVar(&o.ChartValues, "chart-values", o.ChartValues, "values file (YAML) for gpudra's Helm chart, as helm install -f; the chart's flags, RBAC, policy and webhook are what the cluster runs")
 		fs.StringVar(&o.Manifests, "manifests", o.Manifests, "directory (or file) of YAML manifests to apply (default: the repository's examples/)")
 		fs.StringVar(&o.Events, "events", o.Events, "YAML list of GPU health events to inject after the apply: {after: <duration>, node: <name>, gpu: <index>, event: xid:<n>|ecc-dbe|gpu-lost|recover}")

@@ -18,7 +18,7 @@ import (
 	"github.com/gpudra/gpudra/localcluster/realnode/containerruntime"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // realNode skips the test unless GPUDRA_REAL_NODE=1 (make test-real-node):
@@ -242,7 +242,7 @@ type simNode struct {
 
 func loadNode(t *testing.T) simNode {
 	t.Helper()
-	inv, err := sim.Discover(context.Background(), "dgx-a100-mig", "dgx-a100-0")
+	inv, err := simfleet.Discover(context.Background(), "dgx-a100-mig", "dgx-a100-0")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,11 +12,12 @@ import (
 	"github.com/gpudra/gpudra/localcluster/realnode/devnodes"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 func inventory(t *testing.T) *hardware.Inventory {
 	t.Helper()
-	inv, err := sim.Discover(context.Background(), "dgx-a100-mig", "dgx-a100-0")
+	inv, err := simfleet.Discover(context.Background(), "dgx-a100-mig", "dgx-a100-0")
 	if err != nil {
 		t.Fatal(err)
 	}

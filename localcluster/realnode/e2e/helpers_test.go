@@ -24,7 +24,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/realnode/containerruntime"
@@ -64,7 +64,7 @@ func startCluster(t *testing.T, fleetName string) (*cluster.Cluster, context.Con
 	if binariesErr != nil {
 		t.Fatal(binariesErr)
 	}
-	fleet, err := sim.Load(fleetName)
+	fleet, err := simfleet.Load(fleetName)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,7 @@ import (
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/pkg/computedomain"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/controlplane"
@@ -87,7 +87,7 @@ spec:
 func BenchmarkComputeDomain18Nodes(b *testing.B) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	fleet, err := sim.Load("gb200-nvl72")
+	fleet, err := simfleet.Load("gb200-nvl72")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -16,7 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/install"
@@ -139,7 +139,7 @@ func checkRefused(t *testing.T, what string, err error, want string) {
 // pod starts. The plugin has no permission of its own beside the chart's.
 func TestChartRBACIsAllThePluginHas(t *testing.T) {
 	ctx := testContext(t, 3*time.Minute)
-	fleet, err := sim.Load("dgx-h100")
+	fleet, err := simfleet.Load("dgx-h100")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ import (
 	"github.com/gpudra/gpudra/localcluster/manifests"
 	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // testContext bounds one test.
@@ -285,7 +285,7 @@ func checkContainersSeeDevices(t *testing.T, pod *corev1.Pod, devs []resourceapi
 // are set here.
 func startFleet(t *testing.T, ctx context.Context, name, fleetYAML string, opts cluster.Options) *cluster.Cluster {
 	t.Helper()
-	fleet, err := sim.Parse([]byte(fleetYAML), name)
+	fleet, err := simfleet.Parse([]byte(fleetYAML), name)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 	"go.uber.org/goleak"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 )
@@ -69,7 +69,7 @@ func newEntries(before, after []string) []string {
 // while the shared one runs: both work, and each stop leaves no port
 // open and no directory behind.
 func TestStartStopTwice(t *testing.T) {
-	fleet, err := sim.Load("dgx-h100")
+	fleet, err := simfleet.Load("dgx-h100")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ import (
 	"go.uber.org/goleak"
 	"k8s.io/klog/v2"
 
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 )
@@ -74,7 +74,7 @@ func run(m *testing.M) int {
 	defer cancel()
 	before := goleak.IgnoreCurrent()
 	tmpBefore := tempEntries()
-	fleet, err := sim.Load("demo")
+	fleet, err := simfleet.Load("demo")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
 )
@@ -27,7 +27,7 @@ import (
 // Unprepare call of the kubelet fails, and every pod starts.
 func TestUpgradeUnderLoad(t *testing.T) {
 	ctx := testContext(t, 4*time.Minute)
-	fleet, err := sim.Load("demo")
+	fleet, err := simfleet.Load("demo")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func TestUpgradeUnderLoad(t *testing.T) {
 	start := time.Now()
 	upgraded := 0
 	for _, n := range c.SimNodes() {
-		if fn, err := fleet.Node(n.Name()); err != nil || fn.Mode == sim.ModeDevicePlugin {
+		if fn, err := fleet.Node(n.Name()); err != nil || fn.Mode == simfleet.ModeDevicePlugin {
 			continue // the DaemonSet's plugin does not run on a device-plugin node
 		}
 		upgraded++

@@ -27,6 +27,7 @@ import (
 	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 	"github.com/gpudra/gpudra/pkg/fleetview"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 func TestMain(m *testing.M) {
@@ -162,7 +163,7 @@ func TestFleetViewInChromium(t *testing.T) {
 	chromium(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	fleet, err := sim.Load("demo")
+	fleet, err := simfleet.Load("demo")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,7 @@ import (
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 
 	"github.com/gpudra/gpudra/pkg/draplugin"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 
 	"github.com/gpudra/gpudra/localcluster/controlplane"
 	"github.com/gpudra/gpudra/localcluster/test/clustertest"
@@ -53,7 +53,7 @@ func BenchmarkPrepareOneClaimRealAPIServer(b *testing.B) {
 	if _, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
 		b.Fatal(err)
 	}
-	fleet, err := sim.Parse([]byte("nodes:\n- name: bench-0\n  gpus: [{model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}]\n"), "bench")
+	fleet, err := simfleet.Parse([]byte("nodes:\n- name: bench-0\n  gpus: [{model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}]\n"), "bench")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -22,7 +22,7 @@ import (
 
 	"github.com/gpudra/gpudra/deployments/deviceclasses"
 	"github.com/gpudra/gpudra/deployments/rbac"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 
 	"github.com/gpudra/gpudra/localcluster/simnode"
 	"github.com/gpudra/gpudra/localcluster/test/clustertest"
@@ -111,7 +111,7 @@ func TestKubeletPluginRunsAsServiceAccount(t *testing.T) {
 		}
 	}
 
-	fleet, err := sim.Parse([]byte("nodes:\n- name: "+nodeA+"\n  gpus:\n  - model: A100-SXM4-40GB\n"), "rbactest")
+	fleet, err := simfleet.Parse([]byte("nodes:\n- name: "+nodeA+"\n  gpus:\n  - model: A100-SXM4-40GB\n"), "rbactest")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 
 	"github.com/gpudra/gpudra/localcluster/simnic"
 )
@@ -20,8 +21,8 @@ func TestNICSlicesValidate(t *testing.T) {
 		nics  []sim.NIC
 	}
 	var nodes []node
-	for _, name := range sim.BuiltinNames() {
-		f, err := sim.Load(name)
+	for _, name := range simfleet.BuiltinNames() {
+		f, err := simfleet.Load(name)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -24,6 +24,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 const driverName = "gpu.nvidia.com"
@@ -219,8 +220,8 @@ func sliceObjects(node, driver string, res resourceslice.DriverResources) []*res
 func builtinNodes(t *testing.T) []inventory {
 	t.Helper()
 	var out []inventory
-	for _, name := range sim.BuiltinNames() {
-		f, err := sim.Load(name)
+	for _, name := range simfleet.BuiltinNames() {
+		f, err := simfleet.Load(name)
 		if err != nil {
 			t.Fatal(err)
 		}

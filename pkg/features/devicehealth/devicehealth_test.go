@@ -9,13 +9,13 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/features/devicehealth"
 	"github.com/gpudra/gpudra/pkg/hardware"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/health"
 	"github.com/gpudra/gpudra/pkg/preparer"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 func TestPublish(t *testing.T) {
-	f, err := sim.Load("dgx-h100")
+	f, err := simfleet.Load("dgx-h100")
 	if err != nil {
 		t.Fatal(err)
 	}

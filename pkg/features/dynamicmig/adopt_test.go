@@ -11,8 +11,8 @@ import (
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/features/dynamicmig"
 	"github.com/gpudra/gpudra/pkg/hardware"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/preparer"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // TestAdoptTakesOnlyInstancesCreatedForTheClaim: after a lost checkpoint,
@@ -23,7 +23,7 @@ import (
 // Unprepare would destroy the operator's instance.
 func TestAdoptTakesOnlyInstancesCreatedForTheClaim(t *testing.T) {
 	const device = "gpu-0-mig-1g10gb-19-0"
-	fleet, err := sim.Parse([]byte(fuzzFleet), "adopt")
+	fleet, err := simfleet.Parse([]byte(fuzzFleet), "adopt")
 	if err != nil {
 		t.Fatal(err)
 	}

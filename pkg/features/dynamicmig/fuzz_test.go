@@ -10,8 +10,8 @@ import (
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/features/dynamicmig"
 	"github.com/gpudra/gpudra/pkg/hardware"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/preparer"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // fuzzFleet is a node with a GPU in MIG mode holding one MIG device, and
@@ -34,7 +34,7 @@ nodes:
 // decode is refused as damage, naming the record; and the hardware still
 // discovers afterwards.
 func FuzzRecord(f *testing.F) {
-	fleet, err := sim.Parse([]byte(fuzzFleet), "fuzz")
+	fleet, err := simfleet.Parse([]byte(fuzzFleet), "fuzz")
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -26,8 +26,8 @@ import (
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/features/imexchannel"
 	"github.com/gpudra/gpudra/pkg/hardware"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/preparer"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 const (
@@ -63,7 +63,7 @@ type fakeNode struct {
 
 func newFakeNode(t *testing.T) *fakeNode {
 	t.Helper()
-	f, err := sim.Load("gb200-nvl72")
+	f, err := simfleet.Load("gb200-nvl72")
 	if err != nil {
 		t.Fatal(err)
 	}

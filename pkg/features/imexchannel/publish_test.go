@@ -8,14 +8,14 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/features/imexchannel"
 	"github.com/gpudra/gpudra/pkg/hardware"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/preparer"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // discover returns the inventory of a node of a built-in fleet.
 func discover(t *testing.T, fleet, node string) *hardware.Inventory {
 	t.Helper()
-	f, err := sim.Load(fleet)
+	f, err := simfleet.Load(fleet)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,8 +9,8 @@ import (
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/features/migmode"
 	"github.com/gpudra/gpudra/pkg/hardware"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/preparer"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // node is the plugin around the configurator: it discovers the simulated
@@ -27,7 +27,7 @@ func (n node) Event(string, string, string)                                {}
 // damage, naming the record; Undo leaves modes as they are whatever the
 // record says; and the hardware discovers afterwards.
 func FuzzRecord(f *testing.F) {
-	fleet, err := sim.Load("dgx-h100")
+	fleet, err := simfleet.Load("dgx-h100")
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -9,8 +9,8 @@ import (
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	vfiofeature "github.com/gpudra/gpudra/pkg/features/vfio"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/preparer"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 	"github.com/gpudra/gpudra/pkg/vfio"
 )
 
@@ -21,7 +21,7 @@ import (
 // record is never taken for one that steers writes outside the functions
 // it names (vfio.Record.Validate guards the sysfs paths).
 func FuzzRecord(f *testing.F) {
-	fleet, err := sim.Load("dgx-h100")
+	fleet, err := simfleet.Load("dgx-h100")
 	if err != nil {
 		f.Fatal(err)
 	}

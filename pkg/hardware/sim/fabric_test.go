@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // TestFabricFleets discovers the built-in NVLink racks through the real
@@ -116,7 +117,7 @@ func TestFabricStates(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			f, err := sim.Parse([]byte("nodes:\n- name: node-a\n  "+tc.fabric+"\n  gpus:\n  - model: GB200\n  - model: GB200\n"), "test")
+			f, err := simfleet.Parse([]byte("nodes:\n- name: node-a\n  "+tc.fabric+"\n  gpus:\n  - model: GB200\n  - model: GB200\n"), "test")
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,67 +1,21 @@
-// Package sim describes simulated GPU fleets and serves their nodes' GPUs
-// through an NVML-shaped fake, so that the real discovery code of package
-// nvmlhw runs unchanged against them.
+// Package sim simulates the GPUs of machines that a fleet file describes
+// and serves them through an NVML-shaped fake, so that the real discovery
+// code of package nvmlhw runs unchanged against them.
 //
-// A fleet is a YAML file (or the name of a built-in fleet, see
-// [BuiltinNames]):
+// A [Node] is one machine's hardware: its driver versions, GPUs (with
+// their MIG devices), RDMA NICs and NVLink fabric; [Resolve] fills in
+// every default and validates the nodes of a fleet. Package simfleet reads
+// fleet files, which give each node these fields and, beside them, the
+// settings of the plugin that serves it; this package knows nothing of
+// plugins.
 //
-//	nodes:
-//	- name: dgx-h100-0
-//	  driverVersion: "580.65.06"    # optional, default 580.65.06
-//	  cudaDriverVersion: "13.0"     # optional, default 13.0
-//	  sharing: shares=4             # optional: the plugin's --sharing
-//	  mode: device-plugin           # optional: dra (default) or device-plugin (the local cluster's kubelet device manager)
-//	  devicePlugin: {version: v1}   # optional, with mode device-plugin: NVIDIA's device-plugin config file
-//	  gpus:
-//	  - model: H100-SXM5-80GB       # see ModelNames
-//	    minor: 0                    # optional, default: the GPU's index
-//	    uuid: GPU-...               # optional, derived from node name and index
-//	    pciBusID: "0000:1b:00.0"    # optional, from the model's usual system
-//	    pcieRoot: "pci0000:15"      # optional, pairs of GPUs share a root
-//	    numaNode: 3                 # optional, from the model's usual system; -1: none
-//	    memoryMiB: 81559            # optional, the model's figure
-//	    migEnabled: true
-//	    migDevices:                 # MIG devices that exist
-//	    - profile: 1g.10gb
-//	      placementStart: 0         # optional, first free allowed start
-//	      uuid: MIG-...             # optional, derived
-//	    - profile: 2g.20gb
-//	      computeSlices: 1          # optional: split into 1c.2g.20gb instances
-//	  nics:                         # optional: RDMA NICs, published by the local cluster's simulated NIC driver
-//	  - model: ConnectX-7           # see NICModelNames
-//	    pcieRoot: "pci0000:15"      # required: the root it shares with GPUs
-//	    linkType: infiniband        # optional: infiniband (default) or ethernet
-//	    speedGbps: 400              # optional, the model's
-//	    pciBusID: "0000:18:00.0"    # optional
-//	    numaNode: 0                 # optional, a GPU's under the same root, else -1
-//	  fabric:                       # optional: the node's GPUs are in a multi-node NVLink clique
-//	    cliqueID: 1                 # the NVLink partition
-//	    clusterUUID: ...            # optional, default DefaultClusterUUID
-//	    state: Completed            # optional: NotStarted, InProgress, Completed (default)
-//	    status: ""                  # optional: a registration error (with Completed)
-//
-// Everything derived is deterministic, so two loads of a fleet describe the
-// same GPUs.
+// Everything derived is deterministic, so two resolutions of a node
+// describe the same GPUs.
 package sim
 
 import (
-	"context"
 	"crypto/sha1"
-	"embed"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"path"
-	"slices"
-	"strings"
-
-	kjson "sigs.k8s.io/json"
-	"sigs.k8s.io/yaml"
-
-	"github.com/gpudra/gpudra/pkg/deviceplugin"
-	"github.com/gpudra/gpudra/pkg/hardware"
 )
 
 // Defaults for the driver versions a node reports.
@@ -70,16 +24,8 @@ const (
 	DefaultCUDADriverVersion = "13.0"
 )
 
-//go:embed fleets/*.yaml
-var builtinFleets embed.FS
-
-// Fleet is a set of simulated nodes.
-type Fleet struct {
-	// Nodes of the fleet, in file order.
-	Nodes []Node `json:"nodes"`
-}
-
-// Node is one simulated machine.
+// Node is one simulated machine's hardware. Its JSON (and YAML) fields are
+// those of a node entry of a fleet file.
 type Node struct {
 	// Name is the Kubernetes node name.
 	Name string `json:"name"`
@@ -87,27 +33,6 @@ type Node struct {
 	DriverVersion string `json:"driverVersion,omitempty"`
 	// CUDADriverVersion is the driver's CUDA version, "major.minor".
 	CUDADriverVersion string `json:"cudaDriverVersion,omitempty"`
-	// MIGMode is the --mig-mode the node's plugin runs with, "dynamic" or
-	// "static"; empty leaves it to the plugin (dynamic). A node whose
-	// operator created MIG devices is "static".
-	MIGMode string `json:"migMode,omitempty"`
-	// Sharing is the --sharing the node's plugin runs with: "none",
-	// "memory-compute", "shares=<N>" or "unlimited"; empty leaves it to
-	// the plugin (none).
-	Sharing string `json:"sharing,omitempty"`
-	// SharingDefault is the --sharing-default the node's plugin runs with:
-	// "whole" (a claim that asks for no capacity gets the whole GPU) or
-	// "share" (one share, as NVIDIA's driver gives); empty leaves it to the
-	// plugin (whole).
-	SharingDefault string `json:"sharingDefault,omitempty"`
-	// Mode is which of gpudra's plugins serves the node's GPUs in the
-	// local cluster: "dra" (the default) or "device-plugin" (gpudra's
-	// device plugin under the kubelet's device manager).
-	Mode string `json:"mode,omitempty"`
-	// DevicePlugin is the device plugin's config file, NVIDIA's format
-	// (version, flags.migStrategy, sharing.timeSlicing), for a node in
-	// device-plugin mode.
-	DevicePlugin json.RawMessage `json:"devicePlugin,omitempty"`
 	// GPUs in NVML index order.
 	GPUs []GPU `json:"gpus,omitempty"`
 	// NICs are the node's RDMA network adapters, in the order of their
@@ -117,21 +42,6 @@ type Node struct {
 	// clique: what nvmlDeviceGetGpuFabricInfo answers for each. Without it
 	// the GPUs answer that they have no fabric.
 	Fabric *Fabric `json:"fabric,omitempty"`
-}
-
-// The modes of a node ([Node.Mode]).
-const (
-	ModeDRA          = "dra"
-	ModeDevicePlugin = "device-plugin"
-)
-
-// DevicePluginConfig is the node's device-plugin config, nil when it has
-// none (its defaults).
-func (n *Node) DevicePluginConfig() (*deviceplugin.Config, error) {
-	if len(n.DevicePlugin) == 0 {
-		return nil, nil
-	}
-	return deviceplugin.ParseConfig(n.DevicePlugin)
 }
 
 // Fabric is a node's place in a multi-node NVLink fabric.
@@ -152,8 +62,8 @@ type Fabric struct {
 // fleet file gives none: one fabric for the whole simulation.
 var DefaultClusterUUID = nameUUID("fabric/cluster")
 
-// GPU is one simulated GPU. After [Load] or [Parse] every optional field
-// holds its effective value.
+// GPU is one simulated GPU. After [Resolve] every optional field holds its
+// effective value.
 type GPU struct {
 	// Model is a key of the model table, see [ModelNames].
 	Model string `json:"model"`
@@ -198,99 +108,6 @@ type MIGDevice struct {
 	// of its own. gpudra does not publish those; they are here to test
 	// that discovery reports them.
 	ComputeSlices int `json:"computeSlices,omitempty"`
-}
-
-// BuiltinNames returns the names of the built-in fleets, sorted.
-func BuiltinNames() []string {
-	entries, err := builtinFleets.ReadDir("fleets")
-	if err != nil {
-		panic(fmt.Sprintf("embedded fleets: %v", err)) // compiled in; cannot fail
-	}
-	var names []string
-	for _, e := range entries {
-		names = append(names, strings.TrimSuffix(e.Name(), ".yaml"))
-	}
-	slices.Sort(names)
-	return names
-}
-
-// Load returns the built-in fleet called nameOrPath, or else the fleet in
-// the file at that path.
-func Load(nameOrPath string) (*Fleet, error) {
-	if slices.Contains(BuiltinNames(), nameOrPath) {
-		data, err := builtinFleets.ReadFile(path.Join("fleets", nameOrPath+".yaml"))
-		if err != nil {
-			return nil, fmt.Errorf("built-in fleet %s: %w", nameOrPath, err)
-		}
-		return Parse(data, "built-in fleet "+nameOrPath)
-	}
-	data, err := os.ReadFile(nameOrPath)
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("fleet %q is neither a built-in fleet (%s) nor a file: %w",
-				nameOrPath, strings.Join(BuiltinNames(), ", "), err)
-		}
-		return nil, fmt.Errorf("read fleet file: %w", err)
-	}
-	return Parse(data, nameOrPath)
-}
-
-// Parse decodes a fleet description strictly (an unknown field is an
-// error), fills in every default and validates the result. source names
-// the description in errors.
-func Parse(data []byte, source string) (*Fleet, error) {
-	// YAML to JSON (rejecting duplicate keys), then a case-sensitive strict
-	// decode as Kubernetes does: encoding/json alone would take
-	// "pciBusId" for "pciBusID" without a word.
-	js, err := yaml.YAMLToJSONStrict(data)
-	if err != nil {
-		return nil, fmt.Errorf("fleet %s: %w", source, err)
-	}
-	var f Fleet
-	strictErrs, err := kjson.UnmarshalStrict(js, &f)
-	if err != nil {
-		return nil, fmt.Errorf("fleet %s: %w", source, err)
-	}
-	if len(strictErrs) > 0 {
-		return nil, fmt.Errorf("fleet %s: %w", source, errors.Join(strictErrs...))
-	}
-	if err := f.resolve(); err != nil {
-		return nil, fmt.Errorf("fleet %s: %w", source, err)
-	}
-	return &f, nil
-}
-
-// Node returns the node with the given name.
-func (f *Fleet) Node(name string) (*Node, error) {
-	for i := range f.Nodes {
-		if f.Nodes[i].Name == name {
-			return &f.Nodes[i], nil
-		}
-	}
-	return nil, fmt.Errorf("fleet has no node %q (nodes: %s)", name, strings.Join(f.NodeNames(), ", "))
-}
-
-// Discover loads the fleet nameOrPath (as Load) and discovers the hardware
-// of its node nodeName, as the plugin on that node would.
-func Discover(ctx context.Context, nameOrPath, nodeName string) (*hardware.Inventory, error) {
-	f, err := Load(nameOrPath)
-	if err != nil {
-		return nil, err
-	}
-	n, err := f.Node(nodeName)
-	if err != nil {
-		return nil, err
-	}
-	return n.Hardware().Discover(ctx)
-}
-
-// NodeNames returns the names of the fleet's nodes in fleet order.
-func (f *Fleet) NodeNames() []string {
-	names := make([]string, len(f.Nodes))
-	for i, n := range f.Nodes {
-		names[i] = n.Name
-	}
-	return names
 }
 
 // uuidNamespace is the namespace of the name-based UUIDs of simulated

@@ -37,9 +37,8 @@ const (
 // description, or from the state file [WithStateFile] names; the node
 // itself never changes.
 //
-// The result is safe for concurrent use. A node that did not come from
-// [Load] or [Parse] is resolved first; if that fails, every method reports
-// why.
+// The result is safe for concurrent use. A node that did not go through
+// [Resolve] is resolved first; if that fails, every method reports why.
 func (n *Node) Hardware(opts ...HardwareOption) hardware.Hardware {
 	c := n.clone()
 	p := &problems{where: fmt.Sprintf("simulated node %q: ", n.Name)}

@@ -48,7 +48,7 @@ type healthRig struct {
 
 func newHealthRig(t *testing.T, fleet string) *healthRig {
 	t.Helper()
-	f, err := Load(fleet)
+	f, err := loadFleet(fleet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +165,7 @@ func TestInjectedMIGEvent(t *testing.T) {
 }
 
 func TestInjectRefusals(t *testing.T) {
-	f, err := Load("dgx-h100")
+	f, err := loadFleet("dgx-h100")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +198,7 @@ func TestInjectRefusals(t *testing.T) {
 // through nvmlhw's real code over the simulated NVML: a GPU after an XID
 // needs a reset, a lost GPU is lost, and both are fine after recovery.
 func TestCheckHealth(t *testing.T) {
-	f, err := Load("dgx-h100")
+	f, err := loadFleet("dgx-h100")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +256,7 @@ func TestCheckHealth(t *testing.T) {
 // simulated nodes in one process pays every wake-up), and still stops at
 // once: its wait is interrupted when its context ends.
 func TestIdleWatcherWakesOncePerPoll(t *testing.T) {
-	f, err := Load("dgx-h100")
+	f, err := loadFleet("dgx-h100")
 	if err != nil {
 		t.Fatal(err)
 	}

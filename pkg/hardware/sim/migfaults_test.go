@@ -232,7 +232,7 @@ func TestFaultsCountEveryCall(t *testing.T) {
 	dev.GetIndex()
 	info := dev.model.MIGProfiles[0].giInfo()
 	dev.GetGpuInstanceRemainingCapacity(&info)
-	fleet, err := Load("dgx-a100-mig")
+	fleet, err := loadFleet("dgx-a100-mig")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +260,7 @@ func TestFaultsCountEveryCall(t *testing.T) {
 // The hardware of Node.Hardware counts in the Faults it is given and
 // fails as they say.
 func TestHardwareWithFaults(t *testing.T) {
-	f, err := Load("dgx-h100")
+	f, err := loadFleet("dgx-h100")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -310,7 +310,7 @@ func TestRecreateGetsNewUUID(t *testing.T) {
 		}
 	}
 	// The fleet's own MIG devices keep theirs, and a re-made one differs.
-	f, err := Load("dgx-a100-mig")
+	f, err := loadFleet("dgx-a100-mig")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +358,7 @@ func TestDestroyMIGDevice(t *testing.T) {
 
 	// A GPU instance split into compute instances (which discovery
 	// reports as problems) goes as a whole.
-	f, err := Parse([]byte(`
+	f, err := parseFleet([]byte(`
 nodes:
 - name: split
   gpus:

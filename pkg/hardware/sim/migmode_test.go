@@ -94,7 +94,7 @@ func TestSetMIGModeAmpere(t *testing.T) {
 
 func TestSetMIGModeErrors(t *testing.T) {
 	ctx := context.Background()
-	f, err := Parse([]byte("nodes:\n- name: n0\n  gpus:\n  - model: L40S\n  - model: H100-SXM5-80GB\n"), "mixed")
+	f, err := parseFleet([]byte("nodes:\n- name: n0\n  gpus:\n  - model: L40S\n  - model: H100-SXM5-80GB\n"), "mixed")
 	if err != nil {
 		t.Fatal(err)
 	}

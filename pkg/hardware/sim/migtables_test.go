@@ -274,7 +274,7 @@ func checkDiscoveredProfiles(t *testing.T, m *Model, table *migTable) {
 // oneGPUNode is a resolved node with one GPU of the model.
 func oneGPUNode(t *testing.T, model string, migEnabled bool) *Node {
 	t.Helper()
-	f, err := Parse(fmt.Appendf(nil, "nodes:\n- name: n0\n  gpus:\n  - model: %s\n    migEnabled: %v\n", model, migEnabled), t.Name())
+	f, err := parseFleet(fmt.Appendf(nil, "nodes:\n- name: n0\n  gpus:\n  - model: %s\n    migEnabled: %v\n", model, migEnabled), t.Name())
 	if err != nil {
 		t.Fatal(err)
 	}

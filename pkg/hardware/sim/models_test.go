@@ -55,7 +55,7 @@ func TestProfileTablesAreConsistent(t *testing.T) {
 // go-nvlib's own MIG walk over the fake must see what our discovery sees:
 // the fake answers the calls real consumers make, not only ours.
 func TestFakeServesGoNVLib(t *testing.T) {
-	f, err := Load("dgx-a100-mig")
+	f, err := loadFleet("dgx-a100-mig")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestFakeServesGoNVLib(t *testing.T) {
 // go-nvlib names the compute instances of a split GPU instance as
 // nvidia-smi does, from the same fake.
 func TestFakeServesGoNVLibSplit(t *testing.T) {
-	f, err := Parse([]byte(`
+	f, err := parseFleet([]byte(`
 nodes:
 - name: split
   gpus:

@@ -9,8 +9,8 @@ import (
 
 // NIC is one simulated RDMA network adapter of a node. gpudra does not
 // serve NICs: the local cluster's simulated NIC driver publishes them, so
-// that claims can pair a GPU with a NIC under one PCIe root. After [Load]
-// or [Parse] every optional field holds its effective value.
+// that claims can pair a GPU with a NIC under one PCIe root. After
+// [Resolve] every optional field holds its effective value.
 type NIC struct {
 	// Model is a key of the NIC model table, see [NICModelNames].
 	Model string `json:"model"`

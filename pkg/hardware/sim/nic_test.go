@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // TestBuiltinNICsShareGPURoots: every DGX H100 or H200 of the built-in
@@ -26,7 +27,7 @@ func TestBuiltinNICsShareGPURoots(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.fleet, func(t *testing.T) {
-			f, err := sim.Load(tt.fleet)
+			f, err := simfleet.Load(tt.fleet)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -84,7 +85,7 @@ nodes:
 	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	f, err := sim.Load(path)
+	f, err := simfleet.Load(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,10 +11,9 @@ import (
 	"sync"
 	"testing"
 
-	"sigs.k8s.io/yaml"
-
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 const mib = 1024 * 1024
@@ -22,7 +21,7 @@ const mib = 1024 * 1024
 // discover loads a fleet and discovers every node.
 func discover(t *testing.T, nameOrPath string) map[string]*hardware.Inventory {
 	t.Helper()
-	f, err := sim.Load(nameOrPath)
+	f, err := simfleet.Load(nameOrPath)
 	if err != nil {
 		t.Fatalf("Load(%q): %v", nameOrPath, err)
 	}
@@ -78,8 +77,8 @@ func TestBuiltinFleets(t *testing.T) {
 			[]string{"gb200-0", "gb200-1", "gb200-2", "gb200-3"}},
 	}
 	// gb200-nvl72 and gh200-nvl32 are TestFabricFleets'.
-	if got, want := len(tests)+2, len(sim.BuiltinNames()); got != want {
-		t.Errorf("test covers %d fleets, BuiltinNames has %d: %v", got, want, sim.BuiltinNames())
+	if got, want := len(tests)+2, len(simfleet.BuiltinNames()); got != want {
+		t.Errorf("test covers %d fleets, BuiltinNames has %d: %v", got, want, simfleet.BuiltinNames())
 	}
 	seenUUIDs := map[string]string{}
 	for _, tt := range tests {
@@ -177,7 +176,7 @@ func numaString(n *int) string {
 }
 
 func TestDiscoveryIsDeterministic(t *testing.T) {
-	for _, name := range sim.BuiltinNames() {
+	for _, name := range simfleet.BuiltinNames() {
 		first, second := discover(t, name), discover(t, name)
 		if !reflect.DeepEqual(first, second) {
 			t.Errorf("%s: two loads discover different inventories", name)
@@ -228,51 +227,6 @@ func TestMIGDevices(t *testing.T) {
 	}
 }
 
-func TestNodeLookup(t *testing.T) {
-	f, err := sim.Load("demo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := f.NodeNames(), []string{"dgx-h100-0", "dgx-h100-1", "dgx-a100-0", "a100-classic", "gb200-0", "gb200-1", "gb200-2", "gb200-3"}; !reflect.DeepEqual(got, want) {
-		t.Errorf("NodeNames: got %v, want %v", got, want)
-	}
-	_, err = f.Node("nope")
-	if err == nil || !strings.Contains(err.Error(), "dgx-h100-0, dgx-h100-1, dgx-a100-0, a100-classic, gb200-0, gb200-1, gb200-2, gb200-3") {
-		t.Errorf("Node(nope): got %v, want an error listing the nodes", err)
-	}
-	_, err = sim.Load("no-such-fleet")
-	if err == nil || !strings.Contains(err.Error(), "dgx-a100-mig") {
-		t.Errorf("Load(no-such-fleet): got %v, want an error listing the built-ins", err)
-	}
-}
-
-func TestFileRoundTrip(t *testing.T) {
-	want, err := sim.Load("demo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The loaded fleet carries every default; written out and read back
-	// it is the same fleet with the same GPUs.
-	data, err := yaml.Marshal(want)
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "fleet.yaml")
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	got, err := sim.Load(path)
-	if err != nil {
-		t.Fatalf("Load(%s): %v\n%s", path, err, data)
-	}
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("round trip changed the fleet:\n%s", data)
-	}
-	if a, b := discover(t, "demo"), discover(t, path); !reflect.DeepEqual(a, b) {
-		t.Error("round trip changed what is discovered")
-	}
-}
-
 func TestHandWrittenFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "small.yaml")
 	const file = `
@@ -314,7 +268,7 @@ nodes:
 }
 
 func TestConcurrentDiscover(t *testing.T) {
-	f, err := sim.Load("demo")
+	f, err := simfleet.Load("demo")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -364,7 +318,7 @@ nodes:
 	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	f, err := sim.Load(path)
+	f, err := simfleet.Load(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,8 +7,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/gpudra/gpudra/pkg/devicemodel"
-	"github.com/gpudra/gpudra/pkg/deviceplugin"
 	"github.com/gpudra/gpudra/pkg/hardware"
 )
 
@@ -37,21 +35,22 @@ func (p *problems) add(field, format string, args ...any) {
 	p.errs = append(p.errs, fmt.Errorf("%s%s: %s", p.where, field, fmt.Sprintf(format, args...)))
 }
 
-// resolve fills in the defaults of every node and validates the fleet.
-func (f *Fleet) resolve() error {
+// Resolve fills in the defaults of the nodes of one fleet, given in fleet
+// order, and validates them, each alone and all together: names and UUIDs
+// are unique across the fleet, as they are in the world. It reports every
+// problem, each named by where it is in a fleet file ("nodes[1] (a):
+// gpus[0].minor: ..."), so that package simfleet can hand them on as the
+// file's.
+func Resolve(nodes []*Node) error {
 	p := &problems{}
-	if len(f.Nodes) == 0 {
+	if len(nodes) == 0 {
 		p.add("nodes", "a fleet needs at least one node")
 	}
 	nodeIndex := map[string]int{}
 	gpuUUIDs := map[string]string{}
 	migUUIDs := map[string]string{}
-	for i := range f.Nodes {
-		n := &f.Nodes[i]
-		where := fmt.Sprintf("nodes[%d]", i)
-		if n.Name != "" {
-			where += fmt.Sprintf(" (%s)", n.Name)
-		}
+	for i, n := range nodes {
+		where := NodePlace(i, n.Name)
 		np := &problems{where: where + ": "}
 		n.resolve(np)
 		p.errs = append(p.errs, np.errs...)
@@ -77,6 +76,16 @@ func (f *Fleet) resolve() error {
 		}
 	}
 	return errors.Join(p.errs...)
+}
+
+// NodePlace names the node at index i of a fleet, called name, as [Resolve]
+// names it in its problems: "nodes[1] (a)", or "nodes[1]" without a name.
+// Package simfleet names a node's plugin settings' problems the same way.
+func NodePlace(i int, name string) string {
+	if name == "" {
+		return fmt.Sprintf("nodes[%d]", i)
+	}
+	return fmt.Sprintf("nodes[%d] (%s)", i, name)
 }
 
 // resolve fills in the node's defaults and reports what is wrong with it.
@@ -113,33 +122,6 @@ func (n *Node) resolve(p *problems) {
 		}
 		if f.Status != "" && f.State != string(hardware.FabricCompleted) {
 			p.add("fabric.status", "a registration error needs state Completed (NVML reports status only then)")
-		}
-	}
-	switch n.MIGMode {
-	case "", "dynamic", "static":
-	default:
-		p.add("migMode", "%q: must be dynamic or static", n.MIGMode)
-	}
-	if n.Sharing != "" {
-		if _, err := devicemodel.ParseSharing(n.Sharing); err != nil {
-			p.add("sharing", "%v", err)
-		}
-	}
-	if n.SharingDefault != "" {
-		if _, err := devicemodel.ParseSharingDefault(n.SharingDefault); err != nil {
-			p.add("sharingDefault", "%v", err)
-		}
-	}
-	switch n.Mode {
-	case "", ModeDRA, ModeDevicePlugin:
-	default:
-		p.add("mode", "%q: must be %s or %s", n.Mode, ModeDRA, ModeDevicePlugin)
-	}
-	if len(n.DevicePlugin) > 0 {
-		if n.Mode != ModeDevicePlugin {
-			p.add("devicePlugin", "only for a node with mode: %s", ModeDevicePlugin)
-		} else if _, err := deviceplugin.ParseConfig(n.DevicePlugin); err != nil {
-			p.add("devicePlugin", "%v", err)
 		}
 	}
 

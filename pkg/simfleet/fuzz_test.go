@@ -1,4 +1,4 @@
-package sim_test
+package simfleet_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/gpudra/gpudra/pkg/devicemodel"
-	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // fuzzDiscoverNodes bounds how many nodes of an accepted fleet FuzzParse
@@ -46,7 +46,7 @@ func FuzzParse(f *testing.F) {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		fleet, err := sim.Parse(data, "fuzz")
+		fleet, err := simfleet.Parse(data, "fuzz")
 		if err != nil {
 			if err.Error() == "" {
 				t.Fatal("Parse error without a message")
@@ -57,7 +57,7 @@ func FuzzParse(f *testing.F) {
 		if err != nil {
 			t.Fatalf("marshal an accepted fleet: %v", err)
 		}
-		again, err := sim.Parse(written, "written back")
+		again, err := simfleet.Parse(written, "written back")
 		if err != nil {
 			t.Fatalf("an accepted fleet, written back, does not parse: %v\n%s", err, written)
 		}

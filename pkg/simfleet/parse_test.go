@@ -1,11 +1,14 @@
-package sim_test
+package simfleet_test
 
 import (
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 
+	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 func TestParseRejects(t *testing.T) {
@@ -31,6 +34,14 @@ func TestParseRejects(t *testing.T) {
 		{"CUDA version", "nodes:\n- name: a\n  cudaDriverVersion: \"13\"", []string{"nodes[0] (a): cudaDriverVersion:"}},
 		{"sharing", "nodes:\n- name: a\n  sharing: memory", []string{`nodes[0] (a): sharing: sharing "memory": must be none, memory-compute, shares=<N> (N from 1 to 100) or unlimited`}},
 		{"too many shares", "nodes:\n- name: a\n  sharing: shares=101", []string{"nodes[0] (a): sharing:", "from 1 to 100"}},
+		{"MIG mode", "nodes:\n- name: a\n  migMode: auto", []string{`nodes[0] (a): migMode: "auto": must be dynamic or static`}},
+		{"sharing default", "nodes:\n- name: a\n  sharingDefault: half", []string{`nodes[0] (a): sharingDefault: sharing default "half": must be whole or share`}},
+		{"mode", "nodes:\n- name: a\n  mode: kubelet", []string{`nodes[0] (a): mode: "kubelet": must be dra or device-plugin`}},
+		{"device-plugin config in DRA mode", "nodes:\n- name: a\n  devicePlugin: {version: v1}", []string{"nodes[0] (a): devicePlugin: only for a node with mode: device-plugin"}},
+		{"device-plugin config version", "nodes:\n- name: a\n  mode: device-plugin\n  devicePlugin: {version: v2}", []string{`nodes[0] (a): devicePlugin:`, `version "v2": must be v1`}},
+		{"settings field misspelt", "nodes:\n- name: a\n  migmode: static", []string{`unknown field "nodes[0].migmode"`}},
+		{"settings and hardware both wrong", "nodes:\n- name: a\n  migMode: auto\n  gpus:\n  - model: V100\n",
+			[]string{`nodes[0] (a): migMode: "auto"`, `nodes[0] (a): gpus[0].model: unknown model "V100"`}},
 		{"unknown model", node("  - model: V100\n"),
 			[]string{"nodes[0] (n0): gpus[0].model:", `unknown model "V100"`, "A100-SXM4-40GB, A100-SXM4-80GB, GB200, GH200-96GB, H100-SXM5-80GB, H200-SXM5-141GB, L40S"}},
 		{"missing model", node("  - minor: 1\n"), []string{"gpus[0].model: must be set"}},
@@ -95,7 +106,7 @@ func TestParseRejects(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := sim.Parse([]byte(tt.yaml), "test.yaml")
+			_, err := simfleet.Parse([]byte(tt.yaml), "test.yaml")
 			if err == nil {
 				t.Fatalf("accepted, want an error containing %q", tt.want)
 			}
@@ -112,7 +123,7 @@ func TestParseRejects(t *testing.T) {
 }
 
 func TestParseReportsEveryProblem(t *testing.T) {
-	_, err := sim.Parse([]byte("nodes:\n- name: a\n  gpus:\n  - model: X\n  - model: L40S\n    minor: 300\n"), "f")
+	_, err := simfleet.Parse([]byte("nodes:\n- name: a\n  gpus:\n  - model: X\n  - model: L40S\n    minor: 300\n"), "f")
 	if err == nil {
 		t.Fatal("accepted")
 	}
@@ -130,7 +141,7 @@ func TestEveryPlacementAccepted(t *testing.T) {
 			for _, start := range p.PlacementStarts {
 				y := fmt.Sprintf("nodes:\n- name: a\n  gpus:\n  - model: %s\n    migEnabled: true\n    migDevices:\n"+
 					"    - {profile: %s, placementStart: %d}\n", name, p.Name, start)
-				if _, err := sim.Parse([]byte(y), "f"); err != nil {
+				if _, err := simfleet.Parse([]byte(y), "f"); err != nil {
 					t.Errorf("%s %s at %d: %v", name, p.Name, start, err)
 				}
 			}
@@ -140,12 +151,50 @@ func TestEveryPlacementAccepted(t *testing.T) {
 
 func TestParseKeepsSharing(t *testing.T) {
 	for _, sharing := range []string{"", "none", "memory-compute", "shares=4", "unlimited"} {
-		f, err := sim.Parse([]byte("nodes:\n- name: a\n  sharing: \""+sharing+"\"\n"), "f")
+		f, err := simfleet.Parse([]byte("nodes:\n- name: a\n  sharing: \""+sharing+"\"\n"), "f")
 		if err != nil {
 			t.Fatalf("sharing %q: %v", sharing, err)
 		}
 		if got := f.Nodes[0].Sharing; got != sharing {
 			t.Errorf("sharing %q read as %q", sharing, got)
 		}
+	}
+}
+
+// A node entry's plugin settings and its hardware are one flat mapping in
+// the file; each field lands in its own half of the Node.
+func TestParseSplitsSettingsFromHardware(t *testing.T) {
+	f, err := simfleet.Parse([]byte(`
+nodes:
+- name: a
+  driverVersion: "570.124.06"
+  migMode: static
+  sharing: shares=4
+  sharingDefault: share
+  mode: device-plugin
+  devicePlugin: {version: v1, flags: {migStrategy: single}}
+  gpus:
+  - model: L40S
+  fabric: {cliqueID: 3}
+`), "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := f.Nodes[0]
+	want := simfleet.PluginSettings{MIGMode: "static", Sharing: "shares=4", SharingDefault: "share", Mode: simfleet.ModeDevicePlugin,
+		DevicePlugin: n.DevicePlugin}
+	if !reflect.DeepEqual(n.PluginSettings, want) || !strings.Contains(string(n.DevicePlugin), `"migStrategy":"single"`) {
+		t.Errorf("settings: got %+v (devicePlugin %s)", n.PluginSettings, n.DevicePlugin)
+	}
+	if n.Node.Name != "a" || n.DriverVersion != "570.124.06" || len(n.GPUs) != 1 || n.GPUs[0].UUID == "" || n.Fabric == nil || n.Fabric.CliqueID != 3 {
+		t.Errorf("hardware: got %+v", n.Node)
+	}
+	cfg, err := n.DevicePluginConfig()
+	if err != nil || cfg == nil || cfg.Flags.MigStrategy == nil || *cfg.Flags.MigStrategy != "single" {
+		t.Errorf("DevicePluginConfig: %+v, %v", cfg, err)
+	}
+	sharing, err := n.GPUSharing()
+	if err != nil || sharing.Mode != devicemodel.SharingShares || sharing.Shares != 4 || !sharing.ShareByDefault {
+		t.Errorf("GPUSharing: %+v, %v", sharing, err)
 	}
 }
