@@ -3,11 +3,15 @@ package draplugin
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
+	"strconv"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 
 	"github.com/gpudra/gpudra/pkg/claimstate"
+	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/metrics"
 )
 
@@ -46,14 +50,87 @@ func (d *Driver) metricsState() metrics.State {
 		defer cancel()
 		if state, err := d.store.Read(ctx); err == nil {
 			s.PreparedClaims = 0
-			for _, c := range state.Claims {
-				if c.Phase == claimstate.PrepareCompleted {
+			var inv *hardware.Inventory
+			if pub := d.state.Load(); pub != nil {
+				inv = pub.Inventory
+			}
+			if missingMIG(state, inv) {
+				// A MIG device created at Prepare is in no published
+				// inventory until the next discovery; its GPU instance
+				// ID, which DCGM exporter's series carry, is read now.
+				if fresh, err := d.cfg.Hardware.Discover(ctx); err == nil {
+					inv = fresh
+				}
+			}
+			for _, uid := range slices.Sorted(maps.Keys(state.Claims)) {
+				if c := state.Claims[uid]; c.Phase == claimstate.PrepareCompleted {
 					s.PreparedClaims++
+					s.PreparedDevices = append(s.PreparedDevices, preparedDevices(c, inv)...)
 				}
 			}
 		}
 	}
 	return s
+}
+
+// preparedDevices are the info series of a prepared claim: one per
+// device, pod and request. A MIG device's GPU instance ID comes from the
+// inventory; a device that shows nowhere in it (a GPU lost since) keeps
+// its UUIDs.
+func preparedDevices(c *claimstate.Claim, inv *hardware.Inventory) []metrics.PreparedDevice {
+	pods := c.Consumers
+	if len(pods) == 0 {
+		pods = []claimstate.Consumer{{}}
+	}
+	var out []metrics.PreparedDevice
+	for _, dev := range c.Devices {
+		d := metrics.PreparedDevice{Namespace: c.Namespace, Claim: c.Name, Device: dev.Name, GPUUUID: dev.UUID}
+		if dev.ParentUUID != "" {
+			d.GPUUUID, d.MIGUUID = dev.ParentUUID, dev.UUID
+			if m := findMIG(inv, dev.UUID); m != nil {
+				d.GPUInstanceID = strconv.Itoa(m.GIID)
+			}
+		}
+		requests := dev.Requests
+		if len(requests) == 0 {
+			requests = []string{""}
+		}
+		for _, pod := range pods {
+			for _, r := range requests {
+				d.Pod, d.Request = pod.Name, r
+				out = append(out, d)
+			}
+		}
+	}
+	return out
+}
+
+// missingMIG says whether a prepared claim holds a MIG device that the
+// inventory does not list.
+func missingMIG(state *claimstate.State, inv *hardware.Inventory) bool {
+	for _, c := range state.Claims {
+		for _, dev := range c.Devices {
+			if c.Phase == claimstate.PrepareCompleted && dev.ParentUUID != "" && findMIG(inv, dev.UUID) == nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// findMIG finds a MIG device by UUID in the inventory.
+func findMIG(inv *hardware.Inventory, uuid string) *hardware.MIGDevice {
+	if inv == nil || uuid == "" {
+		return nil
+	}
+	for gi := range inv.GPUs {
+		for mi := range inv.GPUs[gi].MIGDevices {
+			if m := &inv.GPUs[gi].MIGDevices[mi]; m.UUID == uuid {
+				return m
+			}
+		}
+	}
+	return nil
 }
 
 // Ready reports whether the plugin serves the node: registered with the

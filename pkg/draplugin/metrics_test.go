@@ -2,6 +2,7 @@ package draplugin_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http/httptest"
 	"path/filepath"
@@ -49,6 +50,20 @@ func TestMetricsCountWhatThePluginDid(t *testing.T) {
 		if !strings.Contains(text, want) {
 			t.Errorf("metrics lack %s", want)
 		}
+	}
+	// Which pod uses which GPU: b's GPU, and a's no longer.
+	uuidOf := func(device string) string {
+		for _, d := range h.driver.Devices() {
+			if d.Name == device {
+				return *d.Attributes["uuid"].StringValue
+			}
+		}
+		t.Fatalf("no published device %s", device)
+		return ""
+	}
+	info := fmt.Sprintf(`gpudra_prepared_device_info{GPU_I_ID="",UUID="%s",claim="%s",device="gpu-1",mig_uuid="",namespace="default",pod="pod-of-%s",request="gpu0"} 1`, uuidOf("gpu-1"), b.Name, b.Name)
+	if !strings.Contains(text, info) || strings.Count(text, "gpudra_prepared_device_info{") != 1 {
+		t.Errorf("metrics lack %s, or have more series:\n%s", info, grep(text, "prepared_device_info"))
 	}
 	if !strings.Contains(text, `gpudra_checkpoint_writes_total{result="success"} `+itoa(int(h.driver.CheckpointWrites()))) || h.driver.CheckpointWrites() < 3 {
 		t.Errorf("checkpoint writes: %d; metrics:\n%s", h.driver.CheckpointWrites(), grep(text, "checkpoint"))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -134,6 +135,17 @@ func TestDynamicMIGPrepareCreatesAndUnprepareDestroys(t *testing.T) {
 	cp := h.checkpoint()
 	if !strings.Contains(cp, `"dynamicMIG":{"devices":[{"device":"`) || !strings.Contains(cp, `"profile":"3g.40gb"`) || !strings.Contains(cp, migs[0].UUID) || !strings.HasPrefix(cp, `{"version":"v5"`) || !strings.Contains(cp, `"requires":["dynamicMIG"]`) {
 		t.Errorf("checkpoint does not record the created instance %s:\n%s", migs[0].UUID, cp)
+	}
+
+	// The info metric names the created MIG device, its parent and its
+	// GPU instance, as DCGM exporter labels the device's series.
+	rec := httptest.NewRecorder()
+	h.driver.Metrics().Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	parent := h.inventory().GPUs[0].UUID
+	want := fmt.Sprintf(`gpudra_prepared_device_info{GPU_I_ID="%d",UUID="%s",claim="%s",device="%s",mig_uuid="%s",namespace="default",pod="pod-of-%s",request="gpu0"} 1`,
+		migs[0].GIID, parent, claim.Name, name, migs[0].UUID, claim.Name)
+	if !strings.Contains(rec.Body.String(), want) {
+		t.Errorf("metrics lack %s:\n%s", want, grep(rec.Body.String(), "prepared_device_info"))
 	}
 
 	// Prepare is idempotent: no second instance.

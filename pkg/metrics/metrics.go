@@ -40,7 +40,32 @@ type State struct {
 	// CheckpointWrites and CheckpointWriteErrors count the writes of the
 	// checkpoint file since the plugin started (one per group commit).
 	CheckpointWrites, CheckpointWriteErrors int64
+	// PreparedDevices are the devices of the prepared claims, one per
+	// pod and request that uses them; nil when the checkpoint cannot be
+	// read.
+	PreparedDevices []PreparedDevice
 }
+
+// PreparedDevice is one device of a prepared claim as one pod uses it for
+// one request: a series of gpudra_prepared_device_info.
+type PreparedDevice struct {
+	Namespace, Pod, Claim, Request, Device string
+	// GPUUUID is the GPU's UUID, the parent's for a MIG device: DCGM
+	// exporter's UUID label. Empty for a device that is no GPU (an IMEX
+	// channel).
+	GPUUUID string
+	// MIGUUID is the MIG device's UUID, and GPUInstanceID its GPU instance
+	// ID on the parent (DCGM exporter's GPU_I_ID); empty for a full GPU.
+	MIGUUID, GPUInstanceID string
+}
+
+// The labels of gpudra_prepared_device_info. UUID and GPU_I_ID are
+// spelled as DCGM exporter spells them, so that its series join the info
+// metric on them with no label_replace. The info metric is the "many"
+// side, since pods that share a GPU each have a series of it:
+//
+//	gpudra_prepared_device_info * on(UUID, GPU_I_ID) group_left DCGM_FI_DEV_GPU_UTIL
+var preparedDeviceLabels = []string{"namespace", "pod", "claim", "request", "device", "UUID", "mig_uuid", "GPU_I_ID"}
 
 // Plugin is the kubelet plugin's metrics.
 type Plugin struct {
@@ -144,6 +169,8 @@ var (
 		"MPS control daemons the plugin runs and supervises.", nil, nil, metrics.ALPHA, "")
 	checkpointWritesDesc = metrics.NewDesc(Namespace+"_checkpoint_writes_total",
 		"Writes of the checkpoint file since the plugin started (one per group commit), by result.", []string{"result"}, nil, metrics.ALPHA, "")
+	preparedDeviceDesc = metrics.NewDesc(Namespace+"_prepared_device_info",
+		"A device of a prepared claim and the pod that uses it, for one request; always 1. Joins DCGM exporter's series on UUID and GPU_I_ID.", preparedDeviceLabels, nil, metrics.ALPHA, "")
 )
 
 func newStateCollector(state func() State) *stateCollector {
@@ -156,6 +183,7 @@ func (c *stateCollector) DescribeWithStability(ch chan<- *metrics.Desc) {
 	ch <- mpsDaemonsDesc
 	ch <- taintedDevicesDesc
 	ch <- checkpointWritesDesc
+	ch <- preparedDeviceDesc
 }
 
 func (c *stateCollector) CollectWithStability(ch chan<- metrics.Metric) {
@@ -172,4 +200,8 @@ func (c *stateCollector) CollectWithStability(ch chan<- metrics.Metric) {
 	}
 	ch <- metrics.NewLazyConstMetric(checkpointWritesDesc, metrics.CounterValue, float64(s.CheckpointWrites), ResultSuccess)
 	ch <- metrics.NewLazyConstMetric(checkpointWritesDesc, metrics.CounterValue, float64(s.CheckpointWriteErrors), ResultError)
+	for _, d := range s.PreparedDevices {
+		ch <- metrics.NewLazyConstMetric(preparedDeviceDesc, metrics.GaugeValue, 1,
+			d.Namespace, d.Pod, d.Claim, d.Request, d.Device, d.GPUUUID, d.MIGUUID, d.GPUInstanceID)
+	}
 }
