@@ -14,9 +14,11 @@ import (
 	"helm.sh/helm/v3/pkg/engine"
 	"helm.sh/helm/v3/pkg/releaseutil"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/kubernetes/scheme"
+	sigsyaml "sigs.k8s.io/yaml"
 
 	kruntime "k8s.io/apimachinery/pkg/runtime"
 )
@@ -114,6 +116,15 @@ func RenderChart(c *chart.Chart, opts Options) ([]Object, error) {
 				continue
 			}
 			obj, gvk, err := decoder.Decode([]byte(doc), nil, nil)
+			if kruntime.IsNotRegisteredError(err) {
+				// A kind of an optional add-on's CRD (the Prometheus
+				// Operator's): kept as it is.
+				u := &unstructured.Unstructured{}
+				if err = sigsyaml.Unmarshal([]byte(doc), &u.Object); err == nil {
+					g := u.GroupVersionKind()
+					obj, gvk = u, &g
+				}
+			}
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w\n%s", name, err, doc)
 			}

@@ -69,6 +69,8 @@ func (d *Driver) metricsState() metrics.State {
 				}
 			}
 		}
+		// After the read, which looks at the directory again.
+		s.AdoptionPending = d.store.NeedsAdoption()
 	}
 	return s
 }

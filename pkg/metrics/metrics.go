@@ -40,6 +40,9 @@ type State struct {
 	// CheckpointWrites and CheckpointWriteErrors count the writes of the
 	// checkpoint file since the plugin started (one per group commit).
 	CheckpointWrites, CheckpointWriteErrors int64
+	// AdoptionPending says the checkpoint was lost and the claims on the
+	// node are not adopted yet: Prepare and Unprepare wait for adoption.
+	AdoptionPending bool
 	// PreparedDevices are the devices of the prepared claims, one per
 	// pod and request that uses them; nil when the checkpoint cannot be
 	// read.
@@ -169,6 +172,8 @@ var (
 		"MPS control daemons the plugin runs and supervises.", nil, nil, metrics.ALPHA, "")
 	checkpointWritesDesc = metrics.NewDesc(Namespace+"_checkpoint_writes_total",
 		"Writes of the checkpoint file since the plugin started (one per group commit), by result.", []string{"result"}, nil, metrics.ALPHA, "")
+	adoptionPendingDesc = metrics.NewDesc(Namespace+"_checkpoint_adoption_pending",
+		"1 while the checkpoint is lost and the claims on the node are not adopted yet (Prepare and Unprepare wait), else 0.", nil, nil, metrics.ALPHA, "")
 	preparedDeviceDesc = metrics.NewDesc(Namespace+"_prepared_device_info",
 		"A device of a prepared claim and the pod that uses it, for one request; always 1. Joins DCGM exporter's series on UUID and GPU_I_ID.", preparedDeviceLabels, nil, metrics.ALPHA, "")
 )
@@ -184,6 +189,7 @@ func (c *stateCollector) DescribeWithStability(ch chan<- *metrics.Desc) {
 	ch <- taintedDevicesDesc
 	ch <- checkpointWritesDesc
 	ch <- preparedDeviceDesc
+	ch <- adoptionPendingDesc
 }
 
 func (c *stateCollector) CollectWithStability(ch chan<- metrics.Metric) {
@@ -200,6 +206,11 @@ func (c *stateCollector) CollectWithStability(ch chan<- metrics.Metric) {
 	}
 	ch <- metrics.NewLazyConstMetric(checkpointWritesDesc, metrics.CounterValue, float64(s.CheckpointWrites), ResultSuccess)
 	ch <- metrics.NewLazyConstMetric(checkpointWritesDesc, metrics.CounterValue, float64(s.CheckpointWriteErrors), ResultError)
+	pending := 0.0
+	if s.AdoptionPending {
+		pending = 1
+	}
+	ch <- metrics.NewLazyConstMetric(adoptionPendingDesc, metrics.GaugeValue, pending)
 	for _, d := range s.PreparedDevices {
 		ch <- metrics.NewLazyConstMetric(preparedDeviceDesc, metrics.GaugeValue, 1,
 			d.Namespace, d.Pod, d.Claim, d.Request, d.Device, d.GPUUUID, d.MIGUUID, d.GPUInstanceID)

@@ -39,7 +39,7 @@ func TestReferenceDocumentsEveryMetric(t *testing.T) {
 			t.Errorf("docs/guides/metrics.md does not name %s", name)
 		}
 	}
-	if gpudra < 9 {
+	if gpudra < 10 {
 		t.Errorf("only %d gpudra metric families gathered: the check checks little", gpudra)
 	}
 }
