@@ -17,9 +17,9 @@ import (
 // Hardware discovers the GPUs of one node.
 type Hardware interface {
 	// Discover returns a fresh snapshot of the node's GPUs. A GPU whose
-	// identity (handle, UUID, name, minor) cannot be read, or a MIG device
-	// that cannot be read, is left out of the snapshot and listed in its
-	// Problems, so that one broken GPU does not hide the others; callers
+	// identity (handle, UUID, name, minor) cannot be read, a GPU that is
+	// lost (fell off the bus), or a MIG device that cannot be read, is
+	// left out of the snapshot and listed in its Problems, so that one broken GPU does not hide the others; callers
 	// should log the problems. A GPU whose other properties cannot all be
 	// read is in the snapshot without them, and lists them in its
 	// [GPU.Unread]. Discover returns an error wrapping
@@ -145,7 +145,8 @@ type GPU struct {
 	Fabric *Fabric `json:"fabric,omitempty"`
 	// Unread are the properties discovery could not read, in the order it
 	// read them; empty when it read them all. What identifies a GPU (UUID,
-	// minor, name) is never unread: a GPU without it is left out instead.
+	// minor, name) is never unread: a GPU without it is left out instead,
+	// as is a GPU that is lost.
 	Unread []Unread `json:"unread,omitempty"`
 }
 

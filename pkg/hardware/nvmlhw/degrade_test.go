@@ -44,8 +44,8 @@ type unreadWant struct {
 
 // One NVML query the GPU does not answer leaves that property (and what
 // derives from it) empty and published, with a record naming the query;
-// the GPU and the node's other GPUs stay. Only what identifies the GPU
-// leaves it out. The fake NVML answers every query of the node's first
+// the GPU and the node's other GPUs stay. Only what identifies the GPU,
+// or a GPU lost, leaves it out. The fake NVML answers every query of the node's first
 // GPU first, so failing the first call fails the first GPU's.
 func TestDiscoverDegradesGPU(t *testing.T) {
 	tests := []struct {
@@ -53,7 +53,8 @@ func TestDiscoverDegradesGPU(t *testing.T) {
 		call string
 		ret  nvml.Return
 		mig  bool
-		// clear empties what the GPU lacks; nil: the GPU is left out.
+		// clear empties what the GPU lacks; nil: the GPU is left out,
+		// with a problem naming the call.
 		clear  func(g *hardware.GPU)
 		unread []unreadWant
 	}{
@@ -63,7 +64,7 @@ func TestDiscoverDegradesGPU(t *testing.T) {
 		{name: "architecture", call: "nvmlDeviceGetArchitecture", ret: nvml.ERROR_UNKNOWN,
 			clear:  func(g *hardware.GPU) { g.Architecture = "" },
 			unread: []unreadWant{{hardware.PropertyArchitecture, "nvmlDeviceGetArchitecture"}}},
-		{name: "compute capability", call: "nvmlDeviceGetCudaComputeCapability", ret: nvml.ERROR_GPU_IS_LOST,
+		{name: "compute capability", call: "nvmlDeviceGetCudaComputeCapability", ret: nvml.ERROR_FUNCTION_NOT_FOUND,
 			clear:  func(g *hardware.GPU) { g.CUDAComputeCapability = "" },
 			unread: []unreadWant{{hardware.PropertyCUDAComputeCapability, "nvmlDeviceGetCudaComputeCapability"}}},
 		// GB10's unified memory: the MIG profile names derive from the
@@ -74,7 +75,7 @@ func TestDiscoverDegradesGPU(t *testing.T) {
 			},
 			unread: []unreadWant{{hardware.PropertyMemory, "nvmlDeviceGetMemoryInfo"}}},
 		// Without a bus ID the topology is not asked for.
-		{name: "PCI bus ID", call: "nvmlDeviceGetPciInfo", ret: nvml.ERROR_GPU_IS_LOST,
+		{name: "PCI bus ID", call: "nvmlDeviceGetPciInfo", ret: nvml.ERROR_NOT_SUPPORTED,
 			clear:  func(g *hardware.GPU) { g.PCIBusID, g.PCIeRoot, g.NUMANode = "", "", nil },
 			unread: []unreadWant{{hardware.PropertyPCIBusID, "nvmlDeviceGetPciInfo"}}},
 		{name: "MIG mode", call: "nvmlDeviceGetMigMode", ret: nvml.ERROR_UNKNOWN,
@@ -96,7 +97,7 @@ func TestDiscoverDegradesGPU(t *testing.T) {
 				{hardware.PropertyMIGDevices, "nvmlDeviceGetGpuInstanceProfileInfo(0)"},
 			}},
 		// Where the MIG devices lie is unknown, so no placement either.
-		{name: "MIG device count", call: "nvmlDeviceGetMaxMigDeviceCount", ret: nvml.ERROR_GPU_IS_LOST, mig: true,
+		{name: "MIG device count", call: "nvmlDeviceGetMaxMigDeviceCount", ret: nvml.ERROR_TIMEOUT, mig: true,
 			clear:  func(g *hardware.GPU) { g.MIGProfiles, g.MIGMemorySlices, g.MIGDevices = nil, 0, nil },
 			unread: []unreadWant{{hardware.PropertyMIGDevices, "nvmlDeviceGetMaxMigDeviceCount"}}},
 		{name: "MIG device handle", call: "nvmlDeviceGetMigDeviceHandleByIndex", ret: nvml.ERROR_UNKNOWN, mig: true,
@@ -104,6 +105,10 @@ func TestDiscoverDegradesGPU(t *testing.T) {
 			unread: []unreadWant{{hardware.PropertyMIGDevices, "nvmlDeviceGetMigDeviceHandleByIndex(0)"}}},
 
 		{name: "handle", call: "nvmlDeviceGetHandleByIndex", ret: nvml.ERROR_GPU_IS_LOST},
+		// A GPU that fell off the bus answers nothing more; a running
+		// plugin keeps what it published of it, tainted.
+		{name: "lost at memory", call: "nvmlDeviceGetMemoryInfo", ret: nvml.ERROR_GPU_IS_LOST},
+		{name: "lost at MIG devices", call: "nvmlDeviceGetMaxMigDeviceCount", ret: nvml.ERROR_GPU_IS_LOST, mig: true},
 		{name: "UUID", call: "nvmlDeviceGetUUID", ret: nvml.ERROR_UNKNOWN},
 		{name: "name", call: "nvmlDeviceGetName", ret: nvml.ERROR_GPU_IS_LOST},
 		{name: "minor", call: "nvmlDeviceGetMinorNumber", ret: nvml.ERROR_NOT_SUPPORTED},

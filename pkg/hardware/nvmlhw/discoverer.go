@@ -172,7 +172,8 @@ func (r *realLibrary) find() (string, error) {
 // all: library missing, nvmlInit failing (driver not loaded, no
 // permission), or the system-wide queries (driver version, device count)
 // failing after it. A GPU whose identity (handle, UUID, name, minor) cannot
-// be read is left out and reported in the inventory's Problems, naming the
+// be read, or that answers any query with ERROR_GPU_IS_LOST, is left out
+// and reported in the inventory's Problems, naming the
 // GPU (index and UUID) and the NVML call; so is a MIG device that cannot be
 // read or that gpudra does not model, while its GPU and the GPU's other MIG
 // devices stay. A GPU whose other properties NVML or sysfs do not answer

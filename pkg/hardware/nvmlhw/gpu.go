@@ -55,10 +55,11 @@ func gpuName(index int, uuid string) string {
 
 // read returns the GPU at NVML index i. ok is false when the GPU is left
 // out: a device that is not a compute GPU (with no problem), or one whose
-// identity (handle, UUID, name, minor) could not be read (with one problem
-// saying why). Any other property that cannot be read is left empty and
-// listed in the GPU's Unread, and the GPU is published without it. problems
-// also lists the MIG devices of a published GPU that were left out.
+// identity (handle, UUID, name, minor) could not be read or that answers
+// any query with ERROR_GPU_IS_LOST (with one problem saying why). Any other
+// property that cannot be read is left empty and listed in the GPU's
+// Unread, and the GPU is published without it. problems also lists the
+// MIG devices of a published GPU that were left out.
 func (g *gpuReader) read(i int) (gpu hardware.GPU, ok bool, problems []hardware.Problem) {
 	var uuid string
 	fail := func(call string, err error) (hardware.GPU, bool, []hardware.Problem) {
@@ -96,13 +97,27 @@ func (g *gpuReader) read(i int) (gpu hardware.GPU, ok bool, problems []hardware.
 	// The rest describes the GPU without identifying it. NVML leaves some
 	// of it unanswered on some systems (Rubin, GB10's unified memory, VMs
 	// without a PCIe root), where NVIDIA's driver drops the GPU or the
-	// node; the GPU is published without what is unknown instead.
+	// node; the GPU is published without what is unknown instead. A GPU
+	// that fell off the bus (ERROR_GPU_IS_LOST) is another matter: it
+	// answers nothing more, so it is left out as before, and a running
+	// plugin keeps publishing what it had of it, tainted (see package
+	// devicehealth), rather than a husk without its MIG devices.
+	var lost *queryError
 	unread := func(p hardware.Property, query string, err error) {
 		var q *queryError
 		if errors.As(err, &q) {
 			query, err = q.query, q.err
 		}
+		if errors.Is(err, nvml.ERROR_GPU_IS_LOST) && lost == nil {
+			lost = &queryError{query: query, err: err}
+		}
 		gpu.Unread = append(gpu.Unread, hardware.Unread{Property: p, Query: query, Err: err.Error()})
+	}
+	done := func(problems []hardware.Problem) (hardware.GPU, bool, []hardware.Problem) {
+		if lost != nil {
+			return fail(lost.query, lost.err)
+		}
+		return gpu, true, problems
 	}
 	if gpu.Brand, err = g.brand(dev); err != nil {
 		unread(hardware.PropertyBrand, "nvmlDeviceGetBrand", err)
@@ -162,7 +177,7 @@ func (g *gpuReader) read(i int) (gpu hardware.GPU, ok bool, problems []hardware.
 	}
 
 	if !gpu.MIGCapable {
-		return gpu, true, nil
+		return done(nil)
 	}
 	profiles, err := giProfiles(dev)
 	if err != nil {
@@ -171,7 +186,7 @@ func (g *gpuReader) read(i int) (gpu hardware.GPU, ok bool, problems []hardware.
 		if gpu.MIGEnabled {
 			unread(hardware.PropertyMIGDevices, "nvmlDeviceGetGpuInstanceProfileInfo", err)
 		}
-		return gpu, true, nil
+		return done(nil)
 	}
 	// What could be created stays unknown to unprivileged callers, as
 	// nvml.h documents: placements need privileges, and the profile names
@@ -194,12 +209,12 @@ func (g *gpuReader) read(i int) (gpu hardware.GPU, ok bool, problems []hardware.
 			// could collide with one of them.
 			gpu.MIGProfiles, gpu.MIGMemorySlices = nil, 0
 			unread(hardware.PropertyMIGDevices, "MIG devices", err)
-			return gpu, true, nil
+			return done(nil)
 		}
 		gpu.MIGDevices = migs
-		return gpu, true, problems
+		return done(problems)
 	}
-	return gpu, true, nil
+	return done(nil)
 }
 
 // queryError is a failed query: what was asked (an NVML function as nvml.h
