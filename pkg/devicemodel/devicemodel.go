@@ -227,7 +227,9 @@ func Build(inv *hardware.Inventory, opts ...Option) (*Model, error) {
 		}
 		var vfio VFIOInfo
 		passthrough := false
-		if o.vfioInfo != nil {
+		// Passthrough binds the GPU's PCI function, which a GPU without a
+		// bus ID does not name.
+		if o.vfioInfo != nil && gpu.PCIBusID != "" {
 			vfio, passthrough = o.vfioInfo(gpu)
 		}
 		switchable := o.dynamicMIG && isDynamicMIGCapable(&gpu) && o.modeSwitchOK != nil && o.modeSwitchOK(gpu)
@@ -246,10 +248,13 @@ func Build(inv *hardware.Inventory, opts ...Option) (*Model, error) {
 		default:
 			err = m.addStaticMIGDevices(gpu, gpuAttrs)
 		}
-		if err == nil && passthrough && whole && o.vfioMode == VFIOBeside {
+		if err == nil && passthrough && whole && o.vfioMode == VFIOBeside && gpu.MemoryBytes > 0 {
 			err = m.addVFIOBeside(gpu, gpuAttrs, vfio)
 		}
-		if err == nil && whole && o.sharing.Enabled() {
+		// Every sharing mode divides the GPU's memory (shares cap it at
+		// their fraction), so a GPU whose memory is unknown is offered
+		// whole only.
+		if err == nil && whole && o.sharing.Enabled() && gpu.MemoryBytes > 0 {
 			err = m.shareFullGPU(&gpu, o.sharing)
 		}
 		if err != nil {
@@ -288,8 +293,18 @@ func fullGPUDevice(gpu *hardware.GPU, gpuAttrs map[resourceapi.QualifiedName]res
 			// shareFullGPU sets the mode of a shared GPU.
 			AttrSharingMode: str(string(SharingNone)),
 		}),
-		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{CapMemory: bytesCapacity(gpu.MemoryBytes)},
+		Capacity: gpuCapacity(gpu),
 	}
+}
+
+// gpuCapacity is a whole GPU's capacity: its memory, or nothing when that
+// is unknown (discovery could not read it), since a capacity of 0 would
+// tell the scheduler the GPU has none.
+func gpuCapacity(gpu *hardware.GPU) map[resourceapi.QualifiedName]resourceapi.DeviceCapacity {
+	if gpu.MemoryBytes == 0 {
+		return nil
+	}
+	return map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{CapMemory: bytesCapacity(gpu.MemoryBytes)}
 }
 
 // addStaticMIGDevices publishes the MIG devices that exist on gpu.
@@ -400,6 +415,9 @@ func commonAttributes(inv *hardware.Inventory) (map[resourceapi.QualifiedName]re
 	return attrs, nil
 }
 
+// gpuAttributes are the attributes of a GPU's devices. What discovery could
+// not read (empty in gpu) is left out, never published empty: a selector
+// on it then fails to match, where "" or 0 could match by mistake.
 func gpuAttributes(gpu hardware.GPU, common map[resourceapi.QualifiedName]resourceapi.DeviceAttribute) (map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, error) {
 	attrs := withAttrs(common, map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
 		AttrUUID:        str(gpu.UUID),

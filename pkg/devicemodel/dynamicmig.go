@@ -38,9 +38,10 @@ func MemorySliceCounter(slice int) string { return fmt.Sprintf("memory-slice-%d"
 const engineCounters = 7
 
 // isDynamicMIGCapable reports whether gpu can be published with dynamic
-// MIG: discovery found its profiles and memory slices.
+// MIG: discovery found its profiles, memory slices and memory (which its
+// counter set holds).
 func isDynamicMIGCapable(gpu *hardware.GPU) bool {
-	return len(gpu.MIGProfiles) > 0 && gpu.MIGMemorySlices > 0
+	return len(gpu.MIGProfiles) > 0 && gpu.MIGMemorySlices > 0 && gpu.MemoryBytes > 0
 }
 
 // addDynamicMIGGPU publishes gpu's counter set, and either its full GPU

@@ -114,7 +114,7 @@ func simGPU(t testing.TB, index int, model string, migEnabled bool) hardware.GPU
 		Index: index, Minor: index,
 		UUID:        fmt.Sprintf("GPU-%08d-0000-0000-0000-000000000000", index),
 		ProductName: m.ProductName, Brand: "Nvidia", CUDAComputeCapability: fmt.Sprintf("%d.%d", m.CCMajor, m.CCMinor),
-		MemoryBytes: m.MemoryMiB << 20,
+		MemoryBytes: m.MemoryMiB << 20, PCIBusID: fmt.Sprintf("0000:%02x:00.0", 0x1b+index),
 	}
 	if len(m.MIGProfiles) > 0 {
 		g.MIGCapable, g.MIGEnabled, g.MIGMemorySlices, g.MIGProfiles = true, migEnabled, m.MemorySlices, hardwareProfiles(m)

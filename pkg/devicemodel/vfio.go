@@ -54,7 +54,9 @@ type VFIOInfoFunc func(gpu hardware.GPU) (VFIOInfo, bool)
 // WithVFIO offers GPUs for passthrough as [VFIOName] devices of type
 // "vfio", as mode says; info says which GPUs and their PCI facts. A GPU
 // with MIG mode on is offered for passthrough only where it is also
-// offered whole (MIG mode switching).
+// offered whole (MIG mode switching). A GPU whose PCI bus ID is unknown is
+// not offered, nor, beside CUDA devices, one whose memory is unknown: the
+// counters that keep the two apart hold the GPU's memory.
 func WithVFIO(mode VFIOMode, info VFIOInfoFunc) Option {
 	return func(o *buildOptions) { o.vfioMode, o.vfioInfo = mode, info }
 }
@@ -71,7 +73,7 @@ func vfioDevice(gpu *hardware.GPU, gpuAttrs map[resourceapi.QualifiedName]resour
 			AttrDeviceID:   str(info.DeviceID),
 			AttrIOMMUGroup: {IntValue: ptr.To(int64(info.IOMMUGroup))},
 		}),
-		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{CapMemory: bytesCapacity(gpu.MemoryBytes)},
+		Capacity: gpuCapacity(gpu),
 	}
 }
 

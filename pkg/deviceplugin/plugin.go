@@ -111,6 +111,11 @@ func New(ctx context.Context, o Options) (*Plugin, error) {
 	for _, p := range inv.Problems {
 		logger.Info("GPU left out", "problem", p.Err)
 	}
+	for _, g := range inv.GPUs {
+		for _, u := range g.Unread {
+			logger.Info("GPU served without a property discovery could not read", "index", g.Index, "uuid", g.UUID, "property", u.Property, "query", u.Query, "err", u.Err)
+		}
+	}
 	resources, err := Plan(inv, o.Plan)
 	if err != nil {
 		return nil, err
@@ -142,7 +147,7 @@ func New(ctx context.Context, o Options) (*Plugin, error) {
 
 // startMPSDaemons starts (or takes over, after a restart) an MPS daemon
 // per GPU of the MPS-shared resources, each client capped at 1/replicas of
-// the GPU's SMs and memory, and stops the device plugin's daemons of GPUs
+// the GPU's SMs and memory (where discovery read it), and stops the device plugin's daemons of GPUs
 // no longer shared so. It returns the daemons by GPU UUID.
 func (p *Plugin) startMPSDaemons(ctx context.Context) (map[string]mps.Daemon, error) {
 	daemons := map[string]mps.Daemon{}
@@ -159,12 +164,19 @@ func (p *Plugin) startMPSDaemons(ctx context.Context) (map[string]mps.Daemon, er
 				continue
 			}
 			threads := max(1, 100/r.Replicas)
-			daemon, err := p.opts.MPS.Start(ctx, mps.Spec{
+			spec := mps.Spec{
 				ID:                     mpsDaemonPrefix + devicemodel.GPUName(g.Minor),
 				DeviceUUIDs:            []string{g.UUID},
 				ActiveThreadPercentage: &threads,
-				PinnedMemoryLimits:     map[string]int64{g.UUID: int64(g.MemoryBytes) / int64(r.Replicas)},
-			})
+			}
+			// A GPU whose memory discovery could not read gets no memory
+			// cap: a cap of 0 would leave its clients no memory at all.
+			if g.MemoryBytes > 0 {
+				spec.PinnedMemoryLimits = map[string]int64{g.UUID: int64(g.MemoryBytes) / int64(r.Replicas)}
+			} else {
+				klog.FromContext(ctx).Info("MPS replicas of a GPU whose memory is unknown share its memory uncapped", "resource", r.Name, "gpu", g.Index, "uuid", g.UUID)
+			}
+			daemon, err := p.opts.MPS.Start(ctx, spec)
 			if err != nil {
 				return nil, fmt.Errorf("sharing.mps: %s on GPU %d: %w", r.Name, g.Index, err)
 			}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/klog/v2"
@@ -99,7 +100,7 @@ type rig struct {
 	done                   chan error
 }
 
-func newRig(t testing.TB, fleet, node string, o deviceplugin.Options) *rig {
+func newRig(t testing.TB, fleet, node string, o deviceplugin.Options, hw ...sim.HardwareOption) *rig {
 	t.Helper()
 	dir := shorttemp.Dir(t)
 	r := &rig{dir: dir, pluginDir: filepath.Join(dir, "device-plugins"), cdiDir: filepath.Join(dir, "cdi"), health: &sim.HealthEvents{}, node: node}
@@ -115,7 +116,7 @@ func newRig(t testing.TB, fleet, node string, o deviceplugin.Options) *rig {
 		t.Fatal(err)
 	}
 	r.kubelet = startKubelet(t, r.pluginDir)
-	o.Hardware = n.Hardware(sim.WithHealthEvents(r.health))
+	o.Hardware = n.Hardware(append([]sim.HardwareOption{sim.WithHealthEvents(r.health)}, hw...)...)
 	o.DriverName = "gpu.nvidia.com"
 	o.PluginDir = r.pluginDir
 	o.CDIDir = r.cdiDir
@@ -428,6 +429,33 @@ func TestMPSReplicas(t *testing.T) {
 	if _, err := deviceplugin.New(context.Background(), deviceplugin.Options{Hardware: n.Hardware(), DriverName: "gpu.nvidia.com", PluginDir: dir, CDIDir: dir,
 		Plan: deviceplugin.PlanOptions{MPS: *cfg.Sharing.MPS}}); err == nil || !strings.Contains(err.Error(), "sharing.mps") {
 		t.Errorf("MPS replicas without an MPS manager: %v", err)
+	}
+}
+
+// TestMPSReplicasOfGPUWithUnreadMemory: a GPU whose memory discovery
+// could not read (GB10's unified memory) is still MPS-shared, its clients'
+// SMs capped, their memory not: a cap of 0 would leave them none.
+func TestMPSReplicasOfGPUWithUnreadMemory(t *testing.T) {
+	cfg, err := deviceplugin.ParseConfig([]byte("version: v1\nsharing: {mps: {renameByDefault: true, resources: [{name: nvidia.com/gpu, replicas: 4, devices: [0, 1]}]}}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := mps.New(filepath.Join(shorttemp.Dir(t), "mps"), mps.WithControlBinary(filepath.Join(fakeMPSBin, mpsfake.ControlName)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	faults := &sim.Faults{}
+	faults.Fail("nvmlDeviceGetMemoryInfo", 1, nvml.ERROR_NOT_SUPPORTED) // GPU 0's, at the first discovery
+	r := newRig(t, "dgx-h100", "dgx-h100-0", deviceplugin.Options{MPS: m, Plan: deviceplugin.PlanOptions{MPS: *cfg.Sharing.MPS}}, sim.WithFaults(faults))
+	for gpu, pinned := range map[int]int64{0: 0, 1: 81559 / 4} {
+		rec, err := mpsfake.ReadRecord(m.Dirs(fmt.Sprintf("device-plugin-gpu-%d", gpu)).Log)
+		if err != nil {
+			t.Fatalf("GPU %d: no MPS daemon: %v", gpu, err)
+		}
+		uuid := r.plugin.Resources()[1].Devices[gpu*4].UUID()
+		if got, capped := rec.PinnedMemLimitMiB[uuid]; rec.ActiveThreadPercentage == nil || *rec.ActiveThreadPercentage != 25 || got != pinned || capped != (pinned > 0) {
+			t.Errorf("GPU %d's daemon: threads %v, pinned %v; want 25%% and %d MiB (0: uncapped)", gpu, rec.ActiveThreadPercentage, rec.PinnedMemLimitMiB, pinned)
+		}
 	}
 }
 

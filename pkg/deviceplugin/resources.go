@@ -125,8 +125,18 @@ func Plan(inv *hardware.Inventory, o PlanOptions) ([]Resource, error) {
 		return d, nil
 	}
 
+	// single serves MIG devices only: a GPU whose MIG mode or MIG devices
+	// discovery could not read has none to serve, and stays out of it (the
+	// plugin's log names what was unread), as it did when discovery left
+	// such GPUs out.
 	var inMIG, whole []int
+	unknownMIG := func(g hardware.GPU) bool {
+		return g.IsUnread(hardware.PropertyMIGMode) || g.IsUnread(hardware.PropertyMIGDevices)
+	}
 	for _, g := range inv.GPUs {
+		if unknownMIG(g) {
+			continue
+		}
 		if g.MIGEnabled {
 			inMIG = append(inMIG, g.Index)
 		} else {
@@ -148,6 +158,9 @@ func Plan(inv *hardware.Inventory, o PlanOptions) ([]Resource, error) {
 		}
 		profile := ""
 		for _, g := range inv.GPUs {
+			if unknownMIG(g) {
+				continue
+			}
 			if len(g.MIGDevices) == 0 {
 				return nil, fmt.Errorf("flags.migStrategy single: GPU %d is in MIG mode with no MIG devices", g.Index)
 			}

@@ -54,6 +54,22 @@ nodes:
     migDevices: [{profile: 1g.10gb, placementStart: 0}]
 `
 
+// withUnreadMIG is singleProfileFleet with the second GPU's MIG mode or
+// MIG devices unread, as discovery reports them: no MIG devices, and with
+// the mode unread, not MIG-capable.
+func withUnreadMIG(t testing.TB, p hardware.Property) *hardware.Inventory {
+	t.Helper()
+	inv := inventory(t, singleProfileFleet, "single")
+	g := &inv.GPUs[1]
+	g.MIGDevices, g.MIGProfiles, g.MIGMemorySlices = nil, nil, 0
+	if p == hardware.PropertyMIGMode {
+		g.MIGCapable, g.MIGEnabled = false, false
+	}
+	query := map[hardware.Property]string{hardware.PropertyMIGMode: "nvmlDeviceGetMigMode", hardware.PropertyMIGDevices: "nvmlDeviceGetMaxMigDeviceCount"}[p]
+	g.Unread = []hardware.Unread{{Property: p, Query: query, Err: "ERROR_UNKNOWN"}}
+	return inv
+}
+
 func TestPlanStrategies(t *testing.T) {
 	a100mig := inventory(t, "dgx-a100-mig", "dgx-a100-0")
 	for _, tc := range []struct {
@@ -71,6 +87,10 @@ func TestPlanStrategies(t *testing.T) {
 		{name: "single with one profile", inv: inventory(t, singleProfileFleet, "single"), opts: deviceplugin.PlanOptions{MIGStrategy: deviceplugin.MIGStrategySingle}, want: "nvidia.com/gpu: 3"},
 		{name: "single with MIG and whole GPUs", inv: a100mig, opts: deviceplugin.PlanOptions{MIGStrategy: deviceplugin.MIGStrategySingle},
 			wantErr: "flags.migStrategy single: GPUs [0 1 2 3] are in MIG mode and GPUs [4 5 6 7] are not"},
+		{name: "single with a GPU whose MIG devices are unread", inv: withUnreadMIG(t, hardware.PropertyMIGDevices),
+			opts: deviceplugin.PlanOptions{MIGStrategy: deviceplugin.MIGStrategySingle}, want: "nvidia.com/gpu: 2"},
+		{name: "single with a GPU whose MIG mode is unread", inv: withUnreadMIG(t, hardware.PropertyMIGMode),
+			opts: deviceplugin.PlanOptions{MIGStrategy: deviceplugin.MIGStrategySingle}, want: "nvidia.com/gpu: 2"},
 		{name: "unknown strategy", inv: a100mig, opts: deviceplugin.PlanOptions{MIGStrategy: "some"}, wantErr: `flags.migStrategy "some": must be one of none, single, mixed`},
 		{name: "time slicing", inv: inventory(t, "dgx-h100", "dgx-h100-0"),
 			opts: deviceplugin.PlanOptions{TimeSlicing: deviceplugin.ReplicatedResources{Resources: []deviceplugin.ReplicaResource{{Name: deviceplugin.ResourceGPU, Replicas: 4}}}},

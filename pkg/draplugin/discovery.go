@@ -60,6 +60,7 @@ func (d *Driver) install(ctx context.Context, inv *hardware.Inventory) error {
 		d.healthMon.signal.notify()
 	}
 	d.events.reportProblems(ctx, prevInv, inv)
+	d.events.reportUnread(ctx, prevInv, inv)
 	var before []preparer.Notice
 	if previous != nil {
 		before = previous.Notices

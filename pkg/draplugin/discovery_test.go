@@ -10,6 +10,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/draplugin"
 	"github.com/gpudra/gpudra/pkg/hardware"
 )
@@ -142,6 +143,43 @@ func TestLostGPUIsReported(t *testing.T) {
 	}
 	if !strings.Contains(events, "ERROR_GPU_IS_LOST") {
 		t.Errorf("event does not say why: %s", events)
+	}
+}
+
+// memoryUnanswered is hardware whose GPU 3 does not answer memory info,
+// as GB10's unified memory does not.
+type memoryUnanswered struct{ real hardware.Hardware }
+
+func (m memoryUnanswered) Discover(ctx context.Context) (*hardware.Inventory, error) {
+	inv, err := m.real.Discover(ctx)
+	if err != nil {
+		return nil, err
+	}
+	g := &inv.GPUs[3]
+	g.MemoryBytes, g.MIGProfiles, g.MIGMemorySlices = 0, nil, 0
+	g.Unread = []hardware.Unread{{Property: hardware.PropertyMemory, Query: "nvmlDeviceGetMemoryInfo", Err: "ERROR_NOT_SUPPORTED"}}
+	return inv, nil
+}
+
+// A GPU with a property discovery could not read is published without it,
+// and a Warning Node event names the GPU, the query and its error.
+func TestUnreadPropertyIsReported(t *testing.T) {
+	h := newHarness(t, func(cfg *draplugin.Config) { cfg.Hardware = memoryUnanswered{cfg.Hardware} })
+	h.waitForPublished(t, 8)
+	events, err := h.waitForEvent(draplugin.ReasonGPUPropertiesUnread)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uuid := h.inventory().GPUs[3].UUID
+	want := fmt.Sprintf("1 GPU propert(ies) could not be read; the GPUs are published without them: GPU 3 (%s) memory: nvmlDeviceGetMemoryInfo: ERROR_NOT_SUPPORTED", uuid)
+	if events != want {
+		t.Errorf("event %q, want %q", events, want)
+	}
+	if c, ok := h.device("gpu-3").Capacity[devicemodel.CapMemory]; ok {
+		t.Errorf("gpu-3 publishes memory %v, which discovery could not read", c.Value)
+	}
+	if _, ok := h.device("gpu-2").Capacity[devicemodel.CapMemory]; !ok {
+		t.Error("gpu-2 lost its memory capacity")
 	}
 }
 

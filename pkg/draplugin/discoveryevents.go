@@ -72,6 +72,58 @@ func (e *events) reportProblems(ctx context.Context, previous, inv *hardware.Inv
 	}
 }
 
+// ReasonGPUPropertiesUnread is the reason of the Warning Node event that
+// names the properties of published GPUs discovery could not read.
+const ReasonGPUPropertiesUnread = "GPUPropertiesUnread"
+
+// reportUnread logs the properties of published GPUs that discovery could
+// not read, and records a Node event when they change: the GPU is
+// published, but a selector on what is unknown no longer matches it, and
+// what needs it (a memory capacity, sharing, MIG, passthrough) is not
+// offered. Unlike a GPU left out, the set lasts on a node that never
+// answers (GB10 has no memory info), so it is an error log only when it
+// changes.
+func (e *events) reportUnread(ctx context.Context, previous, inv *hardware.Inventory) {
+	before, now := unreadLines(previous), unreadLines(inv)
+	logger := klog.FromContext(ctx)
+	changed := !slices.Equal(before, now)
+	if len(now) == 0 {
+		if len(before) > 0 {
+			logger.Info("GPU properties an earlier discovery could not read are read again", "unreadBefore", len(before))
+		}
+		return
+	}
+	for _, g := range inv.GPUs {
+		for _, u := range g.Unread {
+			kv := []any{"index", g.Index, "uuid", g.UUID, "property", u.Property, "query", u.Query, "err", u.Err}
+			if changed {
+				logger.Error(nil, "GPU published without a property discovery could not read", kv...)
+			} else {
+				logger.V(2).Info("GPU published without a property discovery could not read", kv...)
+			}
+		}
+	}
+	if changed {
+		e.node(corev1.EventTypeWarning, ReasonGPUPropertiesUnread,
+			fmt.Sprintf("%d GPU propert(ies) could not be read; the GPUs are published without them: %s", len(now), strings.Join(now, "; ")))
+	}
+}
+
+// unreadLines renders the unread properties of inv's GPUs, one line each:
+// "GPU 0 (GPU-...) memory: nvmlDeviceGetMemoryInfo: ERROR_NOT_SUPPORTED".
+func unreadLines(inv *hardware.Inventory) []string {
+	if inv == nil {
+		return nil
+	}
+	var out []string
+	for _, g := range inv.GPUs {
+		for _, u := range g.Unread {
+			out = append(out, fmt.Sprintf("GPU %d (%s) %s", g.Index, g.UUID, u))
+		}
+	}
+	return out
+}
+
 // discoveryFailed logs every failed discovery, and records a Node event only
 // when the failure is new or different from the previous one: a node with
 // no driver would otherwise get an event every 30 s forever.

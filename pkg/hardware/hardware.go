@@ -11,14 +11,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // Hardware discovers the GPUs of one node.
 type Hardware interface {
-	// Discover returns a fresh snapshot of the node's GPUs. A GPU or MIG
-	// device that cannot be read is left out of the snapshot and listed in
-	// its Problems, so that one broken GPU does not hide the others;
-	// callers should log the problems. Discover returns an error wrapping
+	// Discover returns a fresh snapshot of the node's GPUs. A GPU whose
+	// identity (handle, UUID, name, minor) cannot be read, a GPU that is
+	// lost (fell off the bus), or a MIG device that cannot be read, is
+	// left out of the snapshot and listed in its Problems, so that one broken GPU does not hide the others; callers
+	// should log the problems. A GPU whose other properties cannot all be
+	// read is in the snapshot without them, and lists them in its
+	// [GPU.Unread]. Discover returns an error wrapping
 	// [ErrUnavailable] when the management library cannot be used at all
 	// (library missing, driver not loaded, no device count); callers keep
 	// what they published before (an empty pool if nothing) and retry
@@ -45,7 +49,8 @@ type Inventory struct {
 	// GPUs are ordered by NVML index.
 	GPUs []GPU `json:"gpus"`
 	// Problems are GPUs (or MIG devices) left out of this snapshot, with
-	// why. Empty when all is well.
+	// why. Empty when all is well. A GPU in GPUs with properties discovery
+	// could not read is not a problem: its [GPU.Unread] lists them.
 	Problems []Problem `json:"problems,omitempty"`
 }
 
@@ -93,40 +98,109 @@ type GPU struct {
 	UUID string `json:"uuid"`
 	// ProductName as NVML reports it, e.g. "NVIDIA H100 80GB HBM3".
 	ProductName string `json:"productName"`
-	// Brand as the NVIDIA DRA driver publishes it, e.g. "Nvidia", "Tesla".
+	// Brand as the NVIDIA DRA driver publishes it, e.g. "Nvidia", "Tesla";
+	// NVML's number for a brand go-nvlib cannot name. Empty if unread.
 	Brand string `json:"brand"`
-	// Architecture, e.g. "Ampere", "Hopper", "Blackwell".
+	// Architecture, e.g. "Ampere", "Hopper", "Blackwell"; NVML's number
+	// for an architecture go-nvlib cannot name. Empty if unread.
 	Architecture string `json:"architecture"`
-	// CUDAComputeCapability is "major.minor", e.g. "9.0".
+	// CUDAComputeCapability is "major.minor", e.g. "9.0". Empty if
+	// unread.
 	CUDAComputeCapability string `json:"cudaComputeCapability"`
 	// MemoryBytes is the total framebuffer memory as NVML reports it
-	// (an H100 80GB HBM3 reports 81559 MiB).
+	// (an H100 80GB HBM3 reports 81559 MiB). 0 when unknown: unread, or
+	// hidden from unprivileged callers while MIG mode is on.
 	MemoryBytes uint64 `json:"memoryBytes"`
-	// PCIBusID in extended BDF form, lower case: "0000:1b:00.0".
+	// PCIBusID in extended BDF form, lower case: "0000:1b:00.0". Empty if
+	// unread; PCIeRoot and NUMANode are then unknown too.
 	PCIBusID string `json:"pciBusID"`
 	// PCIeRoot is the root complex, "pci<domain>:<bus>"; empty if unknown.
 	PCIeRoot string `json:"pcieRoot,omitempty"`
-	// NUMANode is the NUMA node; nil when the device has no NUMA affinity.
+	// NUMANode is the NUMA node; nil when the device has no NUMA affinity
+	// or it is unknown.
 	NUMANode *int `json:"numaNode,omitempty"`
-	// MIGCapable reports whether the GPU supports MIG at all.
+	// MIGCapable reports whether the GPU supports MIG at all; false when
+	// its MIG mode could not be read, so that MIG is not offered.
 	MIGCapable bool `json:"migCapable"`
 	// MIGEnabled reports whether MIG mode is currently on.
 	MIGEnabled bool `json:"migEnabled"`
 	// MIGDevices are the MIG devices that exist now, ordered by
-	// (GIProfileID, PlacementStart).
+	// (GIProfileID, PlacementStart). Empty when they could not be listed
+	// ([PropertyMIGDevices] is then in Unread).
 	MIGDevices []MIGDevice `json:"migDevices,omitempty"`
 	// MIGMemorySlices is the number of MIG memory slices of the GPU (8 on
-	// A100, H100 and H200); 0 when the GPU is not MIG-capable.
+	// A100, H100 and H200); 0 when MIGProfiles is empty.
 	MIGMemorySlices int `json:"migMemorySlices,omitempty"`
 	// MIGProfiles are the GPU instance profiles the GPU supports, with
 	// their possible placements, in NVML profile index order. NVML answers
 	// these queries with MIG mode off too, so they are filled in for every
-	// MIG-capable GPU. Empty when the GPU is not MIG-capable.
+	// MIG-capable GPU. Empty when the GPU is not MIG-capable, when they
+	// could not be read, when the GPU's memory (which names them) is
+	// unknown, and when MIG mode is on but the MIG devices could not be
+	// listed: a placement could collide with one of them.
 	MIGProfiles []MIGProfile `json:"migProfiles,omitempty"`
 	// Fabric is the GPU's place in a multi-node NVLink fabric
 	// (nvmlDeviceGetGpuFabricInfo); nil when the GPU or its driver has no
 	// such fabric.
 	Fabric *Fabric `json:"fabric,omitempty"`
+	// Unread are the properties discovery could not read, in the order it
+	// read them; empty when it read them all. What identifies a GPU (UUID,
+	// minor, name) is never unread: a GPU without it is left out instead,
+	// as is a GPU that is lost.
+	Unread []Unread `json:"unread,omitempty"`
+}
+
+// Property names a property of a GPU that discovery may fail to read, as
+// the attribute or capacity it feeds is named where there is one.
+type Property string
+
+// The properties of a GPU that may be unread. Each of them leaves its
+// field of [GPU] empty, and what is derived from it is not offered.
+const (
+	PropertyBrand                 Property = "brand"
+	PropertyArchitecture          Property = "architecture"
+	PropertyCUDAComputeCapability Property = "cudaComputeCapability"
+	// PropertyMemory leaves MemoryBytes 0: no memory capacity, no shared
+	// GPU, no MIG profiles.
+	PropertyMemory   Property = "memory"
+	PropertyPCIBusID Property = "pciBusID"
+	PropertyPCIeRoot Property = "pcieRoot"
+	PropertyNUMANode Property = "numaNode"
+	// PropertyMIGMode leaves the GPU not MIG-capable.
+	PropertyMIGMode Property = "migMode"
+	// PropertyMIGProfiles leaves MIGProfiles empty: no dynamic MIG.
+	PropertyMIGProfiles Property = "migProfiles"
+	// PropertyMIGDevices, on a GPU in MIG mode, leaves MIGDevices and
+	// MIGProfiles empty.
+	PropertyMIGDevices Property = "migDevices"
+)
+
+// Unread is one property of a GPU that discovery could not read. NVML
+// leaves some queries unanswered on some systems (GB10's unified memory
+// has no memory info; an Azure VM has no PCIe root), and NVIDIA's driver
+// then leaves the GPU, or the whole node, out; gpudra publishes the GPU
+// without the property instead, and reports it.
+type Unread struct {
+	// Property is what is unknown.
+	Property Property `json:"property"`
+	// Query is what was asked: an NVML function as nvml.h names it, with
+	// its argument where it matters ("nvmlDeviceGetMemoryInfo",
+	// "nvmlDeviceGetGpuInstanceProfileInfo(0)"), or the file read for
+	// what NVML does not answer ("/sys/bus/pci/devices/0000:1b:00.0").
+	Query string `json:"query"`
+	// Err is why the query failed, e.g. "ERROR_NOT_SUPPORTED".
+	Err string `json:"error"`
+}
+
+// IsUnread reports whether discovery could not read property p of g.
+func (g *GPU) IsUnread(p Property) bool {
+	return slices.ContainsFunc(g.Unread, func(u Unread) bool { return u.Property == p })
+}
+
+// String renders u for logs and events:
+// "memory: nvmlDeviceGetMemoryInfo: ERROR_NOT_SUPPORTED".
+func (u Unread) String() string {
+	return fmt.Sprintf("%s: %s: %s", u.Property, u.Query, u.Err)
 }
 
 // FabricState is how far a GPU's registration with the NVLink fabric

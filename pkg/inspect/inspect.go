@@ -140,13 +140,18 @@ func WriteTable(w io.Writer, nodes []Node) error {
 			case d.MIG != nil:
 				profile = d.MIG.Profile
 			}
-			mem := d.API.Capacity[devicemodel.CapMemory].Value
+			// A capacity left out (memory discovery could not read) is
+			// no 0.
+			mem := "-"
+			if c, ok := d.API.Capacity[devicemodel.CapMemory]; ok {
+				mem = c.Value.String()
+			}
 			sharing := "-"
 			if d.Sharing.Enabled() {
 				sharing = d.Sharing.String()
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
-				n.Name, d.Name(), d.Kind, sharing, d.GPU.ProductName, mem.String(), profile,
+				n.Name, d.Name(), d.Kind, sharing, d.GPU.ProductName, mem, profile,
 				attr(d, deviceattribute.StandardDeviceAttributePCIBusID), attr(d, deviceattribute.StandardDeviceAttributePCIeRoot),
 				attr(d, deviceattribute.StandardDeviceAttributeNUMANode), n.health(d.GPU.UUID), taints(d.API.Taints), uuid)
 		}
@@ -189,12 +194,18 @@ func prefixed(p, s string) string {
 }
 
 // healthNotes are the lines under a node's summary that say what is
-// wrong with its GPUs: problems discovery met, GPUs that are not healthy,
-// and what the health check could not tell.
+// wrong with its GPUs: problems discovery met (GPUs left out, properties
+// of published GPUs it could not read), GPUs that are not healthy, and
+// what the health check could not tell.
 func healthNotes(n *Node) []string {
 	var out []string
 	for _, p := range n.Inventory.Problems {
 		out = append(out, "discovery: "+p.Err)
+	}
+	for _, g := range n.Inventory.GPUs {
+		for _, u := range g.Unread {
+			out = append(out, fmt.Sprintf("discovery: GPU %d (%s) published without %s: %s: %s", g.Index, g.UUID, u.Property, u.Query, u.Err))
+		}
 	}
 	if n.HealthErr != nil {
 		out = append(out, "health: cannot check: "+n.HealthErr.Error())

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	resourceapi "k8s.io/api/resource/v1"
 	"sigs.k8s.io/yaml"
 
@@ -221,5 +222,45 @@ func TestTableShowsHealth(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "needs") || strings.Contains(out.String(), "(NVML GPU") {
 		t.Errorf("a table without health data shows health:\n%s", out.String())
+	}
+}
+
+// TestTableShowsUnreadProperties: a GPU whose memory discovery could not
+// read is in the table, without a memory figure, and a line under the
+// node names the property, the NVML query and its error.
+func TestTableShowsUnreadProperties(t *testing.T) {
+	fleet, err := sim.Load("dgx-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := fleet.Nodes[0]
+	faults := &sim.Faults{}
+	faults.Fail("nvmlDeviceGetMemoryInfo", 1, nvml.ERROR_NOT_SUPPORTED) // GPU 0's
+	inv, err := n.Hardware(sim.WithFaults(faults)).Discover(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := devicemodel.Build(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := WriteTable(&out, []Node{{Name: n.Name, Inventory: inv, Model: m}}); err != nil {
+		t.Fatal(err)
+	}
+	text := out.String()
+	t.Log("\n" + text)
+	want := "  discovery: GPU 0 (" + inv.GPUs[0].UUID + ") published without memory: nvmlDeviceGetMemoryInfo: ERROR_NOT_SUPPORTED\n"
+	if !strings.Contains(text, want) {
+		t.Errorf("table lacks %q", want)
+	}
+	memory := map[string]string{}
+	for _, line := range strings.Split(text, "\n") {
+		if f := strings.Fields(line); len(f) > 8 && f[0] == n.Name {
+			memory[f[1]] = f[8] // NODE DEVICE TYPE SHARING PRODUCT(4 words) MEMORY
+		}
+	}
+	if memory["gpu-0"] != "-" || memory["gpu-1"] != "81559Mi" {
+		t.Errorf("MEMORY of gpu-0 %q, gpu-1 %q; want - and 81559Mi", memory["gpu-0"], memory["gpu-1"])
 	}
 }

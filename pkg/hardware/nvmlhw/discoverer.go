@@ -171,10 +171,13 @@ func (r *realLibrary) find() (string, error) {
 // An error wrapping [hardware.ErrUnavailable] means NVML cannot be used at
 // all: library missing, nvmlInit failing (driver not loaded, no
 // permission), or the system-wide queries (driver version, device count)
-// failing after it. A GPU that cannot be read is left out and reported in
-// the inventory's Problems, naming the GPU (index and UUID) and the NVML
-// call; so is a MIG device that cannot be read or that gpudra does not
-// model, while its GPU and the GPU's other MIG devices stay. A failing
+// failing after it. A GPU whose identity (handle, UUID, name, minor) cannot
+// be read, or that answers any query with ERROR_GPU_IS_LOST, is left out
+// and reported in the inventory's Problems, naming the
+// GPU (index and UUID) and the NVML call; so is a MIG device that cannot be
+// read or that gpudra does not model, while its GPU and the GPU's other MIG
+// devices stay. A GPU whose other properties NVML or sysfs do not answer
+// is kept without them, and lists them in its Unread. A failing
 // nvmlShutdown after a good discovery is reported as a problem with Index
 // -1: the snapshot it follows is still right.
 func (d *Discoverer) Discover(ctx context.Context) (inv *hardware.Inventory, err error) {

@@ -3,6 +3,7 @@ package nvmlhw
 import (
 	"errors"
 	"fmt"
+	"strconv"
 
 	nvdev "github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -53,8 +54,11 @@ func gpuName(index int, uuid string) string {
 }
 
 // read returns the GPU at NVML index i. ok is false when the GPU is left
-// out: a device that is not a compute GPU (with no problem), or one that
-// could not be read (with one problem saying why). problems also lists the
+// out: a device that is not a compute GPU (with no problem), or one whose
+// identity (handle, UUID, name, minor) could not be read or that answers
+// any query with ERROR_GPU_IS_LOST (with one problem saying why). Any other
+// property that cannot be read is left empty and listed in the GPU's
+// Unread, and the GPU is published without it. problems also lists the
 // MIG devices of a published GPU that were left out.
 func (g *gpuReader) read(i int) (gpu hardware.GPU, ok bool, problems []hardware.Problem) {
 	var uuid string
@@ -88,47 +92,61 @@ func (g *gpuReader) read(i int) (gpu hardware.GPU, ok bool, problems []hardware.
 	if ret != nvml.SUCCESS {
 		return fail("nvmlDeviceGetMinorNumber", ret)
 	}
-	brand, err := dev.GetBrandAsString()
-	if err != nil {
-		return fail("brand", err)
+
+	gpu = hardware.GPU{Index: i, Minor: minor, UUID: uuid, ProductName: name}
+	// The rest describes the GPU without identifying it. NVML leaves some
+	// of it unanswered on some systems (Rubin, GB10's unified memory, VMs
+	// without a PCIe root), where NVIDIA's driver drops the GPU or the
+	// node; the GPU is published without what is unknown instead. A GPU
+	// that fell off the bus (ERROR_GPU_IS_LOST) is another matter: it
+	// answers nothing more, so it is left out as before, and a running
+	// plugin keeps publishing what it had of it, tainted (see package
+	// devicehealth), rather than a husk without its MIG devices.
+	var lost *queryError
+	unread := func(p hardware.Property, query string, err error) {
+		var q *queryError
+		if errors.As(err, &q) {
+			query, err = q.query, q.err
+		}
+		if errors.Is(err, nvml.ERROR_GPU_IS_LOST) && lost == nil {
+			lost = &queryError{query: query, err: err}
+		}
+		gpu.Unread = append(gpu.Unread, hardware.Unread{Property: p, Query: query, Err: err.Error()})
 	}
-	arch, err := dev.GetArchitectureAsString()
-	if err != nil {
-		return fail("architecture", err)
+	done := func(problems []hardware.Problem) (hardware.GPU, bool, []hardware.Problem) {
+		if lost != nil {
+			return fail(lost.query, lost.err)
+		}
+		return gpu, true, problems
 	}
-	cc, err := dev.GetCudaComputeCapabilityAsString()
-	if err != nil {
-		return fail("CUDA compute capability", err)
+	if gpu.Brand, err = g.brand(dev); err != nil {
+		unread(hardware.PropertyBrand, "nvmlDeviceGetBrand", err)
+	}
+	if gpu.Architecture, err = g.architecture(dev); err != nil {
+		unread(hardware.PropertyArchitecture, "nvmlDeviceGetArchitecture", err)
+	}
+	if major, minor, ret := dev.GetCudaComputeCapability(); ret == nvml.SUCCESS {
+		gpu.CUDAComputeCapability = fmt.Sprintf("%d.%d", major, minor)
+	} else {
+		unread(hardware.PropertyCUDAComputeCapability, "nvmlDeviceGetCudaComputeCapability", ret)
 	}
 	// go-nvlib lower-cases NVML's "00000000:1B:00.0" and cuts the domain
-	// to four digits: "0000:1b:00.0".
-	busID, err := dev.GetPCIBusID()
-	if err != nil {
-		return fail("PCI bus ID", err)
+	// to four digits: "0000:1b:00.0". Without it the topology is unknown
+	// too, and not asked for.
+	if gpu.PCIBusID, err = dev.GetPCIBusID(); err != nil {
+		unread(hardware.PropertyPCIBusID, "nvmlDeviceGetPciInfo", nvmlError(err))
+	} else {
+		if gpu.PCIeRoot, err = g.topo.PCIeRoot(gpu.PCIBusID); err != nil {
+			unread(hardware.PropertyPCIeRoot, "PCIe root of "+gpu.PCIBusID, err)
+		}
+		if gpu.NUMANode, err = g.topo.NUMANode(gpu.PCIBusID); err != nil {
+			unread(hardware.PropertyNUMANode, "NUMA node of "+gpu.PCIBusID, err)
+		}
 	}
-	root, err := g.topo.PCIeRoot(busID)
-	if err != nil {
-		return fail("topology", err)
-	}
-	numa, err := g.topo.NUMANode(busID)
-	if err != nil {
-		return fail("topology", err)
-	}
+	gpu.Fabric = readFabric(dev)
 
-	gpu = hardware.GPU{
-		Index:                 i,
-		Minor:                 minor,
-		UUID:                  uuid,
-		ProductName:           name,
-		Brand:                 brand,
-		Architecture:          arch,
-		CUDAComputeCapability: cc,
-		PCIBusID:              busID,
-		PCIeRoot:              root,
-		NUMANode:              numa,
-		Fabric:                readFabric(dev),
-	}
-
+	// A GPU whose MIG mode is unknown is published as one without MIG: no
+	// MIG device or placement is offered on it, nor a mode switch.
 	current, _, ret := dev.GetMigMode()
 	switch ret {
 	case nvml.SUCCESS:
@@ -136,7 +154,7 @@ func (g *gpuReader) read(i int) (gpu hardware.GPU, ok bool, problems []hardware.
 		gpu.MIGEnabled = current == nvml.DEVICE_MIG_ENABLE
 	case nvml.ERROR_NOT_SUPPORTED:
 	default:
-		return fail("nvmlDeviceGetMigMode", ret)
+		unread(hardware.PropertyMIGMode, "nvmlDeviceGetMigMode", ret)
 	}
 
 	// v1, not nvmlDeviceGetMemoryInfo_v2: both report the same total, and
@@ -147,22 +165,28 @@ func (g *gpuReader) read(i int) (gpu hardware.GPU, ok bool, problems []hardware.
 	switch {
 	case ret == nvml.SUCCESS:
 		gpu.MemoryBytes = memory.Total
-	case gpu.MIGEnabled:
+	case gpu.MIGEnabled && ret == nvml.ERROR_NO_PERMISSION:
 		// In MIG mode NVML reports the GPU as a whole only to privileged
-		// callers (ERROR_NO_PERMISSION otherwise). Its MIG devices carry
-		// their own memory and are what gets published; the full GPU's
-		// memory is not needed except to name their profiles.
+		// callers. Its MIG devices carry their own memory and are what
+		// gets published; the full GPU's memory is not needed except to
+		// name their profiles, so this is expected, not unread.
 		memErr = fmt.Errorf("nvmlDeviceGetMemoryInfo: %w", ret)
 	default:
-		return fail("nvmlDeviceGetMemoryInfo", ret)
+		memErr = fmt.Errorf("nvmlDeviceGetMemoryInfo: %w", ret)
+		unread(hardware.PropertyMemory, "nvmlDeviceGetMemoryInfo", ret)
 	}
 
 	if !gpu.MIGCapable {
-		return gpu, true, nil
+		return done(nil)
 	}
 	profiles, err := giProfiles(dev)
 	if err != nil {
-		return fail("MIG profiles", err)
+		unread(hardware.PropertyMIGProfiles, "nvmlDeviceGetGpuInstanceProfileInfo", err)
+		// MIG devices are told apart by their profiles.
+		if gpu.MIGEnabled {
+			unread(hardware.PropertyMIGDevices, "nvmlDeviceGetGpuInstanceProfileInfo", err)
+		}
+		return done(nil)
 	}
 	// What could be created stays unknown to unprivileged callers, as
 	// nvml.h documents: placements need privileges, and the profile names
@@ -174,18 +198,98 @@ func (g *gpuReader) read(i int) (gpu hardware.GPU, ok bool, problems []hardware.
 		case errors.Is(err, nvml.ERROR_NO_PERMISSION):
 			gpu.MIGProfiles, gpu.MIGMemorySlices = nil, 0
 		case err != nil:
-			return fail("MIG profiles", err)
+			gpu.MIGProfiles, gpu.MIGMemorySlices = nil, 0
+			unread(hardware.PropertyMIGProfiles, "MIG profiles", err)
 		}
 	}
 	if gpu.MIGEnabled {
 		migs, problems, err := g.readMIGDevices(dev, gpu, profiles, memErr)
 		if err != nil {
-			return fail("MIG devices", err)
+			// Where the MIG devices lie is unknown, so a placement offered
+			// could collide with one of them.
+			gpu.MIGProfiles, gpu.MIGMemorySlices = nil, 0
+			unread(hardware.PropertyMIGDevices, "MIG devices", err)
+			return done(nil)
 		}
 		gpu.MIGDevices = migs
-		return gpu, true, problems
+		return done(problems)
 	}
-	return gpu, true, nil
+	return done(nil)
+}
+
+// queryError is a failed query: what was asked (an NVML function as nvml.h
+// names it, with its argument where that matters, or a file) and why it
+// failed. Discovery reports it as an unread property's query and error.
+type queryError struct {
+	query string
+	err   error
+}
+
+func (e *queryError) Error() string { return e.query + ": " + e.err.Error() }
+func (e *queryError) Unwrap() error { return e.err }
+
+// queryFailed returns a [queryError].
+func queryFailed(query string, err error) error { return &queryError{query: query, err: err} }
+
+// nvmlError is the NVML error err wraps (go-nvlib wraps them in its own
+// words), or err.
+func nvmlError(err error) error {
+	var ret nvml.Return
+	if errors.As(err, &ret) {
+		return ret
+	}
+	return err
+}
+
+// answered is a device whose brand and architecture are what NVML already
+// answered, so that go-nvlib names them without asking NVML again.
+type answered struct {
+	nvml.Device
+	brand nvml.BrandType
+	arch  nvml.DeviceArchitecture
+}
+
+// GetBrand implements nvml.Device.
+func (a answered) GetBrand() (nvml.BrandType, nvml.Return) { return a.brand, nvml.SUCCESS }
+
+// GetArchitecture implements nvml.Device.
+func (a answered) GetArchitecture() (nvml.DeviceArchitecture, nvml.Return) {
+	return a.arch, nvml.SUCCESS
+}
+
+// brand returns the GPU's brand as go-nvlib, and so NVIDIA's driver, names
+// it. go-nvlib fails on a brand newer than itself; that one is published
+// as NVML's number rather than dropped, since NVML did answer. The error
+// is NVML's.
+func (g *gpuReader) brand(dev nvml.Device) (string, error) {
+	brand, ret := dev.GetBrand()
+	if ret != nvml.SUCCESS {
+		return "", ret
+	}
+	if named, err := g.devlib.NewDevice(answered{Device: dev, brand: brand}); err == nil {
+		if s, err := named.GetBrandAsString(); err == nil {
+			return s, nil
+		}
+	}
+	return strconv.FormatUint(uint64(brand), 10), nil
+}
+
+// architecture returns the GPU's architecture as go-nvlib, and so NVIDIA's
+// driver, names it. go-nvlib fails on an architecture newer than itself
+// (a driver that knows Rubin's successor under an older go-nvlib); that one
+// is published as NVML's number rather than dropped, since NVML did
+// answer. The error is NVML's.
+func (g *gpuReader) architecture(dev nvml.Device) (string, error) {
+	arch, ret := dev.GetArchitecture()
+	if ret != nvml.SUCCESS {
+		return "", ret
+	}
+	if named, err := g.devlib.NewDevice(answered{Device: dev, arch: arch}); err == nil {
+		if s, err := named.GetArchitectureAsString(); err == nil {
+			return s, nil
+		}
+	}
+	return strconv.FormatUint(uint64(arch), 10), nil
 }
 
 // readFabric returns the GPU's NVLink fabric membership, nil when the GPU

@@ -49,7 +49,7 @@ func (l giProfileList) ids() string {
 
 // giProfiles returns the GPU's instance profiles. NVML answers with MIG
 // mode off too. Profiles the GPU does not support are skipped; any other
-// failure is an error.
+// failure is a [queryError].
 func giProfiles(dev nvml.Device) (giProfileList, error) {
 	var profiles giProfileList
 	for i := 0; i < nvml.GPU_INSTANCE_PROFILE_COUNT; i++ {
@@ -59,7 +59,7 @@ func giProfiles(dev nvml.Device) (giProfileList, error) {
 			profiles = append(profiles, giProfile{index: i, info: info})
 		case nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_INVALID_ARGUMENT:
 		default:
-			return nil, fmt.Errorf("nvmlDeviceGetGpuInstanceProfileInfo(%d): %w", i, ret)
+			return nil, queryFailed(fmt.Sprintf("nvmlDeviceGetGpuInstanceProfileInfo(%d)", i), ret)
 		}
 	}
 	return profiles, nil
@@ -94,11 +94,11 @@ func ciProfileOf(gi nvml.GpuInstance, id uint32) (ciProfile, error) {
 // readMIGDevices returns the MIG devices that exist on a MIG-enabled GPU,
 // ordered by (GIProfileID, PlacementStart), and a problem for each one left
 // out. memErr, if set, says why the GPU's total memory is unknown. An error
-// means that the GPU's MIG devices cannot be listed at all.
+// (a [queryError]) means that the GPU's MIG devices cannot be listed at all.
 func (g *gpuReader) readMIGDevices(dev nvml.Device, gpu hardware.GPU, profiles giProfileList, memErr error) ([]hardware.MIGDevice, []hardware.Problem, error) {
 	maxCount, ret := dev.GetMaxMigDeviceCount()
 	if ret != nvml.SUCCESS {
-		return nil, nil, fmt.Errorf("nvmlDeviceGetMaxMigDeviceCount: %w", ret)
+		return nil, nil, queryFailed("nvmlDeviceGetMaxMigDeviceCount", ret)
 	}
 	var migs []hardware.MIGDevice
 	var problems []hardware.Problem
@@ -109,12 +109,12 @@ func (g *gpuReader) readMIGDevices(dev nvml.Device, gpu hardware.GPU, profiles g
 		case nvml.ERROR_NOT_FOUND, nvml.ERROR_INVALID_ARGUMENT:
 			continue // no MIG device in this slot
 		default:
-			return nil, nil, fmt.Errorf("nvmlDeviceGetMigDeviceHandleByIndex(%d): %w", j, ret)
+			return nil, nil, queryFailed(fmt.Sprintf("nvmlDeviceGetMigDeviceHandleByIndex(%d)", j), ret)
 		}
 		// Without its UUID a MIG device cannot be reported on its own.
 		uuid, ret := handle.GetUUID()
 		if ret != nvml.SUCCESS {
-			return nil, nil, fmt.Errorf("MIG device %d: nvmlDeviceGetUUID: %w", j, ret)
+			return nil, nil, queryFailed(fmt.Sprintf("nvmlDeviceGetUUID(MIG device %d)", j), ret)
 		}
 		mig, err := g.readMIGDevice(dev, gpu, profiles, handle, memErr)
 		if err != nil {

@@ -275,26 +275,28 @@ func TestDiscoverMIGProfilesUnprivileged(t *testing.T) {
 			if len(inv.GPUs) != 1 || inv.Problems != nil {
 				t.Fatalf("got GPUs %+v, problems %+v", inv.GPUs, inv.Problems)
 			}
-			if g := inv.GPUs[0]; !g.MIGEnabled || g.MIGProfiles != nil || g.MIGMemorySlices != 0 {
-				t.Errorf("got %+v, want a MIG-enabled GPU without profiles", g)
+			// Expected of unprivileged callers, so not reported as unread.
+			if g := inv.GPUs[0]; !g.MIGEnabled || g.MIGProfiles != nil || g.MIGMemorySlices != 0 || g.Unread != nil {
+				t.Errorf("got %+v, want a MIG-enabled GPU without profiles, nothing unread", g)
 			}
 		})
 	}
 }
 
-// Profiles that NVML describes oddly leave the GPU out rather than
-// publish MIG devices that cannot be made.
+// Profiles that NVML describes oddly are not published, rather than
+// offer MIG devices that cannot be made; the GPU and its MIG devices are.
 func TestDiscoverMIGProfileErrors(t *testing.T) {
 	tests := []struct {
 		name    string
 		breakIt func(m *migMock)
+		query   string
 		want    string
 	}{
 		{"mixed placement sizes", func(m *migMock) {
 			m.gpu.GetGpuInstancePossiblePlacementsFunc = func(*nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return) {
 				return []nvml.GpuInstancePlacement{{Start: 0, Size: 1}, {Start: 2, Size: 2}}, nvml.SUCCESS
 			}
-		}, "GPU instance profile 19 has placements of sizes 1 and 2"},
+		}, "nvmlDeviceGetGpuInstancePossiblePlacements(profile 19)", "GPU instance profile 19 has placements of sizes 1 and 2"},
 		{"no spanning compute instance", func(m *migMock) {
 			get := m.gpu.GetGpuInstanceProfileInfoFunc
 			m.gpu.GetGpuInstanceProfileInfoFunc = func(p int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
@@ -304,7 +306,7 @@ func TestDiscoverMIGProfileErrors(t *testing.T) {
 				}
 				return info, ret
 			}
-		}, "GPU instance profile 14 has 5 compute slices, which no compute instance profile spans"},
+		}, "nvmlDeviceGetGpuInstanceProfileInfo(1)", "GPU instance profile 14 has 5 compute slices, which no compute instance profile spans"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -314,12 +316,16 @@ func TestDiscoverMIGProfileErrors(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := gpuUUIDs(inv); !reflect.DeepEqual(got, []string{"GPU-1"}) {
-				t.Errorf("discovered %v, want only GPU-1", got)
+			if got := gpuUUIDs(inv); !reflect.DeepEqual(got, []string{"GPU-0", "GPU-1"}) || inv.Problems != nil {
+				t.Fatalf("discovered %v, problems %+v; want both GPUs, no problem", got, inv.Problems)
 			}
-			want := "GPU 0 (GPU-0): MIG profiles: " + tt.want
-			if len(inv.Problems) != 1 || inv.Problems[0].Err != want {
-				t.Errorf("problems %+v, want one saying %q", inv.Problems, want)
+			g := inv.GPUs[0]
+			if g.MIGProfiles != nil || g.MIGMemorySlices != 0 || !reflect.DeepEqual(migUUIDs(g.MIGDevices), []string{"MIG-0"}) {
+				t.Errorf("GPU 0: profiles %+v, %d memory slices, MIG devices %v; want no profile and MIG-0", g.MIGProfiles, g.MIGMemorySlices, migUUIDs(g.MIGDevices))
+			}
+			want := []hardware.Unread{{Property: hardware.PropertyMIGProfiles, Query: tt.query, Err: tt.want}}
+			if !reflect.DeepEqual(g.Unread, want) {
+				t.Errorf("unread %+v, want %+v", g.Unread, want)
 			}
 		})
 	}
@@ -409,33 +415,43 @@ func TestDiscoverMIGDeviceProblems(t *testing.T) {
 	}
 }
 
-// A GPU whose MIG devices cannot be listed is left out as a whole.
+// A GPU whose MIG devices cannot be listed is published without them, and
+// without MIG profiles: a placement could collide with the devices it
+// cannot see. Profiles that cannot be read leave the MIG devices, which
+// are told apart by them, unread too.
 func TestDiscoverMIGListErrors(t *testing.T) {
 	fail := nvml.ERROR_UNKNOWN
+	profiles, devices := hardware.PropertyMIGProfiles, hardware.PropertyMIGDevices
 	tests := []struct {
 		name    string
 		breakIt func(m *migMock)
-		want    string
+		// unread are the properties and queries; published the MIG
+		// devices still published.
+		unread    []hardware.Unread
+		published []string
 	}{
 		{"profile info", func(m *migMock) {
 			m.gpu.GetGpuInstanceProfileInfoFunc = func(int) (nvml.GpuInstanceProfileInfo, nvml.Return) {
 				return nvml.GpuInstanceProfileInfo{}, fail
 			}
-		}, "MIG profiles: nvmlDeviceGetGpuInstanceProfileInfo(0)"},
+		}, []hardware.Unread{
+			{Property: profiles, Query: "nvmlDeviceGetGpuInstanceProfileInfo(0)"},
+			{Property: devices, Query: "nvmlDeviceGetGpuInstanceProfileInfo(0)"},
+		}, nil},
 		{"placements", func(m *migMock) {
 			m.gpu.GetGpuInstancePossiblePlacementsFunc = func(*nvml.GpuInstanceProfileInfo) ([]nvml.GpuInstancePlacement, nvml.Return) {
 				return nil, fail
 			}
-		}, "MIG profiles: nvmlDeviceGetGpuInstancePossiblePlacements(profile 19)"},
+		}, []hardware.Unread{{Property: profiles, Query: "nvmlDeviceGetGpuInstancePossiblePlacements(profile 19)"}}, []string{"MIG-0", "MIG-1"}},
 		{"max count", func(m *migMock) {
 			m.gpu.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 0, fail }
-		}, "MIG devices: nvmlDeviceGetMaxMigDeviceCount"},
+		}, []hardware.Unread{{Property: devices, Query: "nvmlDeviceGetMaxMigDeviceCount"}}, nil},
 		{"handle", func(m *migMock) {
 			m.gpu.GetMigDeviceHandleByIndexFunc = func(int) (nvml.Device, nvml.Return) { return nil, fail }
-		}, "MIG devices: nvmlDeviceGetMigDeviceHandleByIndex(0)"},
+		}, []hardware.Unread{{Property: devices, Query: "nvmlDeviceGetMigDeviceHandleByIndex(0)"}}, nil},
 		{"MIG UUID", func(m *migMock) {
 			m.migs[1].dev.GetUUIDFunc = func() (string, nvml.Return) { return "", fail }
-		}, "MIG devices: MIG device 1: nvmlDeviceGetUUID"},
+		}, []hardware.Unread{{Property: devices, Query: "nvmlDeviceGetUUID(MIG device 1)"}}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -445,16 +461,19 @@ func TestDiscoverMIGListErrors(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := gpuUUIDs(inv); !reflect.DeepEqual(got, []string{"GPU-1"}) {
-				t.Errorf("discovered %v, want only GPU-1", got)
+			if got := gpuUUIDs(inv); !reflect.DeepEqual(got, []string{"GPU-0", "GPU-1"}) || inv.Problems != nil {
+				t.Fatalf("discovered %v, problems %+v; want both GPUs, no problem", got, inv.Problems)
 			}
-			if len(inv.Problems) != 1 {
-				t.Fatalf("problems %+v, want one", inv.Problems)
+			g := inv.GPUs[0]
+			if !g.MIGEnabled || g.MIGProfiles != nil || g.MIGMemorySlices != 0 || !reflect.DeepEqual(migUUIDs(g.MIGDevices), tt.published) {
+				t.Errorf("GPU 0: MIG on %v, profiles %+v, %d memory slices, MIG devices %v; want MIG on, no profile, MIG devices %v",
+					g.MIGEnabled, g.MIGProfiles, g.MIGMemorySlices, migUUIDs(g.MIGDevices), tt.published)
 			}
-			p := inv.Problems[0]
-			want := "GPU 0 (GPU-0): " + tt.want
-			if p.Index != 0 || p.UUID != "GPU-0" || p.MIGDevice != "" || !strings.HasPrefix(p.Err, want) || !strings.HasSuffix(p.Err, fail.Error()) {
-				t.Errorf("problem %+v, want the GPU's, saying %q...%v", p, want, fail)
+			for i := range tt.unread {
+				tt.unread[i].Err = fail.Error()
+			}
+			if !reflect.DeepEqual(g.Unread, tt.unread) {
+				t.Errorf("unread %+v, want %+v", g.Unread, tt.unread)
 			}
 		})
 	}

@@ -48,7 +48,7 @@ func migProfiles(devlib nvdev.Interface, dev nvml.Device, profiles giProfileList
 		info := p.info
 		placements, ret := dev.GetGpuInstancePossiblePlacements(&info)
 		if ret != nvml.SUCCESS {
-			return nil, 0, fmt.Errorf("nvmlDeviceGetGpuInstancePossiblePlacements(profile %d): %w", info.Id, ret)
+			return nil, 0, queryFailed(fmt.Sprintf("nvmlDeviceGetGpuInstancePossiblePlacements(profile %d)", info.Id), ret)
 		}
 		if len(placements) == 0 {
 			continue
@@ -57,7 +57,8 @@ func migProfiles(devlib nvdev.Interface, dev nvml.Device, profiles giProfileList
 		starts := make([]int, 0, len(placements))
 		for _, pl := range placements {
 			if pl.Size != size {
-				return nil, 0, fmt.Errorf("GPU instance profile %d has placements of sizes %d and %d", info.Id, size, pl.Size)
+				return nil, 0, queryFailed(fmt.Sprintf("nvmlDeviceGetGpuInstancePossiblePlacements(profile %d)", info.Id),
+					fmt.Errorf("GPU instance profile %d has placements of sizes %d and %d", info.Id, size, pl.Size))
 			}
 			starts = append(starts, int(pl.Start))
 			memorySlices = max(memorySlices, int(pl.Start+pl.Size))
@@ -65,12 +66,12 @@ func migProfiles(devlib nvdev.Interface, dev nvml.Device, profiles giProfileList
 		slices.Sort(starts)
 		ci, err := spanningCIProfile(p)
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, queryFailed(fmt.Sprintf("nvmlDeviceGetGpuInstanceProfileInfo(%d)", p.index), err)
 		}
 		// go-nvlib builds the name nvidia-smi shows ("1g.10gb+me").
 		name, err := devlib.NewMigProfile(p.index, ci, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, info.MemorySizeMB, memoryBytes)
 		if err != nil {
-			return nil, 0, fmt.Errorf("name of GPU instance profile %d: %w", info.Id, err)
+			return nil, 0, queryFailed(fmt.Sprintf("nvmlDeviceGetGpuInstanceProfileInfo(%d)", p.index), fmt.Errorf("name of GPU instance profile %d: %w", info.Id, err))
 		}
 		out = append(out, hardware.MIGProfile{
 			Name:            name.String(),

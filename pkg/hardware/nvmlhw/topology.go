@@ -13,7 +13,8 @@ import (
 )
 
 // Topology answers what NVML does not: where a PCI device sits in the
-// machine.
+// machine. A GPU whose topology cannot be read is published without it;
+// the error names the device.
 type Topology interface {
 	// PCIeRoot returns the PCIe root complex of the device at pciBusID
 	// (extended BDF, lower case) as "pci<domain>:<bus>". It returns "" and
@@ -44,20 +45,32 @@ func (t *sysfsTopology) PCIeRoot(pciBusID string) (string, error) {
 	// Only a missing entry may pass silently; anything odd about an entry
 	// that exists is an error, so that a broken mount is not mistaken for
 	// a device without topology.
-	if _, err := os.Lstat(t.devicePath(pciBusID)); err != nil {
+	path := t.devicePath(pciBusID)
+	if _, err := os.Lstat(path); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return "", nil
 		}
-		return "", fmt.Errorf("PCIe root of %s: %w", pciBusID, err)
+		return "", readFailed(path, err)
 	}
 	attr, err := deviceattribute.GetPCIeRootAttributeByPCIBusID(pciBusID, deviceattribute.WithFSFromRoot(t.root))
 	if err != nil {
-		return "", fmt.Errorf("PCIe root of %s under %s: %w", pciBusID, t.root, err)
+		return "", readFailed(path, err)
 	}
 	if attr.Value.StringValue == nil {
-		return "", fmt.Errorf("PCIe root of %s under %s: no value", pciBusID, t.root)
+		return "", readFailed(path, errors.New("no PCIe root"))
 	}
 	return *attr.Value.StringValue, nil
+}
+
+// readFailed is the [queryError] of a sysfs file that could not be read:
+// the query is the path, which names the device, and the error says why,
+// without the path again.
+func readFailed(path string, err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) && pe.Path == path {
+		err = pe.Err
+	}
+	return queryFailed(path, err)
 }
 
 // NUMANode implements [Topology].
@@ -68,11 +81,11 @@ func (t *sysfsTopology) NUMANode(pciBusID string) (*int, error) {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("NUMA node of %s: %w", pciBusID, err)
+		return nil, readFailed(path, err)
 	}
 	node, err := strconv.Atoi(strings.TrimSpace(string(data)))
 	if err != nil {
-		return nil, fmt.Errorf("NUMA node of %s: parse %s: %w", pciBusID, path, err)
+		return nil, readFailed(path, fmt.Errorf("not a NUMA node: %w", err))
 	}
 	// The kernel writes -1 for devices without NUMA affinity; such devices
 	// must not publish the attribute.
