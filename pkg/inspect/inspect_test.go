@@ -229,7 +229,7 @@ func TestTableShowsHealth(t *testing.T) {
 // read is in the table, without a memory figure, and a line under the
 // node names the property, the NVML query and its error.
 func TestTableShowsUnreadProperties(t *testing.T) {
-	fleet, err := sim.Load("dgx-h100")
+	fleet, err := simfleet.Load("dgx-h100")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/nvmlhw"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 // simNode is three H100s; the first one, with mig, is in MIG mode with
@@ -24,7 +25,7 @@ func simNode(t *testing.T, mig bool) *sim.Node {
 	if mig {
 		first += "    migEnabled: true\n    migDevices: [{profile: 1g.10gb}]\n"
 	}
-	fleet, err := sim.Parse([]byte("nodes:\n- name: node-0\n  gpus:\n  "+first+"  - model: H100-SXM5-80GB\n  - model: H100-SXM5-80GB\n"), "test")
+	fleet, err := simfleet.Parse([]byte("nodes:\n- name: node-0\n  gpus:\n  "+first+"  - model: H100-SXM5-80GB\n  - model: H100-SXM5-80GB\n"), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,7 +33,7 @@ func simNode(t *testing.T, mig bool) *sim.Node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return n
+	return &n.Node
 }
 
 // unreadWant is an unread property a test expects: its query starts with
