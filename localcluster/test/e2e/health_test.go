@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -139,6 +140,33 @@ func scrape(t *testing.T, c *cluster.Cluster, node string) string {
 		t.Fatalf("GET %s: %s %v: %s", c.SimNode(node).MetricsURL(), resp.Status, err, body)
 	}
 	return string(body)
+}
+
+// checkInfoMetric checks that the pod's node serves
+// gpudra_prepared_device_info for the pod with the GPU's UUID, and for a
+// MIG device its UUID and GPU instance ID, as DCGM exporter labels them.
+func checkInfoMetric(t *testing.T, ctx context.Context, pod *corev1.Pod, gpu, mig, giID string) {
+	t.Helper()
+	want := []string{`pod="` + pod.Name + `"`, `namespace="` + pod.Namespace + `"`, `UUID="` + gpu + `"`, `mig_uuid="` + mig + `"`, `GPU_I_ID="` + giID + `"`}
+	var text string
+	err := clustertest.Poll(ctx, 30*time.Second, func() bool {
+		text = scrape(t, demo, pod.Spec.NodeName)
+		for line := range strings.Lines(text) {
+			if strings.HasPrefix(line, "gpudra_prepared_device_info{") && !slices.ContainsFunc(want, func(w string) bool { return !strings.Contains(line, w) }) {
+				return true
+			}
+		}
+		return false
+	})
+	if err != nil {
+		var lines []string
+		for line := range strings.Lines(text) {
+			if strings.HasPrefix(line, "gpudra_prepared_device_info") {
+				lines = append(lines, line)
+			}
+		}
+		t.Errorf("%s: node %s serves no gpudra_prepared_device_info with %v; it serves:\n%s", pod.Name, pod.Spec.NodeName, want, strings.Join(lines, ""))
+	}
 }
 
 // TestPluginProbes gets each path docs/guides/metrics.md lists for the plugin's

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -219,10 +220,13 @@ func checkDeviceStatus(t *testing.T, ctx context.Context, pod *corev1.Pod, gpu s
 	if err != nil {
 		t.Fatal(err)
 	}
-	exists := slices.ContainsFunc(instancesOn(t, ctx, gpu), func(m hardware.MIGDevice) bool { return m.UUID == data.UUID })
-	if st.Driver != "gpu.nvidia.com" || data.ParentUUID != gpu || !strings.HasPrefix(data.UUID, "MIG-") || !exists {
+	instances := instancesOn(t, ctx, gpu)
+	i := slices.IndexFunc(instances, func(m hardware.MIGDevice) bool { return m.UUID == data.UUID })
+	if st.Driver != "gpu.nvidia.com" || data.ParentUUID != gpu || !strings.HasPrefix(data.UUID, "MIG-") || i < 0 {
 		t.Errorf("%s: status.devices[0] = %s/%s data %+v; want a MIG device of %s that exists", pod.Name, st.Driver, st.Device, data, gpu)
+		return
 	}
+	checkInfoMetric(t, ctx, pod, gpu, data.UUID, strconv.Itoa(instances[i].GIID))
 }
 
 // TestDynamicMIGMatchAttributeParent: a claim with two MIG requests

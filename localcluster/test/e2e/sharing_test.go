@@ -46,6 +46,7 @@ func TestMPSClaim(t *testing.T) {
 		}
 	}
 	checkContainersSeeDevices(t, pod, devs)
+	checkInfoMetric(t, ctx, pod, gpu, "", "")
 
 	if err := demo.Client().CoreV1().Pods(ns).Delete(ctx, "pod", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
