@@ -10,6 +10,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/simfleet"
 )
@@ -51,7 +52,13 @@ func TestNodeLookup(t *testing.T) {
 }
 
 func TestFileRoundTrip(t *testing.T) {
-	want, err := simfleet.Load("demo")
+	for _, name := range []string{"demo", "vm-quirks"} {
+		t.Run(name, func(t *testing.T) { testFileRoundTrip(t, name) })
+	}
+}
+
+func testFileRoundTrip(t *testing.T, name string) {
+	want, err := simfleet.Load(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +79,57 @@ func TestFileRoundTrip(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("round trip changed the fleet:\n%s", data)
 	}
-	if a, b := discover(t, "demo"), discover(t, path); !reflect.DeepEqual(a, b) {
+	if a, b := discover(t, name), discover(t, path); !reflect.DeepEqual(a, b) {
 		t.Error("round trip changed what is discovered")
+	}
+}
+
+// TestVMQuirksFleet: a VM without PCIe roots or NUMA affinity and a GB10
+// whose NVML leaves memory info and brand unanswered are discovered with
+// every GPU, each published without what its node does not tell, and the
+// properties named in its Unread.
+func TestVMQuirksFleet(t *testing.T) {
+	invs := discover(t, "vm-quirks")
+	vm := invs["azure-nd-h100-v5"]
+	if len(vm.GPUs) != 8 || len(vm.Problems) != 0 {
+		t.Fatalf("azure-nd-h100-v5: %d GPUs, problems %v; want 8 and none", len(vm.GPUs), vm.Problems)
+	}
+	for _, g := range vm.GPUs {
+		if g.PCIeRoot != "" || g.NUMANode != nil {
+			t.Errorf("GPU %d: PCIe root %q, NUMA node %v; want neither", g.Index, g.PCIeRoot, g.NUMANode)
+		}
+		if len(g.Unread) != 1 || g.Unread[0].Property != hardware.PropertyPCIeRoot || g.Unread[0].Query != "PCIe root of "+g.PCIBusID {
+			t.Errorf("GPU %d: unread %v, want only its PCIe root", g.Index, g.Unread)
+		}
+		if g.MemoryBytes != 81559<<20 || !g.MIGCapable || len(g.MIGProfiles) == 0 {
+			t.Errorf("GPU %d: memory %d, MIG capable %v, %d profiles; want the H100's", g.Index, g.MemoryBytes, g.MIGCapable, len(g.MIGProfiles))
+		}
+	}
+	spark := invs["dgx-spark"]
+	if len(spark.GPUs) != 1 || len(spark.Problems) != 0 {
+		t.Fatalf("dgx-spark: %d GPUs, problems %v; want 1 and none", len(spark.GPUs), spark.Problems)
+	}
+	g := spark.GPUs[0]
+	want := []hardware.Unread{
+		{Property: hardware.PropertyBrand, Query: "nvmlDeviceGetBrand", Err: "ERROR_NOT_SUPPORTED"},
+		{Property: hardware.PropertyMemory, Query: "nvmlDeviceGetMemoryInfo", Err: "ERROR_NOT_SUPPORTED"},
+	}
+	if !reflect.DeepEqual(g.Unread, want) || g.MemoryBytes != 0 || g.Brand != "" || g.ProductName != "NVIDIA GB10" || g.PCIeRoot != "pci000f:00" {
+		t.Errorf("dgx-spark GPU: %+v", g)
+	}
+	for name, inv := range invs {
+		m, err := devicemodel.Build(inv)
+		if err != nil {
+			t.Fatalf("%s: build devices: %v", name, err)
+		}
+		gpus := 0
+		for _, d := range m.Devices {
+			if d.Kind == devicemodel.KindGPU {
+				gpus++
+			}
+		}
+		if gpus != len(inv.GPUs) {
+			t.Errorf("%s: %d GPU devices published, want %d", name, gpus, len(inv.GPUs))
+		}
 	}
 }

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 
@@ -30,6 +31,11 @@ type Model struct {
 	// MIGProfiles are the GPU instance profiles, in nvidia-smi mig -lgip
 	// order. Empty for GPUs without MIG.
 	MIGProfiles []MIGProfile
+	// NVMLErrors are the NVML functions the model always answers with an
+	// error, as a GPU's nvmlErrors in a fleet file name them (GB10's
+	// unified memory: nvmlDeviceGetMemoryInfo NOT_SUPPORTED). Fleet files
+	// may override them.
+	NVMLErrors map[string]string
 	// layout places the GPUs of a node made of this model.
 	layout *layout
 }
@@ -117,6 +123,16 @@ var (
 		roots:   []int{0x00},
 		numa:    []int{0},
 		domains: []int{0x0009},
+	}
+	// A DGX Spark (one GB10 superchip): nvidia-smi and NVML on DGX Spark
+	// list the GPU at 000F:01:00.0 (nvitop pull request #208 and gpud pull
+	// request #1170, both from DGX Spark owners); its NUMA node is the one
+	// of its CPU.
+	gb10Layout = &layout{
+		busIDs:  []int{0x01},
+		roots:   []int{0x00},
+		numa:    []int{0},
+		domains: []int{0x000f},
 	}
 	// A generic PCIe server.
 	genericLayout = &layout{
@@ -279,6 +295,26 @@ var models = map[string]*Model{
 		Architecture: nvml.DEVICE_ARCH_BLACKWELL, Brand: nvml.BRAND_NVIDIA, CCMajor: 10, CCMinor: 0,
 		MemoryMiB: 189471, PCIDeviceID: 0x294110DE, layout: gb200TrayLayout,
 	},
+	// The Blackwell GPU of a GB10 superchip (DGX Spark and its OEM
+	// versions). Its memory is the 128 GB LPDDR5X the CPU uses too, and
+	// NVML answers nvmlDeviceGetMemoryInfo (v1 and v2) with
+	// NVML_ERROR_NOT_SUPPORTED: a DGX Spark owner's raw NVML calls on
+	// driver 580.173.02 (nvitop pull request #208), and the NVIDIA DRA
+	// driver failing on it (kubernetes-sigs/dra-driver-nvidia-gpu issue
+	// #1073, driver 595.58.03). nvtop pull request #463 reports a driver
+	// answering with the system's total instead; a fleet file's
+	// nvmlErrors {nvmlDeviceGetMemoryInfo: SUCCESS} simulates that, and
+	// MemoryMiB is then /proc/meminfo's MemTotal on a DGX Spark,
+	// 127600748 kB (nvitop #208). nvidia-smi names it "NVIDIA GB10"
+	// (same sources); compute capability 12.1 (CUDA's table, sm_121).
+	// No MIG (DGX Spark hardware guide). The PCI device ID 0x2E12 is
+	// pci.ids' entry for GB10 as recalled here, not checked on hardware.
+	"GB10": {
+		Name: "GB10", ProductName: "NVIDIA GB10",
+		Architecture: nvml.DEVICE_ARCH_BLACKWELL, Brand: nvml.BRAND_NVIDIA, CCMajor: 12, CCMinor: 1,
+		MemoryMiB: 124610, PCIDeviceID: 0x2E1210DE, layout: gb10Layout,
+		NVMLErrors: map[string]string{"nvmlDeviceGetMemoryInfo": "ERROR_NOT_SUPPORTED"},
+	},
 	// A GPU without MIG, so that fleets can hold one.
 	"L40S": {
 		Name: "L40S", ProductName: "NVIDIA L40S",
@@ -304,6 +340,7 @@ func LookupModel(name string) (Model, bool) {
 		return Model{}, false
 	}
 	c := *m
+	c.NVMLErrors = maps.Clone(m.NVMLErrors)
 	c.MIGProfiles = slices.Clone(m.MIGProfiles)
 	for i := range c.MIGProfiles {
 		c.MIGProfiles[i].PlacementStarts = slices.Clone(c.MIGProfiles[i].PlacementStarts)
