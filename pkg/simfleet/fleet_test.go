@@ -2,6 +2,9 @@ package simfleet_test
 
 import (
 	"context"
+	"fmt"
+	"maps"
+	"slices"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -12,6 +15,7 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
+	"github.com/gpudra/gpudra/pkg/hardware/sim"
 	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
@@ -132,4 +136,63 @@ func TestVMQuirksFleet(t *testing.T) {
 			t.Errorf("%s: %d GPU devices published, want %d", name, gpus, len(inv.GPUs))
 		}
 	}
+}
+
+// TestCurrentModelsFleet: every GPU of the fleet of current models is
+// discovered with its model's figures and published, and a MIG-capable
+// model's GPU in MIG mode offers every placement of its MIG table.
+func TestCurrentModelsFleet(t *testing.T) {
+	f, err := simfleet.Load("current-models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	models := map[string]bool{}
+	for _, n := range f.Nodes {
+		inv, err := n.Hardware().Discover(context.Background())
+		if err != nil {
+			t.Fatalf("%s: %v", n.Name, err)
+		}
+		if len(inv.GPUs) != len(n.GPUs) || len(inv.Problems) != 0 {
+			t.Fatalf("%s: discovered %d of %d GPUs, problems %v", n.Name, len(inv.GPUs), len(n.GPUs), inv.Problems)
+		}
+		m, err := devicemodel.Build(inv, devicemodel.WithDynamicMIG())
+		if err != nil {
+			t.Fatalf("%s: build devices: %v", n.Name, err)
+		}
+		for i, g := range inv.GPUs {
+			model, _ := sim.LookupModel(n.GPUs[i].Model)
+			models[model.Name] = true
+			cc := fmt.Sprintf("%d.%d", model.CCMajor, model.CCMinor)
+			if g.ProductName != model.ProductName || g.MemoryBytes != model.MemoryMiB<<20 || g.CUDAComputeCapability != cc || len(g.Unread) != 0 {
+				t.Errorf("%s GPU %d: %q, %d MiB, CC %s, unread %v; want %q, %d MiB, CC %s",
+					n.Name, i, g.ProductName, g.MemoryBytes>>20, g.CUDAComputeCapability, g.Unread, model.ProductName, model.MemoryMiB, cc)
+			}
+			if g.MIGCapable != (len(model.MIGProfiles) > 0) || len(g.MIGProfiles) != len(model.MIGProfiles) {
+				t.Errorf("%s GPU %d: MIG capable %v with %d profiles, want %d", n.Name, i, g.MIGCapable, len(g.MIGProfiles), len(model.MIGProfiles))
+			}
+			wantPlacements := 0
+			if g.MIGEnabled {
+				for _, p := range model.MIGProfiles {
+					wantPlacements += len(p.PlacementStarts)
+				}
+			}
+			var whole, placements int
+			for _, d := range m.Devices {
+				switch {
+				case d.GPU.UUID != g.UUID:
+				case d.Kind == devicemodel.KindGPU:
+					whole++
+				case d.Placement != nil:
+					placements++
+				}
+			}
+			if whole != 1 && !g.MIGEnabled {
+				t.Errorf("%s GPU %d: %d whole-GPU devices, want 1", n.Name, i, whole)
+			}
+			if placements != wantPlacements {
+				t.Errorf("%s GPU %d: %d MIG placements published, want %d", n.Name, i, placements, wantPlacements)
+			}
+		}
+	}
+	t.Logf("models: %v", slices.Sorted(maps.Keys(models)))
 }

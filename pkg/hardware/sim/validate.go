@@ -237,6 +237,7 @@ func (g *GPU) resolveMIG(p *problems, field string, m *Model, node string, index
 	// 8-memory-slice GPUs no set of non-overlapping allowed placements
 	// needs more than 7.
 	instances := map[string]int{}
+	var placed []*MIGProfile
 	for j := range g.MIGDevices {
 		d := &g.MIGDevices[j]
 		dfield := fmt.Sprintf("%s.migDevices[%d]", field, j)
@@ -281,6 +282,10 @@ func (g *GPU) resolveMIG(p *problems, field string, m *Model, node string, index
 		instances[prof.Name]++
 		if instances[prof.Name] > prof.Instances {
 			p.add(dfield+".profile", "at most %d %s instance(s) fit on a %s", prof.Instances, prof.Name, m.Name)
+		}
+		placed = append(placed, prof)
+		if short := m.engineShortfall(placed); short != "" {
+			p.add(dfield+".profile", "%s does not fit beside the MIG devices before it: a %s has too few %s", prof.Name, m.Name, short)
 		}
 		if d.ComputeSlices == 0 {
 			d.ComputeSlices = prof.Slices
