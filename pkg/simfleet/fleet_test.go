@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"slices"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -94,19 +94,26 @@ func testFileRoundTrip(t *testing.T, name string) {
 // properties named in its Unread.
 func TestVMQuirksFleet(t *testing.T) {
 	invs := discover(t, "vm-quirks")
-	vm := invs["azure-nd-h100-v5"]
-	if len(vm.GPUs) != 8 || len(vm.Problems) != 0 {
-		t.Fatalf("azure-nd-h100-v5: %d GPUs, problems %v; want 8 and none", len(vm.GPUs), vm.Problems)
-	}
-	for _, g := range vm.GPUs {
-		if g.PCIeRoot != "" || g.NUMANode != nil {
-			t.Errorf("GPU %d: PCIe root %q, NUMA node %v; want neither", g.Index, g.PCIeRoot, g.NUMANode)
+	for _, vm := range []struct {
+		node      string
+		gpus      int
+		memoryMiB uint64
+		profiles  int
+	}{{"azure-nd-h100-v5", 8, 81559, 7}, {"azure-nc-h100-v5", 2, 95830, 7}} {
+		inv := invs[vm.node]
+		if inv == nil || len(inv.GPUs) != vm.gpus || len(inv.Problems) != 0 {
+			t.Fatalf("%s: %+v; want %d GPUs and no problem", vm.node, inv, vm.gpus)
 		}
-		if len(g.Unread) != 1 || g.Unread[0].Property != hardware.PropertyPCIeRoot || g.Unread[0].Query != "PCIe root of "+g.PCIBusID {
-			t.Errorf("GPU %d: unread %v, want only its PCIe root", g.Index, g.Unread)
-		}
-		if g.MemoryBytes != 81559<<20 || !g.MIGCapable || len(g.MIGProfiles) == 0 {
-			t.Errorf("GPU %d: memory %d, MIG capable %v, %d profiles; want the H100's", g.Index, g.MemoryBytes, g.MIGCapable, len(g.MIGProfiles))
+		for _, g := range inv.GPUs {
+			if g.PCIeRoot != "" || g.NUMANode != nil {
+				t.Errorf("%s GPU %d: PCIe root %q, NUMA node %v; want neither", vm.node, g.Index, g.PCIeRoot, g.NUMANode)
+			}
+			if len(g.Unread) != 1 || g.Unread[0].Property != hardware.PropertyPCIeRoot || g.Unread[0].Query != "PCIe root of "+g.PCIBusID {
+				t.Errorf("%s GPU %d: unread %v, want only its PCIe root", vm.node, g.Index, g.Unread)
+			}
+			if g.MemoryBytes != vm.memoryMiB<<20 || !g.MIGCapable || len(g.MIGProfiles) != vm.profiles {
+				t.Errorf("%s GPU %d: memory %d, MIG capable %v, %d profiles; want the model's", vm.node, g.Index, g.MemoryBytes, g.MIGCapable, len(g.MIGProfiles))
+			}
 		}
 	}
 	spark := invs["dgx-spark"]

@@ -271,6 +271,23 @@ var models = map[string]*Model{
 			[7]string{"1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"},
 			[7]uint64{16384, 16384, 33024, 33024, 71168, 71168, 143104}),
 	},
+	// H100 NVL (PCIe, 94GB HBM3, sold in NVLink-bridged pairs): nvidia-smi
+	// names it "NVIDIA H100 NVL" and reports 95830MiB (public nvidia-smi
+	// outputs, bare metal and Azure NC H100 v5 VMs alike); device ID
+	// 0x232110DE (mig-parted's default config, "H100 NVL 94GB",
+	// NVIDIA/mig-parted pull request #101). Its -lgip is from NVIDIA's
+	// own run in NVIDIA/gpu-operator pull request #900, its -lgipp from
+	// public runs on H100 NVL (both in testdata/mig/H100-NVL-94GB.txt):
+	// H100's SM and engine counts and placements, with more memory.
+	"H100-NVL-94GB": {
+		Name: "H100-NVL-94GB", ProductName: "NVIDIA H100 NVL",
+		Architecture: nvml.DEVICE_ARCH_HOPPER, Brand: nvml.BRAND_NVIDIA, CCMajor: 9, CCMinor: 0,
+		MemoryMiB: 95830, PCIDeviceID: 0x232110DE, MemorySlices: 8, layout: genericLayout,
+		// -lgip: 10.75, 10.75, 21.62, 21.62, 46.38, 46.38, 93.12 GiB.
+		MIGProfiles: hopperProfiles(
+			[7]string{"1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"},
+			[7]uint64{11008, 11008, 22144, 22144, 47488, 47488, 95360}),
+	},
 	// The Hopper GPU of a GH200 480GB superchip (GH200 NVL32 and
 	// single-superchip nodes), the 96GB HBM3 version: nvidia-smi names it
 	// "NVIDIA GH200 480GB" (480GB counts the Grace CPU's LPDDR5X too) and
