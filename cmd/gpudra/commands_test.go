@@ -156,3 +156,27 @@ func TestInspectShowsWhatThePluginPublishes(t *testing.T) {
 		}
 	}
 }
+
+// TestInspectNamesWhatItCouldNotRead: on a fleet whose nodes leave NVML and
+// sysfs questions unanswered, inspect lists every GPU and a line for each
+// property it published without.
+func TestInspectNamesWhatItCouldNotRead(t *testing.T) {
+	var out strings.Builder
+	cmd := newRootCommand()
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"inspect", "--fleet", "vm-quirks", "--vfio", "off"})
+	if err := cmd.Execute(); err != nil {
+		t.Fatalf("inspect: %v", err)
+	}
+	for _, w := range []string{
+		"azure-nd-h100-v5: 8 GPUs, 8 devices",
+		"published without pcieRoot: PCIe root of 0008:00:00.0: no PCIe root",
+		"dgx-spark: 1 GPUs, 1 devices",
+		"published without memory: nvmlDeviceGetMemoryInfo: ERROR_NOT_SUPPORTED",
+		"published without brand: nvmlDeviceGetBrand: ERROR_NOT_SUPPORTED",
+	} {
+		if !strings.Contains(out.String(), w) {
+			t.Errorf("output lacks %q:\n%s", w, out.String())
+		}
+	}
+}

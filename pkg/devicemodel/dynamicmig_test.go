@@ -189,13 +189,16 @@ func TestDynamicMIGNodes(t *testing.T) {
 // wholeSimProfile is the model's 7g profile, whose engines are the GPU's.
 func wholeSimProfile(t testing.TB, m sim.Model) sim.MIGProfile {
 	t.Helper()
+	var whole sim.MIGProfile
 	for _, p := range m.MIGProfiles {
-		if strings.HasPrefix(p.Name, "7g.") {
-			return p
+		if p.Slices > whole.Slices {
+			whole = p
 		}
 	}
-	t.Fatalf("%s: no 7g profile", m.Name)
-	return sim.MIGProfile{}
+	if whole.PlacementSize != m.MemorySlices {
+		t.Fatalf("%s: no profile spans the GPU (%s spans %d of %d memory slices)", m.Name, whole.Name, whole.PlacementSize, m.MemorySlices)
+	}
+	return whole
 }
 
 // engineCounts are the counters of memory and engines, zeros left out, as
@@ -221,7 +224,8 @@ func TestDynamicMIGModels(t *testing.T) {
 			off.Minor = 3 // names follow the minor, not the index
 			m := buildDynamic(t, inventoryOf(on, off))
 
-			// Counter sets: memory, the 7g profile's engines, one per memory slice.
+			// Counter sets: memory, the whole-GPU profile's engines (7g,
+			// 4g on A30), one per memory slice.
 			whole := wholeSimProfile(t, sm)
 			wantSet := engineCounts(sm.MemoryMiB, whole)
 			wantSet["encoders"] = int64(whole.Encoders) // a set lists zeros too

@@ -24,10 +24,26 @@ func (p placement) overlaps(q placement) bool {
 	return p.start < q.start+q.profile.PlacementSize && q.start < p.start+p.profile.PlacementSize
 }
 
-// legalLayout reports whether the table allows the placements together:
-// no two share a memory slice and no profile has more instances than it
-// may.
-func legalLayout(ps []placement) bool {
+// legalLayout reports whether the table allows the placements together on
+// a GPU whose whole-GPU profile is whole: no two share a memory slice, no
+// profile has more instances than it may, and together they need no more
+// engines than the GPU has (on A30 the 1g and 2g +me profiles share its
+// one JPEG and OFA engine).
+func legalLayout(whole sim.MIGProfile, ps []placement) bool {
+	var sum sim.MIGProfile
+	for _, p := range ps {
+		q := p.profile
+		sum.Multiprocessors += q.Multiprocessors
+		sum.CopyEngines += q.CopyEngines
+		sum.Decoders += q.Decoders
+		sum.Encoders += q.Encoders
+		sum.JPEGEngines += q.JPEGEngines
+		sum.OFAEngines += q.OFAEngines
+	}
+	if sum.Multiprocessors > whole.Multiprocessors || sum.CopyEngines > whole.CopyEngines || sum.Decoders > whole.Decoders ||
+		sum.Encoders > whole.Encoders || sum.JPEGEngines > whole.JPEGEngines || sum.OFAEngines > whole.OFAEngines {
+		return false
+	}
 	count := map[string]int{}
 	for i, p := range ps {
 		for _, q := range ps[:i] {
@@ -70,12 +86,13 @@ func fitsCounters(set resourceapi.CounterSet, devices []*devicemodel.Device) boo
 // counters allow exactly the layouts the profile table allows: every set
 // of placements without two on one memory slice is either legal and fits
 // the counters, or breaks an instance limit and does not; and no two
-// overlapping placements fit together. The engine totals of the 7g
+// overlapping placements fit together. The engine totals of the whole-GPU
 // profile must not make a legal layout unallocatable.
 func TestDynamicMIGLayouts(t *testing.T) {
 	for _, name := range migModels(t) {
 		t.Run(name, func(t *testing.T) {
 			sm := simModel(t, name)
+			whole := wholeSimProfile(t, sm)
 			m := buildDynamic(t, inventoryOf(simGPU(t, 0, name, true)))
 			set := m.CounterSets[0]
 			var all []placement
@@ -112,7 +129,7 @@ func TestDynamicMIGLayouts(t *testing.T) {
 			var walk func(from int, chosen []placement)
 			walk = func(from int, chosen []placement) {
 				layouts++
-				isLegal, fits := legalLayout(chosen), fitsCounters(set, devicesOf(chosen))
+				isLegal, fits := legalLayout(whole, chosen), fitsCounters(set, devicesOf(chosen))
 				if isLegal {
 					legal++
 				}
@@ -132,8 +149,9 @@ func TestDynamicMIGLayouts(t *testing.T) {
 			walk(0, nil)
 			t.Logf("%d layouts on distinct memory slices, %d legal", layouts, legal)
 
-			// The layouts NVIDIA documents, by profile index in -lgip order
-			// (1g, 1g+me, 1g with 2 memory slices, 2g, 3g, 4g, 7g).
+			// The layouts NVIDIA documents, by profile index in -lgip order:
+			// on 8-memory-slice GPUs 1g, 1g+me, 1g with 2 memory slices, 2g,
+			// 3g, 4g, 7g; on A30 1g, 1g+me, 2g, 2g+me, 4g.
 			named := map[string][][2]int{
 				"7x1g":         {{0, 0}, {0, 1}, {0, 2}, {0, 3}, {0, 4}, {0, 5}, {0, 6}},
 				"4g+3g":        {{5, 0}, {4, 4}},
@@ -143,13 +161,27 @@ func TestDynamicMIGLayouts(t *testing.T) {
 				"7g":           {{6, 0}},
 				"2x3g":         {{4, 0}, {4, 4}},
 			}
+			if sm.MemorySlices == 4 {
+				named = map[string][][2]int{
+					"4x1g":       {{0, 0}, {0, 1}, {0, 2}, {0, 3}},
+					"1g+me+3x1g": {{1, 0}, {0, 1}, {0, 2}, {0, 3}},
+					"2x2g":       {{2, 0}, {2, 2}},
+					"2g+me+2x1g": {{3, 0}, {0, 2}, {0, 3}},
+					"2g+2x1g":    {{2, 2}, {0, 0}, {1, 1}},
+					"4g":         {{4, 0}},
+				}
+				// The two +me profiles share the GPU's one JPEG and OFA engine.
+				if both := []placement{{sm.MIGProfiles[1], 0}, {sm.MIGProfiles[3], 2}}; legalLayout(whole, both) || fitsCounters(set, devicesOf(both)) {
+					t.Errorf("%v: legal %v, fits the counters %v; want neither", both, legalLayout(whole, both), fitsCounters(set, devicesOf(both)))
+				}
+			}
 			for label, layout := range named {
 				var ps []placement
 				for _, l := range layout {
 					ps = append(ps, placement{sm.MIGProfiles[l[0]], l[1]})
 				}
-				if !legalLayout(ps) || !fitsCounters(set, devicesOf(ps)) {
-					t.Errorf("%s %v: legal %v, fits the counters %v; want both", label, ps, legalLayout(ps), fitsCounters(set, devicesOf(ps)))
+				if !legalLayout(whole, ps) || !fitsCounters(set, devicesOf(ps)) {
+					t.Errorf("%s %v: legal %v, fits the counters %v; want both", label, ps, legalLayout(whole, ps), fitsCounters(set, devicesOf(ps)))
 				}
 			}
 			// Two +me instances break the table's limit of one.

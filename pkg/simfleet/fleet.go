@@ -21,7 +21,7 @@
 //	    minor: 0                    # optional, default: the GPU's index
 //	    uuid: GPU-...               # optional, derived from node name and index
 //	    pciBusID: "0000:1b:00.0"    # optional, from the model's usual system
-//	    pcieRoot: "pci0000:15"      # optional, pairs of GPUs share a root
+//	    pcieRoot: "pci0000:15"      # optional, pairs of GPUs share a root; unknown: cannot be read
 //	    numaNode: 3                 # optional, from the model's usual system; -1: none
 //	    memoryMiB: 81559            # optional, the model's figure
 //	    migEnabled: true
@@ -31,6 +31,8 @@
 //	      uuid: MIG-...             # optional, derived
 //	    - profile: 2g.20gb
 //	      computeSlices: 1          # optional: split into 1c.2g.20gb instances
+//	    nvmlErrors:                 # optional: this GPU's, over the node's and the model's
+//	      nvmlDeviceGetMemoryInfo: SUCCESS  # SUCCESS answers what the model leaves unanswered
 //	  nics:                         # optional: RDMA NICs, published by the local cluster's simulated NIC driver
 //	  - model: ConnectX-7           # see sim.NICModelNames
 //	    pcieRoot: "pci0000:15"      # required: the root it shares with GPUs
@@ -38,6 +40,11 @@
 //	    speedGbps: 400              # optional, the model's
 //	    pciBusID: "0000:18:00.0"    # optional
 //	    numaNode: 0                 # optional, a GPU's under the same root, else -1
+//	  topology:                     # optional: what sysfs does not tell, for every GPU (a VM's)
+//	    pcieRoot: unknown           # optional: no GPU's PCIe root can be read
+//	    numaNode: none              # optional: no GPU has NUMA affinity (-1)
+//	  nvmlErrors:                   # optional: NVML functions every GPU of the node always fails
+//	    nvmlDeviceGetBrand: NOT_SUPPORTED  # nvml.h name: NVML error, with or without ERROR_
 //	  fabric:                       # optional: the node's GPUs are in a multi-node NVLink clique
 //	    cliqueID: 1                 # the NVLink partition
 //	    clusterUUID: ...            # optional, default sim.DefaultClusterUUID

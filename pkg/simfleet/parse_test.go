@@ -43,7 +43,7 @@ func TestParseRejects(t *testing.T) {
 		{"settings and hardware both wrong", "nodes:\n- name: a\n  migMode: auto\n  gpus:\n  - model: V100\n",
 			[]string{`nodes[0] (a): migMode: "auto"`, `nodes[0] (a): gpus[0].model: unknown model "V100"`}},
 		{"unknown model", node("  - model: V100\n"),
-			[]string{"nodes[0] (n0): gpus[0].model:", `unknown model "V100"`, "A100-SXM4-40GB, A100-SXM4-80GB, GB200, GH200-96GB, H100-SXM5-80GB, H200-SXM5-141GB, L40S"}},
+			[]string{"nodes[0] (n0): gpus[0].model:", `unknown model "V100"`, "(known models: " + strings.Join(sim.ModelNames(), ", ") + ")"}},
 		{"missing model", node("  - minor: 1\n"), []string{"gpus[0].model: must be set"}},
 		{"fabric state", "nodes:\n- name: a\n  fabric: {cliqueID: 1, state: Done}", []string{`nodes[0] (a): fabric.state: "Done": must be NotStarted, InProgress or Completed`}},
 		{"fabric cluster UUID", "nodes:\n- name: a\n  fabric: {cliqueID: 1, clusterUUID: c1}", []string{`nodes[0] (a): fabric.clusterUUID: "c1" is not a UUID`}},
@@ -61,6 +61,16 @@ func TestParseRejects(t *testing.T) {
 			[]string{"gpus[1].pciBusID: 0000:21:00.0 is also the bus ID of gpus[0]"}},
 		{"bad PCIe root", node("  - model: L40S\n    pcieRoot: root0\n"), []string{"gpus[0].pcieRoot:"}},
 		{"bad NUMA node", node("  - model: L40S\n    numaNode: -2\n"), []string{"gpus[0].numaNode: -2"}},
+		{"topology PCIe root", "nodes:\n- name: a\n  topology: {pcieRoot: none}", []string{`nodes[0] (a): topology.pcieRoot: "none": must be "unknown" or unset`}},
+		{"topology NUMA node", "nodes:\n- name: a\n  topology: {numaNode: \"-1\"}", []string{`nodes[0] (a): topology.numaNode: "-1": must be "none" or unset`}},
+		{"topology field", "nodes:\n- name: a\n  topology: {pcieRoots: unknown}", []string{`unknown field "nodes[0].topology.pcieRoots"`}},
+		{"node NVML function", "nodes:\n- name: a\n  nvmlErrors: {nvmlDeviceGetMemoryInfoV2: NOT_SUPPORTED}",
+			[]string{`nodes[0] (a): nvmlErrors: unknown NVML function "nvmlDeviceGetMemoryInfoV2"`, "nvmlDeviceGetBrand, nvmlDeviceGetComputeInstanceId,"}},
+		{"library-wide NVML function", "nodes:\n- name: a\n  nvmlErrors: {nvmlInit: UNKNOWN}", []string{`nodes[0] (a): nvmlErrors: unknown NVML function "nvmlInit"`}},
+		{"node NVML error", "nodes:\n- name: a\n  nvmlErrors: {nvmlDeviceGetBrand: BROKEN}",
+			[]string{`nodes[0] (a): nvmlErrors.nvmlDeviceGetBrand: unknown NVML error "BROKEN"`, "GPU_IS_LOST", "NOT_SUPPORTED", "NO_PERMISSION", "TIMEOUT", "UNKNOWN"}},
+		{"GPU NVML error", node("  - model: L40S\n    nvmlErrors: {nvmlDeviceGetMemoryInfo: ERROR_NOT_SUPORTED}\n"),
+			[]string{`gpus[0].nvmlErrors.nvmlDeviceGetMemoryInfo: unknown NVML error "ERROR_NOT_SUPORTED"`}},
 		{"NIC without model", "nodes:\n- name: a\n  nics:\n  - {pcieRoot: pci0000:15}", []string{"nodes[0] (a): nics[0].model: must be set", "BlueField-3, ConnectX-6, ConnectX-7, ConnectX-8"}},
 		{"unknown NIC model", "nodes:\n- name: a\n  nics:\n  - {model: ConnectX-5, pcieRoot: pci0000:15}", []string{`nics[0].model: unknown model "ConnectX-5"`, "BlueField-3, ConnectX-6, ConnectX-7, ConnectX-8"}},
 		{"NIC without PCIe root", "nodes:\n- name: a\n  nics:\n  - {model: ConnectX-7}", []string{"nodes[0] (a): nics[0].pcieRoot: must be set"}},
@@ -95,6 +105,9 @@ func TestParseRejects(t *testing.T) {
 			"    - {profile: 4g.40gb, placementStart: 0}\n    - {profile: 2g.20gb, placementStart: 4}\n    - {profile: 1g.20gb, placementStart: 6}\n" +
 			"    - {profile: 1g.10gb, placementStart: 6}\n"),
 			[]string{"gpus[0].migDevices[3].placementStart: 1g.10gb at 6 (memory slices 6-6) overlaps migDevices[2] (1g.20gb at 6)"}},
+		{"MIG engines", node("  - model: A30-24GB\n    migEnabled: true\n    migDevices:\n" +
+			"    - {profile: 1g.6gb+me, placementStart: 0}\n    - {profile: 2g.12gb+me, placementStart: 2}\n"),
+			[]string{"gpus[0].migDevices[1].profile: 2g.12gb+me does not fit beside the MIG devices before it: a A30-24GB has too few JPEG engines"}},
 		{"memory override with MIG", node("  - model: H100-SXM5-80GB\n    memoryMiB: 40000\n    migEnabled: true\n"),
 			[]string{"gpus[0].memoryMiB: must be the model's 81559 MiB on a MIG-enabled H100-SXM5-80GB"}},
 		{"compute slices too large", node("  - model: H100-SXM5-80GB\n    migEnabled: true\n    migDevices:\n    - {profile: 2g.20gb, computeSlices: 3}\n"),
@@ -196,5 +209,34 @@ nodes:
 	sharing, err := n.GPUSharing()
 	if err != nil || sharing.Mode != devicemodel.SharingShares || sharing.Shares != 4 || !sharing.ShareByDefault {
 		t.Errorf("GPUSharing: %+v, %v", sharing, err)
+	}
+}
+
+// NVML error names are taken with or without ERROR_ and in any case, and
+// resolved to the name NVML's Return prints; the nearer declaration wins:
+// the GPU's over the node's over the model's.
+func TestParseResolvesNVMLErrors(t *testing.T) {
+	f, err := simfleet.Parse([]byte(`
+nodes:
+- name: a
+  nvmlErrors: {nvmlDeviceGetBrand: not_supported, nvmlDeviceGetArchitecture: ERROR_UNKNOWN}
+  gpus:
+  - model: GB10
+  - model: GB10
+    nvmlErrors: {nvmlDeviceGetMemoryInfo: SUCCESS, nvmlDeviceGetArchitecture: TIMEOUT}
+  - model: L40S
+`), "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpus := f.Nodes[0].GPUs
+	for i, want := range []map[string]string{
+		{"nvmlDeviceGetBrand": "ERROR_NOT_SUPPORTED", "nvmlDeviceGetArchitecture": "ERROR_UNKNOWN", "nvmlDeviceGetMemoryInfo": "ERROR_NOT_SUPPORTED"},
+		{"nvmlDeviceGetBrand": "ERROR_NOT_SUPPORTED", "nvmlDeviceGetArchitecture": "ERROR_TIMEOUT", "nvmlDeviceGetMemoryInfo": "SUCCESS"},
+		{"nvmlDeviceGetBrand": "ERROR_NOT_SUPPORTED", "nvmlDeviceGetArchitecture": "ERROR_UNKNOWN"},
+	} {
+		if !reflect.DeepEqual(gpus[i].NVMLErrors, want) {
+			t.Errorf("gpus[%d].nvmlErrors: got %v, want %v", i, gpus[i].NVMLErrors, want)
+		}
 	}
 }

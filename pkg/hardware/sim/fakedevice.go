@@ -21,6 +21,9 @@ type fakeDevice struct {
 	memoryBytes uint64
 	// fabric is the node's; nil: no NVLink fabric.
 	fabric *Fabric
+	// unanswered are the NVML functions the GPU answers with an error
+	// every time: the resolved GPU's nvmlErrors.
+	unanswered map[string]nvml.Return
 
 	// Guarded by nv.mu.
 	minor                  int

@@ -40,6 +40,16 @@ func (d *fakeDevice) instancesOf(p *MIGProfile) int {
 	return n
 }
 
+// profiles lists the profiles of the GPU's GPU instances; the caller
+// holds nv.mu.
+func (d *fakeDevice) profiles() []*MIGProfile {
+	out := make([]*MIGProfile, len(d.gis))
+	for i, gi := range d.gis {
+		out[i] = gi.profile
+	}
+	return out
+}
+
 // CreateGpuInstanceWithPlacement implements nvml.Device.
 func (d *fakeDevice) CreateGpuInstanceWithPlacement(info *nvml.GpuInstanceProfileInfo, placement *nvml.GpuInstancePlacement) (nvml.GpuInstance, nvml.Return) {
 	if ret := d.hit("nvmlDeviceCreateGpuInstanceWithPlacement"); ret != nvml.SUCCESS {
@@ -54,7 +64,7 @@ func (d *fakeDevice) CreateGpuInstanceWithPlacement(info *nvml.GpuInstanceProfil
 		return nil, nvml.ERROR_INVALID_ARGUMENT
 	}
 	start := int(placement.Start)
-	if d.overlaps(start, p.PlacementSize) || d.instancesOf(p) >= p.Instances {
+	if d.overlaps(start, p.PlacementSize) || d.instancesOf(p) >= p.Instances || d.model.engineShortfall(append(d.profiles(), p)) != "" {
 		return nil, nvml.ERROR_INSUFFICIENT_RESOURCES
 	}
 	gi := d.newGI(p, start)
@@ -81,13 +91,16 @@ func (d *fakeDevice) GetGpuInstanceRemainingCapacity(info *nvml.GpuInstanceProfi
 		return 0, nvml.ERROR_INVALID_ARGUMENT
 	}
 	// Placements are aligned blocks of one size, so taking every free one
-	// in order never blocks a better choice.
+	// in order never blocks a better choice. Each must also find the
+	// engines it needs beside the others.
 	free := 0
 	taken := -1 // end of the last placement counted
+	held := d.profiles()
 	for _, s := range p.PlacementStarts {
-		if s >= taken && !d.overlaps(s, p.PlacementSize) {
+		if s >= taken && !d.overlaps(s, p.PlacementSize) && d.model.engineShortfall(append(held, p)) == "" {
 			free++
 			taken = s + p.PlacementSize
+			held = append(held, p)
 		}
 	}
 	return min(free, p.Instances-d.instancesOf(p)), nvml.SUCCESS

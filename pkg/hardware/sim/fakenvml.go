@@ -64,7 +64,7 @@ func newFakeNVML(n *Node, opts ...HardwareOption) *fakeNVML {
 		d := &fakeDevice{
 			nv: f, index: i, minor: *g.Minor, uuid: g.UUID, model: models[g.Model], busID: g.PCIBusID,
 			memoryBytes: g.MemoryMiB * 1024 * 1024, migEnabled: g.MIGEnabled, migPending: g.MIGEnabled,
-			fabric: n.Fabric,
+			fabric: n.Fabric, unanswered: unanswered(g.NVMLErrors),
 		}
 		for _, md := range g.MIGDevices {
 			prof, _ := d.model.profile(md.Profile)

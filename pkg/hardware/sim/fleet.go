@@ -42,6 +42,16 @@ type Node struct {
 	// clique: what nvmlDeviceGetGpuFabricInfo answers for each. Without it
 	// the GPUs answer that they have no fabric.
 	Fabric *Fabric `json:"fabric,omitempty"`
+	// Topology, if set, is what the node's sysfs does not tell of its
+	// GPUs, as in a VM: it applies to every GPU that does not set its own
+	// pcieRoot or numaNode.
+	Topology *Topology `json:"topology,omitempty"`
+	// NVMLErrors makes every GPU of the node answer the NVML functions it
+	// names (as nvml.h names them, e.g. "nvmlDeviceGetMemoryInfo") with the
+	// NVML error given ("NOT_SUPPORTED" or "ERROR_NOT_SUPPORTED"), every
+	// time, as some systems do; a GPU's own nvmlErrors come on top. See
+	// [GPU.NVMLErrors].
+	NVMLErrors map[string]string `json:"nvmlErrors,omitempty"`
 }
 
 // Fabric is a node's place in a multi-node NVLink fabric.
@@ -73,7 +83,9 @@ type GPU struct {
 	UUID string `json:"uuid,omitempty"`
 	// PCIBusID in extended BDF form, "0000:1b:00.0".
 	PCIBusID string `json:"pciBusID,omitempty"`
-	// PCIeRoot is the root complex, "pci0000:15".
+	// PCIeRoot is the root complex, "pci0000:15", or [TopologyUnknown]:
+	// the topology answers that it cannot read it, as on a VM's virtual
+	// PCI bus, and discovery publishes the GPU without it.
 	PCIeRoot string `json:"pcieRoot,omitempty"`
 	// NUMANode is the NUMA node; -1 means no NUMA affinity. The default is
 	// where the model's usual system has the GPU at that index (DGX A100:
@@ -87,6 +99,15 @@ type GPU struct {
 	MIGEnabled bool `json:"migEnabled,omitempty"`
 	// MIGDevices are the MIG devices that exist on the GPU.
 	MIGDevices []MIGDevice `json:"migDevices,omitempty"`
+	// NVMLErrors are the NVML functions the GPU (and its MIG devices)
+	// answers with an error every time, by nvml.h name, with NVML error
+	// names with or without "ERROR_" (NOT_SUPPORTED, NO_PERMISSION,
+	// UNKNOWN, TIMEOUT, GPU_IS_LOST, ...); SUCCESS answers a function the
+	// model leaves unanswered. Resolved, it holds the model's quirks (GB10:
+	// nvmlDeviceGetMemoryInfo), the node's nvmlErrors and the GPU's own, in
+	// that order of precedence from last to first, with canonical names
+	// ("ERROR_NOT_SUPPORTED").
+	NVMLErrors map[string]string `json:"nvmlErrors,omitempty"`
 }
 
 // MIGDevice is one existing GPU instance with its compute instances: one

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -106,8 +107,14 @@ func (n *Node) clone() *Node {
 		f := *n.Fabric
 		c.Fabric = &f
 	}
+	if n.Topology != nil {
+		t := *n.Topology
+		c.Topology = &t
+	}
+	c.NVMLErrors = maps.Clone(n.NVMLErrors)
 	for i := range c.GPUs {
 		c.GPUs[i].MIGDevices = slices.Clone(c.GPUs[i].MIGDevices)
+		c.GPUs[i].NVMLErrors = maps.Clone(c.GPUs[i].NVMLErrors)
 	}
 	return &c
 }
@@ -139,6 +146,8 @@ func (b brokenHardware) SetMIGMode(context.Context, string, bool) error { return
 type topology map[string]topologyEntry
 
 type topologyEntry struct {
+	// root is "" for a device sysfs has no record of, TopologyUnknown for
+	// one whose root cannot be read.
 	root string
 	numa *int
 }
@@ -157,7 +166,13 @@ func newTopology(n *Node) topology {
 }
 
 // PCIeRoot implements [nvmlhw.Topology].
-func (t topology) PCIeRoot(pciBusID string) (string, error) { return t[pciBusID].root, nil }
+func (t topology) PCIeRoot(pciBusID string) (string, error) {
+	root := t[pciBusID].root
+	if root == TopologyUnknown {
+		return "", errUnknownPCIeRoot
+	}
+	return root, nil
+}
 
 // NUMANode implements [nvmlhw.Topology].
 func (t topology) NUMANode(pciBusID string) (*int, error) {

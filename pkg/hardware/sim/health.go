@@ -384,14 +384,20 @@ func (s *fakeEventSet) Free() nvml.Return {
 	return nvml.SUCCESS
 }
 
-// hit counts a call on the GPU in the Faults and fails it as they say, or
-// with NVML_ERROR_GPU_IS_LOST while the GPU is lost.
+// hit counts a call on the GPU in the Faults and fails it as they say,
+// with NVML_ERROR_GPU_IS_LOST while the GPU is lost, or else with the
+// error the fleet file says the GPU always answers it with. The call is
+// counted first, so that armed faults count the calls a test sees; a lost
+// GPU answers nothing, whatever its quirks.
 func (d *fakeDevice) hit(call string) nvml.Return {
 	if ret := d.nv.faults.hit(call); ret != nvml.SUCCESS {
 		return ret
 	}
 	if d.nv.health.lost(d.nv.node, d.index) {
 		return nvml.ERROR_GPU_IS_LOST
+	}
+	if ret, ok := d.unanswered[call]; ok {
+		return ret
 	}
 	return nvml.SUCCESS
 }

@@ -280,3 +280,33 @@ func oneGPUNode(t *testing.T, model string, migEnabled bool) *Node {
 	}
 	return &f.Nodes[0]
 }
+
+// On A30 the 1g.6gb+me and 2g.12gb+me profiles each take the GPU's only
+// JPEG and OFA engine: with one of them, NVML has no room for the other,
+// though placements and instance counts would allow it.
+func TestFakeRefusesMIGBeyondEngines(t *testing.T) {
+	dev := newFakeNVML(oneGPUNode(t, "A30-24GB", true)).devices[0]
+	info := func(index int) *nvml.GpuInstanceProfileInfo {
+		i, ret := dev.GetGpuInstanceProfileInfo(index)
+		if ret != nvml.SUCCESS {
+			t.Fatalf("GetGpuInstanceProfileInfo(%d): %v", index, ret)
+		}
+		return &i
+	}
+	oneMe, twoMe, two := info(nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1), info(nvml.GPU_INSTANCE_PROFILE_2_SLICE_REV1), info(nvml.GPU_INSTANCE_PROFILE_2_SLICE)
+	if _, ret := dev.CreateGpuInstanceWithPlacement(oneMe, &nvml.GpuInstancePlacement{Start: 0, Size: 1}); ret != nvml.SUCCESS {
+		t.Fatalf("create 1g.6gb+me: %v", ret)
+	}
+	if n, ret := dev.GetGpuInstanceRemainingCapacity(twoMe); ret != nvml.SUCCESS || n != 0 {
+		t.Errorf("remaining 2g.12gb+me: %d, %v; want 0", n, ret)
+	}
+	if n, ret := dev.GetGpuInstanceRemainingCapacity(two); ret != nvml.SUCCESS || n != 1 {
+		t.Errorf("remaining 2g.12gb: %d, %v; want 1", n, ret)
+	}
+	if _, ret := dev.CreateGpuInstanceWithPlacement(twoMe, &nvml.GpuInstancePlacement{Start: 2, Size: 2}); ret != nvml.ERROR_INSUFFICIENT_RESOURCES {
+		t.Errorf("create 2g.12gb+me beside 1g.6gb+me: %v, want ERROR_INSUFFICIENT_RESOURCES", ret)
+	}
+	if _, ret := dev.CreateGpuInstanceWithPlacement(two, &nvml.GpuInstancePlacement{Start: 2, Size: 2}); ret != nvml.SUCCESS {
+		t.Errorf("create 2g.12gb: %v", ret)
+	}
+}

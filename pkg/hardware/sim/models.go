@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 
@@ -30,6 +31,11 @@ type Model struct {
 	// MIGProfiles are the GPU instance profiles, in nvidia-smi mig -lgip
 	// order. Empty for GPUs without MIG.
 	MIGProfiles []MIGProfile
+	// NVMLErrors are the NVML functions the model always answers with an
+	// error, as a GPU's nvmlErrors in a fleet file name them (GB10's
+	// unified memory: nvmlDeviceGetMemoryInfo NOT_SUPPORTED). Fleet files
+	// may override them.
+	NVMLErrors map[string]string
 	// layout places the GPUs of a node made of this model.
 	layout *layout
 }
@@ -118,7 +124,19 @@ var (
 		numa:    []int{0},
 		domains: []int{0x0009},
 	}
-	// A generic PCIe server.
+	// A DGX Spark (one GB10 superchip): nvidia-smi and NVML on DGX Spark
+	// list the GPU at 000F:01:00.0 (nvitop pull request #208 and gpud pull
+	// request #1170, both from DGX Spark owners); its NUMA node is the one
+	// of its CPU.
+	gb10Layout = &layout{
+		busIDs:  []int{0x01},
+		roots:   []int{0x00},
+		numa:    []int{0},
+		domains: []int{0x000f},
+	}
+	// A generic PCIe server: cloud VMs (AWS g5 and g4dn, GCP g2) show their
+	// GPUs elsewhere (00000000:00:1E.0, 00000000:00:04.0), which fleet
+	// files can set with pciBusID.
 	genericLayout = &layout{
 		busIDs: []int{0x01, 0x21, 0x41, 0x61, 0x81, 0xa1, 0xc1, 0xe1},
 		roots:  []int{0x00, 0x40, 0x80, 0xc0},
@@ -170,13 +188,17 @@ func (l *layout) numaNode(i, count int) int {
 // with real hardware on memory sizes, engine counts and placements; they
 // are not used.
 
-// Placements shared by all 8-memory-slice GPUs (A100, H100, H200).
+// Placements shared by all 8-memory-slice GPUs (A100, H100, H200), and
+// those of the 4-memory-slice A30.
 var (
 	starts1  = []int{0, 1, 2, 3, 4, 5, 6}
 	starts2  = []int{0, 2, 4}
 	starts2w = []int{0, 2, 4, 6} // 1-compute-slice, 2-memory-slice profiles
 	starts4  = []int{0, 4}
 	starts0  = []int{0}
+
+	starts1of4 = []int{0, 1, 2, 3}
+	starts2of4 = []int{0, 2}
 )
 
 // The rows below are, in order: Name, GIProfile, ID, CIProfile, Slices,
@@ -249,6 +271,23 @@ var models = map[string]*Model{
 			[7]string{"1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"},
 			[7]uint64{16384, 16384, 33024, 33024, 71168, 71168, 143104}),
 	},
+	// H100 NVL (PCIe, 94GB HBM3, sold in NVLink-bridged pairs): nvidia-smi
+	// names it "NVIDIA H100 NVL" and reports 95830MiB (public nvidia-smi
+	// outputs, bare metal and Azure NC H100 v5 VMs alike); device ID
+	// 0x232110DE (mig-parted's default config, "H100 NVL 94GB",
+	// NVIDIA/mig-parted pull request #101). Its -lgip is from NVIDIA's
+	// own run in NVIDIA/gpu-operator pull request #900, its -lgipp from
+	// public runs on H100 NVL (both in testdata/mig/H100-NVL-94GB.txt):
+	// H100's SM and engine counts and placements, with more memory.
+	"H100-NVL-94GB": {
+		Name: "H100-NVL-94GB", ProductName: "NVIDIA H100 NVL",
+		Architecture: nvml.DEVICE_ARCH_HOPPER, Brand: nvml.BRAND_NVIDIA, CCMajor: 9, CCMinor: 0,
+		MemoryMiB: 95830, PCIDeviceID: 0x232110DE, MemorySlices: 8, layout: genericLayout,
+		// -lgip: 10.75, 10.75, 21.62, 21.62, 46.38, 46.38, 93.12 GiB.
+		MIGProfiles: hopperProfiles(
+			[7]string{"1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"},
+			[7]uint64{11008, 11008, 22144, 22144, 47488, 47488, 95360}),
+	},
 	// The Hopper GPU of a GH200 480GB superchip (GH200 NVL32 and
 	// single-superchip nodes), the 96GB HBM3 version: nvidia-smi names it
 	// "NVIDIA GH200 480GB" (480GB counts the Grace CPU's LPDDR5X too) and
@@ -279,6 +318,69 @@ var models = map[string]*Model{
 		Architecture: nvml.DEVICE_ARCH_BLACKWELL, Brand: nvml.BRAND_NVIDIA, CCMajor: 10, CCMinor: 0,
 		MemoryMiB: 189471, PCIDeviceID: 0x294110DE, layout: gb200TrayLayout,
 	},
+	// The Blackwell GPU of a GB10 superchip (DGX Spark and its OEM
+	// versions). Its memory is the 128 GB LPDDR5X the CPU uses too, and
+	// NVML answers nvmlDeviceGetMemoryInfo (v1 and v2) with
+	// NVML_ERROR_NOT_SUPPORTED: a DGX Spark owner's raw NVML calls on
+	// driver 580.173.02 (nvitop pull request #208), and the NVIDIA DRA
+	// driver failing on it (kubernetes-sigs/dra-driver-nvidia-gpu issue
+	// #1073, driver 595.58.03). nvtop pull request #463 reports a driver
+	// answering with the system's total instead; a fleet file's
+	// nvmlErrors {nvmlDeviceGetMemoryInfo: SUCCESS} simulates that, and
+	// MemoryMiB is then /proc/meminfo's MemTotal on a DGX Spark,
+	// 127600748 kB (nvitop #208). nvidia-smi names it "NVIDIA GB10"
+	// (same sources); compute capability 12.1 (CUDA's table, sm_121).
+	// No MIG (DGX Spark hardware guide). The PCI device ID 0x2E12 is
+	// pci.ids' entry for GB10 as recalled here, not checked on hardware.
+	"GB10": {
+		Name: "GB10", ProductName: "NVIDIA GB10",
+		Architecture: nvml.DEVICE_ARCH_BLACKWELL, Brand: nvml.BRAND_NVIDIA, CCMajor: 12, CCMinor: 1,
+		MemoryMiB: 124610, PCIDeviceID: 0x2E1210DE, layout: gb10Layout,
+		NVMLErrors: map[string]string{"nvmlDeviceGetMemoryInfo": "ERROR_NOT_SUPPORTED"},
+	},
+	// A30 24GB (PCIe): nvidia-smi names it "NVIDIA A30" and reports
+	// 24576MiB; its -lgip, -lgipp and the memory of its MIG devices (5952
+	// and 11968 MiB) are from a public session on an A30 with driver
+	// 535.183.01, see testdata/mig/A30-24GB.txt. Device ID 0x20B710DE as
+	// mig-parted logs it for an A30 (NVIDIA/mig-parted issue #157).
+	// Compute capability 8.0, GA100 (MIG user guide, "Supported GPUs").
+	"A30-24GB": {
+		Name: "A30-24GB", ProductName: "NVIDIA A30",
+		Architecture: nvml.DEVICE_ARCH_AMPERE, Brand: nvml.BRAND_NVIDIA, CCMajor: 8, CCMinor: 0,
+		MemoryMiB: 24576, PCIDeviceID: 0x20B710DE, MemorySlices: 4, layout: genericLayout,
+		// -lgip: 5.81, 5.81, 11.69, 11.69, 23.44 GiB.
+		MIGProfiles: []MIGProfile{
+			{"1g.6gb", nvml.GPU_INSTANCE_PROFILE_1_SLICE, 14, nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 1, 4, 5952, 14, 1, 1, 0, 0, 0, 1, starts1of4},
+			{"1g.6gb+me", nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1, 21, nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 1, 1, 5952, 14, 1, 1, 0, 1, 1, 1, starts1of4},
+			{"2g.12gb", nvml.GPU_INSTANCE_PROFILE_2_SLICE, 5, nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE, 2, 2, 11968, 28, 2, 2, 0, 0, 0, 2, starts2of4},
+			{"2g.12gb+me", nvml.GPU_INSTANCE_PROFILE_2_SLICE_REV1, 6, nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE, 2, 1, 11968, 28, 2, 2, 0, 1, 1, 2, starts2of4},
+			{"4g.24gb", nvml.GPU_INSTANCE_PROFILE_4_SLICE, 0, nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE, 4, 1, 24000, 56, 4, 4, 0, 1, 1, 4, starts0},
+		},
+	},
+	// Inference GPUs without MIG, as cloud instances carry them. Names and
+	// memory totals as nvidia-smi reports them on driver 595.91.07 ("NVIDIA
+	// A10G" 23028 MiB, "NVIDIA L4" 23034 MiB, "Tesla T4" 15360 MiB: a
+	// public benchmark protocol listing the three); L4's 23034 MiB also in
+	// public nvidia-smi outputs on GCP g2 VMs. Compute capabilities from
+	// CUDA's table (A10G 8.6, L4 8.9, T4 7.5). Device IDs as pci.ids lists
+	// them (A10G 0x2237, L4 0x27B8, T4 0x1EB8), not checked on hardware.
+	// Brand: NVIDIA for all three, as recent drivers report data-centre
+	// GPUs; older drivers reported T4 as Tesla, not checked here.
+	"A10G": {
+		Name: "A10G", ProductName: "NVIDIA A10G",
+		Architecture: nvml.DEVICE_ARCH_AMPERE, Brand: nvml.BRAND_NVIDIA, CCMajor: 8, CCMinor: 6,
+		MemoryMiB: 23028, PCIDeviceID: 0x223710DE, layout: genericLayout,
+	},
+	"L4": {
+		Name: "L4", ProductName: "NVIDIA L4",
+		Architecture: nvml.DEVICE_ARCH_ADA, Brand: nvml.BRAND_NVIDIA, CCMajor: 8, CCMinor: 9,
+		MemoryMiB: 23034, PCIDeviceID: 0x27B810DE, layout: genericLayout,
+	},
+	"T4": {
+		Name: "T4", ProductName: "Tesla T4",
+		Architecture: nvml.DEVICE_ARCH_TURING, Brand: nvml.BRAND_NVIDIA, CCMajor: 7, CCMinor: 5,
+		MemoryMiB: 15360, PCIDeviceID: 0x1EB810DE, layout: genericLayout,
+	},
 	// A GPU without MIG, so that fleets can hold one.
 	"L40S": {
 		Name: "L40S", ProductName: "NVIDIA L40S",
@@ -304,6 +406,7 @@ func LookupModel(name string) (Model, bool) {
 		return Model{}, false
 	}
 	c := *m
+	c.NVMLErrors = maps.Clone(m.NVMLErrors)
 	c.MIGProfiles = slices.Clone(m.MIGProfiles)
 	for i := range c.MIGProfiles {
 		c.MIGProfiles[i].PlacementStarts = slices.Clone(c.MIGProfiles[i].PlacementStarts)
@@ -353,6 +456,47 @@ func (p *MIGProfile) ciProfile(c int) int {
 		return p.CIProfile
 	}
 	return ciProfileIndex[c]
+}
+
+// wholeProfile returns the profile spanning the whole GPU: the one with
+// the most compute slices.
+func (m *Model) wholeProfile() *MIGProfile {
+	var whole *MIGProfile
+	for i := range m.MIGProfiles {
+		if p := &m.MIGProfiles[i]; whole == nil || p.Slices > whole.Slices {
+			whole = p
+		}
+	}
+	return whole
+}
+
+// engineShortfall returns the first engine that GPU instances of profiles
+// ps would together need more of than the GPU has (its whole profile's
+// count), or "" when they fit. NVML refuses such an instance: on A30 the
+// 1g.6gb+me and 2g.12gb+me profiles each take the GPU's only JPEG and OFA
+// engine. Placements alone keep the 8-memory-slice GPUs within their
+// engines; this check matters where they do not.
+func (m *Model) engineShortfall(ps []*MIGProfile) string {
+	whole := m.wholeProfile()
+	var sm, ce, dec, enc, jpeg, ofa int
+	for _, p := range ps {
+		sm, ce, dec, enc, jpeg, ofa = sm+p.Multiprocessors, ce+p.CopyEngines, dec+p.Decoders, enc+p.Encoders, jpeg+p.JPEGEngines, ofa+p.OFAEngines
+	}
+	switch {
+	case sm > whole.Multiprocessors:
+		return "multiprocessors"
+	case ce > whole.CopyEngines:
+		return "copy engines"
+	case dec > whole.Decoders:
+		return "decoders"
+	case enc > whole.Encoders:
+		return "encoders"
+	case jpeg > whole.JPEGEngines:
+		return "JPEG engines"
+	case ofa > whole.OFAEngines:
+		return "OFA engines"
+	}
+	return ""
 }
 
 // profileNames lists the model's MIG profile names for error messages.

@@ -76,8 +76,10 @@ func TestBuiltinFleets(t *testing.T) {
 			map[string][]int{"dgx-h100-0": {0, 0, 0, 0, 0, 0, 4, 7}, "dgx-h100-1": {0, 0, 0, 0, -1, -1, -1, -1}, "dgx-a100-0": {7, 2, 0, 0, 0, 0, 0, 0}},
 			[]string{"gb200-0", "gb200-1", "gb200-2", "gb200-3"}},
 	}
-	// gb200-nvl72 and gh200-nvl32 are TestFabricFleets'.
-	if got, want := len(tests)+2, len(simfleet.BuiltinNames()); got != want {
+	// gb200-nvl72 and gh200-nvl32 are TestFabricFleets', vm-quirks and
+	// current-models package simfleet's TestVMQuirksFleet and
+	// TestCurrentModelsFleet.
+	if got, want := len(tests)+4, len(simfleet.BuiltinNames()); got != want {
 		t.Errorf("test covers %d fleets, BuiltinNames has %d: %v", got, want, simfleet.BuiltinNames())
 	}
 	seenUUIDs := map[string]string{}

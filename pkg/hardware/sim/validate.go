@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -107,6 +108,9 @@ func (n *Node) resolve(p *problems) {
 		p.add("cudaDriverVersion", "%q is not a CUDA version like %q", n.CUDADriverVersion, DefaultCUDADriverVersion)
 	}
 
+	n.Topology.resolve(p)
+	n.NVMLErrors = resolveNVMLErrors(p, "nvmlErrors", n.NVMLErrors, nil)
+
 	if f := n.Fabric; f != nil {
 		if f.ClusterUUID == "" {
 			f.ClusterUUID = DefaultClusterUUID
@@ -130,7 +134,7 @@ func (n *Node) resolve(p *problems) {
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
 		field := fmt.Sprintf("gpus[%d]", i)
-		g.resolve(p, field, n.Name, i, len(n.GPUs))
+		g.resolve(p, field, n, i)
 		if g.Minor != nil {
 			if j, dup := minors[*g.Minor]; dup {
 				p.add(field+".minor", "%d is also the minor of gpus[%d]", *g.Minor, j)
@@ -147,9 +151,10 @@ func (n *Node) resolve(p *problems) {
 	n.resolveNICs(p, busIDs)
 }
 
-// resolve fills in the defaults of the GPU at index i of node (which has
-// count GPUs) and reports what is wrong with it.
-func (g *GPU) resolve(p *problems, field, node string, i, count int) {
+// resolve fills in the defaults of the GPU at index i of node n and
+// reports what is wrong with it.
+func (g *GPU) resolve(p *problems, field string, n *Node, i int) {
+	node, count := n.Name, len(n.GPUs)
 	m, ok := models[g.Model]
 	if !ok {
 		if g.Model == "" {
@@ -177,15 +182,26 @@ func (g *GPU) resolve(p *problems, field, node string, i, count int) {
 			p.add(field+".pciBusID", "%q is not an extended BDF like \"0000:1b:00.0\"", g.PCIBusID)
 		}
 	}
-	if g.PCIeRoot == "" {
-		g.PCIeRoot = m.layout.pcieRoot(i)
-	} else if !pcieRootRE.MatchString(g.PCIeRoot) {
-		p.add(field+".pcieRoot", "%q is not a PCIe root like \"pci0000:15\"", g.PCIeRoot)
+	topo := n.Topology
+	if topo == nil {
+		topo = &Topology{}
 	}
-	if g.NUMANode == nil {
+	switch {
+	case g.PCIeRoot == "" && topo.PCIeRoot == TopologyUnknown:
+		g.PCIeRoot = TopologyUnknown
+	case g.PCIeRoot == "":
+		g.PCIeRoot = m.layout.pcieRoot(i)
+	case g.PCIeRoot != TopologyUnknown && !pcieRootRE.MatchString(g.PCIeRoot):
+		p.add(field+".pcieRoot", "%q is not a PCIe root like \"pci0000:15\" (or %q)", g.PCIeRoot, TopologyUnknown)
+	}
+	switch {
+	case g.NUMANode == nil && topo.NUMANode == TopologyNone:
+		none := -1
+		g.NUMANode = &none
+	case g.NUMANode == nil:
 		numa := m.layout.numaNode(i, count)
 		g.NUMANode = &numa
-	} else if *g.NUMANode < -1 {
+	case *g.NUMANode < -1:
 		p.add(field+".numaNode", "%d is not a NUMA node (-1 for none)", *g.NUMANode)
 	}
 	if g.MemoryMiB == 0 {
@@ -195,6 +211,14 @@ func (g *GPU) resolve(p *problems, field, node string, i, count int) {
 		// would rename the model's profiles.
 		p.add(field+".memoryMiB", "must be the model's %d MiB on a MIG-enabled %s", m.MemoryMiB, m.Name)
 	}
+	// The model's quirks, then the node's (resolved above), then the GPU's
+	// own: the nearer declaration wins.
+	base := maps.Clone(m.NVMLErrors)
+	if base == nil && len(n.NVMLErrors) > 0 {
+		base = map[string]string{}
+	}
+	maps.Copy(base, n.NVMLErrors)
+	g.NVMLErrors = resolveNVMLErrors(p, field+".nvmlErrors", g.NVMLErrors, base)
 	g.resolveMIG(p, field, m, node, i)
 }
 
@@ -213,6 +237,7 @@ func (g *GPU) resolveMIG(p *problems, field string, m *Model, node string, index
 	// 8-memory-slice GPUs no set of non-overlapping allowed placements
 	// needs more than 7.
 	instances := map[string]int{}
+	var placed []*MIGProfile
 	for j := range g.MIGDevices {
 		d := &g.MIGDevices[j]
 		dfield := fmt.Sprintf("%s.migDevices[%d]", field, j)
@@ -257,6 +282,10 @@ func (g *GPU) resolveMIG(p *problems, field string, m *Model, node string, index
 		instances[prof.Name]++
 		if instances[prof.Name] > prof.Instances {
 			p.add(dfield+".profile", "at most %d %s instance(s) fit on a %s", prof.Instances, prof.Name, m.Name)
+		}
+		placed = append(placed, prof)
+		if short := m.engineShortfall(placed); short != "" {
+			p.add(dfield+".profile", "%s does not fit beside the MIG devices before it: a %s has too few %s", prof.Name, m.Name, short)
 		}
 		if d.ComputeSlices == 0 {
 			d.ComputeSlices = prof.Slices
