@@ -10,8 +10,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	metadatav1beta1 "k8s.io/dynamic-resource-allocation/api/metadata/v1beta1"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
-
-	"github.com/gpudra/gpudra/pkg/claimstate"
 )
 
 // metadataVersions are the versions each metadata file holds, newest
@@ -41,22 +39,21 @@ func deviceMetadataOptions(cfg *Config) []kubeletplugin.Option {
 const metadataSubDir = "dra-device-metadata"
 
 // removeDeviceMetadata removes the helper's metadata files and CDI specs
-// of a claim that the sweep released. The helper removes them only when
-// the kubelet unprepares the claim; a claim released because its pods and
-// ResourceClaim are gone never is, and its files would stay until the
-// node reboots (the CDI specs would outlive even that, /var/run/cdi aside).
-func (d *Driver) removeDeviceMetadata(c *claimstate.Claim) error {
-	if !d.cfg.DeviceMetadata {
-		return nil
-	}
+// of a claim. The helper removes them itself, but only when the kubelet
+// unprepares the claim and only while the option is on: a claim the sweep
+// releases (its pods and ResourceClaim are gone) is never unprepared, and
+// a claim prepared before --device-metadata was turned off is unprepared
+// by a helper that no longer knows the files. Either way they would stay
+// in the plugin's data directory for good, and their CDI specs with them.
+func (d *Driver) removeDeviceMetadata(namespace, name, uid string) error {
 	var errs []error
-	if c.Namespace != "" && c.Name != "" {
-		dir := filepath.Join(d.cfg.PluginDataDir, metadataSubDir, c.Namespace+"_"+c.Name)
+	if namespace != "" && name != "" {
+		dir := filepath.Join(d.cfg.PluginDataDir, metadataSubDir, namespace+"_"+name)
 		if err := os.RemoveAll(dir); err != nil {
 			errs = append(errs, fmt.Errorf("remove device metadata %s: %w", dir, err))
 		}
 	}
-	specs, err := filepath.Glob(filepath.Join(d.cfg.CDIDir, d.cfg.DriverName+"_metadata_"+c.UID+"_*.json"))
+	specs, err := filepath.Glob(filepath.Join(d.cfg.CDIDir, d.cfg.DriverName+"_metadata_"+uid+"_*.json"))
 	if err != nil {
 		errs = append(errs, err)
 	}

@@ -8,14 +8,18 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	ocispec "github.com/opencontainers/runtime-spec/specs-go"
 	resourceapi "k8s.io/api/resource/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/dynamic-resource-allocation/api/metadata"
 	"k8s.io/dynamic-resource-allocation/devicemetadata"
 
+	"github.com/gpudra/gpudra/api/resource/v1beta1"
 	"github.com/gpudra/gpudra/internal/shorttemp"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/draplugin"
@@ -230,5 +234,119 @@ func TestDeviceMetadataOfEveryDeviceKind(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// metadataSpec is the helper's CDI spec of a claim's request.
+func (h *harness) metadataSpec(claim *resourceapi.ResourceClaim, request string) string {
+	return filepath.Join(h.cfg.CDIDir, driverName+"_metadata_"+string(claim.UID)+"_"+request+".json")
+}
+
+// TestDeviceMetadataSweep: gpudra's sweep of orphaned CDI specs leaves the
+// helper's metadata specs of prepared claims alone, however old, and
+// releasing a claim whose ResourceClaim and pods are gone (which the
+// kubelet never unprepares) removes its metadata with it.
+func TestDeviceMetadataSweep(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Now()
+	h := newHarness(t, withDeviceMetadata, func(cfg *draplugin.Config) {
+		cfg.Clock = func() time.Time {
+			mu.Lock()
+			defer mu.Unlock()
+			return now
+		}
+	})
+	claim := h.claim("gpu-2")
+	h.mustPrepare(claim)
+	file, spec := h.metadataFile(claim, "gpu0"), h.metadataSpec(claim, "gpu0")
+
+	mu.Lock()
+	now = now.Add(draplugin.DefaultCallTimeout + time.Hour)
+	mu.Unlock()
+	h.driver.Sweep(h.ctx)
+	h.driver.Sweep(h.ctx)
+	for _, p := range []string{file, spec} {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("sweep touched the metadata of a prepared claim: %v", err)
+		}
+	}
+
+	if err := h.client.ResourceV1().ResourceClaims(claim.Namespace).Delete(h.ctx, claim.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.driver.Sweep(h.ctx)
+	h.driver.Sweep(h.ctx)
+	if strings.Contains(h.checkpoint(), string(claim.UID)) {
+		t.Fatalf("the sweep did not release the gone claim:\n%s", h.checkpoint())
+	}
+	for _, p := range []string{filepath.Dir(filepath.Dir(file)), spec} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s after the sweep released its claim: %v", p, err)
+		}
+	}
+}
+
+// TestDeviceMetadataOff: without --device-metadata nothing is written, and
+// the files of a claim prepared while it was on still go at Unprepare,
+// which the helper no longer does.
+func TestDeviceMetadataOff(t *testing.T) {
+	h := newHarness(t, withDeviceMetadata)
+	before := h.claim("gpu-2")
+	h.mustPrepare(before)
+	file, spec := h.metadataFile(before, "gpu0"), h.metadataSpec(before, "gpu0")
+	if _, err := os.Stat(file); err != nil {
+		t.Fatal(err)
+	}
+
+	h.stop()
+	h.cfg.DeviceMetadata = false
+	h.start()
+	after := h.claim("gpu-3")
+	resp := h.mustPrepare(after)
+	for _, id := range resp.Devices[0].CdiDeviceIds {
+		if strings.Contains(id, "/metadata=") {
+			t.Errorf("CDI IDs %v name metadata with --device-metadata=false", resp.Devices[0].CdiDeviceIds)
+		}
+	}
+	if _, err := os.Stat(h.metadataFile(after, "gpu0")); !os.IsNotExist(err) {
+		t.Errorf("metadata file with --device-metadata=false: %v", err)
+	}
+
+	h.mustUnprepare(before)
+	for _, p := range []string{filepath.Dir(filepath.Dir(file)), spec} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s of a claim prepared with metadata, after Unprepare: %v", p, err)
+		}
+	}
+}
+
+// TestComputeDomainDeviceMetadata: a channel claim's metadata names its
+// ComputeDomain and the channel the node gave it.
+func TestComputeDomainDeviceMetadata(t *testing.T) {
+	h := newCDHarnessWith(t, []*v1beta1.ComputeDomain{domain("default", "a", "uid-a", ch(3))}, withDeviceMetadata)
+	claim := h.channelClaim("default", "a1", "uid-a")
+	resp := h.mustPrepare(claim)
+	metaID := cdDriverName + "/metadata=" + string(claim.UID) + "_channel"
+	if !slices.Contains(resp.Devices[0].CdiDeviceIds, metaID) {
+		t.Errorf("CDI IDs %v lack the metadata's %s", resp.Devices[0].CdiDeviceIds, metaID)
+	}
+	file := h.metadataFile(claim, "channel")
+	_, dm := readMetadata(t, file)
+	if len(dm.Requests) != 1 || len(dm.Requests[0].Devices) != 1 {
+		t.Fatalf("metadata requests %+v, want one device", dm.Requests)
+	}
+	got := dm.Requests[0].Devices[0].Attributes
+	if a := got["domainID"]; a.StringValue == nil || *a.StringValue != "uid-a" {
+		t.Errorf("domainID %+v, want uid-a", a)
+	}
+	if a := got["channel"]; a.IntValue == nil || *a.IntValue != 3 {
+		t.Errorf("channel %+v, want 3", a)
+	}
+	if a := got["type"]; a.StringValue == nil || *a.StringValue != "channel" {
+		t.Errorf("type %+v, want the published channel", a)
+	}
+	h.mustUnprepare(claim)
+	if _, err := os.Stat(file); !os.IsNotExist(err) {
+		t.Errorf("metadata after Unprepare: %v", err)
 	}
 }

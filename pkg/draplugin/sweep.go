@@ -299,7 +299,7 @@ func (w *sweeper) sweepClaim(ctx context.Context, logger klog.Logger, c *claimst
 		logger.Error(err, "Sweeping claim", "claim", klog.KRef(c.Namespace, c.Name), "claimUID", c.UID)
 		return
 	}
-	if err := d.removeDeviceMetadata(current); err != nil {
+	if err := d.removeDeviceMetadata(current.Namespace, current.Name, current.UID); err != nil {
 		// Nothing holds a device any more; the files only take space.
 		logger.Error(err, "Removing the device metadata of a swept claim", "claim", klog.KRef(c.Namespace, c.Name), "claimUID", c.UID)
 	}
