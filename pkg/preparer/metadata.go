@@ -53,12 +53,16 @@ func (a *Adapter[R]) Metadata(raw json.RawMessage, device string) (map[string]re
 // Prepare answered from the checkpoint writes the same file.
 func (p *Preparer) deviceMetadata(ctx context.Context, model *devicemodel.Model, rec *claimstate.Claim, d claimstate.Device) *kubeletplugin.DeviceMetadata {
 	attrs := map[string]resourceapi.DeviceAttribute{}
-	if model != nil {
-		if dev, ok := model.Lookup(d.Name); ok {
-			for k, v := range dev.API.Attributes {
-				attrs[string(k)] = v
-			}
+	if dev, ok := lookup(model, d.Name); ok {
+		for k, v := range dev.API.Attributes {
+			attrs[string(k)] = v
 		}
+	} else {
+		// A prepared device that is not published now (an unhealthy GPU
+		// withdrawn where the API server has no device taints): its file
+		// says what the record knows, and a Prepare once it is published
+		// again writes the published attributes again.
+		klog.FromContext(ctx).Info("Device metadata without the published attributes: the device is not published now", "device", d.Name)
 	}
 	if d.UUID != "" {
 		attrs[string(devicemodel.AttrUUID)] = resourceapi.DeviceAttribute{StringValue: &d.UUID}
@@ -96,4 +100,11 @@ func (p *Preparer) kubeletDevicesOf(ctx context.Context, rec *claimstate.Claim) 
 		out[i].Metadata = p.deviceMetadata(ctx, model, rec, rec.Devices[i])
 	}
 	return out
+}
+
+func lookup(model *devicemodel.Model, name string) (*devicemodel.Device, bool) {
+	if model == nil {
+		return nil, false
+	}
+	return model.Lookup(name)
 }
