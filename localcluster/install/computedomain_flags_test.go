@@ -24,6 +24,7 @@ func TestComputeDomainValuesReachFlags(t *testing.T) {
 		{"computeDomains.maxChannels", 128, plugin, "max-channels", "128"},
 		{"computeDomains.maxChannels", 128, controller, "max-channels", "128"},
 		{"computeDomains.kubeletPlugin.sharedChannel", false, plugin, "shared-channel", "false"},
+		{"kubeletPlugin.deviceMetadata", false, plugin, "device-metadata", "false"},
 		{"computeDomains.kubeletPlugin.httpPort", 9091, plugin, "http-endpoint", ":9091"},
 		{"computeDomains.kubeletPlugin.metricsPath", "/m", plugin, "metrics-path", "/m"},
 		{"computeDomains.kubeletPlugin.discoveryInterval", "5m", plugin, "discovery-interval", "5m"},

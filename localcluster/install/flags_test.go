@@ -30,6 +30,7 @@ func TestKubeletPluginValuesReachFlags(t *testing.T) {
 		{"kubeletPlugin.devRoot", "/host-dev", "dev-root", "/host-dev"},
 		{"kubeletPlugin.migMode", "static", "mig-mode", "static"},
 		{"kubeletPlugin.migModeSwitching", true, "mig-mode-switching", "true"},
+		{"kubeletPlugin.deviceMetadata", false, "device-metadata", "false"},
 		{"kubeletPlugin.sharing", "memory-compute", "sharing", "memory-compute"},
 		{"kubeletPlugin.sharingDefault", "share", "sharing-default", "share"},
 		{"kubeletPlugin.vfio", "off", "vfio", "off"},

@@ -101,6 +101,12 @@ func (d *Driver) unprepareClaim(ctx context.Context, claim kubeletplugin.Namespa
 	if err != nil {
 		return err
 	}
+	if !d.cfg.DeviceMetadata {
+		// The helper removes the files only while it writes them.
+		if err := d.removeDeviceMetadata(claim.Namespace, claim.Name, string(claim.UID)); err != nil {
+			return fmt.Errorf("unprepare claim %s: %w", claim.NamespacedName, err)
+		}
+	}
 	if reported {
 		// The claim usually outlives its pods a moment; drop the UUIDs of
 		// devices that no longer exist. Gone claims need nothing. In the

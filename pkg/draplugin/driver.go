@@ -94,6 +94,11 @@ type Config struct {
 	// RollingUpdateUID, when set (the pod UID), lets two plugin instances
 	// serve side by side during an upgrade.
 	RollingUpdateUID types.UID
+	// DeviceMetadata writes, for every prepared device, a metadata file
+	// (KEP-5304) that its containers read at
+	// /var/run/kubernetes.io/dra-device-attributes/: the attributes it is
+	// published with, and what Prepare set up (a MIG device's UUID).
+	DeviceMetadata bool
 
 	// DiscoveryInterval is how often the GPUs are discovered again once
 	// discovery works; while it fails the plugin retries sooner.
@@ -284,14 +289,15 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 		logger.Info("Removed CDI spec temp files a killed plugin left behind", "files", removed)
 	}
 	d.prep = preparer.New(preparer.Config{
-		DriverName:    cfg.DriverName,
-		NodeName:      cfg.NodeName,
-		Store:         store,
-		CDI:           d.cdi,
-		Node:          &node{d: d},
-		Configurators: d.features.Configurators,
-		Clock:         cfg.Clock,
-		Faults:        cfg.Faults,
+		DriverName:     cfg.DriverName,
+		NodeName:       cfg.NodeName,
+		Store:          store,
+		CDI:            d.cdi,
+		Node:           &node{d: d},
+		Configurators:  d.features.Configurators,
+		Clock:          cfg.Clock,
+		Faults:         cfg.Faults,
+		DeviceMetadata: cfg.DeviceMetadata,
 	})
 	d.sweeper = &sweeper{d: d, goneOnce: map[string]bool{}, present: map[string]recheck{}, adoptNow: make(chan struct{}, 1)}
 
@@ -353,6 +359,7 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 	if cfg.RollingUpdateUID != "" {
 		helperOpts = append(helperOpts, kubeletplugin.RollingUpdate(cfg.RollingUpdateUID))
 	}
+	helperOpts = append(helperOpts, deviceMetadataOptions(&cfg)...)
 	if healthWatcher != nil {
 		// Before the helper serves: the kubelet opens the health stream as
 		// soon as the plugin registers, and a stream that started before

@@ -299,6 +299,10 @@ func (w *sweeper) sweepClaim(ctx context.Context, logger klog.Logger, c *claimst
 		logger.Error(err, "Sweeping claim", "claim", klog.KRef(c.Namespace, c.Name), "claimUID", c.UID)
 		return
 	}
+	if err := d.removeDeviceMetadata(current.Namespace, current.Name, current.UID); err != nil {
+		// Nothing holds a device any more; the files only take space.
+		logger.Error(err, "Removing the device metadata of a swept claim", "claim", klog.KRef(c.Namespace, c.Name), "claimUID", c.UID)
+	}
 	logger.Info(msg, "claim", klog.KRef(c.Namespace, c.Name), "claimUID", c.UID, "devices", len(c.Devices))
 }
 

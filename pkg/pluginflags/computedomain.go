@@ -40,6 +40,7 @@ type ComputeDomainPlugin struct {
 	CallTimeout       time.Duration
 	MaxChannels       int
 	SharedChannel     bool
+	DeviceMetadata    bool
 	HTTPEndpoint      string
 	MetricsPath       string
 	// IMEX is the node's IMEX daemon side.
@@ -85,6 +86,7 @@ func (o *ComputeDomainPlugin) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.CallTimeout, "kubelet-call-timeout", draplugin.DefaultCallTimeout, "the kubelet's timeout for one DRA call; older unfinished preparations are rolled back")
 	fs.IntVar(&o.MaxChannels, "max-channels", imexchannel.DefaultMaxChannels, "the node's IMEX channel count (the nvidia module's NVreg_ImexChannelCount): channels a domain may hold, and what allocation mode All opens")
 	fs.BoolVar(&o.SharedChannel, "shared-channel", true, "publish channel-0 for several claims at once (allowMultipleAllocations), so that more than one ComputeDomain, and more than one pod of a domain, run on a node; false: one claim at a time, as NVIDIA's driver")
+	fs.BoolVar(&o.DeviceMetadata, "device-metadata", true, "write a metadata file (KEP-5304) for every prepared channel, with its ComputeDomain and channel number, which the claim's containers read under /var/run/kubernetes.io/dra-device-attributes/. See docs/guides/device-metadata.md")
 	fs.StringVar(&o.HTTPEndpoint, "http-endpoint", "", "TCP address of the HTTP server for metrics and probes (e.g. :8081); empty: no server")
 	fs.StringVar(&o.MetricsPath, "metrics-path", "/metrics", "HTTP path of the Prometheus metrics on --http-endpoint")
 	// Registered here, so that the chart's arguments for the IMEX daemon
@@ -144,6 +146,7 @@ func (o *ComputeDomainPlugin) Config(kube kubernetes.Interface, dyn dynamic.Inte
 		RegistrarDir:      o.RegistrarDir,
 		CDIDir:            o.CDIDir,
 		RollingUpdateUID:  types.UID(o.PodUID),
+		DeviceMetadata:    o.DeviceMetadata,
 		DiscoveryInterval: o.DiscoveryInterval,
 		CallTimeout:       o.CallTimeout,
 		SweepInterval:     o.SweepInterval,

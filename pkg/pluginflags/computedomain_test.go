@@ -20,7 +20,7 @@ func TestComputeDomainPluginConfig(t *testing.T) {
 	fn := fleet.Nodes[0]
 	o, err := ParseComputeDomainPlugin([]string{"--node-name=" + fn.Name, "--pod-uid=abc", "--driver-name=cd.example.com",
 		"--registrar-dir=/r", "--cdi-dir=/c", "--max-channels=16", "--shared-channel=false", "--kubelet-call-timeout=20s",
-		"--kube-api-qps=7.5", "--http-endpoint=:9091", "--v=4"})
+		"--kube-api-qps=7.5", "--http-endpoint=:9091", "--device-metadata=false", "--v=4"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +30,7 @@ func TestComputeDomainPluginConfig(t *testing.T) {
 	}
 	if cfg.NodeName != fn.Name || cfg.RollingUpdateUID != "abc" || cfg.DriverName != "cd.example.com" ||
 		cfg.PluginDataDir != "/var/lib/kubelet/plugins/cd.example.com" || cfg.RegistrarDir != "/r" || cfg.CDIDir != "/c" ||
-		cfg.CallTimeout != 20*time.Second || cfg.Features == nil || cfg.Hardware == nil || o.KubeAPIQPS != 7.5 || o.HTTPEndpoint != ":9091" {
+		cfg.CallTimeout != 20*time.Second || cfg.Features == nil || cfg.Hardware == nil || o.KubeAPIQPS != 7.5 || o.HTTPEndpoint != ":9091" || cfg.DeviceMetadata {
 		t.Errorf("config %+v does not say what the flags say", cfg)
 	}
 	set, err := cfg.Features(draplugin.FeatureEnv{})

@@ -49,6 +49,7 @@ type KubeletPlugin struct {
 	CallTimeout       time.Duration
 	MIGMode           string
 	MIGModeSwitching  bool
+	DeviceMetadata    bool
 	Logging           *logsapi.LoggingConfiguration
 }
 
@@ -98,6 +99,7 @@ func (o *KubeletPlugin) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.HTTPEndpoint, "http-endpoint", "", "TCP address of the HTTP server for metrics and probes (e.g. :8080; /livez, /readyz and the metrics at --metrics-path); empty: no server")
 	fs.StringVar(&o.MetricsPath, "metrics-path", "/metrics", "HTTP path of the Prometheus metrics on --http-endpoint")
 	fs.BoolVar(&o.MIGModeSwitching, "mig-mode-switching", false, "with --mig-mode=dynamic, offer Hopper and newer MIG-capable GPUs both as a full GPU and as MIG devices whatever their MIG mode, and switch the mode at Prepare as the allocated device needs")
+	fs.BoolVar(&o.DeviceMetadata, "device-metadata", true, "write a metadata file (KEP-5304) for every prepared device, with its attributes and what Prepare set up, which the claim's containers read under /var/run/kubernetes.io/dra-device-attributes/; the container runtime mounts it through CDI. See docs/guides/device-metadata.md")
 	logsapi.AddFlags(o.Logging, fs)
 }
 
@@ -225,6 +227,7 @@ func (o *KubeletPlugin) Config(fs *pflag.FlagSet, client kubernetes.Interface, h
 		SweepInterval:        o.SweepInterval,
 		MIGMode:              draplugin.MIGMode(o.MIGMode),
 		MIGModeSwitching:     o.MIGModeSwitching,
+		DeviceMetadata:       o.DeviceMetadata,
 		HealthPolicy:         healthPolicy,
 		Hardware:             host.Hardware,
 		TimeSlicer:           host.TimeSlicer,

@@ -36,7 +36,7 @@ func TestKubeletPluginConfig(t *testing.T) {
 	if cfg.NodeName != fn.Name || cfg.RollingUpdateUID != "abc" || cfg.DriverName != "gpu.example.com" ||
 		cfg.PluginDataDir != "/p/gpu.example.com" || cfg.RegistrarDir != "/r" || cfg.CDIDir != "/c" ||
 		cfg.MIGMode != draplugin.MIGModeStatic || cfg.Sharing.Shares != 4 || string(cfg.HealthPolicy.FaultEffect) != "NoExecute" ||
-		cfg.HealthReportInterval != 5*time.Second {
+		cfg.HealthReportInterval != 5*time.Second || !cfg.DeviceMetadata {
 		t.Errorf("config %+v does not say what the flags say", cfg)
 	}
 	if cfg.Hardware != hw || cfg.TimeSlicer != slicer || cfg.MPS != nil || cfg.MPSUnavailable != "none here" {

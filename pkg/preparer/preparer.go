@@ -64,6 +64,10 @@ type Config struct {
 	// Faults, if set, is called before each of the preparer's steps and
 	// may fail it (tests).
 	Faults func(step Step, claimUID string) error
+	// DeviceMetadata fills in the metadata of every prepared device
+	// (KEP-5304), which the kubelet plugin helper writes into a file each
+	// container of the claim can read. Off, the devices carry none.
+	DeviceMetadata bool
 }
 
 // Preparer prepares and unprepares claims through the configurators. Its
@@ -135,7 +139,7 @@ func (p *Preparer) Prepare(ctx context.Context, claim *resourceapi.ResourceClaim
 		// Nothing of ours in this claim: nothing to set up or record.
 		return Prepared{Devices: []kubeletplugin.Device{}}, nil
 	}
-	return Prepared{Devices: kubeletDevices(out.Devices), Record: out}, nil
+	return Prepared{Devices: p.kubeletDevicesOf(ctx, out), Record: out}, nil
 }
 
 func (p *Preparer) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) (_ *claimstate.Claim, finalErr error) {

@@ -189,7 +189,9 @@ func TestComputeDomainChannels(t *testing.T) {
 		var out []string
 		entries, _ := os.ReadDir(c.SimNode("nvl-0").CDIDir())
 		for _, e := range entries {
-			if strings.Contains(e.Name(), claimUID) {
+			// The claim's own spec; the helper's device metadata spec
+			// (<driver>_metadata_<uid>_<request>.json) comes and goes with it.
+			if strings.Contains(e.Name(), claimUID) && !strings.Contains(e.Name(), "_metadata_") {
 				out = append(out, e.Name())
 			}
 		}

@@ -150,10 +150,10 @@ func TestDevicePluginMode(t *testing.T) {
 		pod := &pods[i]
 		perNode[pod.Spec.NodeName]++
 		ctrs, ok := c.SimNode(pod.Spec.NodeName).Containers(pod)
-		if !ok || len(ctrs["ctr"].CDIDevices) != 1 {
+		if !ok || len(withoutMetadata(ctrs["ctr"].CDIDevices)) != 1 {
 			t.Fatalf("%s on %s: containers %+v", pod.Name, pod.Spec.NodeName, ctrs)
 		}
-		cdi, nodes := ctrs["ctr"].CDIDevices[0], ctrs["ctr"].DeviceNodes
+		cdi, nodes := withoutMetadata(ctrs["ctr"].CDIDevices)[0], ctrs["ctr"].DeviceNodes
 		switch pod.Spec.NodeName {
 		case "dp-classic":
 			if !strings.HasPrefix(cdi, "k8s.gpu.nvidia.com/device=gpu-") || pod.Status.ExtendedResourceClaimStatus != nil {
@@ -194,7 +194,7 @@ func TestDevicePluginMode(t *testing.T) {
 	gpus := map[string]int{}
 	for _, pod := range waitRunning(t, ctx, c, "sliced", "slices", 4) {
 		ctrs, _ := c.SimNode(pod.Spec.NodeName).Containers(&pod)
-		gpus[strings.Join(ctrs["ctr"].CDIDevices, ",")]++
+		gpus[strings.Join(withoutMetadata(ctrs["ctr"].CDIDevices), ",")]++
 	}
 	if len(gpus) != 2 || gpus[firstKey(gpus)] != 2 {
 		t.Errorf("four time slices over %v, want two on each of two GPUs", gpus)
@@ -284,7 +284,8 @@ func migrateToDRA(t *testing.T, ctx context.Context, c *cluster.Cluster, notSing
 	for _, pod := range waitRunning(t, ctx, c, "after", "train", 6) {
 		perNode[pod.Spec.NodeName]++
 		ctrs, _ := c.SimNode(pod.Spec.NodeName).Containers(&pod)
-		if pod.Status.ExtendedResourceClaimStatus == nil || len(ctrs["ctr"].CDIDevices) != 1 || !strings.HasPrefix(ctrs["ctr"].CDIDevices[0], "k8s.gpu.nvidia.com/claim=") {
+		cdi := withoutMetadata(ctrs["ctr"].CDIDevices)
+		if pod.Status.ExtendedResourceClaimStatus == nil || len(cdi) != 1 || !strings.HasPrefix(cdi[0], "k8s.gpu.nvidia.com/claim=") {
 			t.Errorf("after the migration %s on %s: extended claim %+v, CDI devices %v; want a DRA claim", pod.Name, pod.Spec.NodeName, pod.Status.ExtendedResourceClaimStatus, ctrs["ctr"].CDIDevices)
 		}
 	}

@@ -310,3 +310,10 @@ func useAsDemo(t *testing.T, c *cluster.Cluster) {
 	demo = c
 	t.Cleanup(func() { demo = saved })
 }
+
+// withoutMetadata drops the CDI devices of DRA device metadata (KEP-5304)
+// from a container's: a DRA claim's container gets one beside the claim's
+// own, a device plugin's none.
+func withoutMetadata(ids []string) []string {
+	return slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return strings.Contains(id, "/metadata=") })
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -66,8 +67,13 @@ func TestKubeletAPI(t *testing.T) {
 
 	ctrs, _ := demo.SimNode(mpsPod.Spec.NodeName).Containers(mpsPod)
 	devs := devicesOf(t, ctx, mpsPod)
-	if len(devs) != 1 || len(ctrs["gpu"].CDIDevices) != 1 {
+	// The claim's CDI device, and the one of its device metadata
+	// (KEP-5304), which mounts the file where the container reads it.
+	if len(devs) != 1 || len(ctrs["gpu"].CDIDevices) != 2 || !strings.HasPrefix(ctrs["gpu"].CDIDevices[1], "gpu.nvidia.com/metadata=") {
 		t.Fatalf("pod mps: devices %v, container gpu %+v", devs, ctrs["gpu"])
+	}
+	if metadataFile := "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/mps/gpu/gpu.nvidia.com-metadata.json"; !slices.Contains(ctrs["gpu"].Mounts, metadataFile) {
+		t.Errorf("pod mps: container gpu mounts %v, want the device metadata at %s", ctrs["gpu"].Mounts, metadataFile)
 	}
 	logs, err := podLogs(ctx, "kubelet-api", "mps", &corev1.PodLogOptions{Container: "gpu"})
 	if err != nil {

@@ -73,12 +73,13 @@ type Configurator struct {
 }
 
 var (
-	_ preparer.Feature[Record]        = &Configurator{}
-	_ preparer.FeatureGuard[Record]   = &Configurator{}
-	_ preparer.FeatureEditor[Record]  = &Configurator{}
-	_ preparer.Adopter                = &Configurator{}
-	_ preparer.StatusReporter         = &Configurator{}
-	_ preparer.FeatureChecker[Record] = &Configurator{}
+	_ preparer.Feature[Record]         = &Configurator{}
+	_ preparer.FeatureGuard[Record]    = &Configurator{}
+	_ preparer.FeatureEditor[Record]   = &Configurator{}
+	_ preparer.Adopter                 = &Configurator{}
+	_ preparer.StatusReporter          = &Configurator{}
+	_ preparer.FeatureChecker[Record]  = &Configurator{}
+	_ preparer.FeatureMetadata[Record] = &Configurator{}
 )
 
 // codec reads the records of the other claims and writes those Adopt

@@ -100,6 +100,7 @@ var (
 	_ preparer.FeatureEditor[Record]   = &Configurator{}
 	_ preparer.FeatureRestorer[Record] = &Configurator{}
 	_ preparer.RecordlessUndoer        = &Configurator{}
+	_ preparer.FeatureMetadata[Record] = &Configurator{}
 )
 
 // codec reads the other claims' records.

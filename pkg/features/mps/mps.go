@@ -63,6 +63,7 @@ var (
 	_ preparer.FeatureEditor[Record]   = &Configurator{}
 	_ preparer.FeatureRestorer[Record] = &Configurator{}
 	_ preparer.Adopter                 = &Configurator{}
+	_ preparer.FeatureMetadata[Record] = &Configurator{}
 )
 
 // records writes the records of the claims Adopt finds.

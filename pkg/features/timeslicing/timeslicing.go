@@ -80,6 +80,7 @@ var (
 	_ preparer.Feature[Record]         = &Configurator{}
 	_ preparer.FeatureGuard[Record]    = &Configurator{}
 	_ preparer.FeatureRestorer[Record] = &Configurator{}
+	_ preparer.FeatureMetadata[Record] = &Configurator{}
 )
 
 // records reads the other claims' records.

@@ -37,6 +37,12 @@ type Passthrough struct {
 	// Device is the published device name.
 	Device string `json:"device"`
 	vfio.Record
+	// DevicePaths are the VFIO device nodes the container gets, as Apply
+	// found them (they depend on the device's config and on whether the
+	// kernel offers iommufd): the device metadata names them, and must
+	// say the same at every later Prepare. Empty in records written
+	// before it was kept.
+	DevicePaths []string `json:"devicePaths,omitempty"`
 }
 
 // Config is what VFIO passthrough needs on this node.
@@ -89,10 +95,11 @@ type Configurator struct {
 }
 
 var (
-	_ preparer.Feature[Record]       = &Configurator{}
-	_ preparer.FeatureEditor[Record] = &Configurator{}
-	_ preparer.Publisher             = &Configurator{}
-	_ preparer.FallbackProvider      = &Configurator{}
+	_ preparer.Feature[Record]         = &Configurator{}
+	_ preparer.FeatureEditor[Record]   = &Configurator{}
+	_ preparer.Publisher               = &Configurator{}
+	_ preparer.FallbackProvider        = &Configurator{}
+	_ preparer.FeatureMetadata[Record] = &Configurator{}
 )
 
 // New returns the configurator; cfg nil means this node passes nothing
@@ -192,8 +199,10 @@ func (c *Configurator) Edits(_ context.Context, cl *preparer.Claim, rec *Record)
 				return fmt.Errorf("device %s: %w", p.Device, err)
 			}
 			edits := &cdispec.ContainerEdits{}
+			p.DevicePaths = p.DevicePaths[:0]
 			for _, n := range nodes.DeviceNodes {
 				edits.DeviceNodes = append(edits.DeviceNodes, &cdispec.DeviceNode{Path: n.Path, Type: "c", Major: n.Major, Minor: n.Minor})
+				p.DevicePaths = append(p.DevicePaths, n.Path)
 			}
 			d.AddEdits(edits)
 		}

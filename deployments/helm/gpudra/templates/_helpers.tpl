@@ -82,6 +82,7 @@ against the binary's own flag set.
 - --proc-root={{ $p.procRoot }}
 - --mig-mode={{ $p.migMode }}
 - --mig-mode-switching={{ $p.migModeSwitching }}
+- --device-metadata={{ $p.deviceMetadata }}
 - --sharing={{ $p.sharing }}
 - --sharing-default={{ $p.sharingDefault }}
 - --vfio={{ $p.vfio }}
@@ -227,6 +228,7 @@ each flag against the binary's own flag set.
 - --proc-root={{ $p.procRoot }}
 - --max-channels={{ $cd.maxChannels }}
 - --shared-channel={{ $c.sharedChannel }}
+- --device-metadata={{ $p.deviceMetadata }}
 - --kube-api-qps={{ $c.kubeAPIQPS }}
 - --kube-api-burst={{ $c.kubeAPIBurst }}
 - --v={{ $c.logVerbosity }}
