@@ -24,12 +24,27 @@ var goarch = map[elf.Machine]string{
 	elf.EM_AARCH64: "arm64",
 }
 
+// BinaryArch is the OCI architecture (Go's GOARCH) of the ELF executable
+// at path: amd64 or arm64, the architectures images are built for.
+func BinaryArch(path string) (string, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("read ELF %s: %w", path, err)
+	}
+	defer f.Close()
+	arch, ok := goarch[f.Machine]
+	if !ok {
+		return "", fmt.Errorf("%s: machine %v is not supported (want x86-64 or aarch64)", path, f.Machine)
+	}
+	return arch, nil
+}
+
 // closure is the set of host files an image needs for some executables to
 // run: the executables, their dynamic loader and every shared library they
 // need, directly or through another library, by path as the loader will
 // look them up (so /lib64/ld-linux-x86-64.so.2, not the file it links to).
 type closure struct {
-	root    string // the host's root: "/" except in tests
+	root    string // the root the files are read under: "/" or a sysroot
 	machine elf.Machine
 	paths   []string        // image paths to copy, in the order found
 	seen    map[string]bool // image paths and sonames already handled
@@ -78,6 +93,16 @@ func (c *closure) addLibrary(soname string) error {
 	return c.addResolved(soname, imagePath)
 }
 
+// addImageExecutable is [closure.addExecutable] for an executable of the
+// root, named by its image path.
+func (c *closure) addImageExecutable(imagePath string) error {
+	hostPath, err := resolveInRoot(c.root, imagePath)
+	if err != nil {
+		return err
+	}
+	return c.addExecutable(hostPath)
+}
+
 func (c *closure) addNeeded(who string, f *elf.File) error {
 	needed, err := f.DynString(elf.DT_NEEDED)
 	if err != nil {
@@ -120,7 +145,10 @@ func (c *closure) addResolved(soname, imagePath string) error {
 		c.seen[imagePath] = true
 		c.paths = append(c.paths, imagePath)
 	}
-	hostPath := filepath.Join(c.root, imagePath)
+	hostPath, err := resolveInRoot(c.root, imagePath)
+	if err != nil {
+		return err
+	}
 	lib, err := elf.Open(hostPath)
 	if err != nil {
 		return fmt.Errorf("read ELF %s: %w", hostPath, err)
@@ -158,13 +186,57 @@ func (c *closure) find(soname string, runpath []string) (string, error) {
 	dirs = append(dirs, "/lib/"+triplet, "/usr/lib/"+triplet, "/lib", "/usr/lib")
 	for _, dir := range dirs {
 		p := path.Join(dir, soname)
-		if _, err := os.Stat(filepath.Join(c.root, p)); err == nil {
+		if _, err := resolveInRoot(c.root, p); err == nil {
 			return p, nil
 		} else if !errors.Is(err, fs.ErrNotExist) {
 			return "", err
 		}
 	}
 	return "", fmt.Errorf("not found in %s", strings.Join(dirs, ", "))
+}
+
+// resolveInRoot returns the path on this machine of image path p under
+// root, following symlinks as the loader in a container of the image
+// would: an absolute target is under root too (Debian's libc6 links
+// /lib64/ld-linux-x86-64.so.2 to /lib/x86_64-linux-gnu/...), so a sysroot
+// of another architecture never leads to this machine's own files. It
+// fails with an error that matches [fs.ErrNotExist] when p does not exist.
+func resolveInRoot(root, p string) (string, error) {
+	cur := "/"
+	parts := strings.Split(strings.TrimPrefix(path.Clean("/"+p), "/"), "/")
+	for links := 0; len(parts) > 0; {
+		part := parts[0]
+		parts = parts[1:]
+		if part == "" {
+			continue
+		}
+		next := path.Join(cur, part)
+		hostPath := filepath.Join(root, next)
+		fi, err := os.Lstat(hostPath)
+		if err != nil {
+			return "", err
+		}
+		if fi.Mode()&fs.ModeSymlink == 0 {
+			if len(parts) > 0 && !fi.IsDir() {
+				return "", fmt.Errorf("%s under %s: %s is not a directory: %w", p, root, next, fs.ErrNotExist)
+			}
+			cur = next
+			continue
+		}
+		if links++; links > 40 {
+			return "", fmt.Errorf("%s under %s: too many levels of symbolic links", p, root)
+		}
+		target, err := os.Readlink(hostPath)
+		if err != nil {
+			return "", err
+		}
+		if !path.IsAbs(target) {
+			target = path.Join(cur, target)
+		}
+		parts = append(strings.Split(strings.TrimPrefix(path.Clean(target), "/"), "/"), parts...)
+		cur = "/"
+	}
+	return filepath.Join(root, cur), nil
 }
 
 func interpreter(f *elf.File) (string, error) {

@@ -1,14 +1,18 @@
 // Package imagebuild assembles the gpudra container image without a
 // container daemon or a base image: the gpudra binary, plus exactly the
-// files of the build machine's Debian that it and what it runs need (the
-// dynamic loader and shared libraries, found through their ELF dynamic
-// sections, and nsenter), plus a minimal /etc. The configuration
-// (entrypoint, user, environment, labels) is the Dockerfile's
+// files of a Debian root that it and what it runs need (the dynamic loader
+// and shared libraries, found through their ELF dynamic sections, and
+// nsenter), plus a minimal /etc. The root is the build machine's own for
+// its architecture, or a sysroot unpacked from Debian's packages of
+// another (deployments/container/debian-sysroot), so that one machine
+// builds the images of several platforms. The configuration (entrypoint,
+// user, environment, labels) is the Dockerfile's
 // (deployments/container/Dockerfile); a test keeps the two in step.
 //
 // The result is written as an OCI image layout (a directory, for skopeo,
-// crane, `ctr image import` via an archive, or this package's tests) and
-// as a `docker save`-style archive (for `docker load`, `kind load
+// crane, `ctr image import` via an archive, or this package's tests),
+// holding one image or a multi-platform index ([Index]), and as a `docker
+// save`-style archive of one image (for `docker load`, `kind load
 // image-archive`, `ctr -n k8s.io image import`).
 package imagebuild
 
@@ -18,7 +22,6 @@ import (
 	"io"
 	"os"
 	"path"
-	"path/filepath"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -63,12 +66,16 @@ var DefaultLibraries = []string{"libm.so.6", "libdl.so.2", "libpthread.so.0", "l
 
 // Options say what goes into the image.
 type Options struct {
-	// Binary is the gpudra binary on this machine.
+	// Binary is the gpudra binary on this machine. Its ELF header says
+	// the image's architecture.
 	Binary string
-	// HostRoot is the root of the filesystem the loader, libraries and
-	// Executables are taken from; "/" when empty.
-	HostRoot string
-	// Executables are programs (image paths, read under HostRoot) to copy
+	// Root is the root of the filesystem the loader, libraries and
+	// Executables are taken from, for Binary's architecture: "/" (when
+	// empty) for this machine's own, or a sysroot for another. Symlinks
+	// in it are followed as in a container of the image: an absolute
+	// target is under Root.
+	Root string
+	// Executables are programs (image paths, read under Root) to copy
 	// with their libraries.
 	Executables []string
 	// Libraries are sonames to copy with their dependencies.
@@ -85,7 +92,7 @@ type Options struct {
 // /etc, /tmp) and a layer with gpudra alone, which is all that changes
 // from one commit to the next.
 func Build(opts Options) (v1.Image, error) {
-	root := opts.HostRoot
+	root := opts.Root
 	if root == "" {
 		root = "/"
 	}
@@ -95,7 +102,7 @@ func Build(opts Options) (v1.Image, error) {
 	}
 	base := tree{}
 	for _, exe := range opts.Executables {
-		if err := deps.addExecutable(filepath.Join(root, exe)); err != nil {
+		if err := deps.addImageExecutable(exe); err != nil {
 			return nil, err
 		}
 		if err := base.copyHost(root, exe); err != nil {
@@ -114,7 +121,7 @@ func Build(opts Options) (v1.Image, error) {
 	}
 	// Where the files came from, for whoever inspects the image; not
 	// every build machine has one.
-	if _, err := os.Stat(filepath.Join(root, "etc/os-release")); err == nil {
+	if _, err := resolveInRoot(root, "/etc/os-release"); err == nil {
 		if err := base.copyHost(root, "/etc/os-release"); err != nil {
 			return nil, fmt.Errorf("copy /etc/os-release: %w", err)
 		}
@@ -141,8 +148,14 @@ func Build(opts Options) (v1.Image, error) {
 		delete(bin, dir)
 	}
 
+	// The history names no path of this machine, so that where the
+	// sysroot lies does not change the digest.
+	from := root
+	if root != "/" {
+		from = "the " + arch + " sysroot"
+	}
 	return assemble([]layerFiles{
-		{base, "gpudra build-image: loader, libraries and nsenter from " + root + ", /etc, /tmp"},
+		{base, "gpudra build-image: loader, libraries and nsenter from " + from + ", /etc, /tmp"},
 		{bin, "gpudra build-image: gpudra " + opts.Version},
 	}, opts.Created, arch, v1.Config{
 		Entrypoint: []string{BinaryPath},

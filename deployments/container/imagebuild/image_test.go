@@ -1,26 +1,20 @@
 package imagebuild_test
 
 import (
-	"archive/tar"
 	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
-	"path"
 	"path/filepath"
-	"regexp"
 	"runtime"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 
 	"github.com/gpudra/gpudra/deployments/container/imagebuild"
 )
@@ -44,7 +38,7 @@ func TestImageRunsGpudraVersion(t *testing.T) {
 		t.Skip("the loader checks name x86-64 paths")
 	}
 	dir := t.TempDir()
-	binary := buildGpudra(t, dir)
+	binary := gpudraBinary(t, "amd64")
 
 	opts := imagebuild.Options{
 		Binary:      binary,
@@ -104,11 +98,12 @@ func TestImageRunsGpudraVersion(t *testing.T) {
 	args := []string{"version", "-o", "json"}
 
 	t.Run("image loader and libraries only", func(t *testing.T) {
+		loader := imageLoader{rootfs: rootfs, arch: "amd64"}
 		for _, exe := range append([]string{imagebuild.BinaryPath}, opts.Executables...) {
-			checkLibrariesFromImage(t, rootfs, exe)
+			loader.checkLibraries(t, exe)
 		}
-		out := runWithImageLoader(t, rootfs, imagebuild.BinaryPath, args...)
-		checkVersionOutput(t, out)
+		out := loader.run(t, imagebuild.BinaryPath, args...)
+		checkVersionOutput(t, out, "linux/amd64")
 	})
 
 	t.Run("chroot", func(t *testing.T) {
@@ -123,7 +118,7 @@ func TestImageRunsGpudraVersion(t *testing.T) {
 		if err != nil {
 			t.Fatalf("chroot %s %s: %v\n%s", rootfs, imagebuild.BinaryPath, err, stderrOf(err))
 		}
-		checkVersionOutput(t, out)
+		checkVersionOutput(t, out, "linux/amd64")
 	})
 
 	t.Run("runc", func(t *testing.T) {
@@ -138,29 +133,8 @@ func TestImageRunsGpudraVersion(t *testing.T) {
 		if err != nil {
 			t.Fatalf("runc run gpudra version: %v\n%s", err, out)
 		}
-		checkVersionOutput(t, out)
+		checkVersionOutput(t, out, "linux/amd64")
 	})
-}
-
-// buildGpudra builds cmd/gpudra of the driver module, stamped like a
-// release. GPUDRA_BINARY names a binary built already instead.
-func buildGpudra(t *testing.T, dir string) string {
-	if bin := os.Getenv("GPUDRA_BINARY"); bin != "" {
-		t.Logf("using GPUDRA_BINARY=%s; its version must be %s", bin, testVersion)
-		return bin
-	}
-	bin := filepath.Join(dir, "gpudra")
-	start := time.Now()
-	cmd := exec.Command("go", "build", "-o", bin,
-		"-ldflags", "-X "+versionPkg+".version="+testVersion+" -X "+versionPkg+".commit="+testCommit,
-		"./cmd/gpudra")
-	cmd.Dir = "../../.."
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build gpudra: %v\n%s", err, out)
-	}
-	t.Logf("built gpudra in %v", time.Since(start).Round(time.Second))
-	return bin
 }
 
 func digest(t *testing.T, img v1.Image) v1.Hash {
@@ -193,167 +167,6 @@ func readLayout(t *testing.T, dir string) v1.Image {
 		t.Fatal(err)
 	}
 	return img
-}
-
-// unpack writes the image's flattened filesystem to dir.
-func unpack(t *testing.T, img v1.Image, dir string) {
-	t.Helper()
-	rc := mutate.Extract(img)
-	defer rc.Close()
-	tr := tar.NewReader(rc)
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		name := path.Clean("/" + hdr.Name)
-		target := filepath.Join(dir, name)
-		// Extract goes from the top layer down: gpudra comes before
-		// the base layer's /usr/bin.
-		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		switch hdr.Typeflag {
-		case tar.TypeDir:
-			err = os.MkdirAll(target, 0o755)
-			if err == nil {
-				err = os.Chmod(target, os.FileMode(hdr.Mode).Perm()|sticky(hdr.Mode))
-			}
-			if err == nil {
-				err = os.Lchown(target, hdr.Uid, hdr.Gid)
-			}
-		case tar.TypeSymlink:
-			err = os.Symlink(hdr.Linkname, target)
-		case tar.TypeReg:
-			var f *os.File
-			f, err = os.OpenFile(target, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, os.FileMode(hdr.Mode).Perm())
-			if err == nil {
-				_, err = io.Copy(f, tr)
-				if cerr := f.Close(); err == nil {
-					err = cerr
-				}
-			}
-		default:
-			err = fmt.Errorf("unexpected type %c", hdr.Typeflag)
-		}
-		if err != nil && !(errors.Is(err, os.ErrPermission) && hdr.Typeflag == tar.TypeDir) {
-			t.Fatalf("unpack %s: %v", name, err)
-		}
-	}
-}
-
-func sticky(mode int64) os.FileMode {
-	if mode&0o1000 != 0 {
-		return os.ModeSticky
-	}
-	return 0
-}
-
-// resolveIn resolves p inside rootfs as the kernel would after a chroot:
-// absolute symlink targets are rootfs-relative.
-func resolveIn(rootfs, p string) (string, error) {
-	cur := "/"
-	parts := strings.Split(strings.TrimPrefix(path.Clean(p), "/"), "/")
-	for hops := 0; len(parts) > 0; {
-		next := path.Join(cur, parts[0])
-		parts = parts[1:]
-		fi, err := os.Lstat(filepath.Join(rootfs, next))
-		if err != nil {
-			return "", err
-		}
-		if fi.Mode()&os.ModeSymlink == 0 {
-			cur = next
-			continue
-		}
-		if hops++; hops > 40 {
-			return "", fmt.Errorf("%s: too many symlinks", p)
-		}
-		target, err := os.Readlink(filepath.Join(rootfs, next))
-		if err != nil {
-			return "", err
-		}
-		if !path.IsAbs(target) {
-			target = path.Join(cur, target)
-		}
-		parts = append(strings.Split(strings.TrimPrefix(path.Clean(target), "/"), "/"), parts...)
-		cur = "/"
-	}
-	return filepath.Join(rootfs, cur), nil
-}
-
-func imageLoader(t *testing.T, rootfs string) (loader, libraryPath string) {
-	t.Helper()
-	loader, err := resolveIn(rootfs, "/lib64/ld-linux-x86-64.so.2")
-	if err != nil {
-		t.Fatalf("the image's dynamic loader: %v", err)
-	}
-	var dirs []string
-	for _, d := range []string{"/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu"} {
-		if r, err := resolveIn(rootfs, d); err == nil {
-			dirs = append(dirs, r)
-		}
-	}
-	return loader, strings.Join(dirs, ":")
-}
-
-// checkLibrariesFromImage lists, with the image's loader, where each
-// library of exe comes from, and fails for one that does not come from the
-// image: the loader falls back to the host's system directories for a
-// library the image lacks.
-func checkLibrariesFromImage(t *testing.T, rootfs, exe string) {
-	t.Helper()
-	loader, libraryPath := imageLoader(t, rootfs)
-	bin, err := resolveIn(rootfs, exe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command(loader, "--inhibit-cache", "--library-path", libraryPath, "--list", bin).Output()
-	if err != nil {
-		t.Fatalf("%s --list %s: %v\n%s", loader, exe, err, stderrOf(err))
-	}
-	arrow := regexp.MustCompile(`^\s*(\S+) => (\S+)`)
-	libs := 0
-	for _, line := range strings.Split(string(out), "\n") {
-		m := arrow.FindStringSubmatch(line)
-		if m == nil {
-			continue
-		}
-		libs++
-		if !strings.HasPrefix(m[2], rootfs+"/") {
-			t.Errorf("%s: %s comes from %s, not from the image", exe, m[1], m[2])
-		}
-	}
-	if libs == 0 {
-		t.Errorf("%s: the loader lists no libraries:\n%s", exe, out)
-	}
-}
-
-func runWithImageLoader(t *testing.T, rootfs, exe string, args ...string) []byte {
-	t.Helper()
-	loader, libraryPath := imageLoader(t, rootfs)
-	bin, err := resolveIn(rootfs, exe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := exec.Command(loader, append([]string{"--inhibit-cache", "--library-path", libraryPath, bin}, args...)...).Output()
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", loader, exe, err, stderrOf(err))
-	}
-	return out
-}
-
-func checkVersionOutput(t *testing.T, out []byte) {
-	t.Helper()
-	var got struct{ Version, Commit, GoVersion, Platform string }
-	if err := json.Unmarshal(out, &got); err != nil {
-		t.Fatalf("gpudra version -o json: %v\n%s", err, out)
-	}
-	if got.Version != testVersion || got.Commit != testCommit {
-		t.Errorf("gpudra version says %s %s, want %s %s", got.Version, got.Commit, testVersion, testCommit)
-	}
 }
 
 // runcUnusable runs a static probe with runc in a rootfs of its own, and
@@ -431,12 +244,4 @@ func runcRun(t *testing.T, runc, bundle string, entrypoint, args []string, user 
 		<-done //nolint:errcheck // the kill is the error reported
 		return append(stdout.Bytes(), stderr.Bytes()...), errors.New("runc run: no exit after 30s")
 	}
-}
-
-func stderrOf(err error) []byte {
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return ee.Stderr
-	}
-	return nil
 }

@@ -2,6 +2,8 @@ package imagebuild
 
 import (
 	"archive/tar"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -103,6 +105,51 @@ func TestClosureOfNsenter(t *testing.T) {
 	}
 	if err := c.addLibrary("libno-such-library.so.1"); err == nil || !strings.Contains(err.Error(), "not found") {
 		t.Errorf("a missing library: got %v", err)
+	}
+}
+
+// TestResolveInRoot: symlinks in a sysroot resolve inside it, absolute
+// targets included, as in a container of the image; none leads to this
+// machine's own files.
+func TestResolveInRoot(t *testing.T) {
+	root := t.TempDir()
+	mustMkdir(t, root, "usr/lib/x86_64-linux-gnu", "usr/lib64", "etc")
+	mustWrite(t, root, "usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", "loader")
+	mustLink(t, root, "lib", "usr/lib")
+	mustLink(t, root, "lib64", "usr/lib64")
+	mustLink(t, root, "usr/lib64/ld-linux-x86-64.so.2", "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2")
+	mustLink(t, root, "up", "../../../../../../lib")
+	// /etc/os-release exists on this machine, and not under root.
+	mustLink(t, root, "etc/os-release", "/usr/lib/os-release")
+	mustLink(t, root, "loop", "loop")
+	loader := filepath.Join(root, "usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2")
+	tests := []struct {
+		path, want string
+		notExist   bool
+	}{
+		{path: "/lib64/ld-linux-x86-64.so.2", want: loader},
+		{path: "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2", want: loader},
+		{path: "/up/x86_64-linux-gnu/ld-linux-x86-64.so.2", want: loader},
+		{path: "/lib", want: filepath.Join(root, "usr/lib")},
+		{path: "/etc/os-release", notExist: true},
+		{path: "/lib/x86_64-linux-gnu/libc.so.6", notExist: true},
+		{path: "/lib64/ld-linux-x86-64.so.2/x", notExist: true},
+		{path: "/loop"},
+	}
+	for _, tt := range tests {
+		got, err := resolveInRoot(root, tt.path)
+		switch {
+		case tt.notExist:
+			if !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("%s: got %q, %v; want an error matching fs.ErrNotExist", tt.path, got, err)
+			}
+		case tt.want == "":
+			if err == nil || !strings.Contains(err.Error(), "too many levels") {
+				t.Errorf("%s: got %q, %v; want a symlink loop error", tt.path, got, err)
+			}
+		case err != nil || got != tt.want:
+			t.Errorf("%s: got %q, %v; want %q", tt.path, got, err, tt.want)
+		}
 	}
 }
 

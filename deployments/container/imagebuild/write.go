@@ -14,6 +14,21 @@ import (
 // WriteLayout replaces dir with an OCI image layout holding img, tagged
 // ref (the org.opencontainers.image.ref.name annotation carries the tag).
 func WriteLayout(dir string, img v1.Image, ref string) error {
+	return writeLayout(dir, ref, func(p layout.Path, opts ...layout.Option) error {
+		return p.AppendImage(img, opts...)
+	})
+}
+
+// WriteIndexLayout replaces dir with an OCI image layout holding the
+// multi-platform image idx ([Index]), tagged ref: the layout's index.json
+// names idx, which names an image per platform.
+func WriteIndexLayout(dir string, idx v1.ImageIndex, ref string) error {
+	return writeLayout(dir, ref, func(p layout.Path, opts ...layout.Option) error {
+		return p.AppendIndex(idx, opts...)
+	})
+}
+
+func writeLayout(dir, ref string, appendTo func(layout.Path, ...layout.Option) error) error {
 	tag, err := name.NewTag(ref)
 	if err != nil {
 		return fmt.Errorf("image reference %q: %w", ref, err)
@@ -25,7 +40,7 @@ func WriteLayout(dir string, img v1.Image, ref string) error {
 	if err != nil {
 		return fmt.Errorf("OCI layout %s: %w", dir, err)
 	}
-	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
+	if err := appendTo(p, layout.WithAnnotations(map[string]string{
 		"org.opencontainers.image.ref.name": tag.TagStr(),
 		"io.containerd.image.name":          tag.Name(),
 	})); err != nil {
