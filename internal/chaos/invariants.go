@@ -373,6 +373,13 @@ func (o *observed) specMatches(c *claim, rec *ckptClaim, s *spec) []string {
 	tsRec, _, _ := record[timeslicing.Record](rec, timeslicing.Name)
 	mpsRec, hasMPS, _ := record[mps.Record](rec, mps.Name)
 	for _, id := range c.cdiIDs {
+		if strings.HasPrefix(id, driverName+"/metadata=") {
+			// The helper's device metadata, in a spec of its own.
+			if !o.metadata[id] {
+				fail("Prepare returned the device metadata CDI device %s, which no metadata spec holds", id)
+			}
+			continue
+		}
 		name, ok := strings.CutPrefix(id, prefix)
 		sd := specDevices[name]
 		if !ok || sd == nil {

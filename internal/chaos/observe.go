@@ -36,6 +36,9 @@ import (
 type observed struct {
 	claims  map[string]*ckptClaim // the checkpoint, by claim UID
 	specs   map[string]*spec      // CDI specs, by claim UID
+	// metadata are the CDI device IDs of the device-metadata specs the
+	// kubeletplugin helper wrote beside gpudra's own (KEP-5304).
+	metadata map[string]bool
 	nvml    *sim.State
 	sysfs   *fakesysfs.State
 	slices  map[string]v1beta1.TimeSliceInterval // by GPU UUID
@@ -106,7 +109,7 @@ type pool struct {
 // which must not change (the end of each trial checks it): during an API
 // outage the API server may have none.
 func (n *node) observe(p pool) (*observed, error) {
-	o := &observed{specs: map[string]*spec{}, devices: p.devices, sets: p.sets}
+	o := &observed{specs: map[string]*spec{}, metadata: map[string]bool{}, devices: p.devices, sets: p.sets}
 	var err error
 	var missing bool
 	if o.claims, missing, o.lost, err = readCheckpoint(filepath.Join(n.pluginDir(), checkpoint.FileName)); err != nil {
@@ -197,6 +200,23 @@ func (o *observed) readSpecs(dir string) error {
 			return fmt.Errorf("CDI spec of claim %s: %w", uid, err)
 		}
 		o.specs[uid] = &spec{content: content, raw: raw.Spec}
+	}
+	// The helper names its specs <driver>_metadata_<claim UID>_<request>.json.
+	paths, err := filepath.Glob(filepath.Join(dir, driverName+"_metadata_*.json"))
+	if err != nil {
+		return err
+	}
+	for _, path := range paths {
+		raw, err := cdiapi.ReadSpec(path, 0)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // removed since the listing
+		}
+		if err != nil {
+			return fmt.Errorf("device metadata CDI spec %s: %w", path, err)
+		}
+		for _, d := range raw.Devices {
+			o.metadata[raw.Kind+"="+d.Name] = true
+		}
 	}
 	return nil
 }
