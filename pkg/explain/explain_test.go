@@ -280,7 +280,7 @@ func TestBadInput(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		reason := fmt.Sprintf(`DeviceClass "gpu.nvidia" does not exist; nearest of the cluster's %d: gpu.nvidia.com, mig.nvidia.com, vfio.gpu.nvidia.com, mig-1g.5gb.nvidia.com, mig-1g.10gb.nvidia.com`, len(classes))
+		reason := fmt.Sprintf(`DeviceClass "gpu.nvidia" does not exist; nearest of the cluster's %d: gpu.nvidia.com, mig.nvidia.com, vfio.gpu.nvidia.com, mig-1g.5gb.nvidia.com, mig-1g.6gb.nvidia.com`, len(classes))
 		if r := rep.Claims[0].Requests[0]; r.Status != StatusFails || r.Reason != reason {
 			t.Errorf("request %s: %q\nwant %q", r.Status, r.Reason, reason)
 		}
