@@ -22,6 +22,7 @@ var kubeletPluginProbes = map[string][]any{
 	"kubeletPlugin.devRoot":             {"", "/", "/host-dev", "host-dev"},
 	"kubeletPlugin.migMode":             {"dynamic", "static", "", "Dynamic", "auto"},
 	"kubeletPlugin.migModeSwitching":    {true, false},
+	"kubeletPlugin.deviceMetadata":      {true, false},
 	"kubeletPlugin.sharing":             {"none", "memory-compute", "unlimited", "shares=1", "shares=2", "shares=10", "shares=99", "shares=100", "shares=101", "shares=500", "shares=0", "shares=01", "shares=-1", "shares=", "shares", "memory", "None", ""},
 	"kubeletPlugin.sharingDefault":      {"whole", "share", "", "Whole", "shared"},
 	"kubeletPlugin.vfio":                {"beside", "only", "off", "", "on"},

@@ -129,8 +129,21 @@ data: {key: value}
 	running := 0
 	for _, p := range report.Pods {
 		if p.Namespace == "default" && strings.HasPrefix(p.Name, "web-") && p.Phase == "Running" &&
-			len(p.Containers) == 1 && len(p.Containers[0].CDIDevices) == 1 && len(p.Containers[0].DeviceNodes) > 0 {
-			running++
+			len(p.Containers) == 1 && len(p.Containers[0].DeviceNodes) > 0 {
+			// The claim's device, and the device metadata the kubelet
+			// plugin helper mounts beside it (KEP-5304).
+			var claim, metadata int
+			for _, id := range p.Containers[0].CDIDevices {
+				switch {
+				case strings.HasPrefix(id, "k8s.gpu.nvidia.com/claim="):
+					claim++
+				case strings.HasPrefix(id, "gpu.nvidia.com/metadata="):
+					metadata++
+				}
+			}
+			if claim == 1 && metadata == 1 && len(p.Containers[0].CDIDevices) == 2 {
+				running++
+			}
 		}
 	}
 	if running != 3 {
