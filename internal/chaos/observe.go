@@ -34,17 +34,17 @@ import (
 // harness reads it while the plugin is dead (after a kill), or for
 // claims that no call is in flight for.
 type observed struct {
-	claims  map[string]*ckptClaim // the checkpoint, by claim UID
-	specs   map[string]*spec      // CDI specs, by claim UID
+	claims map[string]*ckptClaim // the checkpoint, by claim UID
+	specs  map[string]*spec      // CDI specs, by claim UID
 	// metadata are the CDI device IDs of the device-metadata specs the
 	// kubeletplugin helper wrote beside gpudra's own (KEP-5304).
 	metadata map[string]bool
-	nvml    *sim.State
-	sysfs   *fakesysfs.State
-	slices  map[string]v1beta1.TimeSliceInterval // by GPU UUID
-	daemons map[string][]int                     // MPS control daemons alive, by ID
-	devices map[string]*published                // by device name
-	sets    map[string]map[string]int64          // shared counters: set -> counter -> capacity
+	nvml     *sim.State
+	sysfs    *fakesysfs.State
+	slices   map[string]v1beta1.TimeSliceInterval // by GPU UUID
+	daemons  map[string][]int                     // MPS control daemons alive, by ID
+	devices  map[string]*published                // by device name
+	sets     map[string]map[string]int64          // shared counters: set -> counter -> capacity
 	// lost: the checkpoint is lost and its claims not adopted yet (the
 	// adopt-pending marker is there, or checkpoint.json is missing beside
 	// CDI specs, unreadable or no regular file): claims then holds
