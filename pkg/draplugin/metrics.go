@@ -89,7 +89,7 @@ func preparedDevices(c *claimstate.Claim, inv *hardware.Inventory) []metrics.Pre
 		d := metrics.PreparedDevice{Namespace: c.Namespace, Claim: c.Name, Device: dev.Name, GPUUUID: dev.UUID}
 		if dev.ParentUUID != "" {
 			d.GPUUUID, d.MIGUUID = dev.ParentUUID, dev.UUID
-			if m := findMIG(inv, dev.UUID); m != nil {
+			if m := inv.MIGDevice(dev.UUID); m != nil {
 				d.GPUInstanceID = strconv.Itoa(m.GIID)
 			}
 		}
@@ -112,27 +112,12 @@ func preparedDevices(c *claimstate.Claim, inv *hardware.Inventory) []metrics.Pre
 func missingMIG(state *claimstate.State, inv *hardware.Inventory) bool {
 	for _, c := range state.Claims {
 		for _, dev := range c.Devices {
-			if c.Phase == claimstate.PrepareCompleted && dev.ParentUUID != "" && findMIG(inv, dev.UUID) == nil {
+			if c.Phase == claimstate.PrepareCompleted && dev.ParentUUID != "" && inv.MIGDevice(dev.UUID) == nil {
 				return true
 			}
 		}
 	}
 	return false
-}
-
-// findMIG finds a MIG device by UUID in the inventory.
-func findMIG(inv *hardware.Inventory, uuid string) *hardware.MIGDevice {
-	if inv == nil || uuid == "" {
-		return nil
-	}
-	for gi := range inv.GPUs {
-		for mi := range inv.GPUs[gi].MIGDevices {
-			if m := &inv.GPUs[gi].MIGDevices[mi]; m.UUID == uuid {
-				return m
-			}
-		}
-	}
-	return nil
 }
 
 // Ready reports whether the plugin serves the node: registered with the

@@ -239,6 +239,22 @@ func (f *Fabric) Attached() bool {
 	return f != nil && f.State == FabricCompleted && f.Status == "" && f.ClusterUUID != ""
 }
 
+// MIGDevice returns the MIG device with the UUID, nil when the inventory
+// (which may be nil) lists none.
+func (inv *Inventory) MIGDevice(uuid string) *MIGDevice {
+	if inv == nil || uuid == "" {
+		return nil
+	}
+	for gi := range inv.GPUs {
+		for mi := range inv.GPUs[gi].MIGDevices {
+			if m := &inv.GPUs[gi].MIGDevices[mi]; m.UUID == uuid {
+				return m
+			}
+		}
+	}
+	return nil
+}
+
 // CliqueID returns the node's clique, "<cluster UUID>.<clique ID>", as
 // NVIDIA's driver names it: the one clique every fabric-attached GPU of
 // the node is in. It is "" when no GPU is attached to a multi-node fabric

@@ -177,7 +177,7 @@ func (c *Configurator) Apply(ctx context.Context, cl *preparer.Claim, rec *Recor
 func (c *Configurator) Edits(_ context.Context, cl *preparer.Claim, rec *Record) error {
 	for i := range rec.Devices {
 		in := &rec.Devices[i]
-		m := findByUUID(cl.Inventory, in.UUID)
+		m := cl.Inventory.MIGDevice(in.UUID)
 		if in.UUID == "" || m == nil {
 			return fmt.Errorf("MIG device %s (%s) of the claim no longer exists", in.Device, in.UUID)
 		}
@@ -320,7 +320,7 @@ func (c *Configurator) Adopt(_ context.Context, a *preparer.Adoption) error {
 func (c *Configurator) Check(_ context.Context, rec *Record, inv *hardware.Inventory) error {
 	for i := range rec.Devices {
 		in := &rec.Devices[i]
-		if in.UUID == "" || findByUUID(inv, in.UUID) == nil {
+		if in.UUID == "" || inv.MIGDevice(in.UUID) == nil {
 			return fmt.Errorf("MIG device %s (UUID %q) no longer exists", in, in.UUID)
 		}
 	}
@@ -348,18 +348,6 @@ func reportedCreated(claim *resourceapi.ResourceClaim, d *claimstate.Device, m *
 
 func setRecord(cl *claimstate.Claim, found []Instance) error {
 	return codec.Set(cl, &Record{Devices: found})
-}
-
-// findByUUID finds an existing MIG device in the inventory.
-func findByUUID(inv *hardware.Inventory, uuid string) *hardware.MIGDevice {
-	for gi := range inv.GPUs {
-		for mi := range inv.GPUs[gi].MIGDevices {
-			if m := &inv.GPUs[gi].MIGDevices[mi]; m.UUID == uuid {
-				return m
-			}
-		}
-	}
-	return nil
 }
 
 // instanceAt finds the MIG device at a placement in the inventory.
