@@ -21,7 +21,7 @@ LDFLAGS := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).commit=$(COMMI
 IMAGE ?= ghcr.io/gpudra/gpudra:$(VERSION)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
-.PHONY: demo inspect test lint tidy-check generate verify-generate test-race-e2e test-real-node build image bench bench-prepare fuzz load chaos chaos-real chart-files
+.PHONY: demo inspect test lint tidy-check generate verify-generate test-race-e2e test-versions test-real-node build image bench bench-prepare fuzz load chaos chaos-real chart-files
 
 # The local cluster: a real control plane with simulated GPU nodes, running
 # every example, and the fleet's first node real where the machine allows
@@ -56,6 +56,11 @@ test:
 
 test-race-e2e:
 	cd localcluster && $(GO) test -race ./...
+
+# The examples on the local cluster at every Kubernetes version the build
+# emulates (make test runs the oldest and the newest).
+test-versions:
+	cd localcluster && $(GO) test -run TestExamplesAtEachVersion -timeout 30m ./test/versionskew -versions=all -v
 
 # golangci-lint v2 (.golangci.yml) over every module with Go code, built
 # from its module into bin/ (git-ignored) the first time (about 2 minutes

@@ -52,7 +52,7 @@ func (c *Cluster) installChart(ctx context.Context, progress func(string)) error
 	} else if values["driverName"] != c.opts.DriverName {
 		return fmt.Errorf("chart value driverName %v: the cluster's driver name is %s", values["driverName"], c.opts.DriverName)
 	}
-	r, err := install.Render(install.Options{Values: values, Namespace: c.opts.ChartNamespace})
+	r, err := install.Render(install.Options{Values: values, Namespace: c.opts.ChartNamespace, KubeVersion: "v" + c.cp.KubernetesMinor() + ".0"})
 	if err != nil {
 		return err
 	}

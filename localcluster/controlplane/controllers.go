@@ -32,6 +32,7 @@ import (
 	"k8s.io/kubernetes/pkg/controller/resourceclaim"
 	"k8s.io/kubernetes/pkg/controller/serviceaccount"
 	"k8s.io/kubernetes/pkg/controller/statefulset"
+	"k8s.io/kubernetes/pkg/features"
 )
 
 // controllers runs the kube-controller-manager controllers that users'
@@ -68,11 +69,16 @@ const (
 )
 
 // Names of the controllers, in the order they start; the daemonset
-// controller only with Options.DaemonSets.
-var controllerNames = []string{"resource-claim", "namespace", "deployment", "replicaset", "job", "statefulset", "garbage-collector", "serviceaccount", "device-taint-eviction", "root-ca-certificate-publisher"}
+// controller only with Options.DaemonSets, the device-taint-eviction
+// controller only where DRADeviceTaints is on (as
+// kube-controller-manager starts it: before 1.36 the gate is off, and the
+// DeviceTaintRule API it watches is not served).
+var controllerNames = []string{"resource-claim", "namespace", "deployment", "replicaset", "job", "statefulset", "garbage-collector", "serviceaccount", deviceTaintController, "root-ca-certificate-publisher"}
 
-// daemonSetController is the daemonset controller's name.
-const daemonSetController = "daemonset"
+const (
+	daemonSetController   = "daemonset"
+	deviceTaintController = "device-taint-eviction"
+)
 
 // Controllers returns the names of the controllers the control plane
 // runs, as kube-controller-manager's --controllers names them. Workloads
@@ -80,6 +86,9 @@ const daemonSetController = "daemonset"
 // without Options.DaemonSets) are stored but nothing acts on them.
 func (c *ControlPlane) Controllers() []string {
 	names := slices.Clone(controllerNames)
+	if !FeatureEnabled(string(features.DRADeviceTaints)) {
+		names = slices.DeleteFunc(names, func(n string) bool { return n == deviceTaintController })
+	}
 	if c.opts.DaemonSets {
 		names = append(names, daemonSetController)
 	}
@@ -91,7 +100,8 @@ func (c *ControlPlane) Controllers() []string {
 // publishes as the kube-root-ca.crt ConfigMap of every namespace: a real
 // kubelet mounts it into pods (the ServiceAccount token's ca.crt) and
 // waits for it before it starts their containers.
-func startControllers(ctx context.Context, base *rest.Config, qps float32, burst int, rootCA []byte, daemonSets bool) (_ *controllers, finalErr error) {
+// names are the controllers to run (ControlPlane.Controllers).
+func startControllers(ctx context.Context, base *rest.Config, qps float32, burst int, rootCA []byte, names []string) (_ *controllers, finalErr error) {
 	logger := klog.FromContext(ctx).WithName("controller-manager")
 	ctx = klog.NewContext(ctx, logger)
 	cfg := rest.CopyConfig(base)
@@ -179,15 +189,17 @@ func startControllers(ctx context.Context, base *rest.Config, qps float32, burst
 
 	// Evicts the pods using a device with a NoExecute taint (a lost GPU),
 	// as kube-controller-manager's device-taint-eviction controller does.
-	dte := devicetainteviction.New(client, f.Core().V1().Pods(), f.Resource().V1().ResourceClaims(), f.Resource().V1().ResourceSlices(),
-		f.Resource().V1().DeviceTaintRules(), f.Resource().V1().DeviceClasses(), "device-taint-eviction-controller")
-	runs = append(runs, func(ctx context.Context) {
-		if err := dte.Run(ctx, deviceTaintWorkers); err != nil {
-			klog.FromContext(ctx).Error(err, "Device taint eviction stopped")
-		}
-	})
+	if slices.Contains(names, deviceTaintController) {
+		dte := devicetainteviction.New(client, f.Core().V1().Pods(), f.Resource().V1().ResourceClaims(), f.Resource().V1().ResourceSlices(),
+			f.Resource().V1().DeviceTaintRules(), f.Resource().V1().DeviceClasses(), "device-taint-eviction-controller")
+		runs = append(runs, func(ctx context.Context) {
+			if err := dte.Run(ctx, deviceTaintWorkers); err != nil {
+				klog.FromContext(ctx).Error(err, "Device taint eviction stopped")
+			}
+		})
+	}
 
-	if daemonSets {
+	if slices.Contains(names, daemonSetController) {
 		dsc, err := daemon.NewDaemonSetsController(ctx, f.Apps().V1().DaemonSets(), f.Apps().V1().ControllerRevisions(),
 			f.Core().V1().Pods(), f.Core().V1().Nodes(), client, flowcontrol.NewBackOff(time.Second, 15*time.Minute))
 		if err != nil {

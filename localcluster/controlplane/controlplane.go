@@ -52,6 +52,17 @@ type Options struct {
 	// nodes: the simulated nodes run the chart's DaemonSet's pod in
 	// process, and another DaemonSet's pods would land on all of them.
 	DaemonSets bool
+	// KubernetesVersion is the minor version ("1.34") every component of
+	// the process behaves as, through Kubernetes' compatibility-version
+	// emulation: the API server serves that version's APIs and drops the
+	// fields of features off there, and the scheduler, the controllers and
+	// the simulated kubelets take that version's feature-gate defaults.
+	// VersionRange gives what this build reaches. Empty: the build's own
+	// version. The version is process-wide (see emulate).
+	KubernetesVersion string
+	// FeatureGates override feature gates at that version, as
+	// --feature-gates does on every component. Process-wide too.
+	FeatureGates map[string]bool
 }
 
 // Default client limits. kube-scheduler's and kube-controller-manager's
@@ -76,6 +87,10 @@ type ControlPlane struct {
 	kubeconfig string
 	// listening are the loopback addresses the control plane listens on.
 	listening []string
+	// release gives back the process-wide emulation at Stop.
+	release func()
+	// version is the emulated minor version, e.g. "1.34".
+	version string
 }
 
 // Start brings up etcd, kube-apiserver, kube-scheduler and the controllers
@@ -85,9 +100,19 @@ type ControlPlane struct {
 func Start(ctx context.Context, opts Options) (_ *ControlPlane, finalErr error) {
 	opts.defaults()
 	c := &ControlPlane{opts: opts, dir: opts.Dir}
+	release, err := emulate(opts.KubernetesVersion, opts.FeatureGates)
+	if err != nil {
+		return nil, err
+	}
+	c.release = release
+	if c.version, err = ParseKubernetesVersion(opts.KubernetesVersion); err != nil {
+		release()
+		return nil, err
+	}
 	if c.dir == "" {
 		dir, err := os.MkdirTemp("", "localcluster-")
 		if err != nil {
+			release()
 			return nil, err
 		}
 		c.dir, c.ownDir = dir, true
@@ -138,7 +163,7 @@ func Start(ctx context.Context, opts Options) (_ *ControlPlane, finalErr error) 
 		if err != nil {
 			return fmt.Errorf("the API server's serving certificate: %w", err)
 		}
-		c.ctrl, err = startControllers(runCtx, c.api.config, opts.ControllerQPS, opts.ControllerBurst, rootCA, opts.DaemonSets)
+		c.ctrl, err = startControllers(runCtx, c.api.config, opts.ControllerQPS, opts.ControllerBurst, rootCA, c.Controllers())
 		if err != nil {
 			return err
 		}
@@ -211,6 +236,10 @@ func (c *ControlPlane) Dir() string { return c.dir }
 // KubeconfigPath returns the administrator's kubeconfig, written at start.
 func (c *ControlPlane) KubeconfigPath() string { return c.kubeconfig }
 
+// KubernetesMinor returns the minor version the control plane behaves as
+// ("1.34"): Options.KubernetesVersion, or the build's.
+func (c *ControlPlane) KubernetesMinor() string { return c.version }
+
 // Options returns the options in effect, defaults filled in.
 func (c *ControlPlane) Options() Options { return c.opts }
 
@@ -258,6 +287,10 @@ func (c *ControlPlane) Stop() error {
 			errs = append(errs, err)
 		}
 		c.ownDir = false
+	}
+	if c.release != nil {
+		c.release()
+		c.release = nil
 	}
 	return errors.Join(errs...)
 }

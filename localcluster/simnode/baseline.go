@@ -58,5 +58,5 @@ func (n *Node) startBaseline(ctx context.Context) error {
 		return fmt.Errorf("node %s: %w", n.cfg.Name, err)
 	}
 	n.baseline = d
-	return n.waitForDriver(ctx, cfg.DriverName, want)
+	return n.waitForDriver(ctx, cfg.DriverName, func() int { return want })
 }

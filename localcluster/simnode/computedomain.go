@@ -72,7 +72,7 @@ func (n *Node) StartComputeDomainPlugin(ctx context.Context, args []string, rest
 		n.StopIMEX()
 		return nil, fmt.Errorf("node %s: start ComputeDomain plugin: %w", n.cfg.Name, err)
 	}
-	if err := n.waitForDriver(ctx, flags.DriverName, len(d.Devices())); err != nil {
+	if err := n.waitForDriver(ctx, flags.DriverName, func() int { return len(d.Devices()) }); err != nil {
 		d.Stop()
 		n.StopIMEX()
 		return nil, err

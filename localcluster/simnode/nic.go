@@ -28,5 +28,5 @@ func (n *Node) startNICDriver(ctx context.Context) error {
 		return err
 	}
 	n.nics = d
-	return n.waitForDriver(ctx, d.DriverName(), len(d.Devices()))
+	return n.waitForDriver(ctx, d.DriverName(), func() int { return len(d.Devices()) })
 }

@@ -455,13 +455,19 @@ func (n *Node) pluginConfig(podUID string) (draplugin.Config, error) {
 // waitForPlugin waits until gpudra's plugin is registered with the DRA
 // manager and has published its devices.
 func (n *Node) waitForPlugin(ctx context.Context) error {
-	return n.waitForDriver(ctx, n.cfg.DriverName, len(n.plugin.Devices()))
+	plugin := n.plugin
+	return n.waitForDriver(ctx, n.cfg.DriverName, func() int { return len(plugin.Devices()) })
 }
 
 // waitForDriver waits until the DRA manager has the driver registered and
-// the node's slices of the driver hold want devices.
-func (n *Node) waitForDriver(ctx context.Context, driver string, want int) error {
+// the node's slices of the driver hold the devices the driver publishes
+// now: want is asked at every look, since a plugin that falls back (an API
+// server without a feature it uses) publishes other devices than at its
+// start.
+func (n *Node) waitForDriver(ctx context.Context, driver string, want func() int) error {
+	var last int
 	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		last = want()
 		if n.plugins != nil {
 			if _, err := n.plugins.GetPlugin(driver); err != nil {
 				return false, nil
@@ -479,10 +485,10 @@ func (n *Node) waitForDriver(ctx context.Context, driver string, want int) error
 				got += len(s.Spec.Devices)
 			}
 		}
-		return got == want, nil
+		return got == last, nil
 	})
 	if err != nil {
-		return fmt.Errorf("node %s: driver %s not registered with its %d devices published: %w", n.cfg.Name, driver, want, err)
+		return fmt.Errorf("node %s: driver %s not registered with its %d devices published: %w", n.cfg.Name, driver, last, err)
 	}
 	return nil
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/gpudra/gpudra/pkg/simfleet"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
+	"github.com/gpudra/gpudra/localcluster/controlplane"
 	"github.com/gpudra/gpudra/localcluster/manifests"
 )
 
@@ -66,6 +67,13 @@ type Options struct {
 	// FleetView, if set, is the address (host:port) the fleet view page of
 	// the cluster is served on while it runs (--fleet-view).
 	FleetView string
+	// KubernetesVersion is the minor version the cluster behaves as
+	// (--kubernetes-version; controlplane.Options.KubernetesVersion).
+	// Empty: the build's.
+	KubernetesVersion string
+	// FeatureGates override feature gates at that version
+	// (--feature-gates).
+	FeatureGates map[string]bool
 	// Stdout gets the table, the plugins' endpoints and, with
 	// KeepRunning, how to reach the cluster. Nil: os.Stdout.
 	Stdout io.Writer
@@ -138,6 +146,15 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	case o.RealNodes > len(fleet.Nodes):
 		return nil, fmt.Errorf("--real-nodes %d: fleet %s has %d nodes", o.RealNodes, o.Fleet, len(fleet.Nodes))
 	}
+	kubeVersion, err := controlplane.ParseKubernetesVersion(o.KubernetesVersion)
+	if err != nil {
+		return nil, fmt.Errorf("--kubernetes-version: %w", err)
+	}
+	if _, newest, err := controlplane.VersionRange(); err != nil {
+		return nil, err
+	} else if o.RealNodes > 0 && kubeVersion != newest {
+		return nil, fmt.Errorf("--real-nodes %d with --kubernetes-version %s: a real node's kubelet is the build's, Kubernetes %s, and a kubelet newer than its API server is not a supported skew; run real nodes at %s", o.RealNodes, kubeVersion, newest, newest)
+	}
 	var events []cluster.ScheduledHealthEvent
 	if o.Events != "" {
 		if events, err = cluster.LoadHealthEvents(o.Events); err != nil {
@@ -159,9 +176,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		defer fleetView.Close()
 	}
 
-	r.progress("starting the local cluster: fleet %s, %d nodes", o.Fleet, len(fleet.Nodes))
+	r.progress("starting the local cluster: fleet %s, %d nodes, Kubernetes %s", o.Fleet, len(fleet.Nodes), kubeVersion)
 	start := time.Now()
 	opts := cluster.Options{Fleet: fleet, ChartValues: values, Progress: o.Progress}
+	opts.ControlPlane.KubernetesVersion = o.KubernetesVersion
+	opts.ControlPlane.FeatureGates = o.FeatureGates
 	if o.RealNodes > 0 {
 		opts.RealNodes = &cluster.RealNodes{Count: o.RealNodes, FleetName: o.Fleet, FallBack: true}
 	}

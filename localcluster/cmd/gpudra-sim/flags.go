@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/simfleet"
 
+	"github.com/gpudra/gpudra/localcluster/controlplane"
 	"github.com/gpudra/gpudra/localcluster/loadrun"
 	"github.com/gpudra/gpudra/localcluster/uprun"
 )
@@ -20,6 +21,8 @@ type invocation struct {
 	up      uprun.Options
 	load    loadrun.Options
 	log     logging
+	// featureGates is up's --feature-gates, parsed into up.FeatureGates.
+	featureGates string
 }
 
 // logging is where the components' logs go.
@@ -114,6 +117,9 @@ func (inv *invocation) flagSet(out io.Writer) *flag.FlagSet {
 		fs.DurationVar(&o.SettleTimeout, "settle-timeout", o.SettleTimeout, "how long to wait for the pods to settle")
 		fs.IntVar(&o.RealNodes, "real-nodes", o.RealNodes, "make the fleet's first N nodes real: the real kubelet, containerd and runc, gpudra installed from the chart as a container of its image, and a probe pod whose container prints what it sees (docs/development/real-node.md); where the machine cannot run one, say what is missing and run without it")
 		fs.StringVar(&o.FleetView, "fleet-view", o.FleetView, "serve the fleet view page (as gpudra fleet-view) of the local cluster on this address, e.g. 127.0.0.1:8090, while the cluster runs (with --keep-running until interrupted)")
+		oldest, newest, _ := controlplane.VersionRange()
+		fs.StringVar(&o.KubernetesVersion, "kubernetes-version", o.KubernetesVersion, fmt.Sprintf("the Kubernetes minor version the control plane, scheduler, controllers and simulated kubelets behave as, %s to %s (Kubernetes' compatibility-version emulation: that version's APIs and feature-gate defaults; docs/guides/install.md has what gpudra does on each); default %s", oldest, newest, newest))
+		fs.StringVar(&inv.featureGates, "feature-gates", inv.featureGates, "feature gates to override at that version, as on every Kubernetes component: NAME=true|false,...")
 	}
 	fs.StringVar(&inv.log.file, "log-file", inv.log.file, "write the components' logs to this file (default: discard them)")
 	fs.IntVar(&inv.log.verbosity, "v", inv.log.verbosity, "log verbosity of the components (with --log-file)")
@@ -151,6 +157,13 @@ func parseCommand(command string, args []string, stderr io.Writer) (*invocation,
 	}
 	if command == "load" && inv.load.Pods <= 0 {
 		return nil, fmt.Errorf("load: --pods %d: want 1 or more", inv.load.Pods)
+	}
+	if inv.featureGates != "" {
+		gates, err := controlplane.ParseFeatureGates(inv.featureGates)
+		if err != nil {
+			return nil, fmt.Errorf("--feature-gates: %w", err)
+		}
+		inv.up.FeatureGates = gates
 	}
 	return inv, nil
 }

@@ -86,6 +86,13 @@ func TestCommandFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	inv2, err := parse(fields("up --kubernetes-version 1.34 --feature-gates DRAConsumableCapacity=true,DRADeviceTaints=false"), &strings.Builder{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := inv2.up; o.KubernetesVersion != "1.34" || len(o.FeatureGates) != 2 || !o.FeatureGates["DRAConsumableCapacity"] || o.FeatureGates["DRADeviceTaints"] {
+		t.Errorf("up options %+v", o)
+	}
 	if o := inv.load; inv.command != "load" || o.Pods != 16 || o.Nodes != 2 || o.Rounds != 1 || o.RoundTimeout != 2*time.Minute || o.Mix != "gpu" {
 		t.Errorf("load options %+v", o)
 	}
@@ -100,6 +107,8 @@ func TestParseRefuses(t *testing.T) {
 		{"up extra", "up: unexpected arguments [extra]"},
 		{"--fleet demo extra", "unexpected arguments [extra]"},
 		{"up --load 3", "flag provided but not defined: -load"},
+		{"up --feature-gates DRAPartitionableDevices=maybe", "--feature-gates: feature gates \"DRAPartitionableDevices=maybe\": DRAPartitionableDevices=\"maybe\": the value must be true or false"},
+		{"up --feature-gates NoSuchGateAnywhere=true", `feature gate "NoSuchGateAnywhere": no such gate in Kubernetes`},
 		{"-h", flag.ErrHelp.Error()},
 	} {
 		var stderr strings.Builder
