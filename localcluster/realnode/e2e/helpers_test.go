@@ -7,7 +7,9 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -21,6 +23,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/dynamic-resource-allocation/api/metadata"
+	"k8s.io/dynamic-resource-allocation/devicemetadata"
 	"k8s.io/klog/v2/ktesting"
 	"k8s.io/utils/ptr"
 
@@ -249,4 +253,36 @@ func sameSet(a, b []string) bool {
 	slices.Sort(a)
 	slices.Sort(b)
 	return slices.Equal(a, b)
+}
+
+// checkMetadata finds, among the device metadata files the container saw,
+// the one of the claim's request (a template claim's: under
+// resourceclaimtemplates/<pod claim name>/<request>/), decodes it as a
+// workload would, with the helper's decoder, and returns the attributes
+// of the allocated device, which it checks are there.
+func checkMetadata(t *testing.T, c *cluster.Cluster, seen *probe.Seen, claim *resourceapi.ResourceClaim) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+	t.Helper()
+	result := claim.Status.Allocation.Devices.Results[0]
+	driver := c.Options().DriverName
+	path := metadata.ContainerDir + "/" + metadata.ResourceClaimTemplatesSubDir + "/dev/" + result.Request + "/" + driver + metadata.MetadataFileSuffix
+	text, ok := seen.Metadata[path]
+	if !ok {
+		t.Fatalf("the container has no device metadata file %s; it has %v", path, slices.Sorted(maps.Keys(seen.Metadata)))
+	}
+	var dm metadata.DeviceMetadata
+	if err := devicemetadata.DecodeMetadataFromStream(json.NewDecoder(strings.NewReader(text)), &dm); err != nil {
+		t.Fatalf("decode %s (%s): %v", path, text, err)
+	}
+	for _, r := range dm.Requests {
+		for _, d := range r.Devices {
+			if d.Driver == driver && d.Pool == result.Pool && d.Name == result.Device {
+				if len(d.Attributes) == 0 {
+					t.Fatalf("metadata of %s has no attributes: %s", d.Name, text)
+				}
+				return d.Attributes
+			}
+		}
+	}
+	t.Fatalf("metadata %s names no device %s/%s: %s", path, result.Pool, result.Device, text)
+	return nil
 }

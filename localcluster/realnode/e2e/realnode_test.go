@@ -59,6 +59,12 @@ func TestRealNode(t *testing.T) {
 	t.Run("one GPU", func(t *testing.T) {
 		pod, claim, seen := runProbe(t, ctx, c, gpu, "one-gpu")
 		checkGPUClaim(t, n, claim, seen)
+		attrs := checkMetadata(t, c, seen, claim)
+		for _, name := range []string{"uuid", "productName", "index", "minor"} {
+			if _, ok := attrs[resourceapi.QualifiedName(name)]; !ok {
+				t.Errorf("GPU metadata lacks %s: %v", name, attrs)
+			}
+		}
 		// kubectl logs: kube-apiserver reaches the kubelet's API, which
 		// listens on loopback, and the kubelet reads the same file.
 		want, err := n.ContainerLog(pod, "ctr")
@@ -120,6 +126,12 @@ func TestRealNode(t *testing.T) {
 		if want := specDeviceNodes(t, n, claim); !sameSet(seen.DeviceNodes, want) {
 			t.Errorf("MIG device %s: the container saw %v, the claim's CDI spec names %v", dev, seen.DeviceNodes, want)
 		}
+		attrs := checkMetadata(t, c, seen, claim)
+		for _, name := range []string{"uuid", "parentUUID", "profile"} {
+			if a, ok := attrs[resourceapi.QualifiedName(name)]; !ok || a.StringValue == nil || *a.StringValue == "" {
+				t.Errorf("MIG metadata: %s is %+v, want a value: %v", name, a, attrs)
+			}
+		}
 		deletePod(t, ctx, c, pod)
 	})
 
@@ -138,6 +150,10 @@ func TestRealNode(t *testing.T) {
 		}
 		if want := specDeviceNodes(t, n, claim); !sameSet(seen.DeviceNodes, want) {
 			t.Errorf("MPS claim: the container saw %v, the claim's CDI spec names %v", seen.DeviceNodes, want)
+		}
+		attrs := checkMetadata(t, c, seen, claim)
+		if a := attrs["mpsPipeDirectory"]; a.StringValue == nil || *a.StringValue == "" {
+			t.Errorf("MPS metadata: mpsPipeDirectory is %+v, want the daemon's: %v", a, attrs)
 		}
 		deletePod(t, ctx, c, pod)
 		clustertest.Eventually(t, ctx, 2*time.Minute, "MPS claim unprepared", func() bool {

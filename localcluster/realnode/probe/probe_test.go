@@ -11,15 +11,15 @@ import (
 
 // TestParse checks the parser on complete, cut and empty outputs.
 func TestParse(t *testing.T) {
-	full := markerDevices + "\n/dev/nvidiactl\n/dev/nvidia3\n" + markerMPS + "\n/tmp/mps\n" + markerEnv + "\nA=1\nNVIDIA_VISIBLE_DEVICES=void\nB=x=y\n" + markerEnd + "\n"
+	full := markerDevices + "\n/dev/nvidiactl\n/dev/nvidia3\n" + markerMPS + "\n/tmp/mps\n" + markerMetadata + "\nfile /m/a.json\n{\"a\": 1}\nfile /m/empty.json\n\n" + markerEnv + "\nA=1\nNVIDIA_VISIBLE_DEVICES=void\nB=x=y\n" + markerEnd + "\n"
 	for _, tc := range []struct {
 		name     string
 		output   string
 		want     *Seen
 		complete bool
 	}{
-		{"complete", full, &Seen{DeviceNodes: []string{"/dev/nvidia3", "/dev/nvidiactl"}, MPSPipeDirectory: "/tmp/mps", Env: map[string]string{"A": "1", "NVIDIA_VISIBLE_DEVICES": "void", "B": "x=y"}}, true},
-		{"cut before the end", strings.TrimSuffix(full, markerEnd+"\n"), &Seen{DeviceNodes: []string{"/dev/nvidia3", "/dev/nvidiactl"}, MPSPipeDirectory: "/tmp/mps", Env: map[string]string{"A": "1", "NVIDIA_VISIBLE_DEVICES": "void", "B": "x=y"}}, false},
+		{"complete", full, &Seen{DeviceNodes: []string{"/dev/nvidia3", "/dev/nvidiactl"}, MPSPipeDirectory: "/tmp/mps", Metadata: map[string]string{"/m/a.json": `{"a": 1}`, "/m/empty.json": ""}, Env: map[string]string{"A": "1", "NVIDIA_VISIBLE_DEVICES": "void", "B": "x=y"}}, true},
+		{"cut before the end", strings.TrimSuffix(full, markerEnd+"\n"), &Seen{DeviceNodes: []string{"/dev/nvidia3", "/dev/nvidiactl"}, MPSPipeDirectory: "/tmp/mps", Metadata: map[string]string{"/m/a.json": `{"a": 1}`, "/m/empty.json": ""}, Env: map[string]string{"A": "1", "NVIDIA_VISIBLE_DEVICES": "void", "B": "x=y"}}, false},
 		{"no probe", "hello\n", &Seen{DeviceNodes: []string{}, Env: map[string]string{}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
