@@ -207,3 +207,42 @@ func TestFeatureProbeFailureIsNotFatal(t *testing.T) {
 		t.Error("after a refused probe the plugin publishes no dynamic MIG devices; want them, as configured")
 	}
 }
+
+// TestChannelPluginProbesConsumableCapacity: the ComputeDomain channel
+// plugin runs the same shell, so where the API server drops
+// allowMultipleAllocations it publishes channel-0 for one claim at a time
+// from its first slice on, and says so.
+func TestChannelPluginProbesConsumableCapacity(t *testing.T) {
+	var calls sliceCalls
+	dropShared := func(client *fake.Clientset) {
+		client.PrependReactor("create", "resourceslices", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			s := a.(k8stesting.CreateAction).GetObject().(*resourceapi.ResourceSlice).DeepCopy()
+			for i := range s.Spec.Devices {
+				s.Spec.Devices[i].AllowMultipleAllocations = nil
+			}
+			if isDryRun(a) {
+				return true, s, nil
+			}
+			return false, nil, nil
+		})
+	}
+	h := newCDHarnessWith(t, nil, withSliceCalls(&calls, "gb200-nvl72-00", dropShared))
+	if _, err := h.waitForEvent("SharedChannelUnavailable"); err != nil {
+		t.Fatal(err)
+	}
+	creates := 0
+	for _, c := range calls.snapshot() {
+		if c.verb != "create" || c.dryRun {
+			continue
+		}
+		creates++
+		for _, d := range c.slice.Spec.Devices {
+			if d.AllowMultipleAllocations != nil {
+				t.Errorf("device %s created with allowMultipleAllocations", d.Name)
+			}
+		}
+	}
+	if creates == 0 {
+		t.Error("no slice created")
+	}
+}
