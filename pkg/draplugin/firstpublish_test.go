@@ -246,3 +246,37 @@ func TestChannelPluginProbesConsumableCapacity(t *testing.T) {
 		t.Error("no slice created")
 	}
 }
+
+// BenchmarkStartToSlices reports, over a fake API server, the time from
+// draplugin.Start to the first ResourceSlice created (ms-to-slices) and to
+// Start returning (ms-to-start), for the dgx-h100 node.
+// localcluster/test/preparebench has the same against a real API server.
+func BenchmarkStartToSlices(b *testing.B) {
+	var toSlices, toStart time.Duration
+	n := 0
+	for b.Loop() {
+		var calls sliceCalls
+		var start time.Time
+		h := newHarness(b, withSliceCalls(&calls, nodeName), func(*draplugin.Config) { start = time.Now() })
+		toStart += time.Since(start)
+		created := time.Time{}
+		for deadline := time.Now().Add(10 * time.Second); created.IsZero(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				b.Fatal("no ResourceSlice created within 10 s")
+			}
+			for _, c := range calls.snapshot() {
+				if c.verb == "create" && !c.dryRun {
+					created = c.at
+					break
+				}
+			}
+		}
+		toSlices += created.Sub(start)
+		n++
+		b.StopTimer()
+		h.stop()
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(toSlices.Microseconds())/1000/float64(n), "ms-to-slices")
+	b.ReportMetric(float64(toStart.Microseconds())/1000/float64(n), "ms-to-start")
+}
