@@ -96,9 +96,15 @@ func (in *installInput) unchanged(ctx context.Context, current *preparer.Publish
 	return err == nil && reflect.DeepEqual(state, in.state)
 }
 
-// publish hands the current devices to the ResourceSlice controller.
+// publish hands the current devices to the ResourceSlice controller. The
+// first time, before the helper starts the controller, the plugin creates
+// the slices itself (publishFirst), a second sooner.
 func (d *Driver) publish(ctx context.Context) error {
 	res := d.current().Model.DriverResources(d.cfg.NodeName)
+	if !d.controllerStarted {
+		d.publishFirst(ctx, res)
+		d.controllerStarted = true
+	}
 	if err := d.helper.PublishResources(ctx, res); err != nil {
 		return fmt.Errorf("publish ResourceSlices: %w", err)
 	}

@@ -38,7 +38,7 @@ func TestReportNoticesBySeverity(t *testing.T) {
 			ctx := klog.NewContext(context.Background(), logger)
 			buffer := logger.GetSink().(ktesting.Underlier).GetBuffer()
 			recorder := record.NewFakeRecorder(10)
-			e := &events{recorder: recorder, nodeRef: &corev1.ObjectReference{Kind: "Node", Name: "node-0"}}
+			e := &events{rec: recorder, nodeRef: &corev1.ObjectReference{Kind: "Node", Name: "node-0"}}
 
 			seen := 0
 			severities := func() string {
@@ -84,7 +84,7 @@ func TestReportUnreadOncePerChange(t *testing.T) {
 	ctx := klog.NewContext(context.Background(), logger)
 	buffer := logger.GetSink().(ktesting.Underlier).GetBuffer()
 	recorder := record.NewFakeRecorder(10)
-	e := &events{recorder: recorder, nodeRef: &corev1.ObjectReference{Kind: "Node", Name: "node-0"}}
+	e := &events{rec: recorder, nodeRef: &corev1.ObjectReference{Kind: "Node", Name: "node-0"}}
 	inv := func(unread ...hardware.Unread) *hardware.Inventory {
 		return &hardware.Inventory{GPUs: []hardware.GPU{
 			{Index: 0, UUID: "GPU-0"},

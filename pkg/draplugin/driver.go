@@ -198,6 +198,9 @@ type Driver struct {
 	// metrics and what readiness needs (metrics.go).
 	metrics   *metrics.Plugin
 	published atomic.Bool
+	// controllerStarted: publish handed the helper its first resources
+	// (Start, then only the discovery loop calls publish).
+	controllerStarted bool
 
 	// state is the current publication.
 	state atomic.Pointer[preparer.Published]
@@ -252,6 +255,9 @@ func Start(ctx context.Context, cfg Config) (_ *Driver, finalErr error) {
 	if err := d.setUpFeatures(); err != nil {
 		return nil, err
 	}
+	// Before any device is built: what the API server would drop decides
+	// what the first publication offers.
+	d.probeAPIFeatures(ctx)
 	var err error
 	if d.status, err = devicestatus.NewWriter(cfg.KubeClient, cfg.DriverName, cfg.NodeName); err != nil {
 		return nil, err
@@ -563,7 +569,9 @@ func (d *Driver) current() *preparer.Published {
 // logged with what the API server lacks; nothing here is fatal, because
 // neither retrying nor restarting fixes a cluster's feature gates. When the
 // API server dropped fields that a publishing choice depends on, the plugin
-// falls back (see fallbacks) and publishes again.
+// falls back (see fallbacks) and publishes again. The dry-run probe at
+// start (probeAPIFeatures) falls back before the first publication; this
+// is the second line, for an API server downgraded while the plugin runs.
 func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 	d.metrics.SlicePublishError()
 	var dropped *resourceslice.DroppedFieldsError
@@ -573,15 +581,7 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 	}
 	disabled := dropped.DisabledFeatures()
 	logger := klog.FromContext(ctx).WithValues("pool", dropped.PoolName, "sliceIndex", dropped.SliceIndex, "disabledFeatures", disabled)
-	fellBack := false
-	for _, f := range d.features.Fallbacks() {
-		if slices.Contains(disabled, f.Feature) && f.On.Swap(false) {
-			logger.Error(err, f.Log)
-			d.Event(corev1.EventTypeWarning, f.Reason, f.Event)
-			fellBack = true
-		}
-	}
-	if fellBack {
+	if d.fallBack(logger, err, disabled) {
 		select {
 		case d.rebuild <- struct{}{}:
 		default:

@@ -3,6 +3,7 @@ package draplugin
 import (
 	"errors"
 	"fmt"
+	"sync"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
@@ -19,20 +20,53 @@ import (
 // eventComponent is the source of the Node events gpudra records.
 const eventComponent = "gpudra-kubelet-plugin"
 
-// events records Node events.
+// events records Node events. The broadcaster and its two goroutines
+// start at the first event: a healthy idle node records none, and a
+// process that simulates a thousand nodes would otherwise run two
+// thousand goroutines waiting for them.
 type events struct {
-	recorder record.EventRecorder
+	client   kubernetes.Interface
+	nodeName string
 	nodeRef  *corev1.ObjectReference
-	stop     func()
+
+	mu          sync.Mutex
+	rec         record.EventRecorder
+	broadcaster record.EventBroadcaster
+	stopped     bool
 }
 
 func newEvents(client kubernetes.Interface, nodeName string) *events {
-	broadcaster := record.NewBroadcaster()
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
 	return &events{
-		recorder: broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: eventComponent, Host: nodeName}),
+		client:   client,
+		nodeName: nodeName,
 		nodeRef:  &corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: nodeName},
-		stop:     broadcaster.Shutdown,
+	}
+}
+
+// recorder returns the event recorder, starting the broadcaster on the
+// first call. After stop it returns a recorder that drops events.
+func (e *events) recorder() record.EventRecorder {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.rec == nil && !e.stopped {
+		e.broadcaster = record.NewBroadcaster()
+		e.broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: e.client.CoreV1().Events("")})
+		e.rec = e.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: eventComponent, Host: e.nodeName})
+	}
+	if e.rec == nil {
+		return &record.FakeRecorder{}
+	}
+	return e.rec
+}
+
+// stop shuts the broadcaster down, if it started.
+func (e *events) stop() {
+	e.mu.Lock()
+	b := e.broadcaster
+	e.stopped = true
+	e.mu.Unlock()
+	if b != nil {
+		b.Shutdown()
 	}
 }
 
@@ -44,7 +78,7 @@ func (d *Driver) Event(eventType, reason, message string) {
 
 // node records an event on the Node object.
 func (e *events) node(eventType, reason, message string) {
-	e.recorder.Event(e.nodeRef, eventType, reason, message)
+	e.recorder().Event(e.nodeRef, eventType, reason, message)
 }
 
 // ReasonPrepareFailed is the reason of the Warning events a refused Prepare
@@ -57,7 +91,7 @@ const ReasonPrepareFailed = "PrepareFailed"
 // recorder folds repeats of one message into one event with a count.
 func (e *events) prepareFailed(claim *resourceapi.ResourceClaim, err error) {
 	message := err.Error()
-	e.recorder.Event(&corev1.ObjectReference{
+	e.recorder().Event(&corev1.ObjectReference{
 		APIVersion: resourceapi.SchemeGroupVersion.String(), Kind: "ResourceClaim",
 		Namespace: claim.Namespace, Name: claim.Name, UID: claim.UID,
 	}, corev1.EventTypeWarning, ReasonPrepareFailed, message)
@@ -65,7 +99,7 @@ func (e *events) prepareFailed(claim *resourceapi.ResourceClaim, err error) {
 		if consumer.APIGroup != "" || consumer.Resource != "pods" {
 			continue
 		}
-		e.recorder.Event(&corev1.ObjectReference{
+		e.recorder().Event(&corev1.ObjectReference{
 			APIVersion: "v1", Kind: "Pod", Namespace: claim.Namespace, Name: consumer.Name, UID: consumer.UID,
 		}, corev1.EventTypeWarning, ReasonPrepareFailed, message)
 	}
@@ -104,7 +138,7 @@ func lostCheckpointMessage(cf checkpoint.CorruptFile) string {
 
 // reportCheckpoint logs and records what opening the checkpoint found.
 func (e *events) reportCheckpoint(logger klog.Logger, r checkpoint.OpenReport) {
-	event := func(eventType, reason, message string) { e.recorder.Event(e.nodeRef, eventType, reason, message) }
+	event := func(eventType, reason, message string) { e.recorder().Event(e.nodeRef, eventType, reason, message) }
 	switch {
 	case r.Corrupt != nil && r.Corrupt.Path == "":
 		// Nothing was moved aside now: an earlier process found the claims

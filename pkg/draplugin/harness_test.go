@@ -109,12 +109,24 @@ func newFakeClient(objects ...runtime.Object) *fake.Clientset {
 	client := fake.NewClientset(objects...)
 	var n atomic.Int64
 	client.PrependReactor("create", "*", func(action k8stesting.Action) (bool, runtime.Object, error) {
-		if obj, ok := action.(k8stesting.CreateAction).GetObject().(metav1.Object); ok && obj.GetName() == "" && obj.GetGenerateName() != "" {
+		obj, ok := action.(k8stesting.CreateAction).GetObject().(metav1.Object)
+		if ok && obj.GetName() == "" && obj.GetGenerateName() != "" {
 			obj.SetName(fmt.Sprintf("%s%05d", obj.GetGenerateName(), n.Add(1)))
+		}
+		if isDryRun(action) {
+			// The API server answers a dry run with what it would store,
+			// and stores nothing; the fake's tracker would store it.
+			return true, action.(k8stesting.CreateAction).GetObject(), nil
 		}
 		return false, nil, nil
 	})
 	return client
+}
+
+// isDryRun reports whether action is a dry-run create.
+func isDryRun(action k8stesting.Action) bool {
+	a, ok := action.(k8stesting.CreateActionImpl)
+	return ok && len(a.CreateOptions.DryRun) > 0
 }
 
 // withReactor gives the plugin a fake API server with fn prepended for

@@ -59,7 +59,7 @@ func newHealthHarness(t *testing.T, fleetNameOrYAML, node string, gpus int, muta
 	h := &healthHarness{inject: &sim.HealthEvents{}}
 	client := newFakeClient(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, UID: "node-uid"}})
 	client.PrependReactor("*", "resourceslices", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if a.GetVerb() == "create" || a.GetVerb() == "update" {
+		if (a.GetVerb() == "create" && !isDryRun(a)) || a.GetVerb() == "update" {
 			h.sliceWrites.Add(1)
 		}
 		return false, nil, nil
@@ -292,6 +292,9 @@ func dropTaints(client *fake.Clientset) {
 	client.PrependReactor("create", "resourceslices", func(action k8stesting.Action) (bool, runtime.Object, error) {
 		a := action.(k8stesting.CreateAction)
 		s := strip(a.GetObject())
+		if isDryRun(action) {
+			return true, s, nil
+		}
 		return true, s, client.Tracker().Create(a.GetResource(), s, "")
 	})
 	client.PrependReactor("update", "resourceslices", func(action k8stesting.Action) (bool, runtime.Object, error) {

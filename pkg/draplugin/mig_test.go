@@ -384,6 +384,9 @@ func dropCounters(client *fake.Clientset) {
 	client.PrependReactor("create", "resourceslices", func(action k8stesting.Action) (bool, runtime.Object, error) {
 		a := action.(k8stesting.CreateAction)
 		s := strip(a.GetObject())
+		if isDryRun(action) {
+			return true, s, nil
+		}
 		return true, s, client.Tracker().Create(a.GetResource(), s, "")
 	})
 	client.PrependReactor("update", "resourceslices", func(action k8stesting.Action) (bool, runtime.Object, error) {

@@ -2,7 +2,8 @@
 // kube-apiserver (the local cluster's etcd and API server, in process),
 // beside pkg/draplugin's BenchmarkPrepareOneClaim over a fake clientset: the
 // kubeletplugin helper GETs the claim from the API server on every call,
-// and that GET is part of what users see.
+// and that GET is part of what users see. It also measures the plugin's
+// start to its ResourceSlices (start_bench_test.go).
 package preparebench
 
 import (

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -21,10 +22,13 @@ import (
 // set with a short timeout, so that it notices ctx ending, and polls each
 // GPU every poll interval, and at once after a lost-GPU answer or a
 // recovery-action event. An event set that can be interrupted
-// ([InterruptibleEventSet], the simulated hardware's) is waited on until
-// the next poll instead, and interrupted when ctx ends: a process that
-// holds a thousand simulated nodes would otherwise wake every node's
-// watcher every wait timeout for nothing. The rules:
+// ([InterruptibleEventSet], the simulated hardware's) also reports every
+// change of a GPU's condition, so it is waited on without a timeout and
+// interrupted when ctx ends; GPUs are polled only when something is due
+// (a fault whose recovery is told by time, a GPU that cannot raise
+// events, an enumeration that failed): a process that holds a thousand
+// simulated nodes would otherwise wake every node's watcher every poll
+// for nothing. The rules:
 //
 //   - a GPU whose call answers NVML_ERROR_GPU_IS_LOST is lost; when it
 //     answers again it has recovered;
@@ -54,8 +58,11 @@ func WithHealthPolling(poll, wait time.Duration) Option {
 }
 
 // InterruptibleEventSet is an event set whose Wait another goroutine can
-// end early. NVML's own cannot be: nvmlEventSetWait returns only on an
-// event or at its timeout.
+// end early, and which reports every change of a registered GPU's
+// condition: a lost GPU fails the wait, and a GPU that answers again or
+// whose recovery action changes raises a recovery-action event. NVML's
+// own is neither: nvmlEventSetWait returns only on an event or at its
+// timeout, and a GPU may change without one.
 type InterruptibleEventSet interface {
 	nvml.EventSet
 	// Interrupt makes the Wait in progress, and every later one, return
@@ -109,6 +116,10 @@ type healthWatch struct {
 	poll   time.Duration
 	now    func() time.Time
 	logger klog.Logger
+	// lastPoll is when the last poll began; incomplete that it could not
+	// enumerate every GPU NVML lists.
+	lastPoll   time.Time
+	incomplete bool
 	// gpus by UUID, every GPU seen since the watch began.
 	gpus map[string]*watchedGPU
 }
@@ -118,6 +129,10 @@ type watchedGPU struct {
 	uuid       string
 	dev        nvml.Device
 	registered bool
+	// polledOnly: the GPU raises no recovery-action events (it cannot
+	// tell which it supports, or registering failed), so only polls see
+	// it change.
+	polledOnly bool
 	lost       bool
 	// faulted: an XID or ECC event came, and no recovery since.
 	faulted bool
@@ -139,8 +154,8 @@ func (w *healthWatch) run(ctx context.Context, wait time.Duration, out chan<- ha
 		}
 		return true
 	}
-	interruptible, untilPoll := w.set.(InterruptibleEventSet)
-	if untilPoll {
+	interruptible, eventDriven := w.set.(InterruptibleEventSet)
+	if eventDriven {
 		defer context.AfterFunc(ctx, interruptible.Interrupt)()
 	}
 	if !send(w.pollAll()) {
@@ -148,10 +163,16 @@ func (w *healthWatch) run(ctx context.Context, wait time.Duration, out chan<- ha
 	}
 	nextPoll := w.now().Add(w.poll)
 	for ctx.Err() == nil {
-		if untilPoll {
-			// Rounded up: a wait that ends short of the poll would
-			// be followed by a second one of a millisecond.
-			waitMS = uint32((min(max(nextPoll.Sub(w.now()), time.Millisecond), w.poll) + time.Millisecond - 1) / time.Millisecond)
+		if eventDriven {
+			// Nothing due: wait for an event or the interrupt, as
+			// long as NVML's wait can. Rounded up: a wait that ends
+			// short of the poll would be followed by a second one of
+			// a millisecond.
+			nextPoll = w.due()
+			waitMS = math.MaxUint32
+			if !nextPoll.IsZero() {
+				waitMS = uint32((min(max(nextPoll.Sub(w.now()), time.Millisecond), w.poll) + time.Millisecond - 1) / time.Millisecond)
+			}
 		}
 		data, ret := w.set.Wait(waitMS)
 		var events []hardware.HealthEvent
@@ -178,7 +199,7 @@ func (w *healthWatch) run(ctx context.Context, wait time.Duration, out chan<- ha
 			case <-time.After(wait):
 			}
 		}
-		if pollNow || !w.now().Before(nextPoll) {
+		if pollNow || (!nextPoll.IsZero() && !w.now().Before(nextPoll)) {
 			events = append(events, w.pollAll()...)
 			nextPoll = w.now().Add(w.poll)
 		}
@@ -186,6 +207,32 @@ func (w *healthWatch) run(ctx context.Context, wait time.Duration, out chan<- ha
 			return
 		}
 	}
+}
+
+// due returns when the next poll of an event-driven watch is due, or the
+// zero time when none is: every GPU raises events for every change, and
+// no fault waits for its recovery to be told by time.
+func (w *healthWatch) due() time.Time {
+	var due time.Time
+	at := func(t time.Time) {
+		if due.IsZero() || t.Before(due) {
+			due = t
+		}
+	}
+	if w.incomplete {
+		at(w.lastPoll.Add(w.poll))
+	}
+	for _, g := range w.gpus {
+		switch {
+		case g.polledOnly || !g.registered:
+			at(w.lastPoll.Add(w.poll))
+		case g.faulted && !g.sawAction && !g.lost:
+			// Recovered at a poll one interval after the fault, if the
+			// recovery action reads none then (see check).
+			at(g.lastFault.Add(w.poll))
+		}
+	}
+	return due
 }
 
 // fromEvent maps one NVML event to health events, and returns the GPU it
@@ -248,6 +295,7 @@ func instanceID(id uint32) int {
 // pollAll looks for GPUs that appeared (and registers them for events),
 // then checks every GPU seen.
 func (w *healthWatch) pollAll() []hardware.HealthEvent {
+	w.lastPoll = w.now()
 	w.refresh()
 	var out []hardware.HealthEvent
 	for _, g := range w.gpus {
@@ -260,17 +308,21 @@ func (w *healthWatch) pollAll() []hardware.HealthEvent {
 // (and ones that came back with a new handle) on the event set. GPUs it
 // cannot read are left for the next poll; Discover reports them.
 func (w *healthWatch) refresh() {
+	w.incomplete = true
 	count, ret := w.lib.DeviceGetCount()
 	if ret != nvml.SUCCESS {
 		return
 	}
+	w.incomplete = false
 	for i := 0; i < count; i++ {
 		dev, ret := w.lib.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
+			w.incomplete = true
 			continue
 		}
 		uuid, ret := dev.GetUUID()
 		if ret != nvml.SUCCESS {
+			w.incomplete = true
 			continue
 		}
 		g := w.gpus[uuid]
@@ -290,6 +342,7 @@ func (w *healthWatch) refresh() {
 // register asks for g's health events. A GPU that supports none of them
 // is still polled for being lost.
 func (w *healthWatch) register(g *watchedGPU) bool {
+	g.polledOnly = true
 	supported, ret := g.dev.GetSupportedEventTypes()
 	if ret != nvml.SUCCESS {
 		w.logger.Info("Cannot tell which health events a GPU reports; it is polled only", "uuid", g.uuid, "err", ret)
@@ -297,7 +350,9 @@ func (w *healthWatch) register(g *watchedGPU) bool {
 	}
 	if ret := g.dev.RegisterEvents(healthEventMask&supported, w.set); ret != nvml.SUCCESS {
 		w.logger.Info("Cannot register for a GPU's health events; it is polled only", "uuid", g.uuid, "err", ret)
+		return true
 	}
+	g.polledOnly = supported&nvml.EventTypeGpuRecoveryAction == 0
 	return true
 }
 

@@ -182,3 +182,31 @@ func TestConditionOf(t *testing.T) {
 		})
 	}
 }
+
+// TestEventDrivenPollDue: over an event set that reports every change, a
+// poll is due only for what time alone tells.
+func TestEventDrivenPollDue(t *testing.T) {
+	last := time.Unix(1000, 0)
+	fault := last.Add(2 * time.Second)
+	for _, tc := range []struct {
+		name       string
+		incomplete bool
+		gpu        watchedGPU
+		want       time.Time
+	}{
+		{name: "an idle GPU that raises events", gpu: watchedGPU{registered: true}},
+		{name: "a GPU whose recovery action was read", gpu: watchedGPU{registered: true, faulted: true, lastFault: fault, sawAction: true}},
+		{name: "a lost GPU", gpu: watchedGPU{registered: true, faulted: true, lastFault: fault, lost: true}},
+		{name: "a fault whose recovery time tells", gpu: watchedGPU{registered: true, faulted: true, lastFault: fault}, want: fault.Add(5 * time.Second)},
+		{name: "a GPU that raises no recovery events", gpu: watchedGPU{registered: true, polledOnly: true}, want: last.Add(5 * time.Second)},
+		{name: "an enumeration that failed", incomplete: true, gpu: watchedGPU{registered: true}, want: last.Add(5 * time.Second)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := tc.gpu
+			w := &healthWatch{poll: 5 * time.Second, lastPoll: last, incomplete: tc.incomplete, gpus: map[string]*watchedGPU{"GPU-a": &g}}
+			if got := w.due(); !got.Equal(tc.want) {
+				t.Errorf("due %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

@@ -54,13 +54,15 @@ func (n *Node) Hardware(opts ...HardwareOption) hardware.Hardware {
 	return nvmlhw.NewFromInterface(nv, newTopology(c), systemInfo{}, nvmlhw.WithHealthPolling(HealthPollInterval, HealthWaitTimeout))
 }
 
-// The health watcher's timing over simulated GPUs: injected events wake it
-// at once (a lost GPU fails its event-set wait, a recovery raises a
-// recovery-action event), so polling is only the backstop. The simulated
-// event set can be interrupted, so the watcher waits on it until the next
-// poll and is interrupted when it stops (one wake-up per node per poll,
-// not one per wait timeout); the wait timeout is only the pause after a
-// failed wait.
+// The health watcher's timing over simulated GPUs. The simulated event set
+// blocks as nvmlEventSetWait does, and every injected change wakes it (an
+// XID or ECC event, a lost GPU failing the wait, a recovery raising a
+// recovery-action event); it can also be interrupted, so an idle
+// watcher waits on it without a timeout and does no periodic work.
+// HealthPollInterval is left for what only time tells: a fault whose
+// recovery action never read anything but none is recovered one interval
+// after it, and GPUs that cannot raise events (armed faults) are polled
+// at it. The wait timeout is only the pause after a failed wait.
 const (
 	HealthPollInterval = time.Second
 	HealthWaitTimeout  = 50 * time.Millisecond

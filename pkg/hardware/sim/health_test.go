@@ -251,27 +251,48 @@ func TestCheckHealth(t *testing.T) {
 	}
 }
 
-// An idle watcher over simulated GPUs waits on its event set until the
-// next poll, not in slices of the wait timeout (a fleet of a thousand
-// simulated nodes in one process pays every wake-up), and still stops at
-// once: its wait is interrupted when its context ends.
-func TestIdleWatcherWakesOncePerPoll(t *testing.T) {
+// An idle watcher over simulated GPUs blocks on its event set as on
+// NVML's, without a poll: a fleet of a thousand simulated nodes in one
+// process pays every wake-up. It still stops at once (its wait is
+// interrupted when its context ends), and an injected event still wakes
+// it.
+func TestIdleWatcherDoesNoPeriodicWork(t *testing.T) {
 	f, err := loadFleet("dgx-h100")
 	if err != nil {
 		t.Fatal(err)
 	}
 	faults := &Faults{}
-	hw := f.Nodes[0].Hardware(WithFaults(faults))
+	inject := &HealthEvents{}
+	node := f.Nodes[0]
+	hw := node.Hardware(WithFaults(faults), WithHealthEvents(inject))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- hw.(hardware.HealthWatcher).WatchHealth(ctx, make(chan hardware.HealthEvent, 64)) }()
-	polls := 3
-	time.Sleep(time.Duration(polls) * HealthPollInterval)
-	// One wait per poll, give or take a timer that fires early and the
-	// waits at the edges; the wait timeout would have made it
-	// HealthPollInterval/HealthWaitTimeout (20) times as many.
-	if waits := faults.Calls("nvmlEventSetWait"); waits > 2*polls+2 {
-		t.Errorf("%d event-set waits in %d poll intervals, want at most %d", waits, polls, 2*polls+2)
+	events := make(chan hardware.HealthEvent, 64)
+	go func() { done <- hw.(hardware.HealthWatcher).WatchHealth(ctx, events) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for !inject.Watched(node.Name, 7) {
+		if time.Now().After(deadline) {
+			t.Fatal("the watcher did not register the GPUs within 5 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	waits, counts := faults.Calls("nvmlEventSetWait"), faults.Calls("nvmlDeviceGetCount")
+	time.Sleep(2 * HealthPollInterval)
+	// At most the wait in progress: polling would have added one wait
+	// and one enumeration per poll interval.
+	if w, c := faults.Calls("nvmlEventSetWait")-waits, faults.Calls("nvmlDeviceGetCount")-counts; w > 1 || c > 0 {
+		t.Errorf("idle for two poll intervals: %d more event-set waits, %d more enumerations; want at most 1 and 0", w, c)
+	}
+	if err := inject.Inject(node.Name, 1, HealthEvent{Kind: InjectXID, XID: 79}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case e := <-events:
+		if e.Kind != hardware.HealthXID || e.XID != 79 {
+			t.Errorf("got %+v, want xid 79", e)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the idle watcher did not wake for an injected XID within 5 s")
 	}
 	cancel()
 	select {
