@@ -239,6 +239,14 @@ func (f *Fabric) Attached() bool {
 	return f != nil && f.State == FabricCompleted && f.Status == "" && f.ClusterUUID != ""
 }
 
+// Registering reports whether the GPU's registration with the NVLink
+// fabric has not finished yet (NotStarted or InProgress): at boot, Fabric
+// Manager may still be starting. It finishes by itself, unlike a failed
+// registration or a state NVML could not answer.
+func (f *Fabric) Registering() bool {
+	return f != nil && (f.State == FabricNotStarted || f.State == FabricInProgress)
+}
+
 // MIGDevice returns the MIG device with the UUID, nil when the inventory
 // (which may be nil) lists none.
 func (inv *Inventory) MIGDevice(uuid string) *MIGDevice {

@@ -49,6 +49,7 @@
 //	    cliqueID: 1                 # the NVLink partition
 //	    clusterUUID: ...            # optional, default sim.DefaultClusterUUID
 //	    state: Completed            # optional: NotStarted, InProgress, Completed (default)
+//	    completesAfter: 20s         # optional, with NotStarted or InProgress: Completed that long after the plugin starts
 //	    status: ""                  # optional: a registration error (with Completed)
 //
 // Everything derived is deterministic, so two loads of a fleet describe the

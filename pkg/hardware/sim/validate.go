@@ -127,6 +127,14 @@ func (n *Node) resolve(p *problems) {
 		if f.Status != "" && f.State != string(hardware.FabricCompleted) {
 			p.add("fabric.status", "a registration error needs state Completed (NVML reports status only then)")
 		}
+		if f.CompletesAfter != nil {
+			switch {
+			case f.State == string(hardware.FabricCompleted):
+				p.add("fabric.completesAfter", "needs state NotStarted or InProgress (a registration that has not completed yet)")
+			case f.CompletesAfter.Duration <= 0:
+				p.add("fabric.completesAfter", "%s: must be a positive duration such as 20s", f.CompletesAfter.Duration)
+			}
+		}
 	}
 
 	minors := map[int]int{}
