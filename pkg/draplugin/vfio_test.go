@@ -271,3 +271,48 @@ func TestVFIOSpecRepairedWhileBound(t *testing.T) {
 	}
 	h.mustUnprepare(c)
 }
+
+// withVFIOOn runs the plugin on a node of a fleet (a built-in one or YAML)
+// with passthrough over the node's fake sysfs and the VFIO driver left to
+// detection.
+func withVFIOOn(tb testing.TB, fleetNameOrYAML, node string, mode devicemodel.VFIOMode, fake **fakesysfs.Sysfs) func(*draplugin.Config) {
+	return func(cfg *draplugin.Config) {
+		tb.Helper()
+		withFleet(tb, fleetNameOrYAML, node)(cfg)
+		fleet, err := simfleet.Load(fleetNameOrYAML)
+		if err != nil {
+			fleet, err = simfleet.Parse([]byte(fleetNameOrYAML), "test")
+		}
+		if err != nil {
+			tb.Fatal(err)
+		}
+		n, err := fleet.Node(node)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		s, err := n.Sysfs()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		*fake = s
+		cfg.VFIO = &draplugin.VFIOConfig{Mode: mode, FS: s, Busy: s, Modules: s}
+	}
+}
+
+// TestVFIOGraceDetected: on a GH200 node, without --vfio-driver, a GPU is
+// passed through with nvgrace-gpu-vfio-pci (the driver the kernel matches
+// GH200's device ID with) and given back to nvidia.
+func TestVFIOGraceDetected(t *testing.T) {
+	var fake *fakesysfs.Sysfs
+	h := newHarness(t, withVFIOOn(t, "gh200-nvl32", "gh200-nvl32-00", devicemodel.VFIOBeside, &fake))
+	bdf := *h.device("gpu-vfio-0").Attributes["resource.kubernetes.io/pciBusID"].StringValue
+	claim := h.claim("gpu-vfio-0")
+	h.mustPrepare(claim)
+	if b, _ := fake.Binding(bdf); b.Driver != "nvgrace-gpu-vfio-pci" {
+		t.Errorf("GH200 passed through with %q, want nvgrace-gpu-vfio-pci", b.Driver)
+	}
+	h.mustUnprepare(claim)
+	if b, _ := fake.Binding(bdf); b.Driver != "nvidia" || b.Override != "" {
+		t.Errorf("after unprepare: %+v, want nvidia with no override", b)
+	}
+}

@@ -58,7 +58,9 @@ type Config struct {
 	// Modules loads the VFIO driver's module.
 	Modules vfio.ModuleLoader
 	// GPUDriver is the VFIO driver GPUs are bound to: vfio.VFIOPCI, or
-	// vfio.NVGraceGPUVFIOPCI on Grace systems. Empty means vfio-pci.
+	// vfio.NVGraceGPUVFIOPCI on Grace systems. Empty means detected from
+	// sysfs ([vfio.DetectGPUDriver]): nvgrace-gpu-vfio-pci when the node's
+	// GPUs are Grace GPUs (GH200, GB200), vfio-pci otherwise.
 	GPUDriver string
 	// GPUs, if not empty, are the minors of the GPUs offered for
 	// passthrough; the others are not.
@@ -89,6 +91,9 @@ func (c *Config) ModelOption() devicemodel.Option {
 type Configurator struct {
 	cfg    *Config
 	binder *vfio.Binder
+	// driver is the VFIO driver GPUs are bound to (cfg.GPUDriver or the
+	// detected one).
+	driver string
 	// beside says whether VFIO devices are published beside CUDA devices
 	// now (it stops when the API server lacks partitionable devices).
 	beside atomic.Bool
@@ -111,11 +116,17 @@ func New(cfg *Config) (*Configurator, error) {
 	if cfg == nil {
 		return c, nil
 	}
-	var opts []vfio.Option
-	if cfg.GPUDriver != "" {
-		opts = append(opts, vfio.WithGPUDriver(cfg.GPUDriver))
+	driver := cfg.GPUDriver
+	if driver == "" {
+		detected, err := vfio.DetectGPUDriver(cfg.FS)
+		if err != nil {
+			return nil, fmt.Errorf("VFIO: %w", err)
+		}
+		driver = detected
+		klog.Background().Info("VFIO driver detected from the GPUs' PCI device IDs", "driver", driver)
 	}
-	b, err := vfio.NewBinder(cfg.FS, cfg.Busy, cfg.Modules, opts...)
+	c.driver = driver
+	b, err := vfio.NewBinder(cfg.FS, cfg.Busy, cfg.Modules, vfio.WithGPUDriver(driver))
 	if err != nil {
 		return nil, fmt.Errorf("VFIO: %w", err)
 	}
@@ -284,6 +295,9 @@ func (c *Configurator) Fallbacks() []preparer.Fallback {
 	}}
 }
 
-func isVFIODriver(name string) bool {
-	return name == vfio.VFIOPCI || name == vfio.NVGraceGPUVFIOPCI
-}
+// GPUDriver returns the VFIO driver GPUs are bound to: the configured
+// one, or the one detected from sysfs; "" when the node passes nothing
+// through.
+func (c *Configurator) GPUDriver() string { return c.driver }
+
+func isVFIODriver(name string) bool { return vfio.IsVFIODriver(name) }
