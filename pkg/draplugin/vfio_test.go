@@ -214,6 +214,39 @@ func TestVFIOGPUStaysPublishedWhileNVMLCannotSeeIt(t *testing.T) {
 	}
 }
 
+// TestVFIORestartWhilePassedThrough: a plugin restarted while one of its
+// passthroughs is in place never saw the GPU through NVML, which no longer
+// lists it; it publishes the GPU from the claim's record (the full GPU and
+// its VFIO device, so nothing else is allocated on it), and Unprepare
+// gives the GPU back to nvidia.
+func TestVFIORestartWhilePassedThrough(t *testing.T) {
+	var fake *fakesysfs.Sysfs
+	h := newHarness(t, withVFIO(t, devicemodel.VFIOBeside, &fake), func(c *draplugin.Config) {
+		c.Hardware = nvmlHidesVFIO{Hardware: c.Hardware, sysfs: fake}
+	})
+	want := h.device("gpu-vfio-3")
+	bdf := *want.Attributes["resource.kubernetes.io/pciBusID"].StringValue
+	claim := h.claim("gpu-vfio-3")
+	h.mustPrepare(claim)
+	h.restart()
+	inv, err := h.cfg.Hardware.Discover(t.Context())
+	if err != nil || len(inv.GPUs) != 7 {
+		t.Fatalf("NVML lists %d GPUs after the restart (%v), want 7: the test would check nothing", len(inv.GPUs), err)
+	}
+	if n := len(h.driver.Devices()); n != 16 {
+		t.Errorf("%d devices after the restart, want 16: the passed-through GPU is published from its record", n)
+	}
+	got := h.device("gpu-vfio-3")
+	if *got.Attributes["uuid"].StringValue != *want.Attributes["uuid"].StringValue || len(got.ConsumesCounters) != 1 {
+		t.Errorf("after the restart gpu-vfio-3 is %+v, want the device published before", got)
+	}
+	h.device("gpu-3")
+	h.mustUnprepare(claim)
+	if b, _ := fake.Binding(bdf); b.Driver != "nvidia" || b.Override != "" {
+		t.Errorf("after unprepare GPU %s: %+v, want nvidia with no override", bdf, b)
+	}
+}
+
 // TestVFIORetryAfterAFailedRollback: the CDI write fails after the group
 // was bound, and giving it back fails too, so the start record stays with
 // the group half given back. The kubelet's retry rolls back first and plans

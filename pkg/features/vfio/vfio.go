@@ -7,9 +7,12 @@ package vfio
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"sync/atomic"
 
 	"k8s.io/klog/v2"
@@ -43,6 +46,11 @@ type Passthrough struct {
 	// say the same at every later Prepare. Empty in records written
 	// before it was kept.
 	DevicePaths []string `json:"devicePaths,omitempty"`
+	// GPUInfo is the GPU as discovery saw it when it was planned: NVML no
+	// longer lists a GPU bound to a VFIO driver, so a plugin restarted
+	// while the GPU is passed through publishes it from here. Nil in
+	// records written before it was kept.
+	GPUInfo *hardware.GPU `json:"gpuInfo,omitempty"`
 }
 
 // Config is what VFIO passthrough needs on this node.
@@ -163,7 +171,8 @@ func (c *Configurator) Plan(_ context.Context, cl *preparer.Claim) (*Record, err
 					name, f.BusID, planned.GPU, f.OriginalDriver, f.OriginalDriverOverride)
 			}
 		}
-		rec.Devices = append(rec.Devices, Passthrough{Device: name, Record: planned})
+		gpu := d.Model.GPU
+		rec.Devices = append(rec.Devices, Passthrough{Device: name, Record: planned, GPUInfo: &gpu})
 	}
 	if len(rec.Devices) == 0 {
 		return nil, nil
@@ -240,13 +249,14 @@ func (c *Configurator) Undo(ctx context.Context, _ string, rec *Record) error {
 
 // Publish implements [preparer.Publisher]. It offers the GPUs for
 // passthrough, and puts back into a new inventory the GPUs that claims
-// hold passed through, as the previous publication saw them: NVML stops
-// listing a GPU once it is bound to vfio-pci, but its devices must stay
-// published while the claim holds it (its VFIO device is allocated, and
-// its counters keep the GPU's other devices from being allocated) until
-// Unprepare gives it back. A GPU the plugin never saw before it was bound
-// (a restart while passed through) cannot be put back, and stays out until
-// it is restored.
+// hold passed through: NVML stops listing a GPU once it is bound to
+// vfio-pci, but its devices must stay published while the claim holds it
+// (its VFIO device is allocated, and its counters keep the GPU's other
+// devices from being allocated) until Unprepare gives it back. The GPU is
+// put back as the previous publication saw it or, after a restart, as the
+// claim's record describes it; only a record written by an older plugin,
+// which lacks the description, leaves the GPU out until it is restored,
+// with a notice.
 func (c *Configurator) Publish(in *preparer.PublishInput) {
 	if c.cfg == nil {
 		return
@@ -254,23 +264,55 @@ func (c *Configurator) Publish(in *preparer.PublishInput) {
 	if c.cfg.Mode != devicemodel.VFIOBeside || c.beside.Load() {
 		in.Options = append(in.Options, c.cfg.ModelOption())
 	}
-	if in.State == nil || in.Previous == nil {
+	if in.State == nil {
 		return
 	}
-	held := map[string]bool{}
-	for _, cl := range in.State.Claims {
-		if cl.Records[Name] == nil {
-			continue
-		}
-		for _, d := range cl.Devices {
-			held[d.UUID] = true
-		}
+	listed := func(uuid string) bool {
+		return slices.ContainsFunc(in.Inventory.GPUs, func(n hardware.GPU) bool { return n.UUID == uuid })
 	}
 	var missing []hardware.GPU
-	for _, g := range in.Previous.GPUs {
-		if held[g.UUID] && !slices.ContainsFunc(in.Inventory.GPUs, func(n hardware.GPU) bool { return n.UUID == g.UUID }) {
-			missing = append(missing, g)
+	var undescribed []string
+	for _, uid := range slices.Sorted(maps.Keys(in.State.Claims)) {
+		cl := in.State.Claims[uid]
+		raw := cl.Records[Name]
+		if raw == nil {
+			continue
 		}
+		var rec Record
+		if err := json.Unmarshal(raw, &rec); err != nil {
+			continue // Undo reports a record it cannot read
+		}
+		for _, p := range rec.Devices {
+			uuid := ""
+			for _, d := range cl.Devices {
+				if d.Name == p.Device {
+					uuid = d.UUID
+				}
+			}
+			if uuid == "" || listed(uuid) || slices.ContainsFunc(missing, func(g hardware.GPU) bool { return g.UUID == uuid }) {
+				continue
+			}
+			var prev *hardware.GPU
+			if in.Previous != nil {
+				if i := slices.IndexFunc(in.Previous.GPUs, func(g hardware.GPU) bool { return g.UUID == uuid }); i >= 0 {
+					prev = &in.Previous.GPUs[i]
+				}
+			}
+			switch {
+			case prev != nil:
+				missing = append(missing, *prev)
+			case p.GPUInfo != nil && p.GPUInfo.UUID == uuid:
+				missing = append(missing, *p.GPUInfo)
+			default:
+				undescribed = append(undescribed, fmt.Sprintf("GPU %s (%s, device %s of claim %s)", p.GPU, uuid, p.Device, uid))
+			}
+		}
+	}
+	if len(undescribed) > 0 {
+		in.Notices = append(in.Notices, preparer.Notice{
+			Reason:  "VFIOGPUNotPublished",
+			Message: "passed through by an older plugin whose record does not describe it, so it is not published until Unprepare gives it back: " + strings.Join(undescribed, "; "),
+		})
 	}
 	if len(missing) == 0 {
 		return
