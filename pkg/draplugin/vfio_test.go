@@ -349,3 +349,86 @@ func TestVFIOGraceDetected(t *testing.T) {
 		t.Errorf("after unprepare: %+v, want nvidia with no override", b)
 	}
 }
+
+// setUpBoundFleet is a node whose set-up bound GPU 2 to vfio-pci before
+// the plugin started: NVML lists the other three.
+const setUpBoundFleet = `nodes:
+- name: h100-vfio
+  gpus:
+  - model: H100-SXM5-80GB
+  - model: H100-SXM5-80GB
+  - model: H100-SXM5-80GB
+    boundTo: vfio-pci
+  - model: H100-SXM5-80GB
+`
+
+// TestVFIOGPUBoundAtStart: a GPU the node's set-up bound to vfio-pci is
+// published as a VFIO device only (no CUDA device, no counters), passed
+// through where it is, and left on vfio-pci by Unprepare; without
+// passthrough it is left out with a notice. It is never rebound to nvidia.
+func TestVFIOGPUBoundAtStart(t *testing.T) {
+	t.Run("offered", func(t *testing.T) {
+		var fake *fakesysfs.Sysfs
+		h := newHarness(t, withVFIOOn(t, setUpBoundFleet, "h100-vfio", devicemodel.VFIOBeside, &fake))
+		var names []string
+		for _, d := range h.driver.Devices() {
+			names = append(names, d.Name)
+		}
+		slices.Sort(names)
+		want := []string{"gpu-0", "gpu-1", "gpu-3", "gpu-vfio-0", "gpu-vfio-1", "gpu-vfio-2", "gpu-vfio-3"}
+		if !slices.Equal(names, want) {
+			t.Fatalf("devices %v, want %v", names, want)
+		}
+		v := h.device("gpu-vfio-2")
+		bdf := *v.Attributes["resource.kubernetes.io/pciBusID"].StringValue
+		if b, _ := fake.Binding(bdf); b.Driver != "vfio-pci" {
+			t.Fatalf("GPU %s bound to %q at start, want vfio-pci: the test would check nothing", bdf, b.Driver)
+		}
+		if len(v.ConsumesCounters) != 0 || *v.Attributes[devicemodel.AttrType].StringValue != "vfio" {
+			t.Errorf("gpu-vfio-2: %+v, want a VFIO device without counters", v)
+		}
+		if _, ok := v.Attributes["uuid"]; ok {
+			t.Errorf("gpu-vfio-2 has a uuid attribute, which NVML never told")
+		}
+		claim := h.claim("gpu-vfio-2")
+		h.mustPrepare(claim)
+		if spec := h.specContent(claim); !strings.Contains(spec, "/dev/vfio/22") {
+			t.Errorf("CDI spec lacks the group's node /dev/vfio/22:\n%s", spec)
+		}
+		h.mustUnprepare(claim)
+		if b, _ := fake.Binding(bdf); b.Driver != "vfio-pci" || b.Override != "vfio-pci" {
+			t.Errorf("after unprepare GPU %s is %+v, want vfio-pci as the set-up left it", bdf, b)
+		}
+		h.restart()
+		if len(h.driver.Devices()) != len(want) {
+			t.Errorf("%d devices after a restart, want %d", len(h.driver.Devices()), len(want))
+		}
+	})
+	t.Run("not offered", func(t *testing.T) {
+		var fake *fakesysfs.Sysfs
+		h := newHarness(t, withVFIOOn(t, setUpBoundFleet, "h100-vfio", "", &fake))
+		var names []string
+		for _, d := range h.driver.Devices() {
+			names = append(names, d.Name)
+		}
+		slices.Sort(names)
+		if want := []string{"gpu-0", "gpu-1", "gpu-3"}; !slices.Equal(names, want) {
+			t.Errorf("devices %v, want %v", names, want)
+		}
+		logs := h.logs()
+		for _, want := range []string{"GPUsBoundToVFIO", "bound to a VFIO driver by the node's set-up", "on vfio-pci", "not rebound to nvidia", "--vfio=beside"} {
+			if !strings.Contains(logs, want) {
+				t.Errorf("the plugin does not log %q:\n%s", want, logs)
+			}
+		}
+		bound := 0
+		for _, b := range fake.Bindings() {
+			if b.Driver == "vfio-pci" {
+				bound++
+			}
+		}
+		if bound != 1 {
+			t.Errorf("%d GPUs on vfio-pci, want the one the set-up bound: %+v", bound, fake.Bindings())
+		}
+	})
+}

@@ -55,11 +55,15 @@ func (f *VFIO) Validate() error {
 
 // Config returns the plugin's VFIO config: real sysfs, procfs and modprobe,
 // or for a simulated fleet's node a fake sysfs that models the kernel.
+// With --vfio=off its mode is empty: no GPU is offered for passthrough,
+// but sysfs is still read to name the GPUs the node's set-up bound to a
+// VFIO driver, and to give back those of earlier claims.
 func (f *VFIO) Config(hw *Discovery, fleetNode *simfleet.Node) (*draplugin.VFIOConfig, error) {
+	mode := devicemodel.VFIOMode(f.mode)
 	if f.mode == vfioOff {
-		return nil, nil
+		mode = ""
 	}
-	c := &draplugin.VFIOConfig{Mode: devicemodel.VFIOMode(f.mode), GPUDriver: f.driver, GPUs: f.gpus}
+	c := &draplugin.VFIOConfig{Mode: mode, GPUDriver: f.driver, GPUs: f.gpus}
 	if fleetNode != nil {
 		fake, err := fleetNode.SysfsWithState(hw.SimStateFile(sim.SysfsStateFile))
 		if err != nil {

@@ -19,6 +19,7 @@ import (
 	cdispec "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpudra/gpudra/api/resource/v1beta1"
+	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/preparer"
@@ -57,7 +58,10 @@ type Passthrough struct {
 type Config struct {
 	// Mode is how GPUs are offered for passthrough. With
 	// devicemodel.VFIOBeside and an API server without partitionable
-	// devices, no VFIO device is published (see --vfio=only).
+	// devices, no VFIO device is published (see --vfio=only). Empty
+	// (--vfio=off) offers none: sysfs is read only to name the GPUs the
+	// node's set-up bound to a VFIO driver, which are left out, and to
+	// give back the GPUs of earlier claims' records.
 	Mode devicemodel.VFIOMode
 	// FS is sysfs (vfio.Dir of --sysfs-root on a real node).
 	FS vfio.FS
@@ -155,12 +159,24 @@ func (c *Configurator) Plan(_ context.Context, cl *preparer.Claim) (*Record, err
 			continue
 		}
 		name := d.Model.Name()
-		if c.binder == nil {
+		if c.binder == nil || c.cfg.Mode == "" {
 			return nil, fmt.Errorf("device %s: this node does not pass GPUs through (no --vfio)", name)
 		}
 		planned, err := c.binder.Plan(d.Model.GPU.PCIBusID)
 		if err != nil {
 			return nil, fmt.Errorf("device %s: %w", name, err)
+		}
+		if setUp := d.Model.GPU.VFIODriver; setUp != "" {
+			// Bound by the node's set-up: it stays on its VFIO drivers,
+			// and Undo gives it back to them, never to nvidia.
+			for i := range planned.Functions {
+				if f := &planned.Functions[i]; isVFIODriver(f.OriginalDriver) {
+					f.Driver = f.OriginalDriver
+				}
+			}
+			gpu := d.Model.GPU
+			rec.Devices = append(rec.Devices, Passthrough{Device: name, Record: planned, GPUInfo: &gpu})
+			continue
 		}
 		// A function on a VFIO driver already is not in the state to plan
 		// from: its "original" driver would be the VFIO driver, and the GPU
@@ -256,17 +272,29 @@ func (c *Configurator) Undo(ctx context.Context, _ string, rec *Record) error {
 // put back as the previous publication saw it or, after a restart, as the
 // claim's record describes it; only a record written by an older plugin,
 // which lacks the description, leaves the GPU out until it is restored,
-// with a notice.
+// with a notice. GPUs the node's set-up bound to a VFIO driver before the
+// plugin started are offered as VFIO devices only, or, where passthrough
+// is not offered, left out with a notice; see addSetUpBound.
 func (c *Configurator) Publish(in *preparer.PublishInput) {
 	if c.cfg == nil {
 		return
 	}
-	if c.cfg.Mode != devicemodel.VFIOBeside || c.beside.Load() {
+	offered := c.cfg.Mode != "" && (c.cfg.Mode != devicemodel.VFIOBeside || c.beside.Load())
+	if offered {
 		in.Options = append(in.Options, c.cfg.ModelOption())
 	}
 	if in.State == nil {
+		// Without the records, a GPU gpudra passed through cannot be told
+		// from one the node's set-up did.
 		return
 	}
+	c.keepPassedThrough(in)
+	c.addSetUpBound(in, offered)
+}
+
+// keepPassedThrough puts back into the inventory the GPUs that claims'
+// records hold passed through and NVML no longer lists.
+func (c *Configurator) keepPassedThrough(in *preparer.PublishInput) {
 	listed := func(uuid string) bool {
 		return slices.ContainsFunc(in.Inventory.GPUs, func(n hardware.GPU) bool { return n.UUID == uuid })
 	}
@@ -322,6 +350,76 @@ func (c *Configurator) Publish(in *preparer.PublishInput) {
 	slices.SortStableFunc(out.GPUs, func(a, b hardware.GPU) int { return a.Index - b.Index })
 	in.Inventory = &out
 	klog.Background().V(2).Info("Keeping GPUs passed through with VFIO, which discovery no longer lists", "gpus", len(missing))
+}
+
+// addSetUpBound adds to the inventory the GPUs that the node's set-up
+// bound to a VFIO driver before the plugin started (NVML does not list
+// them; sysfs does), when offered, and otherwise names them in a notice.
+// GPUs that a claim's record holds passed through are gpudra's own, and
+// Publish puts them back as they were. None is ever rebound to nvidia.
+func (c *Configurator) addSetUpBound(in *preparer.PublishInput, offered bool) {
+	gpus, err := vfio.GPUs(c.cfg.FS)
+	if err != nil {
+		in.Notices = append(in.Notices, preparer.Notice{
+			Reason:  ReasonGPUsBoundToVFIO,
+			Message: "cannot tell which GPUs the node's set-up bound to a VFIO driver: " + err.Error(),
+		})
+		return
+	}
+	recorded := recordedBusIDs(in.State)
+	var found []hardware.GPU
+	var lines []string
+	for pos, g := range gpus {
+		if !isVFIODriver(g.Driver) || recorded[g.BusID] ||
+			slices.ContainsFunc(in.Inventory.GPUs, func(n hardware.GPU) bool { return n.PCIBusID == g.BusID }) {
+			continue
+		}
+		line := fmt.Sprintf("GPU %s (PCI device 10de:%s) on %s", g.BusID, g.DeviceID, g.Driver)
+		switch {
+		case !offered:
+			lines = append(lines, line)
+		case slices.ContainsFunc(in.Inventory.GPUs, func(n hardware.GPU) bool { return n.Minor == pos }):
+			lines = append(lines, line+fmt.Sprintf(" (its device name %s would be another GPU's)", devicemodel.VFIOName(pos)))
+		default:
+			found = append(found, hardware.GPU{Index: pos, Minor: pos, PCIBusID: g.BusID, VFIODriver: g.Driver})
+		}
+	}
+	if len(lines) > 0 {
+		msg := "bound to a VFIO driver by the node's set-up, so NVML does not list them; not published, and not rebound to nvidia: " + strings.Join(lines, "; ")
+		if c.cfg.Mode == "" {
+			msg += " (run the plugin with --vfio=beside or --vfio=only to offer them for passthrough)"
+		}
+		in.Notices = append(in.Notices, preparer.Notice{Reason: ReasonGPUsBoundToVFIO, Message: msg, Expected: true})
+	}
+	if len(found) == 0 {
+		return
+	}
+	out := *in.Inventory
+	out.GPUs = append(slices.Clone(in.Inventory.GPUs), found...)
+	in.Inventory = &out
+}
+
+// ReasonGPUsBoundToVFIO is the reason of the notice (and Node event) that
+// names the GPUs the node's set-up bound to a VFIO driver which are not
+// published.
+const ReasonGPUsBoundToVFIO = "GPUsBoundToVFIO"
+
+// recordedBusIDs returns the bus IDs of the GPUs that claims' records hold
+// passed through.
+func recordedBusIDs(state *claimstate.State) map[string]bool {
+	out := map[string]bool{}
+	for _, cl := range state.Claims {
+		var rec Record
+		if raw := cl.Records[Name]; raw == nil || json.Unmarshal(raw, &rec) != nil {
+			continue
+		}
+		for _, p := range rec.Devices {
+			if p.GPUInfo == nil || p.GPUInfo.VFIODriver == "" {
+				out[p.GPU] = true
+			}
+		}
+	}
+	return out
 }
 
 // Fallbacks implements [preparer.FallbackProvider].

@@ -103,6 +103,13 @@ type GPU struct {
 	// MemoryMiB overrides the model's total memory. MIG profile figures
 	// stay the model's.
 	MemoryMiB uint64 `json:"memoryMiB,omitempty"`
+	// BoundTo, if set, is the VFIO driver (vfio-pci or
+	// nvgrace-gpu-vfio-pci) the node's set-up bound the GPU to before the
+	// plugin started, as `driverctl` or vfio-pci.ids= do: NVML does not
+	// list the GPU (the NVML indices of the GPUs after it shift down), and
+	// the node's sysfs shows it bound to that driver, with its
+	// driver_override set to it.
+	BoundTo string `json:"boundTo,omitempty"`
 	// MIGEnabled reports whether MIG mode is on.
 	MIGEnabled bool `json:"migEnabled,omitempty"`
 	// MIGDevices are the MIG devices that exist on the GPU.

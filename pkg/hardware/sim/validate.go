@@ -172,6 +172,11 @@ func (g *GPU) resolve(p *problems, field string, n *Node, i int) {
 		}
 		return
 	}
+	switch g.BoundTo {
+	case "", "vfio-pci", "nvgrace-gpu-vfio-pci":
+	default:
+		p.add(field+".boundTo", "%q: must be vfio-pci or nvgrace-gpu-vfio-pci", g.BoundTo)
+	}
 	if g.Minor == nil {
 		g.Minor = &i
 	} else if *g.Minor < 0 || *g.Minor > maxMinor {
