@@ -149,8 +149,9 @@ type GPU struct {
 	// started; empty for every GPU NVML lists. Such a GPU is known by its
 	// PCI function only: PCIBusID is set; UUID, ProductName, memory and
 	// the rest are unknown; Index and Minor are its position among the
-	// node's NVIDIA GPUs in PCI bus order, as NVIDIA's driver numbers the
-	// VFIO devices of GPUs it does not drive. It is offered for
+	// node's NVIDIA GPUs in PCI bus order (the minor it would have under
+	// nvidia on the usual node, where minors follow bus order), which
+	// names its VFIO device. It is offered for
 	// passthrough only, never as a CUDA device, and never rebound to
 	// nvidia.
 	VFIODriver string `json:"vfioDriver,omitempty"`
