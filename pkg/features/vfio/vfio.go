@@ -135,7 +135,7 @@ func New(cfg *Config) (*Configurator, error) {
 			return nil, fmt.Errorf("VFIO: %w", err)
 		}
 		driver = detected
-		klog.Background().Info("VFIO driver detected from the GPUs' PCI device IDs", "driver", driver)
+		klog.Background().V(1).Info("VFIO driver detected from the GPUs' PCI device IDs", "driver", driver)
 	}
 	c.driver = driver
 	b, err := vfio.NewBinder(cfg.FS, cfg.Busy, cfg.Modules, vfio.WithGPUDriver(driver))
