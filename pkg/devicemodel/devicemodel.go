@@ -232,6 +232,17 @@ func Build(inv *hardware.Inventory, opts ...Option) (*Model, error) {
 		if o.vfioInfo != nil && gpu.PCIBusID != "" {
 			vfio, passthrough = o.vfioInfo(gpu)
 		}
+		if gpu.VFIODriver != "" {
+			// Bound to a VFIO driver by the node's set-up: a VFIO device
+			// or nothing, never a CUDA device, and no counters (no other
+			// device of the GPU exists to keep apart from).
+			if passthrough {
+				if err := m.add(Device{Kind: KindVFIO, API: vfioDevice(&gpu, gpuAttrs, vfio), GPU: gpu}); err != nil {
+					return nil, err
+				}
+			}
+			continue
+		}
 		switchable := o.dynamicMIG && isDynamicMIGCapable(&gpu) && o.modeSwitchOK != nil && o.modeSwitchOK(gpu)
 		whole := !gpu.MIGEnabled || switchable
 		if passthrough && whole && o.vfioMode == VFIOOnly {
@@ -419,11 +430,10 @@ func commonAttributes(inv *hardware.Inventory) (map[resourceapi.QualifiedName]re
 // not read (empty in gpu) is left out, never published empty: a selector
 // on it then fails to match, where "" or 0 could match by mistake.
 func gpuAttributes(gpu hardware.GPU, common map[resourceapi.QualifiedName]resourceapi.DeviceAttribute) (map[resourceapi.QualifiedName]resourceapi.DeviceAttribute, error) {
-	attrs := withAttrs(common, map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-		AttrUUID:        str(gpu.UUID),
-		AttrProductName: str(gpu.ProductName),
-	})
-	for name, v := range map[resourceapi.QualifiedName]string{AttrBrand: gpu.Brand, AttrArchitecture: gpu.Architecture} {
+	attrs := withAttrs(common, nil)
+	// UUID and product name are unknown only for a GPU NVML does not list
+	// (hardware.GPU.VFIODriver).
+	for name, v := range map[resourceapi.QualifiedName]string{AttrUUID: gpu.UUID, AttrProductName: gpu.ProductName, AttrBrand: gpu.Brand, AttrArchitecture: gpu.Architecture} {
 		if v != "" {
 			attrs[name] = str(v)
 		}

@@ -336,3 +336,36 @@ func TestComputeDomainCheckpointLost(t *testing.T) {
 		t.Errorf("domain a's spec after adoption: %v, want %v", got, want)
 	}
 }
+
+// TestComputeDomainWaitsForFabric: a GB200 tray booting with Fabric
+// Manager still registering its GPUs (a fleet whose fabric completes after
+// a delay) publishes no channel, says what it waits for, and publishes
+// channel and daemon within seconds of the registration completing, long
+// before its discovery interval: no error exit, no crash loop.
+func TestComputeDomainWaitsForFabric(t *testing.T) {
+	const fleet = `nodes:
+- name: gb200-boot
+  fabric: {cliqueID: 1, state: InProgress, completesAfter: 500ms}
+  gpus:
+  - model: GB200
+  - model: GB200
+`
+	h := newCDHarnessWith(t, nil, withFleet(t, fleet, "gb200-boot"), func(cfg *draplugin.Config) {
+		cfg.DiscoveryInterval = time.Hour
+	})
+	if n := len(h.driver.Devices()); n != 0 {
+		t.Errorf("%d devices while the fabric registers, want none", n)
+	}
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return len(h.driver.Devices()) == 2, nil
+	})
+	if err != nil {
+		t.Fatalf("devices %d after the fabric completed, want channel-0 and daemon-0 within seconds: %v", len(h.driver.Devices()), err)
+	}
+	logs := h.logs()
+	for _, want := range []string{"NVLinkFabricPending", "waiting for the GPUs' NVLink fabric registration to complete", "GPU 1 (", ") InProgress"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("the plugin does not log %q while it waits:\n%s", want, logs)
+		}
+	}
+}

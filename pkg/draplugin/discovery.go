@@ -23,6 +23,11 @@ import (
 const (
 	minRetryDelay = 2 * time.Second
 	maxRetryDelay = 30 * time.Second
+	// pendingDelay is how often discovery runs while the publication waits
+	// for something that ends by itself (a pending notice: an NVLink
+	// fabric still registering at boot), so that the devices come within
+	// seconds of it, not a discovery interval later.
+	pendingDelay = 2 * time.Second
 )
 
 // discover runs one discovery and, if it succeeds, installs the result.
@@ -113,7 +118,9 @@ func (d *Driver) publish(ctx context.Context) error {
 }
 
 // discoveryLoop discovers the GPUs again and again, republishing when the
-// devices change. While discovery fails it retries with backoff and keeps
+// devices change; while the publication waits for something that ends by
+// itself (a pending notice) it discovers every few seconds. While
+// discovery fails it retries with backoff and keeps
 // the last good devices (an empty pool if there never were any): a transient
 // NVML error must not withdraw devices that running pods hold.
 func (d *Driver) discoveryLoop(ctx context.Context, lastErr error) {
@@ -125,8 +132,11 @@ func (d *Driver) discoveryLoop(ctx context.Context, lastErr error) {
 	d.events.discoveryFailed(logger, lastErr, nil, len(d.current().Model.Devices), delay)
 	for {
 		wait := d.cfg.DiscoveryInterval
-		if lastErr != nil {
+		switch {
+		case lastErr != nil:
 			wait = delay
+		case preparer.HasPending(d.current().Notices):
+			wait = min(pendingDelay, d.cfg.DiscoveryInterval)
 		}
 		rebuild := false
 		select {

@@ -214,6 +214,39 @@ func TestVFIOGPUStaysPublishedWhileNVMLCannotSeeIt(t *testing.T) {
 	}
 }
 
+// TestVFIORestartWhilePassedThrough: a plugin restarted while one of its
+// passthroughs is in place never saw the GPU through NVML, which no longer
+// lists it; it publishes the GPU from the claim's record (the full GPU and
+// its VFIO device, so nothing else is allocated on it), and Unprepare
+// gives the GPU back to nvidia.
+func TestVFIORestartWhilePassedThrough(t *testing.T) {
+	var fake *fakesysfs.Sysfs
+	h := newHarness(t, withVFIO(t, devicemodel.VFIOBeside, &fake), func(c *draplugin.Config) {
+		c.Hardware = nvmlHidesVFIO{Hardware: c.Hardware, sysfs: fake}
+	})
+	want := h.device("gpu-vfio-3")
+	bdf := *want.Attributes["resource.kubernetes.io/pciBusID"].StringValue
+	claim := h.claim("gpu-vfio-3")
+	h.mustPrepare(claim)
+	h.restart()
+	inv, err := h.cfg.Hardware.Discover(t.Context())
+	if err != nil || len(inv.GPUs) != 7 {
+		t.Fatalf("NVML lists %d GPUs after the restart (%v), want 7: the test would check nothing", len(inv.GPUs), err)
+	}
+	if n := len(h.driver.Devices()); n != 16 {
+		t.Errorf("%d devices after the restart, want 16: the passed-through GPU is published from its record", n)
+	}
+	got := h.device("gpu-vfio-3")
+	if *got.Attributes["uuid"].StringValue != *want.Attributes["uuid"].StringValue || len(got.ConsumesCounters) != 1 {
+		t.Errorf("after the restart gpu-vfio-3 is %+v, want the device published before", got)
+	}
+	h.device("gpu-3")
+	h.mustUnprepare(claim)
+	if b, _ := fake.Binding(bdf); b.Driver != "nvidia" || b.Override != "" {
+		t.Errorf("after unprepare GPU %s: %+v, want nvidia with no override", bdf, b)
+	}
+}
+
 // TestVFIORetryAfterAFailedRollback: the CDI write fails after the group
 // was bound, and giving it back fails too, so the start record stays with
 // the group half given back. The kubelet's retry rolls back first and plans
@@ -270,4 +303,132 @@ func TestVFIOSpecRepairedWhileBound(t *testing.T) {
 		t.Errorf("repaired spec differs:\n%s\nwant\n%s", after, before)
 	}
 	h.mustUnprepare(c)
+}
+
+// withVFIOOn runs the plugin on a node of a fleet (a built-in one or YAML)
+// with passthrough over the node's fake sysfs and the VFIO driver left to
+// detection.
+func withVFIOOn(tb testing.TB, fleetNameOrYAML, node string, mode devicemodel.VFIOMode, fake **fakesysfs.Sysfs) func(*draplugin.Config) {
+	return func(cfg *draplugin.Config) {
+		tb.Helper()
+		withFleet(tb, fleetNameOrYAML, node)(cfg)
+		fleet, err := simfleet.Load(fleetNameOrYAML)
+		if err != nil {
+			fleet, err = simfleet.Parse([]byte(fleetNameOrYAML), "test")
+		}
+		if err != nil {
+			tb.Fatal(err)
+		}
+		n, err := fleet.Node(node)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		s, err := n.Sysfs()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		*fake = s
+		cfg.VFIO = &draplugin.VFIOConfig{Mode: mode, FS: s, Busy: s, Modules: s}
+	}
+}
+
+// TestVFIOGraceDetected: on a GH200 node, without --vfio-driver, a GPU is
+// passed through with nvgrace-gpu-vfio-pci (the driver the kernel matches
+// GH200's device ID with) and given back to nvidia.
+func TestVFIOGraceDetected(t *testing.T) {
+	var fake *fakesysfs.Sysfs
+	h := newHarness(t, withVFIOOn(t, "gh200-nvl32", "gh200-nvl32-00", devicemodel.VFIOBeside, &fake))
+	bdf := *h.device("gpu-vfio-0").Attributes["resource.kubernetes.io/pciBusID"].StringValue
+	claim := h.claim("gpu-vfio-0")
+	h.mustPrepare(claim)
+	if b, _ := fake.Binding(bdf); b.Driver != "nvgrace-gpu-vfio-pci" {
+		t.Errorf("GH200 passed through with %q, want nvgrace-gpu-vfio-pci", b.Driver)
+	}
+	h.mustUnprepare(claim)
+	if b, _ := fake.Binding(bdf); b.Driver != "nvidia" || b.Override != "" {
+		t.Errorf("after unprepare: %+v, want nvidia with no override", b)
+	}
+}
+
+// setUpBoundFleet is a node whose set-up bound GPU 2 to vfio-pci before
+// the plugin started: NVML lists the other three.
+const setUpBoundFleet = `nodes:
+- name: h100-vfio
+  gpus:
+  - model: H100-SXM5-80GB
+  - model: H100-SXM5-80GB
+  - model: H100-SXM5-80GB
+    boundTo: vfio-pci
+  - model: H100-SXM5-80GB
+`
+
+// TestVFIOGPUBoundAtStart: a GPU the node's set-up bound to vfio-pci is
+// published as a VFIO device only (no CUDA device, no counters), passed
+// through where it is, and left on vfio-pci by Unprepare; without
+// passthrough it is left out with a notice. It is never rebound to nvidia.
+func TestVFIOGPUBoundAtStart(t *testing.T) {
+	t.Run("offered", func(t *testing.T) {
+		var fake *fakesysfs.Sysfs
+		h := newHarness(t, withVFIOOn(t, setUpBoundFleet, "h100-vfio", devicemodel.VFIOBeside, &fake))
+		var names []string
+		for _, d := range h.driver.Devices() {
+			names = append(names, d.Name)
+		}
+		slices.Sort(names)
+		want := []string{"gpu-0", "gpu-1", "gpu-3", "gpu-vfio-0", "gpu-vfio-1", "gpu-vfio-2", "gpu-vfio-3"}
+		if !slices.Equal(names, want) {
+			t.Fatalf("devices %v, want %v", names, want)
+		}
+		v := h.device("gpu-vfio-2")
+		bdf := *v.Attributes["resource.kubernetes.io/pciBusID"].StringValue
+		if b, _ := fake.Binding(bdf); b.Driver != "vfio-pci" {
+			t.Fatalf("GPU %s bound to %q at start, want vfio-pci: the test would check nothing", bdf, b.Driver)
+		}
+		if len(v.ConsumesCounters) != 0 || *v.Attributes[devicemodel.AttrType].StringValue != "vfio" {
+			t.Errorf("gpu-vfio-2: %+v, want a VFIO device without counters", v)
+		}
+		if _, ok := v.Attributes["uuid"]; ok {
+			t.Errorf("gpu-vfio-2 has a uuid attribute, which NVML never told")
+		}
+		claim := h.claim("gpu-vfio-2")
+		h.mustPrepare(claim)
+		if spec := h.specContent(claim); !strings.Contains(spec, "/dev/vfio/22") {
+			t.Errorf("CDI spec lacks the group's node /dev/vfio/22:\n%s", spec)
+		}
+		h.mustUnprepare(claim)
+		if b, _ := fake.Binding(bdf); b.Driver != "vfio-pci" || b.Override != "vfio-pci" {
+			t.Errorf("after unprepare GPU %s is %+v, want vfio-pci as the set-up left it", bdf, b)
+		}
+		h.restart()
+		if len(h.driver.Devices()) != len(want) {
+			t.Errorf("%d devices after a restart, want %d", len(h.driver.Devices()), len(want))
+		}
+	})
+	t.Run("not offered", func(t *testing.T) {
+		var fake *fakesysfs.Sysfs
+		h := newHarness(t, withVFIOOn(t, setUpBoundFleet, "h100-vfio", "", &fake))
+		var names []string
+		for _, d := range h.driver.Devices() {
+			names = append(names, d.Name)
+		}
+		slices.Sort(names)
+		if want := []string{"gpu-0", "gpu-1", "gpu-3"}; !slices.Equal(names, want) {
+			t.Errorf("devices %v, want %v", names, want)
+		}
+		logs := h.logs()
+		for _, want := range []string{"GPUsBoundToVFIO", "bound to a VFIO driver by the node's set-up", "on vfio-pci", "not rebound to nvidia", "--vfio=beside"} {
+			if !strings.Contains(logs, want) {
+				t.Errorf("the plugin does not log %q:\n%s", want, logs)
+			}
+		}
+		bound := 0
+		for _, b := range fake.Bindings() {
+			if b.Driver == "vfio-pci" {
+				bound++
+			}
+		}
+		if bound != 1 {
+			t.Errorf("%d GPUs on vfio-pci, want the one the set-up bound: %+v", bound, fake.Bindings())
+		}
+	})
 }

@@ -143,6 +143,18 @@ type GPU struct {
 	// (nvmlDeviceGetGpuFabricInfo); nil when the GPU or its driver has no
 	// such fabric.
 	Fabric *Fabric `json:"fabric,omitempty"`
+	// VFIODriver is the VFIO driver (vfio-pci, nvgrace-gpu-vfio-pci) the
+	// GPU was found bound to in sysfs, for a GPU NVML does not list
+	// because the node's set-up passed it through before the plugin
+	// started; empty for every GPU NVML lists. Such a GPU is known by its
+	// PCI function only: PCIBusID is set; UUID, ProductName, memory and
+	// the rest are unknown; Index and Minor are its position among the
+	// node's NVIDIA GPUs in PCI bus order (the minor it would have under
+	// nvidia on the usual node, where minors follow bus order), which
+	// names its VFIO device. It is offered for
+	// passthrough only, never as a CUDA device, and never rebound to
+	// nvidia.
+	VFIODriver string `json:"vfioDriver,omitempty"`
 	// Unread are the properties discovery could not read, in the order it
 	// read them; empty when it read them all. What identifies a GPU (UUID,
 	// minor, name) is never unread: a GPU without it is left out instead,
@@ -237,6 +249,14 @@ type Fabric struct {
 // multi-node NVLink fabric, without error.
 func (f *Fabric) Attached() bool {
 	return f != nil && f.State == FabricCompleted && f.Status == "" && f.ClusterUUID != ""
+}
+
+// Registering reports whether the GPU's registration with the NVLink
+// fabric has not finished yet (NotStarted or InProgress): at boot, Fabric
+// Manager may still be starting. It finishes by itself, unlike a failed
+// registration or a state NVML could not answer.
+func (f *Fabric) Registering() bool {
+	return f != nil && (f.State == FabricNotStarted || f.State == FabricInProgress)
 }
 
 // MIGDevice returns the MIG device with the UUID, nil when the inventory

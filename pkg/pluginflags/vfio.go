@@ -31,7 +31,7 @@ type VFIO struct {
 func (f *VFIO) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&f.mode, "vfio", vfioBeside, fmt.Sprintf("VFIO passthrough of GPUs with an IOMMU group, one of [%s %s %s]: %s publishes gpu-vfio-<minor> devices beside the CUDA devices, kept apart by shared counters (needs partitionable devices; without them no VFIO device is published); %s offers the GPUs of --vfio-gpus for passthrough alone, without their CUDA devices; %s publishes none", vfioBeside, vfioOnly, vfioOff, vfioBeside, vfioOnly, vfioOff))
 	fs.IntSliceVar(&f.gpus, "vfio-gpus", nil, "minors of the GPUs offered for passthrough (default: every GPU with an IOMMU group)")
-	fs.StringVar(&f.driver, "vfio-driver", vfio.VFIOPCI, fmt.Sprintf("the VFIO driver GPUs are bound to, one of [%s %s] (the latter on Grace Hopper and Grace Blackwell)", vfio.VFIOPCI, vfio.NVGraceGPUVFIOPCI))
+	fs.StringVar(&f.driver, "vfio-driver", "", fmt.Sprintf("the VFIO driver GPUs are bound to, one of [%s %s] (the latter on Grace Hopper and Grace Blackwell); default: %s when a GPU's PCI device ID is one %s claims (GH200, GB200), else %s", vfio.VFIOPCI, vfio.NVGraceGPUVFIOPCI, vfio.NVGraceGPUVFIOPCI, vfio.NVGraceGPUVFIOPCI, vfio.VFIOPCI))
 }
 
 // Validate checks the flags and cleans their paths.
@@ -39,7 +39,7 @@ func (f *VFIO) Validate() error {
 	if !slices.Contains([]string{vfioBeside, vfioOnly, vfioOff}, f.mode) {
 		return fmt.Errorf("--vfio %q: must be one of [%s %s %s]", f.mode, vfioBeside, vfioOnly, vfioOff)
 	}
-	if f.driver != vfio.VFIOPCI && f.driver != vfio.NVGraceGPUVFIOPCI {
+	if f.driver != "" && !vfio.IsVFIODriver(f.driver) {
 		return fmt.Errorf("--vfio-driver %q: must be one of [%s %s]", f.driver, vfio.VFIOPCI, vfio.NVGraceGPUVFIOPCI)
 	}
 	for i, minor := range f.gpus {
@@ -55,11 +55,15 @@ func (f *VFIO) Validate() error {
 
 // Config returns the plugin's VFIO config: real sysfs, procfs and modprobe,
 // or for a simulated fleet's node a fake sysfs that models the kernel.
+// With --vfio=off its mode is empty: no GPU is offered for passthrough,
+// but sysfs is still read to name the GPUs the node's set-up bound to a
+// VFIO driver, and to give back those of earlier claims.
 func (f *VFIO) Config(hw *Discovery, fleetNode *simfleet.Node) (*draplugin.VFIOConfig, error) {
+	mode := devicemodel.VFIOMode(f.mode)
 	if f.mode == vfioOff {
-		return nil, nil
+		mode = ""
 	}
-	c := &draplugin.VFIOConfig{Mode: devicemodel.VFIOMode(f.mode), GPUDriver: f.driver, GPUs: f.gpus}
+	c := &draplugin.VFIOConfig{Mode: mode, GPUDriver: f.driver, GPUs: f.gpus}
 	if fleetNode != nil {
 		fake, err := fleetNode.SysfsWithState(hw.SimStateFile(sim.SysfsStateFile))
 		if err != nil {

@@ -45,6 +45,22 @@ type Notice struct {
 	// cannot join a ComputeDomain, and a cluster of such nodes should not
 	// see an error for each of them every discovery interval.
 	Expected bool
+	// Pending marks an absence that ends by itself soon, such as an NVLink
+	// fabric whose registration is still in progress at boot: while a
+	// publication has a pending notice, the plugin discovers again every
+	// few seconds instead of at its discovery interval, so the devices are
+	// published promptly once the wait is over.
+	Pending bool
+}
+
+// HasPending reports whether any of notices is [Notice].Pending.
+func HasPending(notices []Notice) bool {
+	for _, n := range notices {
+		if n.Pending {
+			return true
+		}
+	}
+	return false
 }
 
 // Fallback is a publishing choice that needs an API feature: when the API

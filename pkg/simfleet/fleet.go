@@ -24,6 +24,7 @@
 //	    pcieRoot: "pci0000:15"      # optional, pairs of GPUs share a root; unknown: cannot be read
 //	    numaNode: 3                 # optional, from the model's usual system; -1: none
 //	    memoryMiB: 81559            # optional, the model's figure
+//	    boundTo: vfio-pci           # optional: bound to vfio-pci (or nvgrace-gpu-vfio-pci) at start; NVML does not list it
 //	    migEnabled: true
 //	    migDevices:                 # MIG devices that exist
 //	    - profile: 1g.10gb
@@ -49,6 +50,7 @@
 //	    cliqueID: 1                 # the NVLink partition
 //	    clusterUUID: ...            # optional, default sim.DefaultClusterUUID
 //	    state: Completed            # optional: NotStarted, InProgress, Completed (default)
+//	    completesAfter: 20s         # optional, with NotStarted or InProgress: Completed that long after the plugin starts
 //	    status: ""                  # optional: a registration error (with Completed)
 //
 // Everything derived is deterministic, so two loads of a fleet describe the

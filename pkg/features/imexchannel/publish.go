@@ -2,6 +2,7 @@ package imexchannel
 
 import (
 	"fmt"
+	"strings"
 	"sync/atomic"
 
 	"github.com/gpudra/gpudra/pkg/devicemodel"
@@ -37,13 +38,25 @@ func NewPublisher(shared bool) *Publisher {
 // pool, and the operator hears why: without IMEX channels in the GPU
 // driver, without a GPU in a multi-node NVLink clique, or with GPUs that
 // disagree about their clique or are not registered with the fabric. A
-// node whose fabric comes up later publishes its devices at the next
-// discovery.
+// node whose GPUs are still registering with the fabric (Fabric Manager
+// starting at boot) waits: its notice is pending, names each GPU's state,
+// and the devices are published at the first discovery that finds the
+// registration completed.
 func (p *Publisher) Publish(in *preparer.PublishInput) {
 	if in.Inventory == nil || in.Inventory.Majors.IMEXChannels == 0 {
 		in.Notices = append(in.Notices, preparer.Notice{
 			Reason:  "IMEXChannelsUnavailable",
 			Message: "no nvidia-caps-imex-channels in /proc/devices: the GPU driver offers no IMEX channels, so this node publishes no channel or daemon devices",
+		})
+		return
+	}
+	if waiting := registering(in.Inventory); len(waiting) > 0 {
+		in.Notices = append(in.Notices, preparer.Notice{
+			Reason: ReasonFabricPending,
+			Message: fmt.Sprintf("no channel or daemon devices published yet: waiting for the GPUs' NVLink fabric registration to complete (Fabric Manager may still be starting): %s",
+				strings.Join(waiting, ", ")),
+			Expected: true,
+			Pending:  true,
 		})
 		return
 	}
@@ -58,6 +71,22 @@ func (p *Publisher) Publish(in *preparer.PublishInput) {
 			Expected: true,
 		})
 	}
+}
+
+// ReasonFabricPending is the reason of the notice (and Node event) of a
+// node that waits for its GPUs' NVLink fabric registration to complete.
+const ReasonFabricPending = "NVLinkFabricPending"
+
+// registering names the GPUs of inv whose fabric registration has not
+// finished, with their state: "GPU 0 (GPU-...) InProgress".
+func registering(inv *hardware.Inventory) []string {
+	var out []string
+	for _, g := range inv.GPUs {
+		if g.Fabric.Registering() {
+			out = append(out, fmt.Sprintf("GPU %d (%s) %s", g.Index, g.UUID, g.Fabric.State))
+		}
+	}
+	return out
 }
 
 // Build builds the channel driver's devices. A node that cannot join a

@@ -62,6 +62,8 @@ func TestPublishOnlyWhereNodeCanJoinDomain(t *testing.T) {
 		mentioning string
 		// expected: the notice is what the hardware implies, no problem.
 		expected bool
+		// pending: the wait ends by itself; the plugin discovers sooner.
+		pending bool
 	}{
 		{name: "GB200 tray in a clique", inv: gb200, devices: []string{"channel-0", "daemon-0"}},
 		{name: "H100 without a fabric", inv: h100, reason: "NoNVLinkFabric", mentioning: "cannot join a ComputeDomain", expected: true},
@@ -80,7 +82,17 @@ func TestPublishOnlyWhereNodeCanJoinDomain(t *testing.T) {
 			f := attached
 			f.State = hardware.FabricInProgress
 			return &f
-		}), reason: "NVLinkCliqueUnknown", mentioning: "registration not finished"},
+		}), reason: "NVLinkFabricPending", mentioning: "GPU 0 (" + gb200.GPUs[0].UUID + ") InProgress", expected: true, pending: true},
+		{name: "registration not started on one GPU", inv: withFabric(gb200, func(i int) *hardware.Fabric {
+			f := attached
+			if i == 1 {
+				f.State = hardware.FabricNotStarted
+			}
+			return &f
+		}), reason: "NVLinkFabricPending", mentioning: "fabric registration to complete (Fabric Manager may still be starting): GPU 1 (" + gb200.GPUs[1].UUID + ") NotStarted", expected: true, pending: true},
+		{name: "registration state unknown", inv: withFabric(gb200, func(int) *hardware.Fabric {
+			return &hardware.Fabric{State: hardware.FabricUnknown, Status: "nvmlDeviceGetGpuFabricInfo: ERROR_UNKNOWN"}
+		}), reason: "NVLinkCliqueUnknown", mentioning: "fabric state unknown"},
 		{name: "GPUs in two cliques", inv: withFabric(gb200, func(i int) *hardware.Fabric {
 			f := attached
 			f.CliqueID = uint32(1 + i%2)
@@ -112,6 +124,9 @@ func TestPublishOnlyWhereNodeCanJoinDomain(t *testing.T) {
 			}
 			if len(pub.Notices) == 1 && pub.Notices[0].Expected != tc.expected {
 				t.Errorf("notice %s: Expected is %v, want %v", tc.reason, pub.Notices[0].Expected, tc.expected)
+			}
+			if len(pub.Notices) == 1 && pub.Notices[0].Pending != tc.pending {
+				t.Errorf("notice %s: Pending is %v, want %v", tc.reason, pub.Notices[0].Pending, tc.pending)
 			}
 		})
 	}

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpudra/gpudra/pkg/hardware"
 	"github.com/gpudra/gpudra/pkg/hardware/sim"
@@ -141,5 +142,54 @@ func TestFabricStates(t *testing.T) {
 				t.Errorf("CliqueID() = %q, %v; want an error containing %q", clique, err, tc.cliqueErr)
 			}
 		})
+	}
+}
+
+// TestFabricCompletesAfter: a registration still in progress when the node
+// boots (Fabric Manager starting) reports InProgress until completesAfter
+// has passed since the hardware was created, then Completed, in the node's
+// clique.
+func TestFabricCompletesAfter(t *testing.T) {
+	f, err := simfleet.Parse([]byte("nodes:\n- name: node-a\n  fabric: {cliqueID: 7, state: InProgress, completesAfter: 300ms}\n  gpus:\n  - model: GB200\n  - model: GB200\n"), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hw := f.Nodes[0].Hardware()
+	state := func() hardware.FabricState {
+		t.Helper()
+		inv, err := hw.Discover(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, g := range inv.GPUs[1:] {
+			if g.Fabric.State != inv.GPUs[0].Fabric.State {
+				t.Errorf("GPU %d in state %s, GPU 0 in %s: one node's GPUs register together", g.Index, g.Fabric.State, inv.GPUs[0].Fabric.State)
+			}
+		}
+		return inv.GPUs[0].Fabric.State
+	}
+	if s := state(); s != hardware.FabricInProgress {
+		t.Fatalf("at boot: state %s, want InProgress", s)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if s := state(); s != hardware.FabricCompleted {
+		t.Fatalf("after completesAfter: state %s, want Completed", s)
+	}
+	if again := f.Nodes[0].Hardware(); again != nil {
+		inv, err := again.Discover(context.Background())
+		if err != nil || inv.GPUs[0].Fabric.State != hardware.FabricInProgress {
+			t.Errorf("a new hardware (a reboot): %v, %+v; want InProgress again", err, inv)
+		}
+	}
+
+	for fabric, want := range map[string]string{
+		"{cliqueID: 7, completesAfter: 20s}":                       "fabric.completesAfter: needs state NotStarted or InProgress",
+		"{cliqueID: 7, state: NotStarted, completesAfter: -1s}":    "must be a positive duration",
+		"{cliqueID: 7, state: NotStarted, completesAfter: twenty}": `invalid duration "twenty"`,
+	} {
+		_, err := simfleet.Parse([]byte("nodes:\n- name: node-a\n  fabric: "+fabric+"\n  gpus:\n  - model: GB200\n"), "test")
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("fabric %s: %v, want an error containing %q", fabric, err, want)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
@@ -33,7 +34,9 @@ type fakeDevice struct {
 }
 
 // GetGpuFabricInfo implements nvml.Device: the node's fabric, or
-// ERROR_NOT_SUPPORTED as a GPU without one answers.
+// ERROR_NOT_SUPPORTED as a GPU without one answers. A registration that
+// completes after a delay reports Completed once the delay has passed
+// since the fake was built.
 func (d *fakeDevice) GetGpuFabricInfo() (nvml.GpuFabricInfo, nvml.Return) {
 	if ret := d.hit("nvmlDeviceGetGpuFabricInfo"); ret != nvml.SUCCESS {
 		return nvml.GpuFabricInfo{}, ret
@@ -42,7 +45,11 @@ func (d *fakeDevice) GetGpuFabricInfo() (nvml.GpuFabricInfo, nvml.Return) {
 		return nvml.GpuFabricInfo{}, nvml.ERROR_NOT_SUPPORTED
 	}
 	info := nvml.GpuFabricInfo{CliqueId: d.fabric.CliqueID, Status: uint32(nvml.SUCCESS)}
-	switch hardware.FabricState(d.fabric.State) {
+	state := hardware.FabricState(d.fabric.State)
+	if after := d.fabric.CompletesAfter; after != nil && time.Since(d.nv.booted) >= after.Duration {
+		state = hardware.FabricCompleted
+	}
+	switch state {
 	case hardware.FabricNotStarted:
 		info.State = nvml.GPU_FABRIC_STATE_NOT_STARTED
 	case hardware.FabricInProgress:

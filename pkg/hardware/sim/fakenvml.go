@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
@@ -42,6 +43,9 @@ type fakeNVML struct {
 	// it, lastState is what this process last read or wrote of it.
 	stateFile string
 	lastState []byte
+	// booted is when the fake was built: the simulated node's boot, from
+	// which a fabric's completesAfter counts.
+	booted time.Time
 
 	mu sync.Mutex
 	// created counts the compute instances created, which makes the
@@ -58,11 +62,15 @@ func newFakeNVML(n *Node, opts ...HardwareOption) *fakeNVML {
 	f := &fakeNVML{
 		faults: o.faults, health: o.health, node: n.Name, minorsAfterSwitch: o.minorsAfterSwitch, stateFile: o.stateFile,
 		driverVersion: n.DriverVersion, cudaVersion: cudaVersionInt(n.CUDADriverVersion),
+		booted: time.Now(),
 	}
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
+		if g.BoundTo != "" {
+			continue // NVML does not see a GPU bound to a VFIO driver
+		}
 		d := &fakeDevice{
-			nv: f, index: i, minor: *g.Minor, uuid: g.UUID, model: models[g.Model], busID: g.PCIBusID,
+			nv: f, index: len(f.devices), minor: *g.Minor, uuid: g.UUID, model: models[g.Model], busID: g.PCIBusID,
 			memoryBytes: g.MemoryMiB * 1024 * 1024, migEnabled: g.MIGEnabled, migPending: g.MIGEnabled,
 			fabric: n.Fabric, unanswered: unanswered(g.NVMLErrors),
 		}

@@ -16,6 +16,8 @@ package sim
 import (
 	"crypto/sha1"
 	"fmt"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // Defaults for the driver versions a node reports.
@@ -63,6 +65,12 @@ type Fabric struct {
 	CliqueID uint32 `json:"cliqueID"`
 	// State is NotStarted, InProgress or Completed (the default).
 	State string `json:"state,omitempty"`
+	// CompletesAfter, with state NotStarted or InProgress, completes the
+	// registration that long after the node's hardware was created (the
+	// plugin's start, as after a boot with Fabric Manager still starting):
+	// from then on the GPUs report state Completed. Without it the state
+	// never changes.
+	CompletesAfter *metav1.Duration `json:"completesAfter,omitempty"`
 	// Status, with state Completed, is a registration error NVML reports
 	// (an NVML error string such as "Unknown Error"); empty means none.
 	Status string `json:"status,omitempty"`
@@ -95,6 +103,13 @@ type GPU struct {
 	// MemoryMiB overrides the model's total memory. MIG profile figures
 	// stay the model's.
 	MemoryMiB uint64 `json:"memoryMiB,omitempty"`
+	// BoundTo, if set, is the VFIO driver (vfio-pci or
+	// nvgrace-gpu-vfio-pci) the node's set-up bound the GPU to before the
+	// plugin started, as `driverctl` or vfio-pci.ids= do: NVML does not
+	// list the GPU (the NVML indices of the GPUs after it shift down), and
+	// the node's sysfs shows it bound to that driver, with its
+	// driver_override set to it.
+	BoundTo string `json:"boundTo,omitempty"`
 	// MIGEnabled reports whether MIG mode is on.
 	MIGEnabled bool `json:"migEnabled,omitempty"`
 	// MIGDevices are the MIG devices that exist on the GPU.

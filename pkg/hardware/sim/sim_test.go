@@ -356,3 +356,34 @@ nodes:
 		t.Errorf("the first compute instance of a GPU instance does not carry the fleet's UUID: %+v", inv.Problems)
 	}
 }
+
+// TestBoundToVFIO: a GPU the fleet file marks bound to vfio-pci at start
+// is not listed by NVML (the indices after it shift, the minors stay), and
+// the node's sysfs shows it bound to vfio-pci with driver_override set.
+func TestBoundToVFIO(t *testing.T) {
+	f, err := simfleet.Parse([]byte("nodes:\n- name: node-b\n  gpus:\n  - model: H100-SXM5-80GB\n  - model: H100-SXM5-80GB\n    boundTo: vfio-pci\n  - model: H100-SXM5-80GB\n"), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := f.Nodes[0]
+	inv, err := n.Hardware().Discover(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(inv.GPUs) != 2 || inv.GPUs[1].Index != 1 || inv.GPUs[1].Minor != 2 {
+		t.Fatalf("NVML lists %+v, want GPUs of minors 0 and 2 at indices 0 and 1", inv.GPUs)
+	}
+	fs, err := n.Sysfs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := fs.Binding(n.GPUs[1].PCIBusID); b.Driver != "vfio-pci" || b.Override != "vfio-pci" {
+		t.Errorf("GPU 1 in sysfs: %+v, want vfio-pci with driver_override vfio-pci", b)
+	}
+	if b, _ := fs.Binding(n.GPUs[0].PCIBusID); b.Driver != "nvidia" {
+		t.Errorf("GPU 0 in sysfs: %+v, want nvidia", b)
+	}
+	if _, err := simfleet.Parse([]byte("nodes:\n- name: node-b\n  gpus:\n  - model: H100-SXM5-80GB\n    boundTo: nouveau\n"), "test"); err == nil || !strings.Contains(err.Error(), "gpus[0].boundTo") {
+		t.Errorf("boundTo nouveau: %v, want an error naming gpus[0].boundTo", err)
+	}
+}

@@ -13,8 +13,9 @@ import (
 const firstIOMMUGroup = 20
 
 // Sysfs returns a fake sysfs of the node's PCI side, for VFIO passthrough:
-// each GPU a function bound to nvidia, alone in its IOMMU group, with
-// vfio-pci available as a module and iommufd offered. Each call starts
+// each GPU a function bound to nvidia (or to the VFIO driver its boundTo
+// names), alone in its IOMMU group, with vfio-pci available as a module
+// and iommufd offered. Each call starts
 // from the node's description.
 func (n *Node) Sysfs() (*fakesysfs.Sysfs, error) {
 	return n.sysfs("")
@@ -46,10 +47,17 @@ func (n *Node) sysfs(stateFile string) (*fakesysfs.Sysfs, error) {
 			return nil, fmt.Errorf("simulated node %q: GPU %d: no PCI device ID for model %s", n.Name, i, g.Model)
 		}
 		device := fmt.Sprintf("%04x", m.PCIDeviceID>>16)
-		b.Function(fakesysfs.Function{
+		f := fakesysfs.Function{
 			BusID: g.PCIBusID, Vendor: fakesysfs.NVIDIAVendor, Device: device,
 			Class: "030200", IOMMUGroup: firstIOMMUGroup + i, Driver: "nvidia",
-		})
+		}
+		if g.BoundTo != "" {
+			// Bound by the node's set-up: the driver is loaded and
+			// driver_override names it.
+			f.Driver, f.DriverOverride = g.BoundTo, g.BoundTo
+			b.Driver(fakesysfs.Driver{Name: g.BoundTo, VFIO: true, Loaded: true})
+		}
+		b.Function(f)
 	}
 	return b.Build()
 }

@@ -127,6 +127,14 @@ func (n *Node) resolve(p *problems) {
 		if f.Status != "" && f.State != string(hardware.FabricCompleted) {
 			p.add("fabric.status", "a registration error needs state Completed (NVML reports status only then)")
 		}
+		if f.CompletesAfter != nil {
+			switch {
+			case f.State == string(hardware.FabricCompleted):
+				p.add("fabric.completesAfter", "needs state NotStarted or InProgress (a registration that has not completed yet)")
+			case f.CompletesAfter.Duration <= 0:
+				p.add("fabric.completesAfter", "%s: must be a positive duration such as 20s", f.CompletesAfter.Duration)
+			}
+		}
 	}
 
 	minors := map[int]int{}
@@ -163,6 +171,11 @@ func (g *GPU) resolve(p *problems, field string, n *Node, i int) {
 			p.add(field+".model", "unknown model %q (known models: %s)", g.Model, strings.Join(ModelNames(), ", "))
 		}
 		return
+	}
+	switch g.BoundTo {
+	case "", "vfio-pci", "nvgrace-gpu-vfio-pci":
+	default:
+		p.add(field+".boundTo", "%q: must be vfio-pci or nvgrace-gpu-vfio-pci", g.BoundTo)
 	}
 	if g.Minor == nil {
 		g.Minor = &i

@@ -197,9 +197,14 @@ func (s *Sysfs) addFunction(f Function) error {
 		d.sriovVFs = &n
 	}
 	s.devices[f.BusID] = d
-	// The override is set after the bind, the only order in which it can
-	// name another driver than the bound one.
-	defer func() { d.override = f.DriverOverride }()
+	// An override naming the bound driver is set before the bind, as a
+	// node's set-up does (driverctl: driver_override, then drivers_probe);
+	// one naming another driver after it, the only order in which it can.
+	if f.DriverOverride == f.Driver {
+		d.override = f.DriverOverride
+	} else {
+		defer func() { d.override = f.DriverOverride }()
+	}
 	if f.Driver == "" {
 		return nil
 	}

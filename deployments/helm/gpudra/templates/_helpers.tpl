@@ -86,7 +86,9 @@ against the binary's own flag set.
 - --sharing={{ $p.sharing }}
 - --sharing-default={{ $p.sharingDefault }}
 - --vfio={{ $p.vfio }}
-- --vfio-driver={{ $p.vfioDriver }}
+{{- with $p.vfioDriver }}
+- --vfio-driver={{ . }}
+{{- end }}
 {{- with $p.vfioGPUs }}
 - --vfio-gpus={{ join "," . }}
 {{- end }}
