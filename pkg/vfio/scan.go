@@ -19,8 +19,9 @@ const NVIDIAVendor = "10de"
 var graceGPUDeviceIDs = []string{
 	"2342", // GH200 120GB
 	"2345", // GH200 480GB
-	"2348", // GH200 144GB HBM3e
+	"2348", // GH200 SKU
 	"2941", // GB200
+	"31c2", // GB300 (Linux 6.18)
 }
 
 // GraceGPU reports whether a PCI function of NVIDIA with device ID
