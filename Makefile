@@ -21,7 +21,7 @@ LDFLAGS := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).commit=$(COMMI
 IMAGE ?= ghcr.io/gpudra/gpudra:$(VERSION)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
-.PHONY: demo inspect test lint tidy-check generate verify-generate test-race-e2e test-real-node build image bench bench-prepare fuzz load chaos chaos-real chart-files
+.PHONY: demo inspect test lint tidy-check generate verify-generate test-race-e2e test-real-node build image bench bench-prepare bench-rss fuzz load chaos chaos-real chart-files
 
 # The local cluster: a real control plane with simulated GPU nodes, running
 # every example, and the fleet's first node real where the machine allows
@@ -172,6 +172,14 @@ bench:
 bench-prepare:
 	$(GO) test -run '^$$' -bench 'BenchmarkPrepareOwnWork$$|BenchmarkPrepareWritesFloor$$|BenchmarkPrepareOneClaim$$' \
 		-benchtime 300x -count 6 ./pkg/draplugin/
+
+# The kubelet plugin process's start-to-socket time and memory (VmRSS,
+# RssAnon, RssFile) on a simulated DGX H100, after 300 Prepare/Unprepare
+# cycles over its DRA socket, five runs for benchstat
+# (docs/design/performance.md). RSS_ARGS='-footprint.binary=PATH' measures
+# another build.
+bench-rss:
+	$(GO) test -run '^$$' -bench KubeletPluginProcess -benchtime 1x -count 5 ./internal/footprint/ $(RSS_ARGS)
 
 # ComputeDomain benchmarks in the local cluster (docs/guides/computedomain.md,
 # Benchmarks); not part of test or bench. bench-computedomain: one 18-node
