@@ -13,7 +13,7 @@ import (
 )
 
 var (
-	binary  = flag.String("footprint.binary", "", "the plugin binary to measure (default: build ./cmd/gpudra as make image does)")
+	binary  = flag.String("footprint.binary", "", "the plugin binary to measure (default: build ./cmd/gpudra-node as make image does)")
 	command = flag.String("footprint.command", "kubelet-plugin", "its subcommand")
 	cycles  = flag.Int("footprint.cycles", 300, "Prepare/Unprepare cycles per run")
 )
@@ -26,7 +26,7 @@ var (
 func BenchmarkKubeletPluginProcess(b *testing.B) {
 	bin := *binary
 	if bin == "" {
-		bin = build(b, "./cmd/gpudra")
+		bin = build(b, "./cmd/gpudra-node")
 	}
 	fi, err := os.Stat(bin)
 	if err != nil {
@@ -49,7 +49,8 @@ func BenchmarkKubeletPluginProcess(b *testing.B) {
 }
 
 // build builds a command of this module as make image does (stripped,
-// with cgo) into the benchmark's temporary directory.
+// with cgo and the Makefile's GO_TAGS) into the benchmark's temporary
+// directory.
 func build(b *testing.B, pkg string) string {
 	b.Helper()
 	root, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
@@ -57,7 +58,7 @@ func build(b *testing.B, pkg string) string {
 		b.Fatalf("go list -m: %v", err)
 	}
 	out := filepath.Join(b.TempDir(), filepath.Base(pkg))
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", out, pkg)
+	cmd := exec.Command("go", "build", "-trimpath", "-tags", "grpcnotrace", "-ldflags", "-s -w", "-o", out, pkg)
 	cmd.Dir = strings.TrimSpace(string(root))
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
 	if os.Getenv("CGO_CFLAGS") == "" {
