@@ -62,7 +62,7 @@ func newFakeNVML(n *Node, opts ...HardwareOption) *fakeNVML {
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
 		d := &fakeDevice{
-			nv: f, index: i, minor: *g.Minor, uuid: g.UUID, model: models[g.Model], busID: g.PCIBusID,
+			nv: f, index: i, minor: *g.Minor, uuid: g.UUID, model: models()[g.Model], busID: g.PCIBusID,
 			memoryBytes: g.MemoryMiB * 1024 * 1024, migEnabled: g.MIGEnabled, migPending: g.MIGEnabled,
 			fabric: n.Fabric, unanswered: unanswered(g.NVMLErrors),
 		}
