@@ -170,11 +170,12 @@ func Run(ctx context.Context, o Options) (Figures, error) {
 	go func() { exited <- cmd.Wait() }()
 	defer func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
+		// How the plugin exits after the signal is no figure.
 		select {
-		case <-exited:
+		case <-exited: //nolint:errcheck // see above
 		case <-time.After(10 * time.Second):
 			_ = cmd.Process.Kill()
-			<-exited
+			<-exited //nolint:errcheck // see above
 		}
 	}()
 	pid := cmd.Process.Pid
