@@ -18,8 +18,8 @@ VERSION_PKG := github.com/gpudra/gpudra/pkg/version
 LDFLAGS := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).commit=$(COMMIT)
 # grpcnotrace: gRPC leaves out golang.org/x/net/trace, which executes
 # html/template, whose reflection makes the linker keep every exported
-# method of every type it keeps: gpudra-node is 54 MB with the tag and
-# 86 MB without (docs/design/performance.md). The Dockerfile sets it too.
+# method of every type it keeps: gpudra-node is 55 MB with the tag and
+# 87 MB without (docs/design/performance.md). The Dockerfile sets it too.
 GO_TAGS := grpcnotrace
 # The image's name, and its creation time: the commit's, so that one commit
 # gives one image digest.
