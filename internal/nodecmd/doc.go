@@ -18,7 +18,8 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// Commands returns the node's subcommands, new.
+// Commands returns new instances of the node's subcommands, for a root
+// command to add.
 func Commands() []*cobra.Command {
 	return []*cobra.Command{
 		NewKubeletPluginCommand(),
