@@ -16,12 +16,17 @@ VERSION ?= $(shell cat VERSION)
 COMMIT ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)$(shell git diff --quiet HEAD -- 2>/dev/null; [ $$? -ne 1 ] || echo -dirty)
 VERSION_PKG := github.com/gpudra/gpudra/pkg/version
 LDFLAGS := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).commit=$(COMMIT)
+# grpcnotrace: gRPC leaves out golang.org/x/net/trace, which executes
+# html/template, whose reflection makes the linker keep every exported
+# method of every type it keeps: gpudra-node is 55 MB with the tag and
+# 87 MB without (docs/design/performance.md). The Dockerfile sets it too.
+GO_TAGS := grpcnotrace
 # The image's name, and its creation time: the commit's, so that one commit
 # gives one image digest.
 IMAGE ?= ghcr.io/gpudra/gpudra:$(VERSION)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
-.PHONY: demo inspect test lint tidy-check generate verify-generate test-race-e2e test-versions test-real-node build image bench bench-prepare fuzz load chaos chaos-real chart-files
+.PHONY: demo inspect test lint tidy-check generate verify-generate test-race-e2e test-versions test-real-node build image bench bench-prepare bench-rss fuzz load chaos chaos-real chart-files
 
 # The local cluster: a real control plane with simulated GPU nodes, running
 # every example, and the fleet's first node real where the machine allows
@@ -120,12 +125,15 @@ chart-files:
 		done; \
 	done
 
+# gpudra (every subcommand) and gpudra-node (the node's subcommands alone,
+# which the chart's DaemonSets run) into bin/.
 build:
-	$(GO) build -ldflags '$(LDFLAGS)' -o bin/gpudra ./cmd/gpudra
+	$(GO) build -tags $(GO_TAGS) -ldflags '$(LDFLAGS)' -o bin/ ./cmd/gpudra ./cmd/gpudra-node
 
 # The container image, without a container daemon (deployments/container):
-# one multi-platform image of IMAGE_ARCHS, each platform's gpudra plus the
-# loader, libraries and nsenter of Debian for that architecture (this
+# one multi-platform image of IMAGE_ARCHS, each platform's gpudra and
+# gpudra-node plus the loader, libraries and nsenter of Debian for that
+# architecture (this
 # machine's own for its architecture, a sysroot of Debian's packages that
 # deployments/container/debian-sysroot unpacks into _output/sysroot/ for
 # the other), configured as deployments/container/Dockerfile configures
@@ -145,7 +153,7 @@ CROSS_CC_PACKAGE_amd64 := gcc-x86-64-linux-gnu
 CROSS_CC_PACKAGE_arm64 := gcc-aarch64-linux-gnu
 image: $(addprefix image-gpudra-,$(IMAGE_ARCHS)) $(addprefix image-sysroot-,$(CROSS_ARCHS))
 	cd deployments/container && $(GO) run ./cmd/build-image \
-		$(foreach a,$(IMAGE_ARCHS),--binary ../../_output/linux-$(a)/gpudra) \
+		$(foreach a,$(IMAGE_ARCHS),--binary ../../_output/linux-$(a)/gpudra --node-binary ../../_output/linux-$(a)/gpudra-node) \
 		$(foreach a,$(CROSS_ARCHS),--sysroot $(a)=../../_output/sysroot/$(a)) \
 		--layout ../../_output/image \
 		--archive ../../_output/gpudra-image.tar --tag $(IMAGE) \
@@ -155,7 +163,7 @@ image-gpudra-%:
 	@if [ $* != $(HOST_ARCH) ] && ! command -v $(CROSS_CC_$*) >/dev/null; then \
 		echo "make image: the $* gpudra is cgo and needs $(CROSS_CC_$*) (Debian: apt-get install $(CROSS_CC_PACKAGE_$*)); IMAGE_ARCHS=$(HOST_ARCH) builds this machine's platform only"; exit 1; fi
 	GOOS=linux GOARCH=$* $(if $(filter $*,$(HOST_ARCH)),,CC=$(CROSS_CC_$*)) \
-		$(GO) build -trimpath -ldflags '-s -w $(LDFLAGS)' -o _output/linux-$*/gpudra ./cmd/gpudra
+		$(GO) build -trimpath -tags $(GO_TAGS) -ldflags '-s -w $(LDFLAGS)' -o _output/linux-$*/ ./cmd/gpudra ./cmd/gpudra-node
 
 # Debian's packages of another architecture's loader, libraries and
 # nsenter, unpacked into _output/sysroot/<arch> (about 4 MB; once, then
@@ -177,6 +185,14 @@ bench:
 bench-prepare:
 	$(GO) test -run '^$$' -bench 'BenchmarkPrepareOwnWork$$|BenchmarkPrepareWritesFloor$$|BenchmarkPrepareOneClaim$$' \
 		-benchtime 300x -count 6 ./pkg/draplugin/
+
+# The kubelet plugin process's start-to-socket time and memory (VmRSS,
+# RssAnon, RssFile) on a simulated DGX H100, after 300 Prepare/Unprepare
+# cycles over its DRA socket, five runs for benchstat
+# (docs/design/performance.md). RSS_ARGS='-footprint.binary=PATH' measures
+# another build.
+bench-rss:
+	$(GO) test -run '^$$' -bench KubeletPluginProcess -benchtime 1x -count 5 ./internal/footprint/ $(RSS_ARGS)
 
 # ComputeDomain benchmarks in the local cluster (docs/guides/computedomain.md,
 # Benchmarks); not part of test or bench. bench-computedomain: one 18-node

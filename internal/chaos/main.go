@@ -38,7 +38,7 @@ func Main(args []string, stdout, stderr io.Writer, replay string, setUp SetUp) i
 	fs.Float64Var(&o.StaleProbability, "stale-probability", o.StaleProbability, "chance that a round allocates a claim to devices a running claim holds")
 	fs.Float64Var(&o.RollingProbability, "rolling-probability", o.RollingProbability, "chance that a round is a rolling update (a second plugin instance)")
 	fs.DurationVar(&o.CallTimeout, "call-timeout", o.CallTimeout, "the kubelet's DRA call timeout")
-	fs.StringVar(&o.Binary, "binary", "", "gpudra binary to run (default: build ./cmd/gpudra)")
+	fs.StringVar(&o.Binary, "binary", "", "gpudra or gpudra-node binary to run (default: build ./cmd/gpudra-node)")
 	fs.StringVar(&o.WorkDir, "work-dir", "/tmp", "directory for the trials (keep it short: unix socket paths)")
 	fs.BoolVar(&o.Keep, "keep", false, "keep the directories and plugin logs of failing trials")
 	fs.BoolVar(&o.Trace, "trace", false, "print every call, outcome and kill")

@@ -379,19 +379,19 @@ func (n *node) nvmlState() string       { return filepath.Join(n.simDir(), sim.N
 func (n *node) sysfsState() string      { return filepath.Join(n.simDir(), sim.SysfsStateFile) }
 func (n *node) timeSlicesState() string { return filepath.Join(n.simDir(), sim.TimeSlicesStateFile) }
 
-// buildBinary builds gpudra into dir, with the race detector when this
+// buildBinary builds gpudra-node, which the chart's DaemonSet runs, into dir, with the race detector when this
 // program has it, and returns its path.
 func buildBinary(ctx context.Context, dir string) (string, error) {
 	root, err := moduleRoot(ctx)
 	if err != nil {
 		return "", err
 	}
-	out := filepath.Join(dir, "gpudra")
-	args := []string{"build", "-o", out}
+	out := filepath.Join(dir, "gpudra-node")
+	args := []string{"build", "-tags", "grpcnotrace", "-o", out}
 	if raceEnabled {
 		args = append(args, "-race")
 	}
-	cmd := exec.CommandContext(ctx, "go", append(args, "./cmd/gpudra")...)
+	cmd := exec.CommandContext(ctx, "go", append(args, "./cmd/gpudra-node")...)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
 	if os.Getenv("CGO_CFLAGS") == "" {
@@ -399,7 +399,7 @@ func buildBinary(ctx context.Context, dir string) (string, error) {
 		cmd.Env = append(cmd.Env, "CGO_CFLAGS=-O2 -g -Wno-deprecated-declarations")
 	}
 	if msg, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/gpudra: %w: %s", err, msg)
+		return "", fmt.Errorf("go build ./cmd/gpudra-node: %w: %s", err, msg)
 	}
 	return out, nil
 }
@@ -419,7 +419,7 @@ func moduleRoot(ctx context.Context) (string, error) {
 	return dir, nil
 }
 
-// driverModule is the path of the module that holds cmd/gpudra.
+// driverModule is the path of the module that holds cmd/gpudra-node.
 const driverModule = "github.com/gpudra/gpudra"
 
 // pidAlive reports whether pid is a live process (not a zombie).

@@ -113,17 +113,18 @@ func TestComputeDomainFlagsExist(t *testing.T) {
 		objs := render(t, Options{Values: vals})
 		_, ctrl := controllerContainer(t, objs)
 		for _, container := range []struct {
-			name string
-			c    corev1.Container
-			sub  string
+			name    string
+			c       corev1.Container
+			command string
+			sub     string
 		}{
-			{"compute-domains", cdContainer(t, objs), "compute-domain-kubelet-plugin"},
-			{"controller", ctrl, "compute-domain-controller"},
+			{"compute-domains", cdContainer(t, objs), "/usr/bin/gpudra-node", "compute-domain-kubelet-plugin"},
+			{"controller", ctrl, "/usr/bin/gpudra", "compute-domain-controller"},
 		} {
-			if !slices.Equal(container.c.Command, []string{"/usr/bin/gpudra"}) {
-				t.Errorf("%s: command %q, want /usr/bin/gpudra", container.name, container.c.Command)
+			if !slices.Equal(container.c.Command, []string{container.command}) {
+				t.Errorf("%s: command %q, want %s", container.name, container.c.Command, container.command)
 			}
-			known := subcommandFlags(t, container.sub)
+			known := subcommandFlags(t, container.command, container.sub)
 			if len(known) < 10 {
 				t.Fatalf("gpudra %s --help lists %d flags: %v", container.sub, len(known), known)
 			}

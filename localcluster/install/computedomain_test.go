@@ -54,7 +54,7 @@ func checkComputeDomains(t *testing.T, objs []Object, driverName string) {
 		}
 	}
 	c := cdContainer(t, objs)
-	if !slices.Equal(c.Command, []string{"/usr/bin/gpudra"}) || len(c.Args) == 0 || c.Args[0] != "compute-domain-kubelet-plugin" {
+	if !slices.Equal(c.Command, []string{"/usr/bin/gpudra-node"}) || len(c.Args) == 0 || c.Args[0] != "compute-domain-kubelet-plugin" {
 		t.Errorf("compute-domains runs %q %q", c.Command, c.Args)
 	}
 	for flag, want := range map[string]string{

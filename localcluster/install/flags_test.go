@@ -3,6 +3,7 @@ package install
 import (
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -119,8 +120,10 @@ var (
 	gpudraErr  error
 )
 
-// gpudraBinary builds cmd/gpudra once per test run.
-func gpudraBinary(t *testing.T) string {
+// gpudraBinary builds cmd/gpudra and cmd/gpudra-node into one directory
+// once per test run and returns the one the image has at command, by its
+// name (/usr/bin/gpudra or /usr/bin/gpudra-node).
+func gpudraBinary(t *testing.T, command string) string {
 	t.Helper()
 	gpudraOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "install-gpudra-")
@@ -128,8 +131,8 @@ func gpudraBinary(t *testing.T) string {
 			gpudraErr = err
 			return
 		}
-		gpudraBin = filepath.Join(dir, "gpudra")
-		cmd := exec.Command("go", "build", "-o", gpudraBin, "./cmd/gpudra")
+		gpudraBin = dir
+		cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/gpudra", "./cmd/gpudra-node")
 		cmd.Dir = filepath.Join(ChartDir(), "..", "..", "..")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -138,25 +141,26 @@ func gpudraBinary(t *testing.T) string {
 		}
 	})
 	if gpudraErr != nil {
-		t.Fatalf("build cmd/gpudra: %v\n%s", gpudraErr, gpudraBin)
+		t.Fatalf("build cmd/gpudra and cmd/gpudra-node: %v\n%s", gpudraErr, gpudraBin)
 	}
-	return gpudraBin
+	return filepath.Join(gpudraBin, path.Base(command))
 }
 
 var helpFlag = regexp.MustCompile(`(?m)^\s+(?:-\w, )?--([a-z0-9-]+)`)
 
-// subcommandFlags returns the flags `gpudra <sub> --help` lists, or nil
-// when there is no such subcommand.
-func subcommandFlags(t *testing.T, sub string) []string {
+// subcommandFlags returns the flags `<command> <sub> --help` lists, or nil
+// when there is no such subcommand; command is the image's
+// /usr/bin/gpudra or /usr/bin/gpudra-node.
+func subcommandFlags(t *testing.T, command, sub string) []string {
 	t.Helper()
-	out, err := exec.Command(gpudraBinary(t), sub, "--help").CombinedOutput()
+	out, err := exec.Command(gpudraBinary(t, command), sub, "--help").CombinedOutput()
 	if err != nil {
 		if strings.Contains(string(out), "unknown command") {
 			return nil
 		}
-		t.Fatalf("gpudra %s --help: %v\n%s", sub, err, out)
+		t.Fatalf("%s %s --help: %v\n%s", command, sub, err, out)
 	}
-	if !strings.Contains(string(out), "gpudra "+sub) {
+	if !strings.Contains(string(out), path.Base(command)+" "+sub) {
 		// cobra answers an unknown subcommand of a command with args with
 		// the root's help.
 		return nil
@@ -200,7 +204,8 @@ func TestKubeletPluginFlagsExist(t *testing.T) {
 	if len(init) != 1 {
 		t.Fatalf("init containers %v, want one", init)
 	}
-	// The image's entrypoint is /usr/bin/gpudra (deployments/container).
+	// The node's containers run /usr/bin/gpudra-node, the image's node
+	// subcommands alone (deployments/container).
 	for _, container := range []struct {
 		name    string
 		command []string
@@ -210,10 +215,10 @@ func TestKubeletPluginFlagsExist(t *testing.T) {
 		{"plugin", c.Command, "kubelet-plugin", c.Args},
 		{"check-driver-root", init[0].Command, "inspect", init[0].Args},
 	} {
-		if !slices.Equal(container.command, []string{"/usr/bin/gpudra"}) {
-			t.Errorf("%s: command %q, want /usr/bin/gpudra", container.name, container.command)
+		if !slices.Equal(container.command, []string{"/usr/bin/gpudra-node"}) {
+			t.Errorf("%s: command %q, want /usr/bin/gpudra-node", container.name, container.command)
 		}
-		known := subcommandFlags(t, container.sub)
+		known := subcommandFlags(t, container.command[0], container.sub)
 		if len(known) < 10 {
 			t.Fatalf("gpudra %s --help lists %d flags: %v", container.sub, len(known), known)
 		}
@@ -235,7 +240,7 @@ func TestKubeletPluginFlagsExist(t *testing.T) {
 // TestWebhookFlagsExist does the same for the webhook Deployment, in both
 // TLS modes, once this tree's gpudra has a webhook command.
 func TestWebhookFlagsExist(t *testing.T) {
-	known := subcommandFlags(t, "webhook")
+	known := subcommandFlags(t, "/usr/bin/gpudra", "webhook")
 	if known == nil {
 		t.Skip("this tree's gpudra has no webhook command yet; its flags are assumed in the chart's gpudra.webhook.args")
 	}

@@ -73,29 +73,31 @@ func TestOneVersion(t *testing.T) {
 		}
 	}
 
-	// Build as `make build` does, into a temporary file, and ask the
-	// binary.
+	// Build as `make build` does, into a temporary directory, and ask
+	// both binaries.
 	build := strings.TrimSpace(dryRunMake(t, "build"))
-	if !strings.HasPrefix(build, "go build ") || !strings.Contains(build, " -o bin/gpudra ") {
-		t.Fatalf("make build runs %q; the test expects one go build -o bin/gpudra", build)
+	if !strings.HasPrefix(build, "go build ") || !strings.Contains(build, " -o bin/ ") {
+		t.Fatalf("make build runs %q; the test expects one go build -o bin/", build)
 	}
-	bin := filepath.Join(t.TempDir(), "gpudra")
-	cmd := exec.Command("sh", "-c", strings.Replace(build, " -o bin/gpudra ", " -o "+bin+" ", 1))
+	dir := t.TempDir()
+	cmd := exec.Command("sh", "-c", strings.Replace(build, " -o bin/ ", " -o "+dir+"/ ", 1))
 	cmd.Dir = repoRoot()
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=1", "CGO_CFLAGS=-O2 -g -Wno-deprecated-declarations")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%s: %v\n%s", build, err, out)
 	}
-	out, err := exec.Command(bin, "version", "-o", "json").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var info struct{ Version string }
-	if err := json.Unmarshal(out, &info); err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
-	if info.Version != version {
-		t.Errorf("gpudra version prints %q, VERSION %q", info.Version, version)
+	for _, name := range []string{"gpudra", "gpudra-node"} {
+		out, err := exec.Command(filepath.Join(dir, name), "version", "-o", "json").Output()
+		if err != nil {
+			t.Fatalf("%s version: %v", name, err)
+		}
+		var info struct{ Version string }
+		if err := json.Unmarshal(out, &info); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		if info.Version != version {
+			t.Errorf("%s version prints %q, VERSION %q", name, info.Version, version)
+		}
 	}
 }
 

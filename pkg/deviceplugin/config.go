@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"sigs.k8s.io/yaml"
 )
@@ -109,7 +110,7 @@ func (d *ReplicaDevices) UnmarshalJSON(b []byte) error {
 			continue
 		}
 		var ref string
-		if json.Unmarshal(raw, &ref) != nil || !deviceRef.MatchString(ref) {
+		if json.Unmarshal(raw, &ref) != nil || !deviceRef().MatchString(ref) {
 			return fmt.Errorf("[%d]: %s is no GPU index, MIG index (<gpu>:<mig>) or GPU/MIG UUID", i, raw)
 		}
 		d.List = append(d.List, ref)
@@ -132,8 +133,12 @@ func (d ReplicaDevices) MarshalJSON() ([]byte, error) {
 }
 
 // deviceRef matches a GPU index, a MIG index and a GPU or MIG UUID
-// (MIG-<uuid>, or the old MIG-GPU-<uuid>/<gi>/<ci>).
-var deviceRef = regexp.MustCompile(`^([0-9]+|[0-9]+:[0-9]+|GPU-[0-9a-fA-F-]{36}|MIG-[0-9a-fA-F-]{36}|MIG-GPU-[0-9a-fA-F-]{36}/[0-9]+/[0-9]+)$`)
+// (MIG-<uuid>, or the old MIG-GPU-<uuid>/<gi>/<ci>). Compiled at first
+// use: its repetitions make a 46 KB program that the DRA plugin, which
+// links this package, would otherwise build at every start.
+var deviceRef = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^([0-9]+|[0-9]+:[0-9]+|GPU-[0-9a-fA-F-]{36}|MIG-[0-9a-fA-F-]{36}|MIG-GPU-[0-9a-fA-F-]{36}/[0-9]+/[0-9]+)$`)
+})
 
 // The values of the flags gpudra takes from NVIDIA's device plugin.
 const (
@@ -160,8 +165,10 @@ var (
 const ResourceGPU = "nvidia.com/gpu"
 
 // resourceName is what Kubernetes accepts as an extended resource name
-// under nvidia.com.
-var resourceName = regexp.MustCompile(`^nvidia\.com/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`)
+// under nvidia.com; compiled at first use, as deviceRef.
+var resourceName = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`^nvidia\.com/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`)
+})
 
 // ParseConfig reads a config file (YAML or JSON), strictly: an unknown
 // field is an error naming it. It checks what can be checked without the
@@ -258,7 +265,7 @@ func validateReplicated(field string, ts *ReplicatedResources, mps bool) []error
 		switch {
 		case r.Name == "":
 			add("%s.name: required (%s or nvidia.com/mig-<profile>)", path, ResourceGPU)
-		case !resourceName.MatchString(r.Name):
+		case !resourceName().MatchString(r.Name):
 			add("%s.name %q: must be %s or nvidia.com/mig-<profile>", path, r.Name, ResourceGPU)
 		case seen[r.Name]:
 			add("%s.name %q: given twice", path, r.Name)
@@ -267,7 +274,7 @@ func validateReplicated(field string, ts *ReplicatedResources, mps bool) []error
 		if r.Replicas < 1 {
 			add("%s.replicas %d: must be at least 1", path, r.Replicas)
 		}
-		if r.Rename != "" && !resourceName.MatchString(r.Rename) {
+		if r.Rename != "" && !resourceName().MatchString(r.Rename) {
 			add("%s.rename %q: must be a resource name under nvidia.com/", path, r.Rename)
 		}
 	}

@@ -117,8 +117,9 @@ func checkConfigMatchesDockerfile(t *testing.T, cfg v1.Config) {
 }
 
 // TestDockerfileStampsVersion: the Dockerfile's build stamps the version
-// and commit into the variables pkg/version reads, and copies the binary
-// where the image's entrypoint expects it.
+// and commit into the variables pkg/version reads, with make image's build
+// tags, and copies the binaries where the image's entrypoint and the
+// chart's DaemonSets expect them.
 func TestDockerfileStampsVersion(t *testing.T) {
 	stages := readDockerfile(t)
 	var build string
@@ -130,7 +131,8 @@ func TestDockerfileStampsVersion(t *testing.T) {
 	for _, want := range []string{
 		"-X github.com/gpudra/gpudra/pkg/version.version=${VERSION}",
 		"-X github.com/gpudra/gpudra/pkg/version.commit=${COMMIT}",
-		"./cmd/gpudra",
+		"-tags " + buildTags,
+		"./cmd/gpudra ./cmd/gpudra-node",
 	} {
 		if !strings.Contains(build, want) {
 			t.Errorf("the builder's go build %q lacks %q", build, want)
@@ -140,7 +142,9 @@ func TestDockerfileStampsVersion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(raw), "COPY --from=builder /out/gpudra "+imagebuild.BinaryPath+"\n") {
-		t.Errorf("the Dockerfile does not copy gpudra to %s", imagebuild.BinaryPath)
+	for _, b := range []struct{ name, path string }{{"gpudra", imagebuild.BinaryPath}, {"gpudra-node", imagebuild.NodeBinaryPath}} {
+		if !strings.Contains(string(raw), "COPY --from=builder /out/"+b.name+" "+b.path+"\n") {
+			t.Errorf("the Dockerfile does not copy %s to %s", b.name, b.path)
+		}
 	}
 }

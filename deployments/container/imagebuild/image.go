@@ -35,6 +35,9 @@ import (
 const (
 	// BinaryPath is where gpudra lies in the image.
 	BinaryPath = "/usr/bin/gpudra"
+	// NodeBinaryPath is where gpudra-node lies: the node's subcommands
+	// alone, which the chart's DaemonSets run (cmd/gpudra-node).
+	NodeBinaryPath = "/usr/bin/gpudra-node"
 	// User is the default user: distroless's "nonroot". The kubelet
 	// plugin's DaemonSet overrides it with runAsUser: 0.
 	User = "65532:65532"
@@ -69,6 +72,8 @@ type Options struct {
 	// Binary is the gpudra binary on this machine. Its ELF header says
 	// the image's architecture.
 	Binary string
+	// NodeBinary is the gpudra-node binary of the same architecture.
+	NodeBinary string
 	// Root is the root of the filesystem the loader, libraries and
 	// Executables are taken from, for Binary's architecture: "/" (when
 	// empty) for this machine's own, or a sysroot for another. Symlinks
@@ -89,7 +94,7 @@ type Options struct {
 }
 
 // Build assembles the image: a base layer (loader, libraries, executables,
-// /etc, /tmp) and a layer with gpudra alone, which is all that changes
+// /etc, /tmp) and a layer with gpudra and gpudra-node, which is all that changes
 // from one commit to the next.
 func Build(opts Options) (v1.Image, error) {
 	root := opts.Root
@@ -98,6 +103,12 @@ func Build(opts Options) (v1.Image, error) {
 	}
 	deps := newClosure(root)
 	if err := deps.addExecutable(opts.Binary); err != nil {
+		return nil, err
+	}
+	if opts.NodeBinary == "" {
+		return nil, fmt.Errorf("no gpudra-node binary beside %s", opts.Binary)
+	}
+	if err := deps.addExecutable(opts.NodeBinary); err != nil {
 		return nil, err
 	}
 	base := tree{}
@@ -138,11 +149,13 @@ func Build(opts Options) (v1.Image, error) {
 	}
 
 	bin := tree{}
-	fi, err := os.Stat(opts.Binary)
-	if err != nil {
-		return nil, err
+	for _, b := range []struct{ image, host string }{{BinaryPath, opts.Binary}, {NodeBinaryPath, opts.NodeBinary}} {
+		fi, err := os.Stat(b.host)
+		if err != nil {
+			return nil, err
+		}
+		bin.hostFile(b.image, b.host, fi.Mode())
 	}
-	bin.hostFile(BinaryPath, opts.Binary, fi.Mode())
 	// The directories above gpudra are the base layer's.
 	for dir := path.Dir(BinaryPath); dir != "/"; dir = path.Dir(dir) {
 		delete(bin, dir)
@@ -156,7 +169,7 @@ func Build(opts Options) (v1.Image, error) {
 	}
 	return assemble([]layerFiles{
 		{base, "gpudra build-image: loader, libraries and nsenter from " + from + ", /etc, /tmp"},
-		{bin, "gpudra build-image: gpudra " + opts.Version},
+		{bin, "gpudra build-image: gpudra and gpudra-node " + opts.Version},
 	}, opts.Created, arch, v1.Config{
 		Entrypoint: []string{BinaryPath},
 		Env:        []string{PathEnv},

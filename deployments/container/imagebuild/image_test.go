@@ -42,6 +42,7 @@ func TestImageRunsGpudraVersion(t *testing.T) {
 
 	opts := imagebuild.Options{
 		Binary:      binary,
+		NodeBinary:  nodeBinary(binary),
 		Executables: imagebuild.DefaultExecutables,
 		Libraries:   imagebuild.DefaultLibraries,
 		Version:     testVersion,
@@ -99,11 +100,13 @@ func TestImageRunsGpudraVersion(t *testing.T) {
 
 	t.Run("image loader and libraries only", func(t *testing.T) {
 		loader := imageLoader{rootfs: rootfs, arch: "amd64"}
-		for _, exe := range append([]string{imagebuild.BinaryPath}, opts.Executables...) {
+		for _, exe := range append([]string{imagebuild.BinaryPath, imagebuild.NodeBinaryPath}, opts.Executables...) {
 			loader.checkLibraries(t, exe)
 		}
-		out := loader.run(t, imagebuild.BinaryPath, args...)
-		checkVersionOutput(t, out, "linux/amd64")
+		for _, bin := range []string{imagebuild.BinaryPath, imagebuild.NodeBinaryPath} {
+			out := loader.run(t, bin, args...)
+			checkVersionOutput(t, out, "linux/amd64")
+		}
 	})
 
 	t.Run("chroot", func(t *testing.T) {

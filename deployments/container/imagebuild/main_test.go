@@ -38,9 +38,10 @@ func TestMain(m *testing.M) {
 
 // gpudraBinary returns cmd/gpudra of the driver module built for goarch
 // (cross-compiled with cgo for another architecture, as `make image`
-// builds it), stamped like a release; each architecture is built once per
-// test process. GPUDRA_BINARY (amd64) and GPUDRA_BINARY_ARM64 name
-// binaries built already instead.
+// builds it), stamped like a release, with cmd/gpudra-node beside it
+// (nodeBinary); each architecture is built once per test process.
+// GPUDRA_BINARY (amd64) and GPUDRA_BINARY_ARM64 name binaries built
+// already instead, each with its gpudra-node beside it.
 func gpudraBinary(t *testing.T, goarch string) string {
 	t.Helper()
 	env := "GPUDRA_BINARY"
@@ -56,13 +57,14 @@ func gpudraBinary(t *testing.T, goarch string) string {
 	if bin, ok := binaries.built[goarch]; ok {
 		return bin
 	}
-	bin := filepath.Join(binaries.dir, "linux-"+goarch, "gpudra")
+	dir := filepath.Join(binaries.dir, "linux-"+goarch)
+	bin := filepath.Join(dir, "gpudra")
 	start := time.Now()
 	// Without -trimpath, unlike `make image`: the amd64 build then reuses
 	// what `make test`'s `go vet` of the driver module compiled.
-	cmd := exec.Command("go", "build", "-o", bin,
+	cmd := exec.Command("go", "build", "-o", dir+"/", "-tags", buildTags,
 		"-ldflags", "-X "+versionPkg+".version="+testVersion+" -X "+versionPkg+".commit="+testCommit,
-		"./cmd/gpudra")
+		"./cmd/gpudra", "./cmd/gpudra-node")
 	cmd.Dir = "../../.."
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=1", "GOOS=linux", "GOARCH="+goarch)
 	if os.Getenv("CGO_CFLAGS") == "" {
@@ -79,6 +81,14 @@ func gpudraBinary(t *testing.T, goarch string) string {
 	binaries.built[goarch] = bin
 	return bin
 }
+
+// nodeBinary is the gpudra-node beside a gpudra binary of gpudraBinary.
+func nodeBinary(gpudra string) string {
+	return filepath.Join(filepath.Dir(gpudra), "gpudra-node")
+}
+
+// buildTags are the Makefile's GO_TAGS.
+const buildTags = "grpcnotrace"
 
 // checkVersionOutput checks `gpudra version -o json`: the stamped version
 // and commit, and the platform the binary was built for.

@@ -73,6 +73,7 @@ func TestMultiPlatformImage(t *testing.T) {
 		t.Helper()
 		img, err := imagebuild.Build(imagebuild.Options{
 			Binary:      binary,
+			NodeBinary:  nodeBinary(binary),
 			Root:        root,
 			Executables: imagebuild.DefaultExecutables,
 			Libraries:   imagebuild.DefaultLibraries,
@@ -119,7 +120,7 @@ func TestMultiPlatformImage(t *testing.T) {
 	// build-image, as `make image` runs it.
 	layoutDir, archive := filepath.Join(dir, "image"), filepath.Join(dir, "gpudra-image.tar")
 	cmd := exec.Command("go", "run", "./cmd/build-image",
-		"--binary", amd64Binary, "--binary", arm64Binary, "--sysroot", "arm64="+sysroot,
+		"--binary", amd64Binary, "--binary", arm64Binary, "--node-binary", nodeBinary(amd64Binary), "--node-binary", nodeBinary(arm64Binary), "--sysroot", "arm64="+sysroot,
 		"--layout", layoutDir, "--archive", archive, "--tag", "ghcr.io/gpudra/gpudra:"+testVersion,
 		"--version", testVersion, "--commit", testCommit, "--created", "1700000000")
 	cmd.Dir = ".."
@@ -338,8 +339,8 @@ func checkELFMachines(t *testing.T, rootfs string, want elf.Machine) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n < 3 {
-		t.Errorf("%d ELF files in the image; want gpudra, nsenter, the loader and libraries", n)
+	if n < 4 {
+		t.Errorf("%d ELF files in the image; want gpudra, gpudra-node, nsenter, the loader and libraries", n)
 	}
 }
 

@@ -31,9 +31,9 @@ func TestGpudraImageRuns(t *testing.T) {
 	bin := filepath.Join(dir, "gpudra")
 	// Not make image's -trimpath: it would recompile every package
 	// instead of reusing Go's build cache.
-	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "-ldflags",
+	build := exec.CommandContext(ctx, "go", "build", "-o", dir+"/", "-ldflags",
 		"-X github.com/gpudra/gpudra/pkg/version.version="+version+" -X github.com/gpudra/gpudra/pkg/version.commit="+commit,
-		"./cmd/gpudra")
+		"./cmd/gpudra", "./cmd/gpudra-node")
 	build.Dir = "../../.." // the driver module
 	build.Env = append(os.Environ(), "CGO_ENABLED=1")
 	if out, err := build.CombinedOutput(); err != nil {
@@ -41,6 +41,7 @@ func TestGpudraImageRuns(t *testing.T) {
 	}
 	img, err := imagebuild.Build(imagebuild.Options{
 		Binary:      bin,
+		NodeBinary:  filepath.Join(dir, "gpudra-node"),
 		Executables: imagebuild.DefaultExecutables,
 		Libraries:   imagebuild.DefaultLibraries,
 		Version:     version,

@@ -112,8 +112,8 @@ const (
 	ImageTag        = "gpudra-sim"
 )
 
-// WriteGPUDRAImage builds gpudra from this checkout and its image as `make
-// image` does (deployments/container/imagebuild, this machine's Debian
+// WriteGPUDRAImage builds gpudra and gpudra-node from this checkout and
+// their image as `make image` does (deployments/container/imagebuild, this machine's Debian
 // libraries), and writes it as an archive in dir, named
 // ImageRepository:ImageTag. It returns the archive's path. The go build is
 // incremental: seconds when the code has not changed.
@@ -123,7 +123,7 @@ func WriteGPUDRAImage(ctx context.Context, dir string) (string, error) {
 		return "", err
 	}
 	bin := filepath.Join(dir, "gpudra")
-	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, "./cmd/gpudra")
+	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-tags", "grpcnotrace", "-ldflags", "-s -w", "-o", dir+"/", "./cmd/gpudra", "./cmd/gpudra-node")
 	build.Dir = root
 	build.Env = append(os.Environ(), "CGO_ENABLED=1")
 	if out, err := build.CombinedOutput(); err != nil {
@@ -131,6 +131,7 @@ func WriteGPUDRAImage(ctx context.Context, dir string) (string, error) {
 	}
 	img, err := imagebuild.Build(imagebuild.Options{
 		Binary:      bin,
+		NodeBinary:  filepath.Join(dir, "gpudra-node"),
 		Executables: imagebuild.DefaultExecutables,
 		Libraries:   imagebuild.DefaultLibraries,
 		Version:     "devel",

@@ -22,7 +22,7 @@ import (
 const PluginContainer = "plugin"
 
 // PluginPID returns the process ID of gpudra's kubelet plugin on this node:
-// the one `gpudra kubelet-plugin` process whose arguments name the node's
+// the one `gpudra-node kubelet-plugin` process whose arguments name the node's
 // plugin registration directory.
 func (n *Node) PluginPID() (int, error) {
 	want := "--registrar-dir=" + n.layout.RegistryDir()

@@ -70,7 +70,7 @@ func newFakeNVML(n *Node, opts ...HardwareOption) *fakeNVML {
 			continue // NVML does not see a GPU bound to a VFIO driver
 		}
 		d := &fakeDevice{
-			nv: f, index: len(f.devices), minor: *g.Minor, uuid: g.UUID, model: models[g.Model], busID: g.PCIBusID,
+			nv: f, index: len(f.devices), minor: *g.Minor, uuid: g.UUID, model: models()[g.Model], busID: g.PCIBusID,
 			memoryBytes: g.MemoryMiB * 1024 * 1024, migEnabled: g.MIGEnabled, migPending: g.MIGEnabled,
 			fabric: n.Fabric, unanswered: unanswered(g.NVMLErrors),
 		}

@@ -92,7 +92,7 @@ var migModels = []string{"A100-SXM4-40GB", "A100-SXM4-80GB", "GH200-96GB", "H100
 func TestCreateEveryPlacement(t *testing.T) {
 	caps := nvmlhw.StandardMIGCapMinors()
 	for _, model := range migModels {
-		m := models[model]
+		m := models()[model]
 		for _, p := range m.MIGProfiles {
 			for _, start := range p.PlacementStarts {
 				t.Run(fmt.Sprintf("%s/%s@%d", model, p.Name, start), func(t *testing.T) {
@@ -112,7 +112,7 @@ func TestCreateEveryPlacement(t *testing.T) {
 						Decoders: p.Decoders, Encoders: p.Encoders, JPEGEngines: p.JPEGEngines, OFAEngines: p.OFAEngines,
 						GICapMinor: giCap, CICapMinor: ciCap,
 					}
-					if got != want || !migUUIDRE.MatchString(got.UUID) {
+					if got != want || !patterns().migUUID.MatchString(got.UUID) {
 						t.Errorf("created\n got %+v\nwant %+v", got, want)
 					}
 					if found := r.discover(t).MIGDevices; len(found) != 1 || found[0] != got {
@@ -192,7 +192,7 @@ func TestOverlappingPlacementsRejected(t *testing.T) {
 // manager says why first.
 func TestCreateWithMIGOff(t *testing.T) {
 	r := newRig(t, "H100-SXM5-80GB", false)
-	info := models["H100-SXM5-80GB"].MIGProfiles[0].giInfo()
+	info := models()["H100-SXM5-80GB"].MIGProfiles[0].giInfo()
 	if _, ret := r.nv.devices[0].CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: 0, Size: 1}); ret != nvml.ERROR_NOT_SUPPORTED {
 		t.Errorf("nvmlDeviceCreateGpuInstanceWithPlacement: got %v, want ERROR_NOT_SUPPORTED", ret)
 	}
@@ -249,7 +249,7 @@ func TestFillLayouts(t *testing.T) {
 				t.Errorf("discovered %d MIG devices, want %d", got, len(tt.layout))
 			}
 			dev := r.nv.devices[0]
-			for _, p := range models[tt.model].MIGProfiles {
+			for _, p := range models()[tt.model].MIGProfiles {
 				info := p.giInfo()
 				if n, ret := dev.GetGpuInstanceRemainingCapacity(&info); ret != nvml.SUCCESS || n != 0 {
 					t.Errorf("remaining capacity of %s: %d, %v; want 0", p.Name, n, ret)

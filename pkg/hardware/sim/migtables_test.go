@@ -142,7 +142,7 @@ func TestMIGTablesMatchTestdata(t *testing.T) {
 		}
 		covered = append(covered, table.model)
 		t.Run(table.model, func(t *testing.T) {
-			m, ok := models[table.model]
+			m, ok := models()[table.model]
 			if !ok {
 				t.Fatalf("models.go has no model %s", table.model)
 			}
@@ -153,7 +153,7 @@ func TestMIGTablesMatchTestdata(t *testing.T) {
 	}
 	var migModels []string
 	for _, name := range ModelNames() {
-		if len(models[name].MIGProfiles) > 0 {
+		if len(models()[name].MIGProfiles) > 0 {
 			migModels = append(migModels, name)
 		}
 	}

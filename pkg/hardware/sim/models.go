@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"sync"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
@@ -234,165 +235,170 @@ func hopperProfiles(names [7]string, mem [7]uint64) []MIGProfile {
 	}
 }
 
-var models = map[string]*Model{
-	"A100-SXM4-40GB": {
-		Name: "A100-SXM4-40GB", ProductName: "NVIDIA A100-SXM4-40GB",
-		Architecture: nvml.DEVICE_ARCH_AMPERE, Brand: nvml.BRAND_NVIDIA, CCMajor: 8, CCMinor: 0,
-		MemoryMiB: 40960, PCIDeviceID: 0x20B010DE, MemorySlices: 8, layout: dgxA100Layout,
-		// -lgip: 4.75, 4.75, 9.62, 9.62, 19.50, 19.50, 39.25 GiB.
-		MIGProfiles: ampereProfiles(
-			[7]string{"1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"},
-			[7]uint64{4864, 4864, 9856, 9856, 19968, 19968, 40192}),
-	},
-	"A100-SXM4-80GB": {
-		Name: "A100-SXM4-80GB", ProductName: "NVIDIA A100-SXM4-80GB",
-		Architecture: nvml.DEVICE_ARCH_AMPERE, Brand: nvml.BRAND_NVIDIA, CCMajor: 8, CCMinor: 0,
-		MemoryMiB: 81920, PCIDeviceID: 0x20B210DE, MemorySlices: 8, layout: dgxA100Layout,
-		// -lgip: 9.75, 9.75, 19.50, 19.50, 39.25, 39.25, 79.00 GiB.
-		MIGProfiles: ampereProfiles(
-			[7]string{"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"},
-			[7]uint64{9984, 9984, 19968, 19968, 40192, 40192, 80896}),
-	},
-	"H100-SXM5-80GB": {
-		Name: "H100-SXM5-80GB", ProductName: "NVIDIA H100 80GB HBM3",
-		Architecture: nvml.DEVICE_ARCH_HOPPER, Brand: nvml.BRAND_NVIDIA, CCMajor: 9, CCMinor: 0,
-		MemoryMiB: 81559, PCIDeviceID: 0x233010DE, MemorySlices: 8, layout: dgxH100Layout,
-		// -lgip: 9.75, 9.75, 19.62, 19.62, 39.50, 39.50, 79.25 GiB.
-		MIGProfiles: hopperProfiles(
-			[7]string{"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"},
-			[7]uint64{9984, 9984, 20096, 20096, 40448, 40448, 81152}),
-	},
-	"H200-SXM5-141GB": {
-		Name: "H200-SXM5-141GB", ProductName: "NVIDIA H200",
-		Architecture: nvml.DEVICE_ARCH_HOPPER, Brand: nvml.BRAND_NVIDIA, CCMajor: 9, CCMinor: 0,
-		MemoryMiB: 143771, PCIDeviceID: 0x233510DE, MemorySlices: 8, layout: dgxH100Layout,
-		// -lgip: 16.00, 16.00, 32.25, 32.25, 69.50, 69.50, 139.75 GiB.
-		MIGProfiles: hopperProfiles(
-			[7]string{"1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"},
-			[7]uint64{16384, 16384, 33024, 33024, 71168, 71168, 143104}),
-	},
-	// H100 NVL (PCIe, 94GB HBM3, sold in NVLink-bridged pairs): nvidia-smi
-	// names it "NVIDIA H100 NVL" and reports 95830MiB (public nvidia-smi
-	// outputs, bare metal and Azure NC H100 v5 VMs alike); device ID
-	// 0x232110DE (mig-parted's default config, "H100 NVL 94GB",
-	// NVIDIA/mig-parted pull request #101). Its -lgip is from NVIDIA's
-	// own run in NVIDIA/gpu-operator pull request #900, its -lgipp from
-	// public runs on H100 NVL (both in testdata/mig/H100-NVL-94GB.txt):
-	// H100's SM and engine counts and placements, with more memory.
-	"H100-NVL-94GB": {
-		Name: "H100-NVL-94GB", ProductName: "NVIDIA H100 NVL",
-		Architecture: nvml.DEVICE_ARCH_HOPPER, Brand: nvml.BRAND_NVIDIA, CCMajor: 9, CCMinor: 0,
-		MemoryMiB: 95830, PCIDeviceID: 0x232110DE, MemorySlices: 8, layout: genericLayout,
-		// -lgip: 10.75, 10.75, 21.62, 21.62, 46.38, 46.38, 93.12 GiB.
-		MIGProfiles: hopperProfiles(
-			[7]string{"1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"},
-			[7]uint64{11008, 11008, 22144, 22144, 47488, 47488, 95360}),
-	},
-	// The Hopper GPU of a GH200 480GB superchip (GH200 NVL32 and
-	// single-superchip nodes), the 96GB HBM3 version: nvidia-smi names it
-	// "NVIDIA GH200 480GB" (480GB counts the Grace CPU's LPDDR5X too) and
-	// reports 97871MiB, device ID 0x234210DE, architecture Hopper, compute
-	// capability 9.0 (public nvidia-smi -q outputs of GH200 480GB nodes;
-	// mig-parted's default config lists 0x234210DE as GH200). Its -lgip,
-	// with the same SM and engine counts as H100's (the same GH100 die), is
-	// from a public `nvidia-smi mig -lgip` run on a GH200 480GB, see
-	// testdata/mig/GH200-96GB.txt; its -lgipp placements were not found
-	// published and are H100's.
-	"GH200-96GB": {
-		Name: "GH200-96GB", ProductName: "NVIDIA GH200 480GB",
-		Architecture: nvml.DEVICE_ARCH_HOPPER, Brand: nvml.BRAND_NVIDIA, CCMajor: 9, CCMinor: 0,
-		MemoryMiB: 97871, PCIDeviceID: 0x234210DE, MemorySlices: 8, layout: gh200Layout,
-		// -lgip: 11.00, 11.00, 23.00, 23.00, 46.50, 46.50, 93.00 GiB.
-		MIGProfiles: hopperProfiles(
-			[7]string{"1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb"},
-			[7]uint64{11264, 11264, 23552, 23552, 47616, 47616, 95232}),
-	},
-	// The Blackwell GPU of a GB200 superchip (GB200 NVL72 compute trays):
-	// nvidia-smi names it "NVIDIA GB200" and reports 189471MiB (public
-	// nvidia-smi outputs of GB200 NVL72 trays; 186 GB HBM3e marketed),
-	// compute capability 10.0 (CUDA's table for GB200/B200), PCI device
-	// 0x2941 (as pci.ids lists GB200; not checked on hardware here). Its MIG profiles are not entered yet: the
-	// simulated GB200 answers that it does not support MIG.
-	"GB200": {
-		Name: "GB200", ProductName: "NVIDIA GB200",
-		Architecture: nvml.DEVICE_ARCH_BLACKWELL, Brand: nvml.BRAND_NVIDIA, CCMajor: 10, CCMinor: 0,
-		MemoryMiB: 189471, PCIDeviceID: 0x294110DE, layout: gb200TrayLayout,
-	},
-	// The Blackwell GPU of a GB10 superchip (DGX Spark and its OEM
-	// versions). Its memory is the 128 GB LPDDR5X the CPU uses too, and
-	// NVML answers nvmlDeviceGetMemoryInfo (v1 and v2) with
-	// NVML_ERROR_NOT_SUPPORTED: a DGX Spark owner's raw NVML calls on
-	// driver 580.173.02 (nvitop pull request #208), and the NVIDIA DRA
-	// driver failing on it (kubernetes-sigs/dra-driver-nvidia-gpu issue
-	// #1073, driver 595.58.03). nvtop pull request #463 reports a driver
-	// answering with the system's total instead; a fleet file's
-	// nvmlErrors {nvmlDeviceGetMemoryInfo: SUCCESS} simulates that, and
-	// MemoryMiB is then /proc/meminfo's MemTotal on a DGX Spark,
-	// 127600748 kB (nvitop #208). nvidia-smi names it "NVIDIA GB10"
-	// (same sources); compute capability 12.1 (CUDA's table, sm_121).
-	// No MIG (DGX Spark hardware guide). The PCI device ID 0x2E12 is
-	// pci.ids' entry for GB10 as recalled here, not checked on hardware.
-	"GB10": {
-		Name: "GB10", ProductName: "NVIDIA GB10",
-		Architecture: nvml.DEVICE_ARCH_BLACKWELL, Brand: nvml.BRAND_NVIDIA, CCMajor: 12, CCMinor: 1,
-		MemoryMiB: 124610, PCIDeviceID: 0x2E1210DE, layout: gb10Layout,
-		NVMLErrors: map[string]string{"nvmlDeviceGetMemoryInfo": "ERROR_NOT_SUPPORTED"},
-	},
-	// A30 24GB (PCIe): nvidia-smi names it "NVIDIA A30" and reports
-	// 24576MiB; its -lgip, -lgipp and the memory of its MIG devices (5952
-	// and 11968 MiB) are from a public session on an A30 with driver
-	// 535.183.01, see testdata/mig/A30-24GB.txt. Device ID 0x20B710DE as
-	// mig-parted logs it for an A30 (NVIDIA/mig-parted issue #157).
-	// Compute capability 8.0, GA100 (MIG user guide, "Supported GPUs").
-	"A30-24GB": {
-		Name: "A30-24GB", ProductName: "NVIDIA A30",
-		Architecture: nvml.DEVICE_ARCH_AMPERE, Brand: nvml.BRAND_NVIDIA, CCMajor: 8, CCMinor: 0,
-		MemoryMiB: 24576, PCIDeviceID: 0x20B710DE, MemorySlices: 4, layout: genericLayout,
-		// -lgip: 5.81, 5.81, 11.69, 11.69, 23.44 GiB.
-		MIGProfiles: []MIGProfile{
-			{"1g.6gb", nvml.GPU_INSTANCE_PROFILE_1_SLICE, 14, nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 1, 4, 5952, 14, 1, 1, 0, 0, 0, 1, starts1of4},
-			{"1g.6gb+me", nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1, 21, nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 1, 1, 5952, 14, 1, 1, 0, 1, 1, 1, starts1of4},
-			{"2g.12gb", nvml.GPU_INSTANCE_PROFILE_2_SLICE, 5, nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE, 2, 2, 11968, 28, 2, 2, 0, 0, 0, 2, starts2of4},
-			{"2g.12gb+me", nvml.GPU_INSTANCE_PROFILE_2_SLICE_REV1, 6, nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE, 2, 1, 11968, 28, 2, 2, 0, 1, 1, 2, starts2of4},
-			{"4g.24gb", nvml.GPU_INSTANCE_PROFILE_4_SLICE, 0, nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE, 4, 1, 24000, 56, 4, 4, 0, 1, 1, 4, starts0},
+// models are the simulated GPU models by name, built at first use: a
+// process that simulates nothing (the plugin on a real node) never builds
+// them.
+var models = sync.OnceValue(func() map[string]*Model {
+	return map[string]*Model{
+		"A100-SXM4-40GB": {
+			Name: "A100-SXM4-40GB", ProductName: "NVIDIA A100-SXM4-40GB",
+			Architecture: nvml.DEVICE_ARCH_AMPERE, Brand: nvml.BRAND_NVIDIA, CCMajor: 8, CCMinor: 0,
+			MemoryMiB: 40960, PCIDeviceID: 0x20B010DE, MemorySlices: 8, layout: dgxA100Layout,
+			// -lgip: 4.75, 4.75, 9.62, 9.62, 19.50, 19.50, 39.25 GiB.
+			MIGProfiles: ampereProfiles(
+				[7]string{"1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"},
+				[7]uint64{4864, 4864, 9856, 9856, 19968, 19968, 40192}),
 		},
-	},
-	// Inference GPUs without MIG, as cloud instances carry them. Names and
-	// memory totals as nvidia-smi reports them on driver 595.91.07 ("NVIDIA
-	// A10G" 23028 MiB, "NVIDIA L4" 23034 MiB, "Tesla T4" 15360 MiB: a
-	// public benchmark protocol listing the three); L4's 23034 MiB also in
-	// public nvidia-smi outputs on GCP g2 VMs. Compute capabilities from
-	// CUDA's table (A10G 8.6, L4 8.9, T4 7.5). Device IDs as pci.ids lists
-	// them (A10G 0x2237, L4 0x27B8, T4 0x1EB8), not checked on hardware.
-	// Brand: NVIDIA for all three, as recent drivers report data-centre
-	// GPUs; older drivers reported T4 as Tesla, not checked here.
-	"A10G": {
-		Name: "A10G", ProductName: "NVIDIA A10G",
-		Architecture: nvml.DEVICE_ARCH_AMPERE, Brand: nvml.BRAND_NVIDIA, CCMajor: 8, CCMinor: 6,
-		MemoryMiB: 23028, PCIDeviceID: 0x223710DE, layout: genericLayout,
-	},
-	"L4": {
-		Name: "L4", ProductName: "NVIDIA L4",
-		Architecture: nvml.DEVICE_ARCH_ADA, Brand: nvml.BRAND_NVIDIA, CCMajor: 8, CCMinor: 9,
-		MemoryMiB: 23034, PCIDeviceID: 0x27B810DE, layout: genericLayout,
-	},
-	"T4": {
-		Name: "T4", ProductName: "Tesla T4",
-		Architecture: nvml.DEVICE_ARCH_TURING, Brand: nvml.BRAND_NVIDIA, CCMajor: 7, CCMinor: 5,
-		MemoryMiB: 15360, PCIDeviceID: 0x1EB810DE, layout: genericLayout,
-	},
-	// A GPU without MIG, so that fleets can hold one.
-	"L40S": {
-		Name: "L40S", ProductName: "NVIDIA L40S",
-		Architecture: nvml.DEVICE_ARCH_ADA, Brand: nvml.BRAND_NVIDIA, CCMajor: 8, CCMinor: 9,
-		MemoryMiB: 46068, PCIDeviceID: 0x26B910DE, layout: genericLayout,
-	},
-}
+		"A100-SXM4-80GB": {
+			Name: "A100-SXM4-80GB", ProductName: "NVIDIA A100-SXM4-80GB",
+			Architecture: nvml.DEVICE_ARCH_AMPERE, Brand: nvml.BRAND_NVIDIA, CCMajor: 8, CCMinor: 0,
+			MemoryMiB: 81920, PCIDeviceID: 0x20B210DE, MemorySlices: 8, layout: dgxA100Layout,
+			// -lgip: 9.75, 9.75, 19.50, 19.50, 39.25, 39.25, 79.00 GiB.
+			MIGProfiles: ampereProfiles(
+				[7]string{"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"},
+				[7]uint64{9984, 9984, 19968, 19968, 40192, 40192, 80896}),
+		},
+		"H100-SXM5-80GB": {
+			Name: "H100-SXM5-80GB", ProductName: "NVIDIA H100 80GB HBM3",
+			Architecture: nvml.DEVICE_ARCH_HOPPER, Brand: nvml.BRAND_NVIDIA, CCMajor: 9, CCMinor: 0,
+			MemoryMiB: 81559, PCIDeviceID: 0x233010DE, MemorySlices: 8, layout: dgxH100Layout,
+			// -lgip: 9.75, 9.75, 19.62, 19.62, 39.50, 39.50, 79.25 GiB.
+			MIGProfiles: hopperProfiles(
+				[7]string{"1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"},
+				[7]uint64{9984, 9984, 20096, 20096, 40448, 40448, 81152}),
+		},
+		"H200-SXM5-141GB": {
+			Name: "H200-SXM5-141GB", ProductName: "NVIDIA H200",
+			Architecture: nvml.DEVICE_ARCH_HOPPER, Brand: nvml.BRAND_NVIDIA, CCMajor: 9, CCMinor: 0,
+			MemoryMiB: 143771, PCIDeviceID: 0x233510DE, MemorySlices: 8, layout: dgxH100Layout,
+			// -lgip: 16.00, 16.00, 32.25, 32.25, 69.50, 69.50, 139.75 GiB.
+			MIGProfiles: hopperProfiles(
+				[7]string{"1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"},
+				[7]uint64{16384, 16384, 33024, 33024, 71168, 71168, 143104}),
+		},
+		// H100 NVL (PCIe, 94GB HBM3, sold in NVLink-bridged pairs): nvidia-smi
+		// names it "NVIDIA H100 NVL" and reports 95830MiB (public nvidia-smi
+		// outputs, bare metal and Azure NC H100 v5 VMs alike); device ID
+		// 0x232110DE (mig-parted's default config, "H100 NVL 94GB",
+		// NVIDIA/mig-parted pull request #101). Its -lgip is from NVIDIA's
+		// own run in NVIDIA/gpu-operator pull request #900, its -lgipp from
+		// public runs on H100 NVL (both in testdata/mig/H100-NVL-94GB.txt):
+		// H100's SM and engine counts and placements, with more memory.
+		"H100-NVL-94GB": {
+			Name: "H100-NVL-94GB", ProductName: "NVIDIA H100 NVL",
+			Architecture: nvml.DEVICE_ARCH_HOPPER, Brand: nvml.BRAND_NVIDIA, CCMajor: 9, CCMinor: 0,
+			MemoryMiB: 95830, PCIDeviceID: 0x232110DE, MemorySlices: 8, layout: genericLayout,
+			// -lgip: 10.75, 10.75, 21.62, 21.62, 46.38, 46.38, 93.12 GiB.
+			MIGProfiles: hopperProfiles(
+				[7]string{"1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.47gb", "4g.47gb", "7g.94gb"},
+				[7]uint64{11008, 11008, 22144, 22144, 47488, 47488, 95360}),
+		},
+		// The Hopper GPU of a GH200 480GB superchip (GH200 NVL32 and
+		// single-superchip nodes), the 96GB HBM3 version: nvidia-smi names it
+		// "NVIDIA GH200 480GB" (480GB counts the Grace CPU's LPDDR5X too) and
+		// reports 97871MiB, device ID 0x234210DE, architecture Hopper, compute
+		// capability 9.0 (public nvidia-smi -q outputs of GH200 480GB nodes;
+		// mig-parted's default config lists 0x234210DE as GH200). Its -lgip,
+		// with the same SM and engine counts as H100's (the same GH100 die), is
+		// from a public `nvidia-smi mig -lgip` run on a GH200 480GB, see
+		// testdata/mig/GH200-96GB.txt; its -lgipp placements were not found
+		// published and are H100's.
+		"GH200-96GB": {
+			Name: "GH200-96GB", ProductName: "NVIDIA GH200 480GB",
+			Architecture: nvml.DEVICE_ARCH_HOPPER, Brand: nvml.BRAND_NVIDIA, CCMajor: 9, CCMinor: 0,
+			MemoryMiB: 97871, PCIDeviceID: 0x234210DE, MemorySlices: 8, layout: gh200Layout,
+			// -lgip: 11.00, 11.00, 23.00, 23.00, 46.50, 46.50, 93.00 GiB.
+			MIGProfiles: hopperProfiles(
+				[7]string{"1g.12gb", "1g.12gb+me", "1g.24gb", "2g.24gb", "3g.48gb", "4g.48gb", "7g.96gb"},
+				[7]uint64{11264, 11264, 23552, 23552, 47616, 47616, 95232}),
+		},
+		// The Blackwell GPU of a GB200 superchip (GB200 NVL72 compute trays):
+		// nvidia-smi names it "NVIDIA GB200" and reports 189471MiB (public
+		// nvidia-smi outputs of GB200 NVL72 trays; 186 GB HBM3e marketed),
+		// compute capability 10.0 (CUDA's table for GB200/B200), PCI device
+		// 0x2941 (as pci.ids lists GB200; not checked on hardware here). Its MIG profiles are not entered yet: the
+		// simulated GB200 answers that it does not support MIG.
+		"GB200": {
+			Name: "GB200", ProductName: "NVIDIA GB200",
+			Architecture: nvml.DEVICE_ARCH_BLACKWELL, Brand: nvml.BRAND_NVIDIA, CCMajor: 10, CCMinor: 0,
+			MemoryMiB: 189471, PCIDeviceID: 0x294110DE, layout: gb200TrayLayout,
+		},
+		// The Blackwell GPU of a GB10 superchip (DGX Spark and its OEM
+		// versions). Its memory is the 128 GB LPDDR5X the CPU uses too, and
+		// NVML answers nvmlDeviceGetMemoryInfo (v1 and v2) with
+		// NVML_ERROR_NOT_SUPPORTED: a DGX Spark owner's raw NVML calls on
+		// driver 580.173.02 (nvitop pull request #208), and the NVIDIA DRA
+		// driver failing on it (kubernetes-sigs/dra-driver-nvidia-gpu issue
+		// #1073, driver 595.58.03). nvtop pull request #463 reports a driver
+		// answering with the system's total instead; a fleet file's
+		// nvmlErrors {nvmlDeviceGetMemoryInfo: SUCCESS} simulates that, and
+		// MemoryMiB is then /proc/meminfo's MemTotal on a DGX Spark,
+		// 127600748 kB (nvitop #208). nvidia-smi names it "NVIDIA GB10"
+		// (same sources); compute capability 12.1 (CUDA's table, sm_121).
+		// No MIG (DGX Spark hardware guide). The PCI device ID 0x2E12 is
+		// pci.ids' entry for GB10 as recalled here, not checked on hardware.
+		"GB10": {
+			Name: "GB10", ProductName: "NVIDIA GB10",
+			Architecture: nvml.DEVICE_ARCH_BLACKWELL, Brand: nvml.BRAND_NVIDIA, CCMajor: 12, CCMinor: 1,
+			MemoryMiB: 124610, PCIDeviceID: 0x2E1210DE, layout: gb10Layout,
+			NVMLErrors: map[string]string{"nvmlDeviceGetMemoryInfo": "ERROR_NOT_SUPPORTED"},
+		},
+		// A30 24GB (PCIe): nvidia-smi names it "NVIDIA A30" and reports
+		// 24576MiB; its -lgip, -lgipp and the memory of its MIG devices (5952
+		// and 11968 MiB) are from a public session on an A30 with driver
+		// 535.183.01, see testdata/mig/A30-24GB.txt. Device ID 0x20B710DE as
+		// mig-parted logs it for an A30 (NVIDIA/mig-parted issue #157).
+		// Compute capability 8.0, GA100 (MIG user guide, "Supported GPUs").
+		"A30-24GB": {
+			Name: "A30-24GB", ProductName: "NVIDIA A30",
+			Architecture: nvml.DEVICE_ARCH_AMPERE, Brand: nvml.BRAND_NVIDIA, CCMajor: 8, CCMinor: 0,
+			MemoryMiB: 24576, PCIDeviceID: 0x20B710DE, MemorySlices: 4, layout: genericLayout,
+			// -lgip: 5.81, 5.81, 11.69, 11.69, 23.44 GiB.
+			MIGProfiles: []MIGProfile{
+				{"1g.6gb", nvml.GPU_INSTANCE_PROFILE_1_SLICE, 14, nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 1, 4, 5952, 14, 1, 1, 0, 0, 0, 1, starts1of4},
+				{"1g.6gb+me", nvml.GPU_INSTANCE_PROFILE_1_SLICE_REV1, 21, nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 1, 1, 5952, 14, 1, 1, 0, 1, 1, 1, starts1of4},
+				{"2g.12gb", nvml.GPU_INSTANCE_PROFILE_2_SLICE, 5, nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE, 2, 2, 11968, 28, 2, 2, 0, 0, 0, 2, starts2of4},
+				{"2g.12gb+me", nvml.GPU_INSTANCE_PROFILE_2_SLICE_REV1, 6, nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE, 2, 1, 11968, 28, 2, 2, 0, 1, 1, 2, starts2of4},
+				{"4g.24gb", nvml.GPU_INSTANCE_PROFILE_4_SLICE, 0, nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE, 4, 1, 24000, 56, 4, 4, 0, 1, 1, 4, starts0},
+			},
+		},
+		// Inference GPUs without MIG, as cloud instances carry them. Names and
+		// memory totals as nvidia-smi reports them on driver 595.91.07 ("NVIDIA
+		// A10G" 23028 MiB, "NVIDIA L4" 23034 MiB, "Tesla T4" 15360 MiB: a
+		// public benchmark protocol listing the three); L4's 23034 MiB also in
+		// public nvidia-smi outputs on GCP g2 VMs. Compute capabilities from
+		// CUDA's table (A10G 8.6, L4 8.9, T4 7.5). Device IDs as pci.ids lists
+		// them (A10G 0x2237, L4 0x27B8, T4 0x1EB8), not checked on hardware.
+		// Brand: NVIDIA for all three, as recent drivers report data-centre
+		// GPUs; older drivers reported T4 as Tesla, not checked here.
+		"A10G": {
+			Name: "A10G", ProductName: "NVIDIA A10G",
+			Architecture: nvml.DEVICE_ARCH_AMPERE, Brand: nvml.BRAND_NVIDIA, CCMajor: 8, CCMinor: 6,
+			MemoryMiB: 23028, PCIDeviceID: 0x223710DE, layout: genericLayout,
+		},
+		"L4": {
+			Name: "L4", ProductName: "NVIDIA L4",
+			Architecture: nvml.DEVICE_ARCH_ADA, Brand: nvml.BRAND_NVIDIA, CCMajor: 8, CCMinor: 9,
+			MemoryMiB: 23034, PCIDeviceID: 0x27B810DE, layout: genericLayout,
+		},
+		"T4": {
+			Name: "T4", ProductName: "Tesla T4",
+			Architecture: nvml.DEVICE_ARCH_TURING, Brand: nvml.BRAND_NVIDIA, CCMajor: 7, CCMinor: 5,
+			MemoryMiB: 15360, PCIDeviceID: 0x1EB810DE, layout: genericLayout,
+		},
+		// A GPU without MIG, so that fleets can hold one.
+		"L40S": {
+			Name: "L40S", ProductName: "NVIDIA L40S",
+			Architecture: nvml.DEVICE_ARCH_ADA, Brand: nvml.BRAND_NVIDIA, CCMajor: 8, CCMinor: 9,
+			MemoryMiB: 46068, PCIDeviceID: 0x26B910DE, layout: genericLayout,
+		},
+	}
+})
 
 // ModelNames returns the names of the models fleet files may use, sorted.
 func ModelNames() []string {
-	names := make([]string, 0, len(models))
-	for name := range models {
+	names := make([]string, 0, len(models()))
+	for name := range models() {
 		names = append(names, name)
 	}
 	sort.Strings(names)
@@ -401,7 +407,7 @@ func ModelNames() []string {
 
 // LookupModel returns a copy of the model with the given name.
 func LookupModel(name string) (Model, bool) {
-	m, ok := models[name]
+	m, ok := models()[name]
 	if !ok {
 		return Model{}, false
 	}

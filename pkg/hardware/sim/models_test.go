@@ -14,7 +14,7 @@ import (
 func TestProfileNamesMatchGoNVLib(t *testing.T) {
 	devlib := nvdev.New(nil)
 	for _, name := range ModelNames() {
-		m := models[name]
+		m := models()[name]
 		for _, p := range m.MIGProfiles {
 			got, err := devlib.NewMigProfile(p.GIProfile, p.CIProfile, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, p.MemoryMiB, m.MemoryMiB*1024*1024)
 			if err != nil {
@@ -30,7 +30,7 @@ func TestProfileNamesMatchGoNVLib(t *testing.T) {
 
 func TestProfileTablesAreConsistent(t *testing.T) {
 	for _, name := range ModelNames() {
-		m := models[name]
+		m := models()[name]
 		ids := map[int]bool{}
 		for _, p := range m.MIGProfiles {
 			if ids[p.GIProfile] {
@@ -91,7 +91,7 @@ func TestFakeServesGoNVLib(t *testing.T) {
 	for _, p := range profiles {
 		names = append(names, p.String())
 	}
-	for _, p := range models["A100-SXM4-40GB"].MIGProfiles {
+	for _, p := range models()["A100-SXM4-40GB"].MIGProfiles {
 		if !slices.Contains(names, p.Name) {
 			t.Errorf("go-nvlib does not list profile %s: %v", p.Name, names)
 		}

@@ -76,7 +76,7 @@ func (n *Node) resolveNICs(p *problems, busIDs map[string]int) {
 		switch {
 		case c.PCIeRoot == "":
 			p.add(field+".pcieRoot", "must be set, like \"pci0000:15\" (the root of the GPUs the NIC pairs with)")
-		case !pcieRootRE.MatchString(c.PCIeRoot):
+		case !patterns().pcieRoot.MatchString(c.PCIeRoot):
 			p.add(field+".pcieRoot", "%q is not a PCIe root like \"pci0000:15\"", c.PCIeRoot)
 		}
 		switch c.LinkType {
@@ -94,7 +94,7 @@ func (n *Node) resolveNICs(p *problems, busIDs map[string]int) {
 		}
 		if c.PCIBusID != "" {
 			c.PCIBusID = strings.ToLower(c.PCIBusID)
-			if !busIDRE.MatchString(c.PCIBusID) {
+			if !patterns().busID.MatchString(c.PCIBusID) {
 				p.add(field+".pciBusID", "%q is not an extended BDF like \"0000:18:00.0\"", c.PCIBusID)
 			} else if j, dup := busIDs[c.PCIBusID]; dup {
 				p.add(field+".pciBusID", "%s is also the bus ID of gpus[%d]", c.PCIBusID, j)

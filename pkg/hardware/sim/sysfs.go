@@ -42,7 +42,7 @@ func (n *Node) sysfs(stateFile string) (*fakesysfs.Sysfs, error) {
 	for i, g := range c.GPUs {
 		// The device ID is the model's, as NVML reports it (device in
 		// the upper half, vendor 10de in the lower): one table for both.
-		m, ok := models[g.Model]
+		m, ok := models()[g.Model]
 		if !ok || m.PCIDeviceID == 0 {
 			return nil, fmt.Errorf("simulated node %q: GPU %d: no PCI device ID for model %s", n.Name, i, g.Model)
 		}

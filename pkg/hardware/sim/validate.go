@@ -7,21 +7,30 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/gpudra/gpudra/pkg/hardware"
 )
 
-var (
-	nodeNameRE      = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
-	driverVersionRE = regexp.MustCompile(`^[0-9]+(\.[0-9]+)+$`)
-	cudaVersionRE   = regexp.MustCompile(`^[0-9]+\.[0-9]{1,2}$`)
-	uuidBody        = `[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`
-	gpuUUIDRE       = regexp.MustCompile(`^GPU-` + uuidBody + `$`)
-	uuidRE          = regexp.MustCompile(`^` + uuidBody + `$`)
-	migUUIDRE       = regexp.MustCompile(`^MIG-` + uuidBody + `$`)
-	busIDRE         = regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`)
-	pcieRootRE      = regexp.MustCompile(`^pci[0-9a-f]{4}:[0-9a-f]{2}$`)
-)
+// patterns are the fleet file's formats, compiled at first use: only a
+// simulating process reads a fleet file.
+var patterns = sync.OnceValue(func() *fleetPatterns {
+	const uuidBody = `[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}`
+	return &fleetPatterns{
+		nodeName:      regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`),
+		driverVersion: regexp.MustCompile(`^[0-9]+(\.[0-9]+)+$`),
+		cudaVersion:   regexp.MustCompile(`^[0-9]+\.[0-9]{1,2}$`),
+		gpuUUID:       regexp.MustCompile(`^GPU-` + uuidBody + `$`),
+		uuid:          regexp.MustCompile(`^` + uuidBody + `$`),
+		migUUID:       regexp.MustCompile(`^MIG-` + uuidBody + `$`),
+		busID:         regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$`),
+		pcieRoot:      regexp.MustCompile(`^pci[0-9a-f]{4}:[0-9a-f]{2}$`),
+	}
+})
+
+type fleetPatterns struct {
+	nodeName, driverVersion, cudaVersion, gpuUUID, uuid, migUUID, busID, pcieRoot *regexp.Regexp
+}
 
 // maxMinor is the largest GPU minor; 255 is /dev/nvidiactl.
 const maxMinor = 254
@@ -94,17 +103,17 @@ func (n *Node) resolve(p *problems) {
 	switch {
 	case n.Name == "":
 		p.add("name", "must not be empty")
-	case len(n.Name) > 253 || !nodeNameRE.MatchString(n.Name):
+	case len(n.Name) > 253 || !patterns().nodeName.MatchString(n.Name):
 		p.add("name", "%q is not a valid Kubernetes node name (lower-case RFC 1123 subdomain)", n.Name)
 	}
 	if n.DriverVersion == "" {
 		n.DriverVersion = DefaultDriverVersion
-	} else if !driverVersionRE.MatchString(n.DriverVersion) {
+	} else if !patterns().driverVersion.MatchString(n.DriverVersion) {
 		p.add("driverVersion", "%q is not a driver version like %q", n.DriverVersion, DefaultDriverVersion)
 	}
 	if n.CUDADriverVersion == "" {
 		n.CUDADriverVersion = DefaultCUDADriverVersion
-	} else if !cudaVersionRE.MatchString(n.CUDADriverVersion) {
+	} else if !patterns().cudaVersion.MatchString(n.CUDADriverVersion) {
 		p.add("cudaDriverVersion", "%q is not a CUDA version like %q", n.CUDADriverVersion, DefaultCUDADriverVersion)
 	}
 
@@ -114,7 +123,7 @@ func (n *Node) resolve(p *problems) {
 	if f := n.Fabric; f != nil {
 		if f.ClusterUUID == "" {
 			f.ClusterUUID = DefaultClusterUUID
-		} else if !uuidRE.MatchString(f.ClusterUUID) {
+		} else if !patterns().uuid.MatchString(f.ClusterUUID) {
 			p.add("fabric.clusterUUID", "%q is not a UUID like %q", f.ClusterUUID, DefaultClusterUUID)
 		}
 		switch f.State {
@@ -163,7 +172,7 @@ func (n *Node) resolve(p *problems) {
 // reports what is wrong with it.
 func (g *GPU) resolve(p *problems, field string, n *Node, i int) {
 	node, count := n.Name, len(n.GPUs)
-	m, ok := models[g.Model]
+	m, ok := models()[g.Model]
 	if !ok {
 		if g.Model == "" {
 			p.add(field+".model", "must be set (known models: %s)", strings.Join(ModelNames(), ", "))
@@ -184,14 +193,14 @@ func (g *GPU) resolve(p *problems, field string, n *Node, i int) {
 	}
 	if g.UUID == "" {
 		g.UUID = gpuUUID(node, i)
-	} else if !gpuUUIDRE.MatchString(g.UUID) {
+	} else if !patterns().gpuUUID.MatchString(g.UUID) {
 		p.add(field+".uuid", "%q is not a GPU UUID like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (lower-case hex)", g.UUID)
 	}
 	if g.PCIBusID == "" {
 		g.PCIBusID = m.layout.busID(i)
 	} else {
 		g.PCIBusID = strings.ToLower(g.PCIBusID)
-		if !busIDRE.MatchString(g.PCIBusID) {
+		if !patterns().busID.MatchString(g.PCIBusID) {
 			p.add(field+".pciBusID", "%q is not an extended BDF like \"0000:1b:00.0\"", g.PCIBusID)
 		}
 	}
@@ -204,7 +213,7 @@ func (g *GPU) resolve(p *problems, field string, n *Node, i int) {
 		g.PCIeRoot = TopologyUnknown
 	case g.PCIeRoot == "":
 		g.PCIeRoot = m.layout.pcieRoot(i)
-	case g.PCIeRoot != TopologyUnknown && !pcieRootRE.MatchString(g.PCIeRoot):
+	case g.PCIeRoot != TopologyUnknown && !patterns().pcieRoot.MatchString(g.PCIeRoot):
 		p.add(field+".pcieRoot", "%q is not a PCIe root like \"pci0000:15\" (or %q)", g.PCIeRoot, TopologyUnknown)
 	}
 	switch {
@@ -307,7 +316,7 @@ func (g *GPU) resolveMIG(p *problems, field string, m *Model, node string, index
 		}
 		if d.UUID == "" {
 			d.UUID = migUUID(node, index, prof.Name, *d.PlacementStart)
-		} else if !migUUIDRE.MatchString(d.UUID) {
+		} else if !patterns().migUUID.MatchString(d.UUID) {
 			p.add(dfield+".uuid", "%q is not a MIG UUID like MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (lower-case hex)", d.UUID)
 		}
 	}

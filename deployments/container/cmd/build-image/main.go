@@ -30,6 +30,11 @@ func run(args []string) error {
 		binaries = append(binaries, s)
 		return nil
 	})
+	var nodeBinaries []string
+	fs.Func("node-binary", "the gpudra-node binary of each --binary's architecture (required, one per --binary)", func(s string) error {
+		nodeBinaries = append(nodeBinaries, s)
+		return nil
+	})
 	sysroots := map[string]string{}
 	fs.Func("sysroot", "`ARCH=DIR`: take ARCH's loader, libraries and nsenter from the Debian root DIR (deployments/container/debian-sysroot sets one up) rather than from / (repeatable; / is right only for this machine's architecture, "+runtime.GOARCH+")", func(s string) error {
 		arch, dir, ok := strings.Cut(s, "=")
@@ -57,6 +62,18 @@ func run(args []string) error {
 		return fmt.Errorf("--created: %w", err)
 	}
 
+	nodeBinary := map[string]string{}
+	for _, b := range nodeBinaries {
+		arch, err := imagebuild.BinaryArch(b)
+		if err != nil {
+			return err
+		}
+		if nodeBinary[arch] != "" {
+			return fmt.Errorf("--node-binary: two %s binaries, %s and %s", arch, nodeBinary[arch], b)
+		}
+		nodeBinary[arch] = b
+	}
+
 	var images []v1.Image
 	used := map[string]bool{}
 	for _, binary := range binaries {
@@ -69,9 +86,13 @@ func run(args []string) error {
 			return fmt.Errorf("%s is an %s binary and this machine is %s: name the %s root its libraries come from with --sysroot %s=DIR (deployments/container/debian-sysroot %s DIR sets one up)",
 				binary, arch, runtime.GOARCH, arch, arch, arch)
 		}
+		if nodeBinary[arch] == "" {
+			return fmt.Errorf("%s is an %s binary and no --node-binary is %s", binary, arch, arch)
+		}
 		used[arch] = true
 		img, err := imagebuild.Build(imagebuild.Options{
 			Binary:      binary,
+			NodeBinary:  nodeBinary[arch],
 			Root:        root,
 			Executables: imagebuild.DefaultExecutables,
 			Libraries:   imagebuild.DefaultLibraries,
@@ -83,6 +104,11 @@ func run(args []string) error {
 			return fmt.Errorf("%s image: %w", arch, err)
 		}
 		images = append(images, img)
+	}
+	for arch, b := range nodeBinary {
+		if !used[arch] {
+			return fmt.Errorf("--node-binary %s: no --binary is %s", b, arch)
+		}
 	}
 	for arch := range sysroots {
 		if !used[arch] {

@@ -1,4 +1,4 @@
-package main
+package nodecmd
 
 import (
 	"fmt"
@@ -33,7 +33,9 @@ type inspectOptions struct {
 	pluginDir  string
 }
 
-func newInspectCommand() *cobra.Command {
+// NewInspectCommand prints what the node's kubelet plugin would publish;
+// the kubelet plugin's DaemonSet runs it as its init container.
+func NewInspectCommand() *cobra.Command {
 	o := &inspectOptions{}
 	cmd := &cobra.Command{
 		Use:   "inspect",

@@ -1,4 +1,4 @@
-package main
+package nodecmd
 
 import (
 	"fmt"
@@ -21,7 +21,8 @@ type kubeletPluginOptions struct {
 	*pluginflags.KubeletPlugin
 }
 
-func newKubeletPluginCommand() *cobra.Command {
+// NewKubeletPluginCommand runs the node's DRA kubelet plugin.
+func NewKubeletPluginCommand() *cobra.Command {
 	o := &kubeletPluginOptions{pluginflags.NewKubeletPlugin()}
 	cmd := &cobra.Command{
 		Use:   "kubelet-plugin",

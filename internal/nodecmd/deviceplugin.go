@@ -1,4 +1,4 @@
-package main
+package nodecmd
 
 import (
 	"fmt"
@@ -16,7 +16,9 @@ import (
 	"github.com/gpudra/gpudra/pkg/pluginflags"
 )
 
-func newDevicePluginCommand() *cobra.Command {
+// NewDevicePluginCommand serves the kubelet's device-plugin API, the
+// alternative to the DRA kubelet plugin on nodes not on DRA yet.
+func NewDevicePluginCommand() *cobra.Command {
 	o := pluginflags.NewDevicePlugin()
 	cmd := &cobra.Command{
 		Use:   "device-plugin",

@@ -1,4 +1,4 @@
-package main
+package nodecmd
 
 import (
 	"fmt"
@@ -13,10 +13,10 @@ import (
 	"github.com/gpudra/gpudra/pkg/pluginflags"
 )
 
-// newComputeDomainKubeletPluginCommand runs the channel plugin; package
+// NewComputeDomainKubeletPluginCommand runs the channel plugin; package
 // pluginflags holds its flags so that the local cluster parses the Helm
 // chart's arguments with the same flag set.
-func newComputeDomainKubeletPluginCommand() *cobra.Command {
+func NewComputeDomainKubeletPluginCommand() *cobra.Command {
 	o := pluginflags.NewComputeDomainPlugin()
 	cmd := &cobra.Command{
 		Use:   "compute-domain-kubelet-plugin",
