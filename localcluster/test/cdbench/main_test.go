@@ -1,14 +1,11 @@
 package cdbench
 
 import (
-	"flag"
-	"io"
 	"os"
 	"testing"
 
-	"k8s.io/klog/v2"
-
 	"github.com/gpudra/gpudra/localcluster/cluster"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 func TestMain(m *testing.M) {
@@ -17,15 +14,7 @@ func TestMain(m *testing.M) {
 	if code, ok := cluster.Main(); ok {
 		os.Exit(code)
 	}
-	klog.InitFlags(nil)
-	flag.Parse()
-	if !testing.Verbose() {
-		// The components log a lot at level 0; a benchmark prints its
-		// figures only.
-		_ = flag.Set("logtostderr", "false")
-		_ = flag.Set("alsologtostderr", "false")
-		_ = flag.Set("stderrthreshold", "FATAL")
-		klog.SetOutput(io.Discard)
-	}
+	// A benchmark prints its figures only.
+	clustertest.ParseFlags("FATAL")
 	os.Exit(m.Run())
 }

@@ -1,13 +1,17 @@
 // Package clustertest holds what the local cluster's tests share: a short
-// temporary directory for unix sockets, one poll helper, and builders of
+// temporary directory for unix sockets, one poll helper, quiet logs, and builders of
 // the ResourceClaims, ResourceClaimTemplates and pods the tests create.
 package clustertest
 
 import (
 	"context"
+	"flag"
 	"fmt"
+	"io"
 	"testing"
 	"time"
+
+	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/internal/shorttemp"
 )
@@ -61,4 +65,21 @@ func Eventually(tb testing.TB, ctx context.Context, timeout time.Duration, what 
 	if err := Poll(ctx, timeout, cond); err != nil {
 		tb.Fatalf("%s: %v", what, err)
 	}
+}
+
+// ParseFlags parses a test binary's flags with klog's among them and,
+// unless the run is verbose, keeps the components' logs out of its
+// output but for messages at stderrThreshold ("ERROR", "FATAL") and
+// above: the control plane and the nodes log a lot at level 0. A TestMain
+// calls it before m.Run.
+func ParseFlags(stderrThreshold string) {
+	klog.InitFlags(nil)
+	flag.Parse()
+	if testing.Verbose() {
+		return
+	}
+	_ = flag.Set("logtostderr", "false")
+	_ = flag.Set("alsologtostderr", "false")
+	_ = flag.Set("stderrthreshold", stderrThreshold)
+	klog.SetOutput(io.Discard)
 }

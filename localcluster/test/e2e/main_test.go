@@ -6,7 +6,6 @@ package e2e
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,11 +14,11 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
-	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/simfleet"
 
 	"github.com/gpudra/gpudra/localcluster/cluster"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // demo is the cluster most tests share: the demo fleet with all examples
@@ -38,16 +37,8 @@ func TestMain(m *testing.M) {
 	if code, ok := cluster.Main(); ok {
 		os.Exit(code)
 	}
-	klog.InitFlags(nil)
-	flag.Parse()
-	if !testing.Verbose() {
-		// The components log a lot at level 0; keep only errors out of a
-		// passing run's output.
-		_ = flag.Set("stderrthreshold", "ERROR")
-		_ = flag.Set("logtostderr", "false")
-		_ = flag.Set("alsologtostderr", "false")
-		klog.SetOutput(discard{})
-	}
+	// Only errors in a passing run's output.
+	clustertest.ParseFlags("ERROR")
 	// A temporary directory of the suite's own, so that what the
 	// clusters leave behind can be told from other programs' files.
 	tmp, err := os.MkdirTemp("", "gpudra-e2e-")
@@ -64,10 +55,6 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(code)
 }
-
-type discard struct{}
-
-func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
 func run(m *testing.M) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

@@ -39,29 +39,7 @@ const (
 // kube-apiserver on loopback (with seven other claims prepared, as in
 // pkg/draplugin's benchmark); Unprepare runs outside the timer.
 func BenchmarkPrepareOneClaimRealAPIServer(b *testing.B) {
-	klog.SetOutput(discard{})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	cp, err := controlplane.Start(ctx, controlplane.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = cp.Stop() }()
-	client, err := kubernetes.NewForConfig(cp.RESTConfig("bench", 1000, 2000))
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
-		b.Fatal(err)
-	}
-	fleet, err := simfleet.Parse([]byte("nodes:\n- name: bench-0\n  gpus: [{model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}]\n"), "bench")
-	if err != nil {
-		b.Fatal(err)
-	}
-	n, err := fleet.Node(node)
-	if err != nil {
-		b.Fatal(err)
-	}
+	ctx, client, n := startBench(b)
 	dir := clustertest.ShortTempDir(b)
 	boot := filepath.Join(dir, "boot_id")
 	if err := os.WriteFile(boot, []byte("boot-1\n"), 0o644); err != nil {
@@ -157,3 +135,34 @@ func unprepare(ctx context.Context, b *testing.B, dra drapb.DRAPluginClient, c *
 type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// startBench starts a control plane for a benchmark, with the Node object
+// of the benchmark's node, and returns a client and the node's simulated
+// hardware: eight H100s. Everything stops when the benchmark ends.
+func startBench(b *testing.B) (context.Context, kubernetes.Interface, *simfleet.Node) {
+	b.Helper()
+	klog.SetOutput(discard{})
+	ctx, cancel := context.WithCancel(context.Background())
+	b.Cleanup(cancel)
+	cp, err := controlplane.Start(ctx, controlplane.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = cp.Stop() })
+	client, err := kubernetes.NewForConfig(cp.RESTConfig("bench", 1000, 2000))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	fleet, err := simfleet.Parse([]byte("nodes:\n- name: bench-0\n  gpus: [{model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}]\n"), "bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	n, err := fleet.Node(node)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return ctx, client, n
+}

@@ -16,7 +16,6 @@ import (
 
 	"github.com/gpudra/gpudra/pkg/devicemodel"
 	"github.com/gpudra/gpudra/pkg/draplugin"
-	"github.com/gpudra/gpudra/pkg/simfleet"
 
 	"github.com/gpudra/gpudra/localcluster/controlplane"
 	"github.com/gpudra/gpudra/localcluster/test/clustertest"
@@ -28,29 +27,7 @@ import (
 // were deleted before each start, as on a new node. It also checks that
 // the plugin's feature probe found nothing missing in this API server.
 func BenchmarkStartToSlicesRealAPIServer(b *testing.B) {
-	klog.SetOutput(discard{})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	cp, err := controlplane.Start(ctx, controlplane.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = cp.Stop() }()
-	client, err := kubernetes.NewForConfig(cp.RESTConfig("bench", 1000, 2000))
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, metav1.CreateOptions{}); err != nil {
-		b.Fatal(err)
-	}
-	fleet, err := simfleet.Parse([]byte("nodes:\n- name: bench-0\n  gpus: [{model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}, {model: H100-SXM5-80GB}]\n"), "bench")
-	if err != nil {
-		b.Fatal(err)
-	}
-	n, err := fleet.Node(node)
-	if err != nil {
-		b.Fatal(err)
-	}
+	ctx, client, n := startBench(b)
 	selector := metav1.ListOptions{FieldSelector: "spec.nodeName=" + node}
 	var toSlices, toStart time.Duration
 	i := 0

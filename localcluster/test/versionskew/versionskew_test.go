@@ -28,7 +28,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/simfleet"
@@ -36,6 +35,7 @@ import (
 	"github.com/gpudra/gpudra/localcluster/cluster"
 	"github.com/gpudra/gpudra/localcluster/controlplane"
 	"github.com/gpudra/gpudra/localcluster/manifests"
+	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 var versionsFlag = flag.String("versions", "", `Kubernetes minor versions to run, comma-separated, or "all"; default the oldest and the newest the build emulates`)
@@ -46,13 +46,7 @@ func TestMain(m *testing.M) {
 	if code, ok := cluster.Main(); ok {
 		os.Exit(code)
 	}
-	klog.InitFlags(nil)
-	flag.Parse()
-	if !testing.Verbose() {
-		_ = flag.Set("logtostderr", "false")
-		_ = flag.Set("stderrthreshold", "ERROR")
-		klog.SetOutput(io.Discard)
-	}
+	clustertest.ParseFlags("ERROR")
 	os.Exit(m.Run())
 }
 
