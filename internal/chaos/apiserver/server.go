@@ -143,7 +143,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, hr *http.Request) {
 		obj, err = s.list(r, q.Get("labelSelector"), q.Get("fieldSelector"))
 	case hr.Method == http.MethodPost && r.name == "":
 		if obj, err = decodeBody(hr); err == nil {
-			obj, err = s.store.create(r.res, r.namespace, obj)
+			obj, err = s.store.create(r.res, r.namespace, obj, q.Get("dryRun") == "All")
 		}
 		if err == nil {
 			writeJSON(w, http.StatusCreated, obj)

@@ -205,3 +205,19 @@ func TestDeviceStatusApply(t *testing.T) {
 		t.Errorf("status.devices after Remove: %+v, want the other driver's entry alone", got.Status.Devices)
 	}
 }
+
+// TestDryRunCreate: a dry-run create answers what it would store and
+// stores nothing, as the kubelet plugin's feature probe expects.
+func TestDryRunCreate(t *testing.T) {
+	ctx := context.Background()
+	_, client := start(t)
+	nodes := client.CoreV1().Nodes()
+	got, err := nodes.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{GenerateName: "probe-"}}, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	if err != nil || got.Name == "" {
+		t.Fatalf("dry-run create: %+v, %v; want the object with its generated name", got, err)
+	}
+	list, err := nodes.List(ctx, metav1.ListOptions{})
+	if err != nil || len(list.Items) != 0 {
+		t.Errorf("after a dry-run create: %d nodes, %v; want none stored", len(list.Items), err)
+	}
+}

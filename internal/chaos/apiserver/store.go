@@ -149,8 +149,10 @@ func str(m map[string]any, k string) string {
 	return v
 }
 
-// create stores a new object; obj is the decoded request body.
-func (s *store) create(res *resource, namespace string, obj object) (object, *apiError) {
+// create stores a new object; obj is the decoded request body. With
+// dryRun it does all but store it, as a dry-run create does (the kubelet
+// plugin probes which ResourceSlice fields the server keeps so).
+func (s *store) create(res *resource, namespace string, obj object, dryRun bool) (object, *apiError) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	md := metadata(obj)
@@ -179,8 +181,11 @@ func (s *store) create(res *resource, namespace string, obj object) (object, *ap
 	md["uid"] = string(uuid.NewUUID())
 	md["creationTimestamp"] = time.Now().UTC().Format(time.RFC3339)
 	md["generation"] = 1
-	md["resourceVersion"] = s.nextRV()
 	obj = deepCopy(obj) // numbers as JSON decodes them, like every stored object
+	if dryRun {
+		return obj, nil
+	}
+	metadata(obj)["resourceVersion"] = s.nextRV()
 	s.objects[res][k] = obj
 	s.record(res, "ADDED", deepCopy(obj), nil)
 	return deepCopy(obj), nil
