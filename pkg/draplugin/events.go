@@ -15,10 +15,11 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/gpudra/gpudra/pkg/checkpoint"
+	"github.com/gpudra/gpudra/pkg/preparer"
 )
 
 // eventComponent is the source of the Node events gpudra records.
-const eventComponent = "gpudra-kubelet-plugin"
+const eventComponent = preparer.EventComponent
 
 // events records Node events. The broadcaster and its two goroutines
 // start at the first event: a healthy idle node records none, and a

@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/resourceclaim"
+
+	"github.com/gpudra/gpudra/pkg/preparer"
 )
 
 // Input is everything an explanation reads from the cluster.
@@ -47,10 +49,22 @@ type NodeNotice struct {
 	Message string `json:"message"`
 }
 
-// NoticeReasons are the reasons of the Node events in which gpudra's
+// NoticeReasons are the reasons of the Normal Node events in which gpudra's
 // kubelet plugin says what its publication leaves out or changes (see
-// pkg/features/dynamicmig).
+// pkg/features/dynamicmig); every Warning Node event of the plugin
+// (preparer.EventComponent) is a notice too: a fallback where the API
+// server lacks a feature, GPUs left out or withdrawn, a lost checkpoint.
 var NoticeReasons = []string{"MIGOwnershipUnknown", "MIGDevicesUnreadable"}
+
+// isNotice reports whether a Node event says what a node's kubelet plugin
+// leaves out or changes.
+func isNotice(e *corev1.Event) bool {
+	if e.InvolvedObject.Kind != "Node" {
+		return false
+	}
+	return slices.Contains(NoticeReasons, e.Reason) ||
+		e.Source.Component == preparer.EventComponent && e.Type == corev1.EventTypeWarning
+}
 
 // Claim is one claim of the target.
 type Claim struct {
@@ -139,13 +153,13 @@ func Load(ctx context.Context, client kubernetes.Interface, target Target) (*Inp
 func nodeNotices(ctx context.Context, client kubernetes.Interface, warnings []string) ([]NodeNotice, []string) {
 	events, err := client.CoreV1().Events(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Node"})
 	if err != nil {
-		return nil, append(warnings, fmt.Sprintf("Node events cannot be listed (%v): why a node's kubelet plugin offers fewer devices (MIG layouts it did not create) is not shown", err))
+		return nil, append(warnings, fmt.Sprintf("Node events cannot be listed (%v): why a node's kubelet plugin offers fewer devices (MIG layouts it did not create, features the API server lacks) is not shown", err))
 	}
 	type key struct{ node, reason string }
 	latest := map[key]*corev1.Event{}
 	for i := range events.Items {
 		e := &events.Items[i]
-		if e.InvolvedObject.Kind != "Node" || !slices.Contains(NoticeReasons, e.Reason) {
+		if !isNotice(e) {
 			continue
 		}
 		k := key{e.InvolvedObject.Name, e.Reason}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/gpudra/gpudra/pkg/features/dynamicmig"
+	"github.com/gpudra/gpudra/pkg/preparer"
 )
 
 // TestNodeNoticesAreShown: the reason a node's kubelet plugin offers
@@ -38,11 +39,26 @@ func TestNodeNoticesAreShown(t *testing.T) {
 		event("new", "dgx-h100-0", dynamicmig.ReasonForeignMIG, "GPU-1: 1g.10gb at 0", now),
 		event("other", "dgx-h100-0", "NodeReady", "ready", now),
 	}...)
+	// The plugin's Warning events are notices whatever their reason (a
+	// fallback on an API server without a feature); its Normal ones (an
+	// expected absence) and other components' Warnings are not.
+	fromPlugin := func(name, reason, typ string) *corev1.Event {
+		e := event(name, "dgx-h100-1", reason, reason+" message", now)
+		e.Source.Component, e.Type = preparer.EventComponent, typ
+		return e
+	}
+	kubelet := event("kubelet", "dgx-h100-1", "Rebooted", "rebooted", now)
+	kubelet.Type, kubelet.Source.Component = corev1.EventTypeWarning, "kubelet"
+	objs = append(objs, fromPlugin("fallback", "DynamicMIGUnavailable", corev1.EventTypeWarning),
+		fromPlugin("expected", "NoNVLinkFabric", corev1.EventTypeNormal), kubelet)
 	rep, err := Explain(context.Background(), fake.NewClientset(objs...), pod("two"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []NodeNotice{{Node: "dgx-h100-0", Reason: dynamicmig.ReasonForeignMIG, Message: "GPU-1: 1g.10gb at 0"}}
+	want := []NodeNotice{
+		{Node: "dgx-h100-0", Reason: dynamicmig.ReasonForeignMIG, Message: "GPU-1: 1g.10gb at 0"},
+		{Node: "dgx-h100-1", Reason: "DynamicMIGUnavailable", Message: "DynamicMIGUnavailable message"},
+	}
 	if !reflect.DeepEqual(rep.Notices, want) {
 		t.Errorf("notices %+v, want %+v", rep.Notices, want)
 	}

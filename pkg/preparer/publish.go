@@ -32,6 +32,11 @@ type PublishInput struct {
 	Notices []Notice
 }
 
+// EventComponent is the source component of the events gpudra's kubelet
+// plugins record: `gpudra explain` shows a node's Warning events of it as
+// what the node's publication left out or changed.
+const EventComponent = "gpudra-kubelet-plugin"
+
 // Notice is something a publication left out or changed that an operator
 // should hear about. A problem is logged as an error at every publication
 // and recorded as a Warning Node event when it appears; an expected
