@@ -57,6 +57,7 @@ func TestKubeletPlugin(t *testing.T) {
 				{"resource.k8s.io", "resourceclaims/driver", tc.wantDriver, "associated-node:patch"},
 				{"", "nodes", "", "get"},
 				{"", "pods", "", "get"},
+				{"scheduling.k8s.io", "podgroups", "", "get"},
 				{"", "events", "", "create"},
 				{"", "events", "", "patch"},
 			} {

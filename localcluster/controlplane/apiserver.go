@@ -125,6 +125,9 @@ func startAPIServer(ctx context.Context, dir, etcdURL string, authzModes []strin
 	// distributions set it): the kubelet plugin's DaemonSet is privileged,
 	// and the chart's tests install it here.
 	s.AllowPrivileged = true
+	// Beta API group versions are served only when asked for; an enabled
+	// gate whose API is in one asks for it, as --runtime-config would.
+	s.APIEnablement.RuntimeConfig = runtimeConfigOf(featureGate)
 	// The kubelet API (logs, exec, port-forward) of the simulated nodes:
 	// each serves it on loopback with a certificate of kubeletCA, and its
 	// Node names InternalIP 127.0.0.1 beside its Hostname, which no DNS

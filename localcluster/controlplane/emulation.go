@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/version"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	cliflag "k8s.io/component-base/cli/flag"
 	"k8s.io/component-base/featuregate"
 )
 
@@ -223,4 +224,29 @@ func describeGates(gates map[string]bool) string {
 		parts = append(parts, fmt.Sprintf("%s=%t", name, gates[name]))
 	}
 	return strings.Join(parts, ",")
+}
+
+// gateAPIs are the API group versions, off by default in kube-apiserver
+// (beta), that a feature gate's objects are served in: with the gate on
+// and its version off, the API server serves none of them, and the
+// scheduler's and controllers' informers for them never sync.
+var gateAPIs = map[featuregate.Feature][]string{
+	// PodGroups and Workloads (KEP-4671), which claims of a whole
+	// workload (DRAWorkloadResourceClaims, KEP-5729) are reserved for.
+	"GenericWorkload": {"scheduling.k8s.io/v1beta1"},
+}
+
+// runtimeConfigOf is kube-apiserver's --runtime-config for the gates fg
+// enables: the API group versions of [gateAPIs] they need.
+func runtimeConfigOf(fg featuregate.FeatureGate) cliflag.ConfigurationMap {
+	out := cliflag.ConfigurationMap{}
+	for gate, versions := range gateAPIs {
+		if !fg.Enabled(gate) {
+			continue
+		}
+		for _, v := range versions {
+			out[v] = "true"
+		}
+	}
+	return out
 }

@@ -3,6 +3,8 @@ package controlplane
 import (
 	"strings"
 	"testing"
+
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
 )
 
 // TestEmulatedFeatureDefaults checks that emulating a version gives its
@@ -94,5 +96,22 @@ func TestEmulationRefusals(t *testing.T) {
 	gates, err := ParseFeatureGates("DRAWorkloadResourceClaims=true, GenericWorkload=True")
 	if err != nil || len(gates) != 2 || !gates["DRAWorkloadResourceClaims"] || !gates["GenericWorkload"] {
 		t.Errorf("parse: %v, %v", gates, err)
+	}
+}
+
+// TestRuntimeConfigOfGates: GenericWorkload on serves PodGroups
+// (scheduling.k8s.io/v1beta1, a beta version kube-apiserver keeps off);
+// without it the scheduler's PodGroup informer never syncs and the
+// control plane never starts. Off, nothing beta is asked for.
+func TestRuntimeConfigOfGates(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		fg := utilfeature.DefaultMutableFeatureGate.DeepCopy()
+		if err := fg.SetFromMap(map[string]bool{"GenericWorkload": on}); err != nil {
+			t.Fatal(err)
+		}
+		got := runtimeConfigOf(fg)
+		if want := on; (got["scheduling.k8s.io/v1beta1"] == "true") != want || (!on && len(got) != 0) {
+			t.Errorf("GenericWorkload=%t: runtime config %v", on, got)
+		}
 	}
 }

@@ -97,8 +97,9 @@ func TestRBACPerComponent(t *testing.T) {
 		// Device status, only on claims allocated on the plugin's node.
 		"patch resource.k8s.io/resourceclaims/status",
 		"associated-node:patch resource.k8s.io/resourceclaims/driver/gpu.nvidia.com",
-		// The Node owns the slices; the sweep checks consumer pods.
-		"get /nodes", "get /pods",
+		// The Node owns the slices; the sweep checks consumer pods and
+		// PodGroups (workload claims).
+		"get /nodes", "get /pods", "get scheduling.k8s.io/podgroups",
 		// Events.
 		"create /events", "patch /events",
 	}

@@ -107,6 +107,7 @@ type nvClaimStatus struct {
 		} `json:"devices"`
 	} `json:"allocation"`
 	ReservedFor []struct {
+		APIGroup string `json:"apiGroup"`
 		Resource string `json:"resource"`
 		Name     string `json:"name"`
 		UID      string `json:"uid"`
@@ -299,9 +300,8 @@ func (sc schema) fromNVIDIAv2(v2 *nvSectionV2) (*fileV5, nvidiaDecoded, error) {
 		}
 		cl := &claimV5{UID: uid, Namespace: c.Namespace, Name: c.Name}
 		for _, r := range c.Status.ReservedFor {
-			if r.Resource == "pods" {
-				cl.Consumers = append(cl.Consumers, consumerV5{Name: r.Name, UID: r.UID})
-			}
+			p := claimstate.NewConsumer(r.APIGroup, r.Resource, r.Name, r.UID)
+			cl.Consumers = append(cl.Consumers, consumerV5{APIGroup: p.APIGroup, Resource: p.Resource, Name: p.Name, UID: p.UID})
 		}
 		var results []nvResult
 		if c.Status.Allocation != nil {

@@ -70,9 +70,17 @@ type claimV5 struct {
 	Records map[string]json.RawMessage `json:"records,omitempty"`
 }
 
+// consumerV5 is an entry of the claim's status.reservedFor. apiGroup and
+// resource are optional, added within v5 (and v2): absent for a pod, as in
+// every file written before, set for any other kind (a PodGroup). An older
+// reader drops them on rewrite and takes such a consumer for a pod of that
+// name, which it finds gone: it then releases the claim once the claim is
+// gone, as it did when it did not record the PodGroup at all.
 type consumerV5 struct {
-	Name string `json:"name"`
-	UID  string `json:"uid"`
+	APIGroup string `json:"apiGroup,omitempty"`
+	Resource string `json:"resource,omitempty"`
+	Name     string `json:"name"`
+	UID      string `json:"uid"`
 }
 
 type deviceV5 struct {
@@ -155,7 +163,7 @@ func claimToV5(uid string, c *claimstate.Claim) (*claimV5, error) {
 		Records:   c.Records,
 	}
 	for _, p := range c.Consumers {
-		out.Consumers = append(out.Consumers, consumerV5{Name: p.Name, UID: p.UID})
+		out.Consumers = append(out.Consumers, consumerV5{APIGroup: p.APIGroup, Resource: p.Resource, Name: p.Name, UID: p.UID})
 	}
 	for i, d := range c.Devices {
 		out.Devices[i] = deviceV5{
@@ -245,7 +253,7 @@ func (sc schema) fromV5(f *fileV5) (st *claimstate.State, filled int, err error)
 			Records:   claimstate.CloneRecords(c.Records),
 		}
 		for _, p := range c.Consumers {
-			out.Consumers = append(out.Consumers, claimstate.Consumer{Name: p.Name, UID: p.UID})
+			out.Consumers = append(out.Consumers, claimstate.NewConsumer(p.APIGroup, p.Resource, p.Name, p.UID))
 		}
 		for i, d := range c.Devices {
 			out.Devices[i] = claimstate.Device{

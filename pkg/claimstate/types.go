@@ -42,9 +42,10 @@ type Claim struct {
 	Phase     Phase  `json:"phase"`
 	// StartedAt is when the current preparation began.
 	StartedAt time.Time `json:"startedAt"`
-	// Consumers are the pods (in the claim's namespace) the claim was
-	// reserved for when it was prepared; the sweep drops a completed entry
-	// only once the claim and all of them are gone.
+	// Consumers are what the claim was reserved for when it was prepared
+	// (status.reservedFor, in the claim's namespace): pods, or a PodGroup
+	// whose pods share the claim (KEP-5729); the sweep drops a completed
+	// entry only once the claim and all of them are gone.
 	Consumers []Consumer `json:"consumers,omitempty"`
 	// Devices are the allocated devices of this driver, in allocation order.
 	Devices []Device `json:"devices"`
@@ -61,10 +62,61 @@ type Claim struct {
 	Records map[string]json.RawMessage `json:"records,omitempty"`
 }
 
-// Consumer is a pod a claim was reserved for.
+// Consumer is an object a claim was reserved for: an entry of the claim's
+// status.reservedFor.
 type Consumer struct {
-	Name string `json:"name"`
-	UID  string `json:"uid"`
+	// APIGroup and Resource are the consumer's kind as status.reservedFor
+	// names it; both are empty for a pod, so that a pod reads the same as
+	// in records written before other kinds were kept.
+	APIGroup string `json:"apiGroup,omitempty"`
+	Resource string `json:"resource,omitempty"`
+	Name     string `json:"name"`
+	UID      string `json:"uid"`
+}
+
+// The kinds of consumer Kubernetes reserves claims for.
+const (
+	// PodGroupAPIGroup and PodGroupResource name a PodGroup
+	// (scheduling.k8s.io), for which the resource claim controller
+	// reserves a claim that the PodGroup's spec.resourceClaims lists,
+	// instead of for each of its pods (KEP-5729, gates
+	// DRAWorkloadResourceClaims and GenericWorkload).
+	PodGroupAPIGroup = "scheduling.k8s.io"
+	PodGroupResource = "podgroups"
+)
+
+// PodConsumer returns the consumer record of a pod.
+func PodConsumer(name, uid string) Consumer { return Consumer{Name: name, UID: uid} }
+
+// NewConsumer returns the consumer record of a status.reservedFor entry:
+// a pod ("" and "pods") is recorded without its kind.
+func NewConsumer(apiGroup, resource, name, uid string) Consumer {
+	if apiGroup == "" && resource == "pods" {
+		return PodConsumer(name, uid)
+	}
+	return Consumer{APIGroup: apiGroup, Resource: resource, Name: name, UID: uid}
+}
+
+// IsPod reports whether the consumer is a pod.
+func (c Consumer) IsPod() bool { return c.APIGroup == "" && (c.Resource == "" || c.Resource == "pods") }
+
+// IsPodGroup reports whether the consumer is a PodGroup.
+func (c Consumer) IsPodGroup() bool {
+	return c.APIGroup == PodGroupAPIGroup && c.Resource == PodGroupResource
+}
+
+// Kind is how messages name the consumer's kind: "pod", "PodGroup", or
+// resource.group for any other.
+func (c Consumer) Kind() string {
+	switch {
+	case c.IsPod():
+		return "pod"
+	case c.IsPodGroup():
+		return "PodGroup"
+	case c.APIGroup == "":
+		return c.Resource
+	}
+	return c.Resource + "." + c.APIGroup
 }
 
 // Device is one allocated device of a claim, as prepared.

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/gpudra/gpudra/internal/shorttemp"
@@ -444,4 +445,43 @@ func TestInterruptedPreparationRolledBack(t *testing.T) {
 			t.Errorf("a preparation younger than the call timeout was rolled back: specs %v", h.specFiles())
 		}
 	})
+}
+
+// TestSweepKeepsClaimOfLivePodGroup: a claim reserved for a PodGroup
+// (KEP-5729) is in use while the PodGroup exists, even with the claim
+// gone from the API server and no pod named in its reservedFor; it is
+// released once the PodGroup is gone too.
+func TestSweepKeepsClaimOfLivePodGroup(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	claim := h.claim("gpu-5")
+	claim.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{APIGroup: "scheduling.k8s.io", Resource: "podgroups", Name: "trainers", UID: "pg-uid"}}
+	claim, err := h.client.ResourceV1().ResourceClaims("default").UpdateStatus(ctx, claim, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.mustPrepare(claim)
+	group := &schedulingv1beta1.PodGroup{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "trainers", UID: "pg-uid"}}
+	if _, err := h.client.SchedulingV1beta1().PodGroups("default").Create(ctx, group, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.client.ResourceV1().ResourceClaims("default").Delete(ctx, claim.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.driver.Sweep(h.ctx)
+	h.driver.Sweep(h.ctx)
+	if !strings.Contains(h.checkpoint(), string(claim.UID)) || len(h.specFiles()) != 1 {
+		t.Fatalf("claim of a live PodGroup released: checkpoint %s, specs %v", h.checkpoint(), h.specFiles())
+	}
+	if !strings.Contains(h.checkpoint(), `{"apiGroup":"scheduling.k8s.io","resource":"podgroups","name":"trainers","uid":"pg-uid"}`) {
+		t.Errorf("checkpoint does not record the PodGroup: %s", h.checkpoint())
+	}
+	if err := h.client.SchedulingV1beta1().PodGroups("default").Delete(ctx, group.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.driver.Sweep(h.ctx)
+	h.driver.Sweep(h.ctx)
+	if strings.Contains(h.checkpoint(), string(claim.UID)) || len(h.specFiles()) != 0 {
+		t.Errorf("claim kept after its PodGroup is gone: checkpoint %s, specs %v", h.checkpoint(), h.specFiles())
+	}
 }

@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
@@ -83,13 +84,15 @@ func (e *events) node(eventType, reason, message string) {
 }
 
 // ReasonPrepareFailed is the reason of the Warning events a refused Prepare
-// records on the claim and on the pods it is reserved for.
+// records on the claim and on the pods or PodGroup it is reserved for.
 const ReasonPrepareFailed = "PrepareFailed"
 
-// prepareFailed records err on the claim and on every pod the claim is
-// reserved for, so that `kubectl describe` of either says at once why the
-// pod does not start, instead of a kubelet retrying in silence. The
-// recorder folds repeats of one message into one event with a count.
+// prepareFailed records err on the claim and on every pod or PodGroup
+// (KEP-5729) the claim is reserved for, so that `kubectl describe` of
+// either says at once why the pods do not start, instead of a kubelet
+// retrying in silence. The recorder folds repeats of one message into one
+// event with a count. A PodGroup's claim serves pods the plugin is not
+// told about, so the event goes to the PodGroup, not to them.
 func (e *events) prepareFailed(claim *resourceapi.ResourceClaim, err error) {
 	message := err.Error()
 	e.recorder().Event(&corev1.ObjectReference{
@@ -97,13 +100,27 @@ func (e *events) prepareFailed(claim *resourceapi.ResourceClaim, err error) {
 		Namespace: claim.Namespace, Name: claim.Name, UID: claim.UID,
 	}, corev1.EventTypeWarning, ReasonPrepareFailed, message)
 	for _, consumer := range claim.Status.ReservedFor {
-		if consumer.APIGroup != "" || consumer.Resource != "pods" {
+		ref := consumerRef(claim.Namespace, consumer)
+		if ref == nil {
 			continue
 		}
-		e.recorder().Event(&corev1.ObjectReference{
-			APIVersion: "v1", Kind: "Pod", Namespace: claim.Namespace, Name: consumer.Name, UID: consumer.UID,
-		}, corev1.EventTypeWarning, ReasonPrepareFailed, message)
+		e.recorder().Event(ref, corev1.EventTypeWarning, ReasonPrepareFailed, message)
 	}
+}
+
+// consumerRef is the event's object for a status.reservedFor entry: a pod
+// or a PodGroup; nil for a kind the plugin does not know the version of.
+func consumerRef(namespace string, consumer resourceapi.ResourceClaimConsumerReference) *corev1.ObjectReference {
+	ref := &corev1.ObjectReference{Namespace: namespace, Name: consumer.Name, UID: consumer.UID}
+	switch {
+	case consumer.APIGroup == "" && consumer.Resource == "pods":
+		ref.APIVersion, ref.Kind = "v1", "Pod"
+	case consumer.APIGroup == schedulingv1beta1.GroupName && consumer.Resource == "podgroups":
+		ref.APIVersion, ref.Kind = schedulingv1beta1.SchemeGroupVersion.String(), "PodGroup"
+	default:
+		return nil
+	}
+	return ref
 }
 
 // onCorruptCheckpoint is called by the checkpoint store, on its own

@@ -76,13 +76,18 @@ func (d *Driver) metricsState() metrics.State {
 }
 
 // preparedDevices are the info series of a prepared claim: one per
-// device, pod and request. A MIG device's GPU instance ID comes from the
-// inventory; a device that shows nowhere in it (a GPU lost since) keeps
-// its UUIDs.
+// device, consumer (pod or PodGroup) and request. A MIG device's GPU
+// instance ID comes from the inventory; a device that shows nowhere in it
+// (a GPU lost since) keeps its UUIDs.
 func preparedDevices(c *claimstate.Claim, inv *hardware.Inventory) []metrics.PreparedDevice {
-	pods := c.Consumers
-	if len(pods) == 0 {
-		pods = []claimstate.Consumer{{}}
+	var users []claimstate.Consumer
+	for _, u := range c.Consumers {
+		if u.IsPod() || u.IsPodGroup() {
+			users = append(users, u)
+		}
+	}
+	if len(users) == 0 {
+		users = []claimstate.Consumer{{}}
 	}
 	var out []metrics.PreparedDevice
 	for _, dev := range c.Devices {
@@ -97,9 +102,13 @@ func preparedDevices(c *claimstate.Claim, inv *hardware.Inventory) []metrics.Pre
 		if len(requests) == 0 {
 			requests = []string{""}
 		}
-		for _, pod := range pods {
+		for _, u := range users {
+			d.Pod, d.PodGroup = u.Name, ""
+			if u.IsPodGroup() {
+				d.Pod, d.PodGroup = "", u.Name
+			}
 			for _, r := range requests {
-				d.Pod, d.Request = pod.Name, r
+				d.Request = r
 				out = append(out, d)
 			}
 		}

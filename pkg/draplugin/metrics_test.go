@@ -61,7 +61,7 @@ func TestMetricsCountWhatThePluginDid(t *testing.T) {
 		t.Fatalf("no published device %s", device)
 		return ""
 	}
-	info := fmt.Sprintf(`gpudra_prepared_device_info{GPU_I_ID="",UUID="%s",claim="%s",device="gpu-1",mig_uuid="",namespace="default",pod="pod-of-%s",request="gpu0"} 1`, uuidOf("gpu-1"), b.Name, b.Name)
+	info := fmt.Sprintf(`gpudra_prepared_device_info{GPU_I_ID="",UUID="%s",claim="%s",device="gpu-1",mig_uuid="",namespace="default",pod="pod-of-%s",pod_group="",request="gpu0"} 1`, uuidOf("gpu-1"), b.Name, b.Name)
 	if !strings.Contains(text, info) || strings.Count(text, "gpudra_prepared_device_info{") != 1 {
 		t.Errorf("metrics lack %s, or have more series:\n%s", info, grep(text, "prepared_device_info"))
 	}

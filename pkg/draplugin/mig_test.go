@@ -142,7 +142,7 @@ func TestDynamicMIGPrepareCreatesAndUnprepareDestroys(t *testing.T) {
 	rec := httptest.NewRecorder()
 	h.driver.Metrics().Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	parent := h.inventory().GPUs[0].UUID
-	want := fmt.Sprintf(`gpudra_prepared_device_info{GPU_I_ID="%d",UUID="%s",claim="%s",device="%s",mig_uuid="%s",namespace="default",pod="pod-of-%s",request="gpu0"} 1`,
+	want := fmt.Sprintf(`gpudra_prepared_device_info{GPU_I_ID="%d",UUID="%s",claim="%s",device="%s",mig_uuid="%s",namespace="default",pod="pod-of-%s",pod_group="",request="gpu0"} 1`,
 		migs[0].GIID, parent, claim.Name, name, migs[0].UUID, claim.Name)
 	if !strings.Contains(rec.Body.String(), want) {
 		t.Errorf("metrics lack %s:\n%s", want, grep(rec.Body.String(), "prepared_device_info"))

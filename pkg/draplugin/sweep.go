@@ -12,6 +12,7 @@ import (
 	resourceapi "k8s.io/api/resource/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/claimstate"
@@ -137,7 +138,7 @@ func (w *sweeper) loop(ctx context.Context) {
 
 // Sweep cleans up what the kubelet will never ask for: preparations started
 // longer ago than the kubelet's call timeout are rolled back, completed
-// claims whose ResourceClaim and consumer pods are gone on two sweeps in a
+// claims whose ResourceClaim and consumers (pods, PodGroups) are gone on two sweeps in a
 // row are released, and CDI specs with no record that are older than the
 // call timeout are removed. After the checkpoint was lost it first adopts
 // the claims whose specs are on the node. It asks the API server about
@@ -209,7 +210,7 @@ func (w *sweeper) sweep(ctx context.Context, backOff bool) {
 		w.sweepClaim(ctx, logger, c, claimstate.PrepareStarted, "Rolled back a preparation the kubelet gave up on")
 	}
 	for _, c := range plan.Release {
-		w.sweepClaim(ctx, logger, c, claimstate.PrepareCompleted, "Released a claim whose ResourceClaim and pods are gone")
+		w.sweepClaim(ctx, logger, c, claimstate.PrepareCompleted, "Released a claim whose ResourceClaim and consumers are gone")
 	}
 	w.removeOrphanSpecs(ctx)
 }
@@ -317,7 +318,7 @@ type apiLookup struct {
 	failed bool
 }
 
-// gone reports whether a claim and every pod it was reserved for no longer
+// gone reports whether a claim and every pod or PodGroup it was reserved for no longer
 // exist (or exist only as new objects with the same name); known is false
 // when the API server did not answer, which counts as "not gone".
 func (l *apiLookup) gone(ctx context.Context, c *claimstate.Claim) (gone, known bool) {
@@ -343,16 +344,41 @@ func (l *apiLookup) gone(ctx context.Context, c *claimstate.Claim) (gone, known 
 		return false, true
 	}
 	for _, consumer := range c.Consumers {
-		pod, err := l.d.cfg.KubeClient.CoreV1().Pods(c.Namespace).Get(callCtx, consumer.Name, cachedGet)
+		uid, err := l.consumerUID(callCtx, c.Namespace, consumer)
 		switch {
 		case apierrors.IsNotFound(err):
 		case err != nil:
 			return false, false
-		case string(pod.UID) == consumer.UID:
+		case uid == consumer.UID:
 			return false, true
 		}
 	}
 	return true, true
+}
+
+// consumerUID returns the UID of the object a claim was reserved for: a
+// pod, or a PodGroup whose pods share the claim (KEP-5729). A PodGroup
+// where the API server does not serve them (GenericWorkload off) is
+// NotFound, and so gone. Other kinds are not looked up: they count as
+// gone, as they did when only pods were recorded, so that they never
+// keep a claim's devices once the claim itself is gone.
+func (l *apiLookup) consumerUID(ctx context.Context, namespace string, consumer claimstate.Consumer) (string, error) {
+	client := l.d.cfg.KubeClient
+	switch {
+	case consumer.IsPod():
+		pod, err := client.CoreV1().Pods(namespace).Get(ctx, consumer.Name, cachedGet)
+		if err != nil {
+			return "", err
+		}
+		return string(pod.UID), nil
+	case consumer.IsPodGroup():
+		group, err := client.SchedulingV1beta1().PodGroups(namespace).Get(ctx, consumer.Name, cachedGet)
+		if err != nil {
+			return "", err
+		}
+		return string(group.UID), nil
+	}
+	return "", apierrors.NewNotFound(schema.GroupResource{Group: consumer.APIGroup, Resource: consumer.Resource}, consumer.Name)
 }
 
 // claimByUID finds a ResourceClaim by UID in a list of all claims, taken at

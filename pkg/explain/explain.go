@@ -11,7 +11,8 @@
 // and the nearest device when a selector matches nothing.
 //
 // It only reads: get and list of pods, resourceclaims, events (optional),
-// resourceclaimtemplates, resourceslices, deviceclasses and nodes.
+// resourceclaimtemplates, resourceslices, deviceclasses and nodes, and get
+// of a pod's PodGroup (optional: the claim a PodGroup holds for its pods).
 package explain
 
 import (

@@ -13,6 +13,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	schedulingv1beta1 "k8s.io/api/scheduling/v1beta1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -566,5 +567,32 @@ func TestTextCollapsesExcludedNodes(t *testing.T) {
 	mustContain(t, text, "  node cordoned not considered: the node is unschedulable\n")
 	if n := strings.Count(text, "not considered"); n != 2 {
 		t.Errorf("%d lines of excluded nodes, want 2:\n%s", n, text)
+	}
+}
+
+// TestPodGroupClaim: a pod of a PodGroup (KEP-5729) whose claim matches
+// the group's uses the claim the controller made for the group, recorded
+// in the PodGroup's status before the pod's: explain reads that claim,
+// allocated already, instead of a fresh one from the template.
+func TestPodGroupClaim(t *testing.T) {
+	objs, _ := fleetSlices(t, "dgx-h100")
+	p := podWithTemplate("default", "trainer-0", gpus("gpus", "gpu.nvidia.com", 2))
+	member := p[1].(*corev1.Pod)
+	member.Spec.SchedulingGroup = &corev1.PodSchedulingGroup{PodGroupName: ptr.To("trainers")}
+	tmpl := *member.Spec.ResourceClaims[0].ResourceClaimTemplateName
+	held := heldClaim("default", "trainers-gpu-x7k2p", "dgx-h100-0", "gpu-0", "gpu-1")
+	held.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{APIGroup: "scheduling.k8s.io", Resource: "podgroups", Name: "trainers", UID: "pg"}}
+	group := &schedulingv1beta1.PodGroup{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "trainers", UID: "pg"},
+		Spec:       schedulingv1beta1.PodGroupSpec{ResourceClaims: []schedulingv1beta1.PodGroupResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &tmpl}}},
+		Status:     schedulingv1beta1.PodGroupStatus{ResourceClaimStatuses: []schedulingv1beta1.PodGroupResourceClaimStatus{{Name: "gpu", ResourceClaimName: ptr.To(held.Name)}}},
+	}
+	objs = append(append(objs, p...), held, group)
+	rep, err := explain(t, pod("trainer-0"), objs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Claims) != 1 || rep.Claims[0].Name != held.Name || !rep.Claims[0].Created || rep.Verdict != VerdictAllocated {
+		t.Errorf("claims %+v, verdict %s; want the group's claim %s, allocated", rep.Claims, rep.Verdict, held.Name)
 	}
 }

@@ -199,6 +199,13 @@ func podClaims(ctx context.Context, client kubernetes.Interface, pod *corev1.Pod
 			c.Template = *pc.ResourceClaimTemplateName
 		}
 		name, _, err := resourceclaim.Name(pod, pc)
+		if errors.Is(err, resourceclaim.ErrClaimNotFound) {
+			// Not recorded in the pod yet; a claim of its PodGroup
+			// may exist all the same.
+			if group := groupClaimName(ctx, client, pod, pc); group != "" {
+				name, err = &group, nil
+			}
+		}
 		switch {
 		case errors.Is(err, resourceclaim.ErrClaimNotFound):
 			// Not created yet: build it from the template.
@@ -237,6 +244,35 @@ func podClaims(ctx context.Context, client kubernetes.Interface, pod *corev1.Pod
 		out = append(out, c)
 	}
 	return out, nil
+}
+
+// groupClaimName returns the name of the claim the pod's PodGroup holds
+// for pc (KEP-5729): a pod whose claim matches one of its PodGroup's
+// spec.resourceClaims exactly uses the group's claim, which the resource
+// claim controller records in the PodGroup's status, and in the pod's only
+// when it syncs the pod. It is "" when the pod has no PodGroup, the claim
+// is the pod's own, the group has no claim for it yet, or the PodGroup
+// cannot be read (not served, or forbidden): explaining does not need it.
+func groupClaimName(ctx context.Context, client kubernetes.Interface, pod *corev1.Pod, pc *corev1.PodResourceClaim) string {
+	if pod.Spec.SchedulingGroup == nil || pod.Spec.SchedulingGroup.PodGroupName == nil {
+		return ""
+	}
+	group, err := client.SchedulingV1beta1().PodGroups(pod.Namespace).Get(ctx, *pod.Spec.SchedulingGroup.PodGroupName, metav1.GetOptions{})
+	if err != nil {
+		return ""
+	}
+	bind, err := resourceclaim.BindTo(pod, group, pc)
+	if err != nil || bind.Resource != "podgroups" {
+		return ""
+	}
+	for i := range group.Spec.ResourceClaims {
+		if gc := &group.Spec.ResourceClaims[i]; gc.Name == pc.Name {
+			if name, _, err := resourceclaim.NameFromPodGroup(group, gc); err == nil && name != nil {
+				return *name
+			}
+		}
+	}
+	return ""
 }
 
 // notFound names what is missing when err is NotFound, and wraps err

@@ -156,7 +156,8 @@ func (b *builder) addDevice(gpus map[string]*GPU, pool string, d *resourceapi.De
 }
 
 // addHolders puts each allocation result of the driver under the device
-// it names, with the pods using the claim.
+// it names, with the pods using the claim and the PodGroups it is
+// reserved for.
 func (b *builder) addHolders(claims []*resourceapi.ResourceClaim) {
 	users := b.claimUsers()
 	sorted := slices.Clone(claims)
@@ -169,11 +170,16 @@ func (b *builder) addHolders(claims []*resourceapi.ResourceClaim) {
 		}
 		name := c.Namespace + "/" + c.Name
 		pods := users[name]
+		var groups []string
 		for _, r := range c.Status.ReservedFor {
-			if r.Resource == "pods" && r.APIGroup == "" {
+			switch {
+			case r.Resource == "pods" && r.APIGroup == "":
 				pods = addPod(pods, b.podRef(c.Namespace, r.Name))
+			case r.Resource == "podgroups" && r.APIGroup == "scheduling.k8s.io":
+				groups = append(groups, c.Namespace+"/"+r.Name)
 			}
 		}
+		slices.Sort(groups)
 		for _, r := range c.Status.Allocation.Devices.Results {
 			if r.Driver != b.driver {
 				continue
@@ -182,7 +188,7 @@ func (b *builder) addHolders(claims []*resourceapi.ResourceClaim) {
 			if ref == nil {
 				continue
 			}
-			h := Holder{Claim: name, Request: r.Request, Pods: pods}
+			h := Holder{Claim: name, Request: r.Request, Pods: pods, PodGroups: groups}
 			if r.ShareID != nil {
 				h.ShareID = string(*r.ShareID)
 			}

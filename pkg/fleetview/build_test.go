@@ -134,6 +134,22 @@ func TestBuild(t *testing.T) {
 			}
 		},
 	}, {
+		name: "a claim of a PodGroup: the group, and its pods that name the claim",
+		in: Objects{Slices: []*resourceapi.ResourceSlice{slice("n1", gpuDevices(0, false)...)},
+			Claims: []*resourceapi.ResourceClaim{func() *resourceapi.ResourceClaim {
+				c := claim("ml", "group-gpu", nil, result("n1", "gpu-0"))
+				c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{APIGroup: "scheduling.k8s.io", Resource: "podgroups", Name: "trainers", UID: "pg"}}
+				return c
+			}()},
+			Pods: []*corev1.Pod{pod("ml", "trainer-0", corev1.PodRunning, "group-gpu"), pod("ml", "trainer-1", corev1.PodRunning, "group-gpu")}},
+		check: func(t *testing.T, f Fleet) {
+			want := []Holder{{Claim: "ml/group-gpu", Request: "gpu", PodGroups: []string{"ml/trainers"},
+				Pods: []PodRef{{Name: "ml/trainer-0", Phase: "Running"}, {Name: "ml/trainer-1", Phase: "Running"}}}}
+			if got := f.Nodes[0].GPUs[0].Holders; !reflect.DeepEqual(got, want) {
+				t.Errorf("holders\n got %+v\nwant %+v", got, want)
+			}
+		},
+	}, {
 		name: "health taints in the slice, DeviceTaintRules by device, node taints",
 		in: Objects{
 			Nodes: []*corev1.Node{node("n1", corev1.ConditionTrue, corev1.Taint{Key: "maintenance", Effect: corev1.TaintEffectNoSchedule})},

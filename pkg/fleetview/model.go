@@ -97,6 +97,10 @@ type Holder struct {
 	ShareID  string            `json:"shareID,omitempty"`
 	Consumed map[string]string `json:"consumed,omitempty"`
 	Pods     []PodRef          `json:"pods,omitempty"`
+	// PodGroups are the PodGroups (namespace/name) the claim is reserved
+	// for (KEP-5729): their pods share it, and those that name it are in
+	// Pods.
+	PodGroups []string `json:"podGroups,omitempty"`
 }
 
 // PodRef is a pod using a claim.

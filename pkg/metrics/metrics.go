@@ -44,15 +44,17 @@ type State struct {
 	// node are not adopted yet: Prepare and Unprepare wait for adoption.
 	AdoptionPending bool
 	// PreparedDevices are the devices of the prepared claims, one per
-	// pod and request that uses them; nil when the checkpoint cannot be
-	// read.
+	// pod (or PodGroup) and request that uses them; nil when the
+	// checkpoint cannot be read.
 	PreparedDevices []PreparedDevice
 }
 
 // PreparedDevice is one device of a prepared claim as one pod uses it for
-// one request: a series of gpudra_prepared_device_info.
+// one request: a series of gpudra_prepared_device_info. For a claim
+// reserved for a PodGroup (KEP-5729), whose pods the plugin is not told,
+// Pod is empty and PodGroup names the group.
 type PreparedDevice struct {
-	Namespace, Pod, Claim, Request, Device string
+	Namespace, Pod, PodGroup, Claim, Request, Device string
 	// GPUUUID is the GPU's UUID, the parent's for a MIG device: DCGM
 	// exporter's UUID label. Empty for a device that is no GPU (an IMEX
 	// channel).
@@ -68,7 +70,7 @@ type PreparedDevice struct {
 // side, since pods that share a GPU each have a series of it:
 //
 //	gpudra_prepared_device_info * on(UUID, GPU_I_ID) group_left DCGM_FI_DEV_GPU_UTIL
-var preparedDeviceLabels = []string{"namespace", "pod", "claim", "request", "device", "UUID", "mig_uuid", "GPU_I_ID"}
+var preparedDeviceLabels = []string{"namespace", "pod", "pod_group", "claim", "request", "device", "UUID", "mig_uuid", "GPU_I_ID"}
 
 // Plugin is the kubelet plugin's metrics.
 type Plugin struct {
@@ -175,7 +177,7 @@ var (
 	adoptionPendingDesc = metrics.NewDesc(Namespace+"_checkpoint_adoption_pending",
 		"1 while the checkpoint is lost and the claims on the node are not adopted yet (Prepare and Unprepare wait), else 0.", nil, nil, metrics.ALPHA, "")
 	preparedDeviceDesc = metrics.NewDesc(Namespace+"_prepared_device_info",
-		"A device of a prepared claim and the pod that uses it, for one request; always 1. Joins DCGM exporter's series on UUID and GPU_I_ID.", preparedDeviceLabels, nil, metrics.ALPHA, "")
+		"A device of a prepared claim and the pod (or PodGroup) that uses it, for one request; always 1. Joins DCGM exporter's series on UUID and GPU_I_ID.", preparedDeviceLabels, nil, metrics.ALPHA, "")
 )
 
 func newStateCollector(state func() State) *stateCollector {
@@ -213,6 +215,6 @@ func (c *stateCollector) CollectWithStability(ch chan<- metrics.Metric) {
 	ch <- metrics.NewLazyConstMetric(adoptionPendingDesc, metrics.GaugeValue, pending)
 	for _, d := range s.PreparedDevices {
 		ch <- metrics.NewLazyConstMetric(preparedDeviceDesc, metrics.GaugeValue, 1,
-			d.Namespace, d.Pod, d.Claim, d.Request, d.Device, d.GPUUUID, d.MIGUUID, d.GPUInstanceID)
+			d.Namespace, d.Pod, d.PodGroup, d.Claim, d.Request, d.Device, d.GPUUUID, d.MIGUUID, d.GPUInstanceID)
 	}
 }

@@ -13,7 +13,7 @@ import (
 )
 
 // IntentOf reads what the claim asks of this driver from its allocation:
-// the consumer pods and the devices with their CDI IDs.
+// its consumers and the devices with their CDI IDs.
 func IntentOf(claim *resourceapi.ResourceClaim, driverName, pool string) (claimstate.Intent, error) {
 	intent := claimstate.Intent{UID: string(claim.UID), Namespace: claim.Namespace, Name: claim.Name}
 	if claim.Status.Allocation == nil {
@@ -42,13 +42,13 @@ func IntentOf(claim *resourceapi.ResourceClaim, driverName, pool string) (claims
 	return intent, nil
 }
 
-// ConsumersOf returns the pods a claim is reserved for.
+// ConsumersOf returns what a claim is reserved for: pods, a PodGroup
+// whose pods share the claim (KEP-5729), or any other kind
+// status.reservedFor names, in its order.
 func ConsumersOf(claim *resourceapi.ResourceClaim) []claimstate.Consumer {
 	var out []claimstate.Consumer
 	for _, ref := range claim.Status.ReservedFor {
-		if ref.Resource == "pods" && ref.APIGroup == "" {
-			out = append(out, claimstate.Consumer{Name: ref.Name, UID: string(ref.UID)})
-		}
+		out = append(out, claimstate.NewConsumer(ref.APIGroup, ref.Resource, ref.Name, string(ref.UID)))
 	}
 	return out
 }

@@ -4,7 +4,9 @@
 // at Prepare after its MIG devices exist, supervised, adopted after a
 // restart, and stopped at Unprepare before anything it serves is torn
 // down. A container reaches one daemon (one pipe directory), so a claim
-// has at most one, and a pod at most one MPS claim on a node.
+// has at most one, and a consumer (a pod, or a PodGroup whose pods share
+// the claim) at most one MPS claim on a node. The daemon is the claim's,
+// not a pod's: every pod using the claim on the node reaches the same one.
 package mps
 
 import (
@@ -45,7 +47,7 @@ type Daemon struct {
 // errors about them name it.
 var mpsField = field.NewPath("sharing", "mpsConfig")
 
-// ErrMPSConsumer refuses a second MPS claim for one pod.
+// ErrMPSConsumer refuses a second MPS claim for one pod or PodGroup.
 var ErrMPSConsumer = errors.New("one MPS daemon per pod")
 
 // Configurator runs the claims' MPS daemons.
@@ -172,22 +174,24 @@ func (c *Configurator) Plan(_ context.Context, cl *preparer.Claim) (*Record, err
 	return &Record{Daemons: []Daemon{d}}, nil
 }
 
-// Guard implements [preparer.FeatureGuard]: a pod must not get a second MPS claim
-// on this node. Two claims' daemons in one container would leave it with
-// whichever pipe directory the runtime mounted last. The plugin sees pods,
-// not containers, so the refusal is per pod; it runs inside the checkpoint
-// update that records the start, so of two such claims prepared at once
-// exactly one is refused.
+// Guard implements [preparer.FeatureGuard]: a consumer must not get a
+// second MPS claim on this node. Two claims' daemons in one container
+// would leave it with whichever pipe directory the runtime mounted last.
+// The plugin sees what a claim is reserved for, not containers: pods, or
+// a PodGroup (KEP-5729) whose pods it is not told, so the refusal is per
+// pod or per PodGroup (any pod of the group may use both claims). It runs
+// inside the checkpoint update that records the start, so of two such
+// claims prepared at once exactly one is refused.
 func (c *Configurator) Guard(s *claimstate.State, cl *claimstate.Claim, _ *Record) error {
 	for _, uid := range slices.Sorted(maps.Keys(s.Claims)) {
 		other := s.Claims[uid]
 		if uid == cl.UID || other.Records[Name] == nil {
 			continue
 		}
-		for _, pod := range cl.Consumers {
-			if slices.ContainsFunc(other.Consumers, func(o claimstate.Consumer) bool { return o.UID == pod.UID }) {
-				return &preparer.RefusedError{Err: fmt.Errorf("%w: pod %s/%s already uses MPS claim %s/%s (uid %s) on this node, and a container reaches one MPS daemon (one pipe directory): put the pod's MPS devices in one claim",
-					ErrMPSConsumer, cl.Namespace, pod.Name, other.Namespace, other.Name, other.UID)}
+		for _, consumer := range cl.Consumers {
+			if slices.ContainsFunc(other.Consumers, func(o claimstate.Consumer) bool { return o.UID == consumer.UID }) {
+				return &preparer.RefusedError{Err: fmt.Errorf("%w: %s %s/%s already uses MPS claim %s/%s (uid %s) on this node, and a container reaches one MPS daemon (one pipe directory): put the %s's MPS devices in one claim",
+					ErrMPSConsumer, consumer.Kind(), cl.Namespace, consumer.Name, other.Namespace, other.Name, other.UID, consumer.Kind())}
 			}
 		}
 	}

@@ -3,6 +3,7 @@ package mps_test
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/gpudra/gpudra/pkg/claimstate"
@@ -11,25 +12,30 @@ import (
 )
 
 // TestGuardOneMPSClaimPerPod: a container reaches one MPS daemon, so a
-// pod gets one MPS claim per node; other pods and non-MPS claims are fine.
+// pod, or a PodGroup whose pods share its claims, gets one MPS claim per
+// node; other consumers and non-MPS claims are fine.
 func TestGuardOneMPSClaimPerPod(t *testing.T) {
 	c := preparer.Adapt[mps.Record](mps.New(nil, "", false))
 	rec := json.RawMessage(`{"daemons":[{"id":"x","devices":["gpu-0"]}]}`)
 	s := claimstate.New()
 	s.Claims["mps"] = &claimstate.Claim{UID: "mps", Consumers: []claimstate.Consumer{{Name: "pod", UID: "pod-1"}}, Records: map[string]json.RawMessage{mps.Name: rec}}
 	s.Claims["plain"] = &claimstate.Claim{UID: "plain", Consumers: []claimstate.Consumer{{Name: "other", UID: "pod-2"}}}
+	group := claimstate.NewConsumer(claimstate.PodGroupAPIGroup, claimstate.PodGroupResource, "trainers", "pg-1")
+	s.Claims["group"] = &claimstate.Claim{UID: "group", Namespace: "ns", Name: "group-mps", Consumers: []claimstate.Consumer{group}, Records: map[string]json.RawMessage{mps.Name: rec}}
 	for _, tc := range []struct {
-		pod     string
-		refused bool
+		consumer claimstate.Consumer
+		refused  string // what the refusal names; "" if none
 	}{
-		{"pod-1", true},
-		{"pod-2", false},
-		{"pod-3", false},
+		{claimstate.PodConsumer("pod", "pod-1"), "pod ns/pod already uses MPS claim"},
+		{claimstate.PodConsumer("other", "pod-2"), ""},
+		{claimstate.PodConsumer("third", "pod-3"), ""},
+		{group, "PodGroup ns/trainers already uses MPS claim ns/group-mps"},
+		{claimstate.NewConsumer(claimstate.PodGroupAPIGroup, claimstate.PodGroupResource, "others", "pg-2"), ""},
 	} {
-		claim := &claimstate.Claim{UID: "new", Consumers: []claimstate.Consumer{{Name: tc.pod, UID: tc.pod}}}
+		claim := &claimstate.Claim{UID: "new", Namespace: "ns", Consumers: []claimstate.Consumer{tc.consumer}}
 		err := c.Guard(s, claim, rec)
-		if got := errors.Is(err, mps.ErrMPSConsumer); got != tc.refused {
-			t.Errorf("pod %s: Guard = %v, want refused %v", tc.pod, err, tc.refused)
+		if got := errors.Is(err, mps.ErrMPSConsumer); got != (tc.refused != "") || (err != nil && !strings.Contains(err.Error(), tc.refused)) {
+			t.Errorf("%s %s: Guard = %v, want refused naming %q", tc.consumer.Kind(), tc.consumer.Name, err, tc.refused)
 		}
 	}
 }

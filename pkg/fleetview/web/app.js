@@ -31,8 +31,9 @@ function taintText(t) {
 
 function holderHTML(h) {
   const share = h.consumed ? " " + Object.entries(h.consumed).map(([k, v]) => esc(k + " " + v)).join(", ") : "";
+  const groups = (h.podGroups || []).map((g) => `<span class="pod">&rArr; PodGroup ${esc(g)}</span>`).join(" ");
   const pods = (h.pods || []).map((p) => `<span class="pod">&rarr; ${esc(p.name)} <span class="phase-${esc(p.phase)}">${esc(p.phase || "?")}</span></span>`).join(" ");
-  return `<div class="holder" data-claim="${esc(h.claim)}">${esc(h.claim)}${share} ${pods}</div>`;
+  return `<div class="holder" data-claim="${esc(h.claim)}">${esc(h.claim)}${share} ${groups} ${pods}</div>`;
 }
 
 function deviceHTML(d) {
@@ -124,7 +125,7 @@ function search() {
   const visit = (node, gpu, dev, holders) => {
     for (const h of holders || []) {
       const pods = h.pods || [];
-      if (h.claim.toLowerCase().includes(q) || pods.some((p) => p.name.toLowerCase().includes(q))) {
+      if (h.claim.toLowerCase().includes(q) || pods.some((p) => p.name.toLowerCase().includes(q)) || (h.podGroups || []).some((g) => g.toLowerCase().includes(q))) {
         rows.push({ node: node.name, gpu: gpu.name, device: dev, h });
       }
     }
@@ -142,7 +143,7 @@ function search() {
     parts.push(`<h2>${rows.length} device${rows.length === 1 ? "" : "s"} held by a matching claim or pod</h2><table><thead><tr><th>node</th><th>GPU</th><th>device</th><th>claim</th><th>share</th><th>pods</th></tr></thead><tbody>`);
     for (const r of rows) {
       const share = r.h.consumed ? Object.entries(r.h.consumed).map(([k, v]) => k + " " + v).join(", ") : "";
-      const pods = (r.h.pods || []).map((p) => `${esc(p.name)} <span class="phase-${esc(p.phase)}">${esc(p.phase || "?")}</span>`).join("<br>");
+      const pods = (r.h.podGroups || []).map((g) => `PodGroup ${esc(g)}`).concat((r.h.pods || []).map((p) => `${esc(p.name)} <span class="phase-${esc(p.phase)}">${esc(p.phase || "?")}</span>`)).join("<br>");
       parts.push(`<tr class="result" data-node="${esc(r.node)}" data-device="${esc(r.device)}"><td>${esc(r.node)}</td><td>${esc(r.gpu)}</td><td>${esc(r.device)}</td><td>${esc(r.h.claim)}</td><td>${esc(share)}</td><td>${pods}</td></tr>`);
     }
     parts.push("</tbody></table>");
