@@ -360,11 +360,12 @@ func (c *Cluster) startNode(ctx context.Context, index int, name string) (*simno
 		PluginArgs: func(podUID string) ([]string, error) {
 			return pod.Args(install.Instance{NodeName: name, UID: podUID, Volume: nodeVolumes(nodeDir, c.opts.DriverName)})
 		},
-		Workers:      c.opts.NodeWorkers,
-		MIGMode:      draplugin.MIGMode(fn.MIGMode),
-		Mode:         fn.Mode,
-		DevicePlugin: dpConfig,
-		NICs:         fn.NICs,
+		Workers:          c.opts.NodeWorkers,
+		MIGMode:          draplugin.MIGMode(fn.MIGMode),
+		MIGModeSwitching: fn.MIGModeSwitching,
+		Mode:             fn.Mode,
+		DevicePlugin:     dpConfig,
+		NICs:             fn.NICs,
 
 		MPSControlBinary: c.opts.MPSControlBinary,
 		KubeletTLS:       kubeletTLS,

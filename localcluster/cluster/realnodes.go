@@ -245,6 +245,9 @@ func realNodeDaemonSet(chartValues map[string]any, namespace, name string, layou
 			plugin[value] = set
 		}
 	}
+	if fn.MIGModeSwitching {
+		plugin["migModeSwitching"] = true
+	}
 	port, err := freePort()
 	if err != nil {
 		return nil, 0, fmt.Errorf("real node %s: %w", name, err)

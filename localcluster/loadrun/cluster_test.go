@@ -23,7 +23,7 @@ func TestMixedLoadRound(t *testing.T) {
 	if err := MixMixed.fits(pods, nodes); err != nil {
 		t.Fatal(err)
 	}
-	fleet, err := MixMixed.fleet(nodes)
+	fleet, err := MixMixed.fleet(nodes, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -141,12 +141,19 @@ func (m Mix) fits(n, nodes int) error {
 	return nil
 }
 
-// fleet describes n nodes of eight H100s each, laid out for the mix.
-func (m Mix) fleet(n int) (*simfleet.Fleet, error) {
+// fleet describes n nodes of eight H100s each, laid out for the mix, their
+// plugins in MIG mode migMode (Options.MIGMode).
+func (m Mix) fleet(n int, migMode string) (*simfleet.Fleet, error) {
 	var b strings.Builder
 	b.WriteString("nodes:\n")
 	for i := range n {
 		fmt.Fprintf(&b, "- name: node-%03d\n", i)
+		switch migMode {
+		case MIGModeDynamic:
+			b.WriteString("  migMode: dynamic\n  migModeSwitching: true\n")
+		case MIGModeStatic:
+			b.WriteString("  migMode: static\n")
+		}
 		gpus := 8
 		if m == MixMixed {
 			fmt.Fprintf(&b, "  sharing: %s\n", loadSharing)

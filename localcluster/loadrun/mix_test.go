@@ -4,8 +4,10 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpudra/gpudra/pkg/devicemodel"
+	"github.com/gpudra/gpudra/pkg/simfleet"
 )
 
 func TestParseLoadMix(t *testing.T) {
@@ -104,7 +106,7 @@ func TestMixedFleetLayout(t *testing.T) {
 		{MixMixed, loadWholeGPUs, loadMIGGPUs * loadMIGPerGPU, true},
 	} {
 		t.Run(string(tc.mix), func(t *testing.T) {
-			fleet, err := tc.mix.fleet(2)
+			fleet, err := tc.mix.fleet(2, "")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -200,5 +202,36 @@ func TestCheckBaselineName(t *testing.T) {
 				t.Errorf("checkBaselineName(%q) = %v; want %q", tc.name, err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// TestMIGModeFleet: --mig-mode sets every node's plugin settings, and
+// is refused where it would mean nothing.
+func TestMIGModeFleet(t *testing.T) {
+	for mode, want := range map[string]simfleet.PluginSettings{
+		"":             {},
+		MIGModeDynamic: {MIGMode: "dynamic", MIGModeSwitching: true},
+		MIGModeStatic:  {MIGMode: "static"},
+	} {
+		fleet, err := MixGPU.fleet(3, mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range fleet.Nodes {
+			if n.MIGMode != want.MIGMode || n.MIGModeSwitching != want.MIGModeSwitching {
+				t.Errorf("--mig-mode %q: node %s has migMode %q, switching %v; want %q, %v", mode, n.Name, n.MIGMode, n.MIGModeSwitching, want.MIGMode, want.MIGModeSwitching)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		o    Options
+		want string
+	}{
+		{Options{Pods: 8, Nodes: 1, Mix: "gpu", Rounds: 1, RoundTimeout: time.Minute, MIGMode: "auto"}, `--mig-mode "auto": must be dynamic or static`},
+		{Options{Pods: 8, Nodes: 2, Mix: "mixed", Rounds: 1, RoundTimeout: time.Minute, MIGMode: "static"}, "only with --mix gpu"},
+	} {
+		if _, err := Run(context.Background(), tc.o); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want an error containing %q", tc.o, err, tc.want)
+		}
 	}
 }

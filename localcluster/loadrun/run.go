@@ -40,6 +40,13 @@ type Options struct {
 	// Mix is what the pods ask for: "gpu" or "mixed" (--mix; see
 	// MixGPU and MixMixed).
 	Mix string
+	// MIGMode is how the nodes' plugins offer MIG (--mig-mode): empty as
+	// the mix has it; MIGModeDynamic, every GPU whole and as every MIG
+	// placement (--mig-mode=dynamic --mig-mode-switching: about 25
+	// devices per H100); MIGModeStatic, the MIG devices that exist (none:
+	// one device per GPU). With --mix gpu the two measure what the
+	// scheduler pays for dynamic MIG's devices.
+	MIGMode string
 	// Rounds is how many rounds of each driver run, alternating, the
 	// baseline's first (--rounds).
 	Rounds int
@@ -67,6 +74,12 @@ type Options struct {
 	// etcd client, which complains about every request the stop cancels).
 	AroundStop func(stop func())
 }
+
+// The MIG modes of Options.MIGMode.
+const (
+	MIGModeDynamic = "dynamic"
+	MIGModeStatic  = "static"
+)
 
 // DefaultOptions returns the options of gpudra-sim load's flag defaults, for
 // pods pods.
@@ -122,10 +135,16 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err := mix.fits(o.Pods, o.Nodes); err != nil {
 		return nil, err
 	}
+	switch {
+	case o.MIGMode != "" && o.MIGMode != MIGModeDynamic && o.MIGMode != MIGModeStatic:
+		return nil, fmt.Errorf("--mig-mode %q: must be %s or %s (or empty)", o.MIGMode, MIGModeDynamic, MIGModeStatic)
+	case o.MIGMode != "" && mix != MixGPU:
+		return nil, fmt.Errorf("--mig-mode %s: only with --mix %s (the mixed fleet lays out its own MIG GPUs)", o.MIGMode, MixGPU)
+	}
 	if err := checkBaselineName(o.BaselineDriver); err != nil {
 		return nil, err
 	}
-	fleet, err := mix.fleet(o.Nodes)
+	fleet, err := mix.fleet(o.Nodes, o.MIGMode)
 	if err != nil {
 		return nil, err
 	}

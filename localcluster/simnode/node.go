@@ -89,6 +89,8 @@ type Config struct {
 	Labels map[string]string
 	// MIGMode is the plugin's MIG mode (empty: its default, dynamic).
 	MIGMode draplugin.MIGMode
+	// MIGModeSwitching is the plugin's --mig-mode-switching.
+	MIGModeSwitching bool
 	// Sysfs, if set, is the node's PCI side for VFIO passthrough (a fake
 	// that models the kernel); the plugin then offers the GPUs for
 	// passthrough beside their CUDA devices.
@@ -445,6 +447,9 @@ func (n *Node) pluginConfig(podUID string) (draplugin.Config, error) {
 	}
 	if n.cfg.MIGMode != "" {
 		cfg.MIGMode = n.cfg.MIGMode
+	}
+	if n.cfg.MIGModeSwitching {
+		cfg.MIGModeSwitching = true
 	}
 	if n.cfg.Sharing != (devicemodel.Sharing{}) {
 		cfg.Sharing = n.cfg.Sharing

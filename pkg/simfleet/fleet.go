@@ -12,6 +12,7 @@
 //	  driverVersion: "580.65.06"    # optional, default 580.65.06
 //	  cudaDriverVersion: "13.0"     # optional, default 13.0
 //	  migMode: static               # optional: the plugin's --mig-mode
+//	  migModeSwitching: true        # optional, with migMode dynamic: the plugin's --mig-mode-switching
 //	  sharing: shares=4             # optional: the plugin's --sharing
 //	  sharingDefault: share         # optional: the plugin's --sharing-default
 //	  mode: device-plugin           # optional: dra (default) or device-plugin (the local cluster's kubelet device manager)

@@ -18,6 +18,10 @@ type PluginSettings struct {
 	// "static"; empty leaves it to the plugin (dynamic). A node whose
 	// operator created MIG devices is "static".
 	MIGMode string `json:"migMode,omitempty"`
+	// MIGModeSwitching is the plugin's --mig-mode-switching: with dynamic
+	// MIG, Hopper and newer GPUs are offered both whole and as every MIG
+	// placement, whatever their MIG mode.
+	MIGModeSwitching bool `json:"migModeSwitching,omitempty"`
 	// Sharing is the --sharing the node's plugin runs with: "none",
 	// "memory-compute", "shares=<N>" or "unlimited"; empty leaves it to
 	// the plugin (none).
@@ -81,6 +85,9 @@ func (s *PluginSettings) validate(where string) []error {
 	case "", "dynamic", "static":
 	default:
 		add("migMode", "%q: must be dynamic or static", s.MIGMode)
+	}
+	if s.MIGModeSwitching && s.MIGMode == "static" {
+		add("migModeSwitching", "only with migMode: dynamic")
 	}
 	if s.Sharing != "" {
 		if _, err := devicemodel.ParseSharing(s.Sharing); err != nil {

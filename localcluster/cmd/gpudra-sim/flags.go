@@ -98,6 +98,7 @@ func (inv *invocation) flagSet(out io.Writer) *flag.FlagSet {
 		fs.IntVar(&o.Pods, "pods", o.Pods, "how many pods each round creates at once (required)")
 		fs.IntVar(&o.Nodes, "nodes", o.Nodes, "number of simulated 8-GPU nodes")
 		fs.StringVar(&o.Mix, "mix", o.Mix, "what the pods ask for: gpu (one whole GPU each) or mixed (a third a 1g.10gb dynamic MIG device, a tenth a share of a GPU, the rest a whole GPU)")
+		fs.StringVar(&o.MIGMode, "mig-mode", o.MIGMode, "with --mix gpu: dynamic runs every node's plugin with --mig-mode=dynamic --mig-mode-switching (each H100 offered whole and as every MIG placement, about 25 devices), static with --mig-mode=static (one device per GPU); empty: the plugin's default, which offers GPUs not in MIG mode whole only")
 		fs.IntVar(&o.Rounds, "rounds", o.Rounds, "how many rounds of each driver, alternating (the baseline's first)")
 		fs.DurationVar(&o.RoundTimeout, "round-timeout", o.RoundTimeout, "how long each round may take to have every pod Running, and its pods to be deleted")
 		fs.StringVar(&o.BaselineDriver, "baseline-driver", o.BaselineDriver, "the baseline driver's name; the scheduler searches a node's devices in the order of their drivers' names, so one that sorts after gpu.nvidia.com (e.g. sim.baseline.gpudra) puts the baseline's devices after gpudra's")
