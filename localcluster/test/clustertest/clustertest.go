@@ -83,3 +83,17 @@ func ParseFlags(stderrThreshold string) {
 	_ = flag.Set("stderrthreshold", stderrThreshold)
 	klog.SetOutput(io.Discard)
 }
+
+// GB200Pair is a fleet file of two GB200 compute trays, nvl-0 and nvl-1,
+// of one NVLink clique: the smallest ComputeDomain.
+const GB200Pair = `
+nodes:
+- name: nvl-0
+  fabric:
+    cliqueID: 1
+  gpus: [{model: GB200}, {model: GB200}, {model: GB200}, {model: GB200}]
+- name: nvl-1
+  fabric:
+    cliqueID: 1
+  gpus: [{model: GB200}, {model: GB200}, {model: GB200}, {model: GB200}]
+`

@@ -22,17 +22,7 @@ import (
 )
 
 // cdFleet is two GB200 compute trays of one NVLink clique.
-const cdFleet = `
-nodes:
-- name: nvl-0
-  fabric:
-    cliqueID: 1
-  gpus: [{model: GB200}, {model: GB200}, {model: GB200}, {model: GB200}]
-- name: nvl-1
-  fabric:
-    cliqueID: 1
-  gpus: [{model: GB200}, {model: GB200}, {model: GB200}, {model: GB200}]
-`
+const cdFleet = clustertest.GB200Pair
 
 // misspeltChannelConfig has "domainId" for "domainID".
 const misspeltChannelConfig = `{"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig", "domainId": "0b6f4a2e-1c55-4f0e-9b1a-3f1d2c4e5a6b"}`

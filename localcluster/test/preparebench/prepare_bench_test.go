@@ -40,16 +40,7 @@ const (
 // pkg/draplugin's benchmark); Unprepare runs outside the timer.
 func BenchmarkPrepareOneClaimRealAPIServer(b *testing.B) {
 	ctx, client, n := startBench(b)
-	dir := clustertest.ShortTempDir(b)
-	boot := filepath.Join(dir, "boot_id")
-	if err := os.WriteFile(boot, []byte("boot-1\n"), 0o644); err != nil {
-		b.Fatal(err)
-	}
-	cfg := draplugin.Config{
-		DriverName: driver, NodeName: node, KubeClient: client, Hardware: n.Hardware(),
-		PluginDataDir: filepath.Join(dir, "plugin"), RegistrarDir: filepath.Join(dir, "registry"),
-		CDIDir: filepath.Join(dir, "cdi"), BootIDPath: boot, MIGMode: draplugin.MIGModeStatic,
-	}
+	cfg := pluginConfig(b, client, n)
 	if shm, err := os.MkdirTemp("/dev/shm", "gpudra-cdi"); err == nil {
 		defer os.RemoveAll(shm)
 		cfg.CDIDir = shm // /var/run/cdi is on tmpfs on a real node
@@ -165,4 +156,20 @@ func startBench(b *testing.B) (context.Context, kubernetes.Interface, *simfleet.
 		b.Fatal(err)
 	}
 	return ctx, client, n
+}
+
+// pluginConfig is the plugin's config for the benchmark's node, in a new
+// directory of its own: static MIG, a boot ID file of its own.
+func pluginConfig(b *testing.B, client kubernetes.Interface, n *simfleet.Node) draplugin.Config {
+	b.Helper()
+	dir := clustertest.ShortTempDir(b)
+	boot := filepath.Join(dir, "boot_id")
+	if err := os.WriteFile(boot, []byte("boot-1\n"), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	return draplugin.Config{
+		DriverName: driver, NodeName: node, KubeClient: client, Hardware: n.Hardware(),
+		PluginDataDir: filepath.Join(dir, "plugin"), RegistrarDir: filepath.Join(dir, "registry"),
+		CDIDir: filepath.Join(dir, "cdi"), BootIDPath: boot, MIGMode: draplugin.MIGModeStatic,
+	}
 }

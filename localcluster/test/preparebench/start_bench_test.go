@@ -3,7 +3,6 @@ package preparebench
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -18,7 +17,6 @@ import (
 	"github.com/gpudra/gpudra/pkg/draplugin"
 
 	"github.com/gpudra/gpudra/localcluster/controlplane"
-	"github.com/gpudra/gpudra/localcluster/test/clustertest"
 )
 
 // BenchmarkStartToSlicesRealAPIServer: from draplugin.Start to the node's
@@ -41,16 +39,7 @@ func BenchmarkStartToSlicesRealAPIServer(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		dir := clustertest.ShortTempDir(b)
-		boot := filepath.Join(dir, "boot_id")
-		if err := os.WriteFile(boot, []byte("boot-1\n"), 0o644); err != nil {
-			b.Fatal(err)
-		}
-		cfg := draplugin.Config{
-			DriverName: driver, NodeName: node, KubeClient: client, Hardware: n.Hardware(),
-			PluginDataDir: filepath.Join(dir, "plugin"), RegistrarDir: filepath.Join(dir, "registry"),
-			CDIDir: filepath.Join(dir, "cdi"), BootIDPath: boot, MIGMode: draplugin.MIGModeStatic,
-		}
+		cfg := pluginConfig(b, client, n)
 		for _, d := range []string{cfg.PluginDataDir, cfg.RegistrarDir, cfg.CDIDir} {
 			if err := os.MkdirAll(d, 0o755); err != nil {
 				b.Fatal(err)

@@ -7,9 +7,7 @@ package workloadclaims
 
 import (
 	"context"
-	"flag"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,7 +16,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/klog/v2"
 
 	"github.com/gpudra/gpudra/pkg/claimstate"
 	"github.com/gpudra/gpudra/pkg/computedomain"
@@ -36,13 +33,7 @@ func TestMain(m *testing.M) {
 	if code, ok := cluster.Main(); ok {
 		os.Exit(code)
 	}
-	klog.InitFlags(nil)
-	flag.Parse()
-	if !testing.Verbose() {
-		_ = flag.Set("logtostderr", "false")
-		_ = flag.Set("stderrthreshold", "ERROR")
-		klog.SetOutput(io.Discard)
-	}
+	clustertest.ParseFlags("ERROR")
 	os.Exit(m.Run())
 }
 
@@ -51,17 +42,7 @@ func TestMain(m *testing.M) {
 var gates = map[string]bool{"DRAWorkloadResourceClaims": true, "GenericWorkload": true}
 
 // fleet is two GB200 compute trays of one NVLink clique.
-const fleet = `
-nodes:
-- name: nvl-0
-  fabric:
-    cliqueID: 1
-  gpus: [{model: GB200}, {model: GB200}, {model: GB200}, {model: GB200}]
-- name: nvl-1
-  fabric:
-    cliqueID: 1
-  gpus: [{model: GB200}, {model: GB200}, {model: GB200}, {model: GB200}]
-`
+const fleet = clustertest.GB200Pair
 
 // groupSize is the number of pods of the PodGroup.
 const groupSize = 32
